@@ -1,0 +1,39 @@
+# shardsmith: every target sets itself up (creates .venv if missing, installs, then runs).
+PYTHON ?= python3
+VENV ?= .venv
+# The local CPU build; an unpinned torch pulls several GB of CUDA packages. Override: make test TORCH_SPEC=torch==2.5.1
+TORCH_SPEC ?= torch==2.13.0
+JOBS ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install shards test lint bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+shards: $(STAMP)
+	$(PY) -m pipeline demo data/demo
+	$(PY) -m pipeline build data_manifests/demo.toml --out shards/demo-perturb $(if $(JOBS),--jobs $(JOBS),)
+	$(PY) -m pipeline verify shards/demo-perturb
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check pipeline loaders tests benchmarks
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run --full
+
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks.run --quick
+
+clean:
+	rm -rf shards data bench_data .pytest_cache

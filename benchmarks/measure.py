@@ -1,0 +1,227 @@
+"""Measurement helpers: process-tree RSS sampling, steady-state throughput loops, machine description."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+MB = 1e6
+MIB = float(1 << 20)
+PACKAGES = ("numpy", "scipy", "anndata", "h5py", "zarr", "numcodecs", "torch", "psutil", "pandas", "joblib",
+            "matplotlib", "scdataset")
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    """RSS of a process plus all its descendants, in bytes (shared pages counted once per process)."""
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+class RssSampler:
+    """Samples the RSS of a process tree in a daemon thread; `peak` is the largest sum seen since `reset()`."""
+
+    def __init__(self, pid: int | None = None, interval: float = 0.02) -> None:
+        self.proc = psutil.Process(pid or os.getpid())
+        self.interval = interval
+        self.peak = 0
+        self.start_rss = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> int:
+        rss = tree_rss(self.proc)
+        self.peak = max(self.peak, rss)
+        return rss
+
+    def reset(self) -> None:
+        self.start_rss = tree_rss(self.proc)
+        self.peak = self.start_rss
+
+    def __enter__(self) -> RssSampler:
+        self.reset()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
+
+
+@dataclass
+class RunStats:
+    """One repeat of a throughput measurement."""
+
+    ttfb_s: float  # time from creating the iterator to the first batch
+    batches: int  # measured batches (after warm-up)
+    cells: int
+    payload_bytes: int  # dense float32 bytes delivered
+    seconds: float
+
+    @property
+    def cells_per_s(self) -> float:
+        return self.cells / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / MB / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Summary:
+    """Median over repeats of a method's throughput, plus its peak RSS."""
+
+    method: str
+    params: dict[str, Any]
+    cells_per_s: float
+    mb_per_s: float
+    ttfb_s: float
+    peak_rss_mb: float
+    start_rss_mb: float
+    repeats: list[dict[str, float]] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def payload(batch: Any, n_genes: int) -> tuple[int, int]:
+    """(cells, bytes) of dense float32 gene-expression rows in a batch (tensor, array, or dict of them)."""
+    items: Iterable[Any] = batch.values() if isinstance(batch, dict) else (batch,)
+    cells = nbytes = 0
+    for t in items:
+        shape = tuple(getattr(t, "shape", ()))
+        dtype = str(getattr(t, "dtype", ""))
+        if len(shape) >= 2 and shape[-1] == n_genes and "float32" in dtype:
+            rows = int(np.prod(shape[:-1]))
+            cells += rows
+            nbytes += rows * n_genes * 4
+    return cells, nbytes
+
+
+def measure_once(make_iter: Callable[[], Iterator[Any]], n_genes: int, *, warmup: int, seconds: float,
+                 min_batches: int = 1, max_batches: int = 1_000_000, multiple_of: int = 1) -> RunStats:
+    """Time-to-first-batch, then `warmup` batches, then batches until `seconds` have passed (steady state).
+
+    Stops early at the end of the iterator (an epoch). `multiple_of` keeps measured batches aligned with a
+    method's internal fetch blocks (scDataset fetches several batches at once).
+    """
+    t0 = time.perf_counter()
+    it = make_iter()
+    try:
+        next(it)
+        ttfb = time.perf_counter() - t0
+        for _ in range(warmup):
+            next(it)
+    except StopIteration:
+        return RunStats(time.perf_counter() - t0, 0, 0, 0, 0.0)
+    batches = cells = nbytes = 0
+    t1 = time.perf_counter()
+    elapsed = 0.0
+    for batch in it:
+        c, b = payload(batch, n_genes)
+        batches += 1
+        cells += c
+        nbytes += b
+        elapsed = time.perf_counter() - t1
+        if batches >= max_batches or (elapsed >= seconds and batches >= min_batches and batches % multiple_of == 0):
+            break
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    del it
+    return RunStats(ttfb, batches, cells, nbytes, elapsed)
+
+
+def summarize(method: str, params: dict[str, Any], runs: list[RunStats], sampler: RssSampler, note: str = "") -> Summary:
+    ok = [r for r in runs if r.batches > 0]
+    med = (lambda xs: statistics.median(xs) if xs else 0.0)  # noqa: E731
+    return Summary(
+        method=method,
+        params=params,
+        cells_per_s=med([r.cells_per_s for r in ok]),
+        mb_per_s=med([r.mb_per_s for r in ok]),
+        ttfb_s=med([r.ttfb_s for r in runs]),
+        peak_rss_mb=sampler.peak / MIB,
+        start_rss_mb=sampler.start_rss / MIB,
+        repeats=[{**asdict(r), "cells_per_s": r.cells_per_s, "mb_per_s": r.mb_per_s} for r in runs],
+        note=note,
+    )
+
+
+def warm_page_cache(paths: Iterable[str | Path]) -> int:
+    """Read every file once so measurements see a warm page cache. Returns bytes read."""
+    total = 0
+    for p in paths:
+        p = Path(p)
+        files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+        for f in files:
+            with open(f, "rb", buffering=0) as fh:
+                while chunk := fh.read(1 << 24):
+                    total += len(chunk)
+    return total
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    vm = psutil.virtual_memory()
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count() or 0
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model or platform.processor(),
+        "cpu_count_logical": psutil.cpu_count(logical=True),
+        "cpu_count_physical": psutil.cpu_count(logical=False),
+        "cpu_affinity": affinity,
+        "ram_gib": round(vm.total / (1 << 30), 2),
+        "ram_available_gib": round(vm.available / (1 << 30), 2),
+    }

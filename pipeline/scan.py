@@ -1,0 +1,96 @@
+"""Stage 1: resolve sources, fingerprint them and read metadata only. Fails early, naming the file."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import SourceError
+from pipeline.manifest import Manifest, SourceSpec
+from pipeline.sources import Categorical, SourceMeta, open_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    path: str
+    size: int
+    mtime_ns: int
+    sha256: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class ScannedSource:
+    ordinal: int  # position in the manifest's resolved source list
+    spec: SourceSpec
+    fingerprint: Fingerprint
+    meta: SourceMeta
+    obs: dict[str, Categorical]  # logical field name -> categorical (cell_type may be the file stem)
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def fingerprint(path: Path, cache: Mapping[str, Mapping[str, object]] | None = None) -> Fingerprint:
+    """size + mtime + content hash; the hash is reused from the last build when size and mtime are unchanged."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise SourceError(path, f"cannot stat ({e.strerror})") from None
+    old = (cache or {}).get(str(path))
+    if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
+        return Fingerprint(str(path), st.st_size, st.st_mtime_ns, str(old["sha256"]))
+    return Fingerprint(str(path), st.st_size, st.st_mtime_ns, file_sha256(path))
+
+
+def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
+                cache: Mapping[str, Mapping[str, object]] | None = None) -> ScannedSource:
+    fields = manifest.fields
+    columns = [fields.column(f) for f in fields.obs_fields]
+    optional = [fields.cell_type] if spec.type == "h5csr" else []
+    with open_source(spec.type, spec.path, spec.matrix) as src:
+        meta = src.meta(columns, optional=optional)
+    obs: dict[str, Categorical] = {}
+    for logical, col in zip(fields.obs_fields, columns, strict=True):
+        if col in meta.obs:
+            obs[logical] = meta.obs[col]
+        elif logical == "cell_type" and spec.type == "h5csr":
+            # cell-load convention: a file without a cell type column holds one cell line, named by its stem
+            obs[logical] = Categorical(np.zeros(meta.n_rows, np.int32), (spec.path.stem,))
+        else:
+            raise SourceError(spec.path, f"missing obs column {col!r} (field {logical})")
+    for key in fields.obsm:
+        if key not in meta.obsm:
+            raise SourceError(spec.path, f"missing obsm key {key!r} (has: {sorted(meta.obsm)})")
+    if meta.n_rows == 0:
+        raise SourceError(spec.path, "has no cells")
+    return ScannedSource(ordinal, spec, fingerprint(spec.path, cache), meta, obs)
+
+
+def scan(manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None = None) -> list[ScannedSource]:
+    scanned = [scan_source(i, s, manifest, cache) for i, s in enumerate(manifest.sources)]
+    check_consistent(scanned)
+    return scanned
+
+
+def check_consistent(scanned: Sequence[ScannedSource]) -> None:
+    """All sources must share one gene space (same names, same order) and the same obsm widths."""
+    first = scanned[0]
+    for s in scanned[1:]:
+        if s.meta.n_cols != first.meta.n_cols or s.meta.var_names != first.meta.var_names:
+            raise SourceError(s.spec.path, f"gene space differs from {first.spec.path.name} "
+                              f"({s.meta.n_cols} vs {first.meta.n_cols} columns, or other names/order)")
+        for key, (shape, _dtype) in first.meta.obsm.items():
+            if key in s.meta.obsm and s.meta.obsm[key][0][1:] != shape[1:]:
+                raise SourceError(s.spec.path, f"obsm[{key!r}] width {s.meta.obsm[key][0][1:]} != {shape[1:]}")

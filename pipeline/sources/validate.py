@@ -1,0 +1,142 @@
+"""Checks that turn a malformed block into a SourceError naming the file and the first bad row.
+
+A corrupt CSR block does not crash where it is read: scipy accepts most of it and the damage surfaces
+later as a segfault in a kernel, a silent wrong gradient or an IndexError deep in a loader. Checking
+every block as it is read costs a few vectorised passes and points the nightly log at the exact row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from pipeline.errors import SourceError
+
+
+class CsrParts(NamedTuple):
+    """A CSR block before scipy sees it (scipy's own checks raise bare ValueErrors, or none at all)."""
+
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray  # local to the block: indptr[0] is where the block's first row starts in data
+    n_cols: int
+
+
+def _first(mask: np.ndarray) -> int:
+    """Index of the first True; the caller has already established that there is one."""
+    return int(np.argmax(mask))
+
+
+def _row_of(entry: int, indptr: np.ndarray) -> int:
+    """Block-local row holding data entry `entry` (offsets relative to indptr[0])."""
+    return int(np.searchsorted(indptr, indptr[0] + entry, side="right")) - 1
+
+
+def validate_indptr(indptr: np.ndarray, path: str | Path, row0: int, nnz: int | None = None) -> None:
+    """Check row pointers alone, before they are used to slice data out of a file."""
+    indptr = np.asarray(indptr)
+    if indptr.ndim != 1 or indptr.size == 0:
+        raise SourceError(path, f"row {row0}: indptr block must be 1-D and non-empty, got shape {indptr.shape}")
+    if indptr.dtype.kind not in "iu":
+        raise SourceError(path, f"row {row0}: indptr has non-integer dtype {indptr.dtype}")
+    if indptr[0] < 0:
+        raise SourceError(path, f"row {row0}: negative indptr value {int(indptr[0])}")
+    steps = np.diff(indptr)
+    if steps.size and steps.min() < 0:
+        local = _first(steps < 0)
+        raise SourceError(
+            path,
+            f"row {row0 + local}: non-monotonic indptr "
+            f"(indptr[{local}]={int(indptr[local])} > indptr[{local + 1}]={int(indptr[local + 1])})",
+        )
+    if nnz is not None:
+        span = int(indptr[-1] - indptr[0])
+        if span != nnz:
+            # the first row reaching past the stored entries is the one to look at; extra data blames the last row
+            ends = indptr[1:] - indptr[0]
+            local = _first(ends > nnz) if span > nnz else max(indptr.size - 2, 0)
+            raise SourceError(
+                path,
+                f"row {row0 + local}: indptr does not match data length "
+                f"(indptr spans {span} entries, data/indices hold {nnz})",
+            )
+
+
+def _check_values(data: np.ndarray, counts: bool) -> tuple[int, str] | None:
+    """(first bad entry, problem) for non-finite or (counts) negative values, else None."""
+    if data.dtype.kind == "f":
+        finite = np.isfinite(data)
+        if not finite.all():
+            at = _first(~finite)
+            return at, f"NaN or inf value ({data[at]}) in data"
+    elif data.dtype.kind not in "iub":
+        return 0, f"data has non-numeric dtype {data.dtype}"
+    if counts and data.dtype.kind in "if" and data.size and data.min() < 0:
+        at = _first(data < 0)
+        return at, f"negative value ({data[at]}) in a counts matrix"
+    return None
+
+
+def validate_block(
+    block: sp.csr_matrix | sp.csr_array | CsrParts | tuple[np.ndarray, np.ndarray, np.ndarray, int],
+    path: str | Path,
+    row0: int,
+    counts: bool,
+) -> None:
+    """Raise SourceError for the first structural or value problem in a CSR block starting at file row `row0`.
+
+    Accepts a scipy CSR matrix or the raw (data, indices, indptr, n_cols) parts: sources check the parts they
+    read from disk before building the matrix, because scipy's constructor either raises an anonymous
+    ValueError or (for out-of-range indices) nothing at all.
+    """
+    if isinstance(block, (sp.csr_matrix, sp.csr_array)):
+        parts = CsrParts(block.data, block.indices, block.indptr, int(block.shape[1]))
+    else:
+        parts = CsrParts(*block)
+    data, indices, indptr = np.asarray(parts.data), np.asarray(parts.indices), np.asarray(parts.indptr)
+    if data.ndim != 1 or indices.ndim != 1:
+        raise SourceError(path, f"row {row0}: data and indices must be 1-D, got {data.shape} and {indices.shape}")
+    if indices.size != data.size:
+        raise SourceError(
+            path, f"row {row0}: indices length {indices.size} does not match data length {data.size} in this block"
+        )
+    validate_indptr(indptr, path, row0, nnz=data.size)
+    if indices.size:
+        if indices.dtype.kind not in "iu":
+            raise SourceError(path, f"row {row0}: column indices have non-integer dtype {indices.dtype}")
+        lo, hi = indices.min(), indices.max()
+        if lo < 0 or hi >= parts.n_cols:
+            at = _first((indices < 0) | (indices >= parts.n_cols))
+            raise SourceError(
+                path,
+                f"row {row0 + _row_of(at, indptr)}: column index {int(indices[at])} out of range [0, {parts.n_cols})",
+            )
+    bad = _check_values(data, counts)
+    if bad is not None:
+        at, problem = bad
+        raise SourceError(path, f"row {row0 + _row_of(at, indptr)}: {problem}")
+
+
+def validate_dense(block: np.ndarray, path: str | Path, row0: int, counts: bool, n_cols: int | None = None) -> None:
+    """The dense-matrix twin of validate_block: shape, NaN/inf and (counts) negative values, by row."""
+    block = np.asarray(block)
+    if block.ndim != 2:
+        raise SourceError(path, f"row {row0}: dense block must be 2-D, got shape {block.shape}")
+    if n_cols is not None and block.shape[1] != n_cols:
+        raise SourceError(path, f"row {row0}: dense block has {block.shape[1]} columns, expected {n_cols}")
+    if block.dtype.kind == "f":
+        finite = np.isfinite(block)
+        if not finite.all():
+            row = _first(~finite.all(axis=1))
+            col = _first(~finite[row])
+            raise SourceError(path, f"row {row0 + row}: NaN or inf value ({block[row, col]}) at column {col}")
+    elif block.dtype.kind not in "iub":
+        raise SourceError(path, f"row {row0}: dense block has non-numeric dtype {block.dtype}")
+    if counts and block.dtype.kind in "if" and block.size and block.min() < 0:
+        negative = block < 0
+        row = _first(negative.any(axis=1))
+        col = _first(negative[row])
+        raise SourceError(path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col}")

@@ -1,0 +1,121 @@
+"""Bad input: a clear error naming the file and the problem, a non-zero exit, and the previous dataset intact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from pipeline.cli import main
+from pipeline.demo import write_perturb_h5ad
+from pipeline.errors import ManifestError
+from pipeline.manifest import load_manifest
+from pipeline.verify import verify
+from tests.pipeline_helpers import shard_files, write_manifest
+
+
+@pytest.fixture()
+def dataset(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
+    (tmp_path / "src").mkdir()
+    paths = []
+    for i in range(2):
+        p = tmp_path / "src" / f"s{i}.h5ad"
+        write_perturb_h5ad(p, n_cells=200, n_genes=50, n_perts=4, seed=i)
+        paths.append(p)
+    manifest = write_manifest(tmp_path / "m.toml")
+    assert main(["build", str(manifest), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-progress"]) == 0
+    return tmp_path, manifest, paths
+
+
+def _edit_x(path: Path, fn: Callable[[h5py.Group], None]) -> None:
+    with h5py.File(path, "r+") as f:
+        fn(f["X"])
+
+
+def _truncate(p: Path) -> None:
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+
+
+def _set(name: str, index: int, value: float) -> Callable[[h5py.Group], None]:
+    def edit(x: h5py.Group) -> None:
+        arr = x[name][...]
+        arr[index] = value
+        x[name][...] = arr
+
+    return edit
+
+
+def _drop_controls(p: Path) -> None:
+    import anndata as ad
+
+    a = ad.read_h5ad(p)
+    a.obs["perturbation"] = a.obs["perturbation"].astype(str).replace({"control": "KO_X"}).astype("category")
+    a.write_h5ad(p)
+
+
+def _drop_column(p: Path) -> None:
+    import anndata as ad
+
+    a = ad.read_h5ad(p)
+    del a.obs["batch"]
+    a.write_h5ad(p)
+
+
+CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "truncated": (_truncate, ""),
+    "not hdf5": (lambda p: p.write_bytes(b"this is not an HDF5 file" * 100), ""),
+    "indptr not monotonic": (lambda p: _edit_x(p, _set("indptr", 5, 10**6 - 1)), "indptr"),
+    "index out of range": (lambda p: _edit_x(p, _set("indices", 3, 10**6)), "ind"),
+    "nan": (lambda p: _edit_x(p, _set("data", 7, np.nan)), "nan"),
+    "negative counts": (lambda p: _edit_x(p, _set("data", 7, -3.0)), "negative"),
+    "no control cells": (_drop_controls, "control"),
+    "missing obs column": (_drop_column, "batch"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_source_fails_cleanly(case: str, dataset: tuple[Path, Path, list[Path]],
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    root, manifest, paths = dataset
+    before_index = (root / "out/index.json").read_bytes()
+    before = shard_files(root / "out")
+    capsys.readouterr()
+    mutate, word = CASES[case]
+    mutate(paths[1])
+    rc = main(["build", str(manifest), "--out", str(root / "out"), "--jobs", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert str(paths[1]) in err, err
+    assert word.lower() in err.lower(), err
+    assert (root / "out/index.json").read_bytes() == before_index
+    assert shard_files(root / "out") == before
+    assert verify(root / "out") == []
+    assert not list((root / "out").glob(".spill-*")) and not list((root / "out/shards").glob(".tmp-*"))
+
+
+def test_missing_file_names_the_pattern(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = write_manifest(tmp_path / "m.toml", pattern="nowhere/*.h5ad")
+    assert main(["build", str(manifest), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "sources[0].path" in err and "m.toml" in err
+
+
+@pytest.mark.parametrize(("edit", "key"), [
+    (lambda s: s.replace('mode = "random"', 'mode = "sideways"'), "split.mode"),
+    (lambda s: s.replace("seed = 0", 'seed = "zero"'), "dataset.seed"),
+    (lambda s: s.replace('strategy = "batch"', 'strategy = "batch"\nmystery = 1'), "pairing.mystery"),
+    (lambda s: s.replace('name = "t"', ""), "dataset.name"),
+    (lambda s: s + "\n[broken", "-"),
+])
+def test_manifest_errors_name_file_and_key(tmp_path: Path, edit: Callable[[str], str], key: str) -> None:
+    (tmp_path / "src").mkdir()
+    write_perturb_h5ad(tmp_path / "src/a.h5ad", n_cells=50, n_genes=20, n_perts=2, seed=0)
+    path = write_manifest(tmp_path / "m.toml")
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(ManifestError) as e:
+        load_manifest(path)
+    assert f"[{key}]" in str(e.value) and "m.toml" in str(e.value)

@@ -1,0 +1,205 @@
+"""End-to-end pipeline behaviour: traceability, pairing, sentences, splits, determinism, incremental rebuilds."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loaders import format as fmt
+from pipeline.build import build
+from pipeline.demo import write_perturb_h5ad
+from pipeline.verify import summary, verify
+from tests.pipeline_helpers import read_all, shard_csr, shard_files, source_matrix, write_manifest
+
+N_GENES = 120
+
+
+def make_sources(root: Path, n: int = 3, cells: int = 500, seed: int = 0) -> list[Path]:
+    (root / "src").mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        p = root / "src" / f"screen_{i}.h5ad"
+        write_perturb_h5ad(p, n_cells=cells, n_genes=N_GENES, n_perts=6, seed=seed + i)
+        paths.append(p)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path], Path]:
+    root = tmp_path_factory.mktemp("ds")
+    paths = make_sources(root)
+    manifest = write_manifest(root / "m.toml")
+    build(manifest, root / "out", jobs=1, progress=False)
+    return root / "out", paths, manifest
+
+
+def test_every_source_row_equals_its_shard_row(built: tuple[Path, list[Path], Path]) -> None:
+    out, paths, _ = built
+    index, shards = read_all(out)
+    full, _ = source_matrix(paths)
+    seen = []
+    for _, cols in shards:
+        mat = shard_csr(cols, N_GENES)
+        ids = cols[fmt.SAMPLE_ID]
+        np.testing.assert_array_equal(mat.toarray(), full[ids].toarray())
+        seen.append(ids[cols[fmt.PRIMARY]])
+    ids = np.concatenate(seen)
+    assert np.array_equal(np.sort(ids), np.arange(full.shape[0])), "each cell is primary exactly once"
+    assert len(index.shards) > 3 * 3, "small shard size: several shards per (source, split)"
+    assert verify(out) == []
+
+
+def test_obs_codes_and_obsm_round_trip(built: tuple[Path, list[Path], Path]) -> None:
+    import anndata as ad
+
+    out, paths, _ = built
+    index, shards = read_all(out)
+    adatas = [ad.read_h5ad(p) for p in paths]
+    obs = np.concatenate([a.obs["perturbation"].astype(str).to_numpy() for a in adatas])
+    pca = np.concatenate([a.obsm["X_pca"] for a in adatas])
+    vocab = np.asarray(index.vocabularies["perturbation"])
+    for _, cols in shards:
+        ids = cols[fmt.SAMPLE_ID]
+        assert (vocab[cols["obs/perturbation"]] == obs[ids]).all()
+        np.testing.assert_allclose(cols["obsm/X_pca"], pca[ids])
+
+
+def _decode(index: fmt.Index, cols: dict[str, np.ndarray], field: str) -> np.ndarray:
+    return np.asarray(index.vocabularies[field])[cols[fmt.OBS_PREFIX + field]]
+
+
+def test_pairs_are_batch_matched_or_counted(built: tuple[Path, list[Path], Path]) -> None:
+    out, _, _ = built
+    index, shards = read_all(out)
+    mismatched = 0
+    for _, cols in shards:
+        p = cols[fmt.PAIRS]
+        pert = _decode(index, cols, "perturbation")
+        assert np.isin(pert[p[:, 0]], ["control"]).all() and not np.isin(pert[p[:, 1]], ["control"]).any()
+        ct, b = cols["obs/cell_type"], cols["obs/batch"]
+        mismatched += int(((ct[p[:, 0]] != ct[p[:, 1]]) | (b[p[:, 0]] != b[p[:, 1]])).sum())
+    stats = index.raw["stats"]["pairing"]
+    assert mismatched <= stats["pairs_cell_type"] + stats["pairs_split"] + stats["pairs_source"]
+    assert stats["pairs_exact"] > 0
+
+
+def test_sentences_are_homogeneous(built: tuple[Path, list[Path], Path]) -> None:
+    out, _, _ = built
+    index, shards = read_all(out)
+    total = 0
+    for _, cols in shards:
+        sp_, sc = cols[fmt.SENTENCES_PERT], cols[fmt.SENTENCES_CTRL]
+        assert sp_.shape == sc.shape and sp_.shape[1] == 8
+        for f in ("perturbation", "cell_type", "batch"):
+            c = cols[fmt.OBS_PREFIX + f][sp_]
+            assert (c == c[:, :1]).all(), f"sentence mixes {f}"
+        assert (_decode(index, cols, "perturbation")[sc] == "control").all()
+        total += sp_.shape[0]
+    assert total > 0
+
+
+def test_every_perturbed_cell_is_in_a_sentence(built: tuple[Path, list[Path], Path]) -> None:
+    out, _, _ = built
+    index, shards = read_all(out)
+    for _, cols in shards:
+        pert = _decode(index, cols, "perturbation") != "control"
+        in_sentence = np.zeros(pert.size, bool)
+        in_sentence[cols[fmt.SENTENCES_PERT].ravel()] = True
+        assert (in_sentence[pert & cols[fmt.PRIMARY]]).all()
+
+
+def test_jobs_do_not_change_bytes(tmp_path: Path) -> None:
+    make_sources(tmp_path, n=2, cells=300)
+    manifest = write_manifest(tmp_path / "m.toml")
+    a = build(manifest, tmp_path / "a", jobs=1, progress=False)
+    b = build(manifest, tmp_path / "b", jobs=2, progress=False)
+    ea = [(s["file"], s["sha256"]) for s in a.index["shards"]]
+    eb = [(s["file"], s["sha256"]) for s in b.index["shards"]]
+    assert ea == eb
+    assert (tmp_path / "a/index.json").read_bytes() == (tmp_path / "b/index.json").read_bytes()
+
+
+def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path) -> None:
+    paths = make_sources(tmp_path, n=3, cells=300)
+    manifest = write_manifest(tmp_path / "m.toml")
+    first = build(manifest, tmp_path / "out", jobs=1, progress=False)
+    before = shard_files(tmp_path / "out")
+    # a touch (same bytes, new mtime) changes nothing
+    paths[1].touch()
+    again = build(manifest, tmp_path / "out", jobs=1, progress=False)
+    assert again.written == [] and shard_files(tmp_path / "out") == before
+    # new values in source 1 (same cells and labels): only source 1's shards are rewritten
+    write_perturb_h5ad(paths[1], n_cells=300, n_genes=N_GENES, n_perts=6, seed=1, density=0.2)
+    third = build(manifest, tmp_path / "out", jobs=1, progress=False)
+    src_of = {s["file"]: s["source"] for s in third.index["shards"]}
+    assert third.written and {src_of[f] for f in third.written} == {1}
+    kept = {k: v for k, v in before.items() if "-001-" not in k}
+    after = shard_files(tmp_path / "out")
+    assert all(after[k] == v for k, v in kept.items())
+    assert not any(f in after for f in before if "-001-" in f), "stale shards of source 1 are removed"
+    assert len(third.reused) == len(first.index["shards"]) - len(third.written) or third.reused
+    assert verify(tmp_path / "out") == []
+
+
+def test_zeroshot_cell_types_never_reach_train(tmp_path: Path) -> None:
+    make_sources(tmp_path, n=2, cells=400)
+    manifest = write_manifest(tmp_path / "m.toml", split="zeroshot")
+    build(manifest, tmp_path / "out", jobs=1, progress=False)
+    index, shards = read_all(tmp_path / "out")
+    by_split: dict[str, set[str]] = {}
+    for e, cols in shards:
+        by_split.setdefault(e.split, set()).update(_decode(index, cols, "cell_type").tolist())
+    held = by_split.get("val", set()) | by_split.get("test", set())
+    assert held and not (held & by_split["train"])
+
+
+def test_fewshot_holds_out_perturbations_per_cell_type(tmp_path: Path) -> None:
+    make_sources(tmp_path, n=2, cells=400)
+    build(write_manifest(tmp_path / "m.toml", split="fewshot"), tmp_path / "out", jobs=1, progress=False)
+    index, shards = read_all(tmp_path / "out")
+    combos: dict[str, set[tuple[str, str]]] = {}
+    for e, cols in shards:
+        pert, ct = _decode(index, cols, "perturbation"), _decode(index, cols, "cell_type")
+        m = (pert != "control") & cols[fmt.PRIMARY]
+        combos.setdefault(e.split, set()).update(zip(ct[m].tolist(), pert[m].tolist(), strict=True))
+    assert not (combos["train"] & (combos.get("val", set()) | combos.get("test", set())))
+    assert verify(tmp_path / "out") == []
+
+
+def test_group_without_batch_control_falls_back_and_is_counted(tmp_path: Path) -> None:
+    import anndata as ad
+
+    paths = make_sources(tmp_path, n=1, cells=400)
+    a = ad.read_h5ad(paths[0])
+    b0 = a.obs["batch"].astype(str).to_numpy() == a.obs["batch"].astype(str).iloc[0]
+    drop = b0 & (a.obs["perturbation"].astype(str).to_numpy() == "control")
+    a[~drop].copy().write_h5ad(paths[0])
+    res = build(write_manifest(tmp_path / "m.toml"), tmp_path / "out", jobs=1, progress=False)
+    stats = res.index["stats"]["pairing"]
+    assert stats["pairs_cell_type"] + stats["pairs_split"] + stats["pairs_source"] > 0
+    assert summary(tmp_path / "out")["pairing"] == stats
+
+
+def test_cli_build_inspect_verify(built: tuple[Path, list[Path], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    out, _, _ = built
+    assert main(["inspect", str(out), "--json"]) == 0
+    assert '"compression_ratio"' in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0
+
+
+def test_verify_detects_a_corrupt_shard(built: tuple[Path, list[Path], Path], tmp_path: Path) -> None:
+    out, _, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    index = fmt.read_index(copy)
+    chunk = next(p for p in sorted(index.shard_path(index.shards[0]).rglob("c/*")) if p.stat().st_size > 16)
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    problems = verify(copy)
+    assert problems and index.shards[0].file in problems[0]
