@@ -49,7 +49,9 @@ def make_perturb_obs(
     obs = pd.DataFrame(
         {
             "perturbation": pd.Categorical(labels),
-            "cell_type": pd.Categorical(np.asarray(cell_types, dtype=object)[rng.integers(0, len(cell_types), n_cells)]),
+            "cell_type": pd.Categorical(
+                np.asarray(cell_types, dtype=object)[rng.integers(0, len(cell_types), n_cells)]
+            ),
             "batch": np.char.add("b", rng.integers(0, batches, n_cells).astype(str)).astype(object),
             "timepoint": np.asarray(TIMEPOINTS, dtype=object)[rng.integers(0, len(TIMEPOINTS), n_cells)],
         },
@@ -118,7 +120,9 @@ def make_perturb_adata(
     counts = make_counts(n_cells, n_genes, rng, density, target_of_cell)
     offsets = rng.normal(size=(len(obs["perturbation"].cat.categories), obsm_dim))
     pca = offsets[obs["perturbation"].cat.codes.to_numpy()] + rng.normal(scale=0.5, size=(n_cells, obsm_dim))
-    adata = ad.AnnData(X=counts, obs=obs, var=pd.DataFrame(index=pd.Index(genes)), obsm={"X_pca": pca.astype(np.float32)})
+    adata = ad.AnnData(
+        X=counts, obs=obs, var=pd.DataFrame(index=pd.Index(genes)), obsm={"X_pca": pca.astype(np.float32)}
+    )
     if normalized:
         adata.layers["counts"] = counts.copy()
         adata.raw = adata
@@ -261,9 +265,17 @@ def write_h5csr(
     """
     path = Path(path)
     adata = make_perturb_adata(
-        n_cells, n_genes, n_perts, (path.stem,), batches, seed, density, control_fraction, 1,
+        n_cells,
+        n_genes,
+        n_perts,
+        (path.stem,),
+        batches,
+        seed,
+        density,
+        control_fraction,
+        1,
         control_label="non-targeting",
-    )  # fmt: skip
+    )
     gene = adata.obs["perturbation"].cat
     gem = pd.Categorical(adata.obs["batch"])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -294,9 +306,14 @@ def write_demo(root: str | Path) -> list[Path]:
             perturb / "screen_b.h5ad", n_cells=1500, n_genes=600, n_perts=8, cell_types=("HepG2",), seed=2, dense=True
         ),
         write_perturb_h5ad(
-            perturb / "screen_c.h5ad", n_cells=2500, n_genes=600, n_perts=16, cell_types=("K562", "RPE1"), seed=3,
+            perturb / "screen_c.h5ad",
+            n_cells=2500,
+            n_genes=600,
+            n_perts=16,
+            cell_types=("K562", "RPE1"),
+            seed=3,
             legacy=True,
-        ),  # fmt: skip
+        ),
         write_h5csr(state / "hepg2.h5", n_cells=1800, n_genes=600, n_perts=10, seed=4),
         write_h5csr(state / "jurkat.h5", n_cells=2200, n_genes=600, n_perts=10, seed=5, var_key="gene_name"),
     ]

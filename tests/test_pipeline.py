@@ -203,3 +203,56 @@ def test_verify_detects_a_corrupt_shard(built: tuple[Path, list[Path], Path], tm
     chunk.write_bytes(bytes(raw))
     problems = verify(copy)
     assert problems and index.shards[0].file in problems[0]
+
+
+@pytest.mark.parametrize("flavour", ["legacy", "dense", "layers"])
+def test_anndata_flavours_build_the_same_cells(tmp_path: Path, flavour: str) -> None:
+    import anndata as ad
+
+    (tmp_path / "src").mkdir()
+    p = tmp_path / "src" / "a.h5ad"
+    write_perturb_h5ad(p, n_cells=300, n_genes=40, n_perts=4, seed=3, legacy=flavour == "legacy",
+                       dense=flavour == "dense")
+    matrix = "X"
+    if flavour == "layers":
+        a = ad.read_h5ad(p)
+        a.layers["counts"] = a.X.copy()
+        a.X = a.X * 0  # the manifest must read the layer, not X
+        a.write_h5ad(p)
+        matrix = "layers/counts"
+    expected = write_perturb_h5ad(tmp_path / "ref.h5ad", n_cells=300, n_genes=40, n_perts=4, seed=3)
+    manifest = write_manifest(tmp_path / "m.toml", obsm="[]")
+    manifest.write_text(manifest.read_text().replace('matrix = "X"', "").replace(
+        'values = "counts"', f'values = "counts"\nmatrix = "{matrix}"'))
+    build(manifest, tmp_path / "out", jobs=1, progress=False)
+    full, _ = source_matrix([expected])
+    _, shards = read_all(tmp_path / "out")
+    for _, cols in shards:
+        np.testing.assert_array_equal(shard_csr(cols, 40).toarray(), full[cols[fmt.SAMPLE_ID]].toarray())
+    assert verify(tmp_path / "out") == []
+
+
+def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path) -> None:
+    import h5py
+
+    from pipeline.demo import write_h5csr
+
+    (tmp_path / "src").mkdir()
+    for stem in ("hepg2", "jurkat"):
+        write_h5csr(tmp_path / "src" / f"{stem}.h5", n_cells=300, n_genes=40, seed=len(stem))
+    manifest = write_manifest(tmp_path / "m.toml", pattern="src/*.h5", type="h5csr", pert="gene", batch="gem_group",
+                              covariates="[]", obsm='["X_hvg"]')
+    manifest.write_text(manifest.read_text().replace('cell_type = "cell_type"', 'cell_type = "cell_line"'))
+    build(manifest, tmp_path / "out", jobs=2, progress=False)
+    index, shards = read_all(tmp_path / "out")
+    assert index.vocabularies["cell_type"] == ["hepg2", "jurkat"]
+    with h5py.File(tmp_path / "src" / "hepg2.h5") as f:
+        g = f["X"]
+        first_row = np.zeros(40, np.float32)
+        lo, hi = g["indptr"][0], g["indptr"][1]
+        first_row[g["indices"][lo:hi]] = g["data"][lo:hi]
+    for _, cols in shards:
+        hit = np.flatnonzero(cols[fmt.SAMPLE_ID] == 0)
+        if hit.size:
+            np.testing.assert_array_equal(shard_csr(cols, 40)[hit[0]].toarray().ravel(), first_row)
+    assert verify(tmp_path / "out") == []

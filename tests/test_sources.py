@@ -60,7 +60,9 @@ def _h5ad_case(path: Path, adata: ad.AnnData, matrix: str = "X", dense: bool = F
         path=path,
         matrix=matrix,
         x=x,
-        var_names=tuple(f"X_pca_{i}" for i in range(x.shape[1])) if matrix.startswith("obsm/") else tuple(adata.var_names),
+        var_names=tuple(f"X_pca_{i}" for i in range(x.shape[1]))
+        if matrix.startswith("obsm/")
+        else tuple(adata.var_names),
         obs={c: adata.obs[c].astype(str).tolist() for c in H5AD_COLUMNS},
         obsm={"X_pca": adata.obsm["X_pca"]},
         row_nnz=np.full(x.shape[0], x.shape[1]) if stored_dense else np.diff(x.indptr),
@@ -91,8 +93,9 @@ class SourceContract:
         raise NotImplementedError
 
     @pytest.fixture(scope="class")
-    def case(self, tmp_path_factory: pytest.TempPathFactory) -> Case:
-        return self.build(tmp_path_factory.mktemp(type(self).__name__))
+    @classmethod
+    def case(cls, tmp_path_factory: pytest.TempPathFactory) -> Case:
+        return cls().build(tmp_path_factory.mktemp(cls.__name__))
 
     @pytest.fixture
     def source(self, case: Case) -> Iterator[Source]:
@@ -265,7 +268,9 @@ def _csr_file(tmp_path: Path, kind: str) -> tuple[Path, sp.csr_matrix, str]:
     """A small CSR file of `kind` plus the HDF5 group its matrix lives in."""
     if kind == "h5csr":
         path = demo.write_h5csr(tmp_path / "c.h5", n_cells=240, n_genes=40, n_perts=5, seed=7, hvg_dim=4)
-        x = sp.csr_matrix(demo.make_perturb_adata(240, 40, 5, ("c",), 3, 7, 0.1, 0.15, 1, control_label="non-targeting").X)
+        x = sp.csr_matrix(
+            demo.make_perturb_adata(240, 40, 5, ("c",), 3, 7, 0.1, 0.15, 1, control_label="non-targeting").X
+        )
         return path, x, "X"
     path = demo.write_perturb_h5ad(tmp_path / "c.h5ad", **SMALL, legacy=kind == "legacy")
     return path, sp.csr_matrix(demo.make_perturb_adata(**SMALL).X), "X"

@@ -56,13 +56,6 @@ def _bytes_per_cell(src: ScannedSource, rows: np.ndarray, n_codes: int, obsm_wid
     return nnz * 8.0 + 8 + 8 + 1 + 4 * (n_codes + 1) + 4 * obsm_width
 
 
-def _local_map(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    sorter = np.argsort(members, kind="stable")
-    return members[sorter], sorter
-
-
-def _to_local(ids: np.ndarray, sorted_members: np.ndarray, sorter: np.ndarray) -> np.ndarray:
-    return sorter[np.searchsorted(sorted_members, ids)].astype(np.int32)
 
 
 def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: np.ndarray, split: np.ndarray,
@@ -105,23 +98,27 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         primary = np.flatnonzero(home == local)
         pr = pairs[pair_home == local]
         sc, spp = sent_c[sent_home == local], sent_p[sent_home == local]
-        referenced = np.unique(np.concatenate([pr[:, 0], sc.ravel()]))
-        dups = referenced[home[referenced] != local]
+        wanted = np.zeros(idx.size, bool)
+        wanted[pr[:, 0]] = True
+        wanted[sc.ravel()] = True
+        wanted[primary] = False
+        dups = np.flatnonzero(wanted)
         duplicates += int(dups.size)
         members = np.concatenate([primary, dups])
         order = source_rng(seed, s, 1000 + local).permutation(members.size)
         members = members[order]
         is_primary = np.concatenate([np.ones(primary.size, bool), np.zeros(dups.size, bool)])[order]
-        sm, sorter = _local_map(members)
+        lut = np.full(idx.size, -1, np.int32)  # source cell -> local row
+        lut[members] = np.arange(members.size, dtype=np.int32)
         g = idx[members]
         columns = {
             fmt.SAMPLE_ID: cells.sample_id[g],
             fmt.PRIMARY: is_primary,
             fmt.COND_ID: cond.cond_id[g],
             **{fmt.OBS_PREFIX + f: cells.codes[f][g] for f in fields},
-            fmt.PAIRS: _to_local(pr, sm, sorter).reshape(-1, 2),
-            fmt.SENTENCES_PERT: _to_local(spp, sm, sorter).reshape(-1, manifest.pairing.sentence_size),
-            fmt.SENTENCES_CTRL: _to_local(sc, sm, sorter).reshape(-1, manifest.pairing.sentence_size),
+            fmt.PAIRS: lut[pr].reshape(-1, 2),
+            fmt.SENTENCES_PERT: lut[spp].reshape(-1, manifest.pairing.sentence_size),
+            fmt.SENTENCES_CTRL: lut[sc].reshape(-1, manifest.pairing.sentence_size),
         }
         shards.append(ShardPlan(SPLIT_NAMES[k], s, part, cells.row[g], columns))
     stats["duplicated_controls"] = duplicates

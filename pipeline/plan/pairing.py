@@ -17,6 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 LEVELS = ("exact", "cell_type", "split", "source")
+# (level, key columns), tried in order: in-shard candidates first so that duplicates are rare.
+LEVEL_ORDER: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (0, ("shard", "cell_type", "batch")), (0, ("split", "cell_type", "batch")),
+    (1, ("shard", "cell_type")), (1, ("split", "cell_type")),
+    (2, ("shard",)), (2, ("split",)),
+    (3, ()),
+)
 
 
 def combine(*cols: np.ndarray) -> np.ndarray:
@@ -26,21 +33,6 @@ def combine(*cols: np.ndarray) -> np.ndarray:
         c = c.astype(np.int64)
         key = key * (int(c.max(initial=0)) + 1) + c
     return key
-
-
-def pick_from_groups(query_keys: np.ndarray, pool_keys: np.ndarray, pool_ids: np.ndarray,
-                     u: np.ndarray) -> np.ndarray:
-    """For each query, a uniformly chosen pool id with the same key (u in [0,1)), or -1 if none."""
-    order = np.argsort(pool_keys, kind="stable")
-    sk = pool_keys[order]
-    lo = np.searchsorted(sk, query_keys, "left")
-    hi = np.searchsorted(sk, query_keys, "right")
-    cnt = hi - lo
-    choice = np.minimum(lo + (u * cnt).astype(np.int64), np.maximum(hi - 1, 0))
-    out = np.full(query_keys.shape, -1, np.int64)
-    has = cnt > 0
-    out[has] = pool_ids[order[choice[has]]]
-    return out
 
 
 @dataclass(frozen=True)
@@ -54,27 +46,50 @@ class MatchContext:
     is_control: np.ndarray  # bool
 
     def level_keys(self) -> list[tuple[int, np.ndarray]]:
+        """Keys of LEVEL_ORDER: each level first within the query's own shard, then anywhere in the source."""
         ct, b, h, sp = self.cell_type, self.batch, self.home, self.split
-        zero = np.zeros_like(h)
-        return [(0, combine(h, ct, b)), (0, combine(sp, ct, b)), (1, combine(h, ct)), (1, combine(sp, ct)),
-                (2, combine(h)), (2, combine(sp)), (3, zero)]
+        cols = {"shard": h, "split": sp, "cell_type": ct, "batch": b}
+        return [(lvl, combine(*(cols[c] for c in by)) if by else np.zeros_like(h)) for lvl, by in LEVEL_ORDER]
+
+
+def control_pools(ctx: MatchContext, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """For each query cell, the best level with a non-empty control pool: (level, lo, count, sorted pools).
+
+    Candidates for query i are `pools[level[i]][lo[i]:lo[i] + count[i]]`; the source has at least one control,
+    so the last level (the whole source) always matches.
+    """
+    pool = np.flatnonzero(ctx.is_control)
+    level = np.full(queries.shape, -1, np.int8)
+    lo = np.zeros(queries.shape, np.int64)
+    cnt = np.zeros(queries.shape, np.int64)
+    pools: list[np.ndarray] = []
+    for i, (lvl, key) in enumerate(ctx.level_keys()):
+        order = np.argsort(key[pool], kind="stable")
+        sorted_keys = key[pool][order]
+        pools.append(pool[order])
+        todo = np.flatnonzero(level < 0)
+        if todo.size == 0:
+            continue
+        q = key[queries[todo]]
+        a, b = np.searchsorted(sorted_keys, q, "left"), np.searchsorted(sorted_keys, q, "right")
+        hit = b > a
+        level[todo[hit]] = i
+        lo[todo[hit]], cnt[todo[hit]] = a[hit], (b - a)[hit]
+    return level, lo, cnt, pools
+
+
+def draw_controls(level: np.ndarray, lo: np.ndarray, cnt: np.ndarray, pools: list[np.ndarray],
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One uniform draw per query from its pool; returns (control cell, level name index into LEVELS)."""
+    offsets = np.cumsum([0] + [p.size for p in pools])
+    pick = offsets[level] + lo + (rng.random(level.shape) * cnt).astype(np.int64)
+    names = np.array([lvl for lvl, _ in LEVEL_ORDER], np.int8)
+    return np.concatenate(pools)[pick], names[level]
 
 
 def match_controls(ctx: MatchContext, queries: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(control cell, level) for each query cell; the source is known to have at least one control."""
-    pool = np.flatnonzero(ctx.is_control)
-    ctrl = np.full(queries.shape, -1, np.int64)
-    level = np.full(queries.shape, -1, np.int8)
-    u = rng.random(queries.shape)
-    for lvl, key in ctx.level_keys():
-        todo = ctrl < 0
-        if not todo.any():
-            break
-        got = pick_from_groups(key[queries[todo]], key[pool], pool, u[todo])
-        idx = np.flatnonzero(todo)[got >= 0]
-        ctrl[idx] = got[got >= 0]
-        level[idx] = lvl
-    return ctrl, level
+    return draw_controls(*control_pools(ctx, queries), rng)
 
 
 def rank_within(groups: np.ndarray) -> np.ndarray:
@@ -121,5 +136,7 @@ def make_sentences(ctx: MatchContext, perturbation: np.ndarray, batch: np.ndarra
     n = n_g[g]
     offset = np.where(t < n, t, (rng.random(g.size) * n).astype(np.int64))
     slot_cells = cells[starts[g] + offset]
-    ctrl, level = match_controls(ctx, slot_cells, rng)
-    return slot_cells.reshape(-1, size), ctrl.reshape(-1, size), level.reshape(-1, size)
+    # all slots of a sentence share shard, split, cell type and batch, hence one control pool per sentence
+    level, lo, cnt, pools = control_pools(ctx, slot_cells[::size])
+    ctrl, names = draw_controls(np.repeat(level, size), np.repeat(lo, size), np.repeat(cnt, size), pools, rng)
+    return slot_cells.reshape(-1, size), ctrl.reshape(-1, size), names.reshape(-1, size)

@@ -247,7 +247,9 @@ class H5Source(Source):
         group = self._file()[layout.name]
         indptr = group["indptr"][()]
         if indptr.shape != (n_rows + 1,):
-            raise SourceError(self.path, f"{layout.name}: indptr has {indptr.size} entries, expected n_rows + 1 = {n_rows + 1}")
+            raise SourceError(
+                self.path, f"{layout.name}: indptr has {indptr.size} entries, expected n_rows + 1 = {n_rows + 1}"
+            )
         if indptr[0] != 0:
             raise SourceError(self.path, f"row 0: indptr[0] is {int(indptr[0])}, expected 0")
         nnz = int(group["data"].shape[0])
@@ -281,7 +283,9 @@ class H5Source(Source):
             obs = self._read_obs(wanted)
             for column, cat in obs.items():
                 if cat.codes.shape != (n_rows,):
-                    raise SourceError(self.path, f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}")
+                    raise SourceError(
+                        self.path, f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}"
+                    )
             obsm = self._obsm_info()
         return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm)
 

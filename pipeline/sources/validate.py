@@ -50,7 +50,7 @@ def validate_indptr(indptr: np.ndarray, path: str | Path, row0: int, nnz: int | 
         raise SourceError(
             path,
             f"row {row0 + local}: non-monotonic indptr "
-            f"(indptr[{local}]={int(indptr[local])} > indptr[{local + 1}]={int(indptr[local + 1])})",
+            f"(indptr[{row0 + local}]={int(indptr[local])} > indptr[{row0 + local + 1}]={int(indptr[local + 1])})",
         )
     if nnz is not None:
         span = int(indptr[-1] - indptr[0])
@@ -139,4 +139,6 @@ def validate_dense(block: np.ndarray, path: str | Path, row0: int, counts: bool,
         negative = block < 0
         row = _first(negative.any(axis=1))
         col = _first(negative[row])
-        raise SourceError(path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col}")
+        raise SourceError(
+            path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col}"
+        )

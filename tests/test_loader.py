@@ -1,0 +1,269 @@
+"""ShardDataset / ShardLoader against datasets written by the real shard writer (tests/shard_fixtures.py)."""
+
+from __future__ import annotations
+
+import gc
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from loaders import ShardDataset, ShardLoader
+from loaders.format import COND_ID, OBS_PREFIX, OBSM_PREFIX, PAIRS, PRIMARY, SAMPLE_ID, SENTENCES_CTRL, SENTENCES_PERT
+from tests.shard_fixtures import OBS_FIELDS, OBSM_KEY, Fixture, make_dataset
+
+TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
+
+
+class Truth:
+    """What was written, indexed by sample_id (duplicated controls share the id of their original)."""
+
+    def __init__(self, fx: Fixture) -> None:
+        n_ids = 1 + max(int(s[SAMPLE_ID].max()) for s in fx.shards)
+        self.dense = np.zeros((n_ids, fx.n_genes), np.float32)
+        self.obs = {f: np.zeros(n_ids, np.int64) for f in OBS_FIELDS}
+        self.cond_id = np.zeros(n_ids, np.int64)
+        self.pca = np.zeros((n_ids, 5), np.float32)
+        for s in fx.shards:
+            ptr, ind, dat = s["X/indptr"], s["X/indices"], s["X/data"]
+            rows = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+            ids = s[SAMPLE_ID]
+            self.dense[ids[rows], ind] = dat
+            for f in OBS_FIELDS:
+                self.obs[f][ids] = s[OBS_PREFIX + f]
+            self.cond_id[ids] = s[COND_ID]
+            self.pca[ids] = s[OBSM_PREFIX + OBSM_KEY]
+        self.vectors = fx.vectors
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+    return make_dataset(tmp_path_factory.mktemp("demo"), n_shards=6, cells_per_shard=150, n_genes=40, seed=1,
+                        splits=("train", "train", "val"))
+
+
+@pytest.fixture(scope="module")
+def truth(fx: Fixture) -> Truth:
+    return Truth(fx)
+
+
+def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
+    return list(dl)
+
+
+def check_cells(batch: dict[str, torch.Tensor], truth: Truth) -> None:
+    ids = batch["sample_id"].numpy()
+    np.testing.assert_array_equal(batch["X"].numpy(), truth.dense[ids])
+    np.testing.assert_array_equal(batch["cond_id"].numpy(), truth.cond_id[ids])
+    np.testing.assert_array_equal(batch["cond"].numpy(), truth.vectors[truth.cond_id[ids]])
+    for f in OBS_FIELDS:
+        assert batch[f].dtype == torch.int64
+        np.testing.assert_array_equal(batch[f].numpy(), truth.obs[f][ids])
+    np.testing.assert_array_equal(batch["obsm/pca"].numpy(), truth.pca[ids])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cells_epoch_is_a_permutation_of_the_split(fx: Fixture, truth: Truth, workers: int) -> None:
+    ds = ShardDataset(fx.root, split="train", sample="cells", batch_size=64, seed=3, window=2)
+    dl = ShardLoader(ds, num_workers=workers, timeout=TIMEOUT)
+    batches = epoch(dl)
+    assert len(batches) == len(dl)
+    ids = np.concatenate([b["sample_id"].numpy() for b in batches])
+    np.testing.assert_array_equal(np.sort(ids), np.sort(fx.primary_ids("train")))
+    for b in batches:
+        check_cells(b, truth)
+    dl.set_epoch(1)
+    ids1 = np.concatenate([b["sample_id"].numpy() for b in dl])
+    assert sorted(ids1) == sorted(ids) and not np.array_equal(ids1, ids)
+
+
+def test_natural_order_without_shuffle(fx: Fixture) -> None:
+    ds = ShardDataset(fx.root, split="val", batch_size=50, shuffle=False)
+    ids = np.concatenate([b["sample_id"].numpy() for b in ShardLoader(ds)])
+    np.testing.assert_array_equal(ids, fx.primary_ids("val"))
+
+
+def test_sparse_and_shipped_parts_match_dense(fx: Fixture) -> None:
+    dense = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5)))
+    sparse = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5, densify=False)))
+    parts = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5), device="cpu", ship_csr=True))
+    for d, s, p in zip(dense, sparse, parts, strict=True):
+        assert s["X"].layout == torch.sparse_csr
+        np.testing.assert_array_equal(s["X"].to_dense().numpy(), d["X"].numpy())
+        np.testing.assert_array_equal(p["X"].numpy(), d["X"].numpy())
+        assert set(p) == set(d)
+
+
+def test_cuda_request_without_cuda_falls_back(fx: Fixture) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.warns(RuntimeWarning, match="CUDA"):
+        dl = ShardLoader(ShardDataset(fx.root, batch_size=100), device="cuda")
+    assert next(iter(dl))["X"].device.type == "cpu"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pairs_reference_the_right_cells(fx: Fixture, truth: Truth, workers: int) -> None:
+    ds = ShardDataset(fx.root, split="train", sample="pairs", batch_size=48, seed=1, window=2)
+    batches = epoch(ShardLoader(ds, num_workers=workers, timeout=TIMEOUT))
+    expected = sorted((int(s[SAMPLE_ID][c]), int(s[SAMPLE_ID][p]))
+                      for s, sp in zip(fx.shards, fx.splits) if sp == "train" for c, p in s[PAIRS])
+    got = []
+    for b in batches:
+        c, p = b["ctrl_id"].numpy(), b["pert_id"].numpy()
+        got += list(zip(c.tolist(), p.tolist()))
+        np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[c])
+        np.testing.assert_array_equal(b["x_pert"].numpy(), truth.dense[p])
+        assert (truth.obs["perturbation"][c] == 0).all() and (truth.obs["perturbation"][p] != 0).all()
+        np.testing.assert_array_equal(b["perturbation"].numpy(), truth.obs["perturbation"][p])
+        np.testing.assert_array_equal(b["cond"].numpy(), truth.vectors[truth.cond_id[p]])
+    assert sorted(got) == expected
+
+
+def test_sentences_reference_the_right_cells(fx: Fixture, truth: Truth) -> None:
+    ds = ShardDataset(fx.root, split="train", sample="sentences", batch_size=16, seed=2, window=3)
+    n = 0
+    for b in ShardLoader(ds):
+        p, c = b["pert_id"].numpy(), b["ctrl_id"].numpy()
+        bsz, length = p.shape
+        assert b["x_pert"].shape == (bsz, length, fx.n_genes) and b["x_ctrl"].shape == (bsz, length, fx.n_genes)
+        np.testing.assert_array_equal(b["x_pert"].numpy(), truth.dense[p])
+        np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[c])
+        pert_codes = truth.obs["perturbation"][p]
+        assert (pert_codes == pert_codes[:, :1]).all() and (truth.obs["perturbation"][c] == 0).all()
+        np.testing.assert_array_equal(b["perturbation"].numpy(), pert_codes[:, 0])
+        np.testing.assert_array_equal(b["cond"].numpy(), truth.vectors[truth.cond_id[p[:, 0]]])
+        n += bsz
+    assert n == sum(s[SENTENCES_PERT].shape[0] for s, sp in zip(fx.shards, fx.splits) if sp == "train")
+    assert all(s[SENTENCES_CTRL].shape == s[SENTENCES_PERT].shape for s in fx.shards)
+
+
+@pytest.mark.parametrize("workers_before,workers_after", [(0, 0), (2, 2), (2, 0)])
+def test_mid_epoch_resume(fx: Fixture, workers_before: int, workers_after: int) -> None:
+    def make(workers: int) -> ShardLoader:
+        return ShardLoader(ShardDataset(fx.root, batch_size=32, seed=9, window=2), num_workers=workers,
+                           timeout=TIMEOUT)
+
+    ref = make(0)
+    ref.set_epoch(4)
+    full = [b["sample_id"].numpy() for b in ref]
+    dl = make(workers_before)
+    dl.set_epoch(4)
+    for k, b in enumerate(dl, start=1):
+        if k == 3:
+            state = dl.state_dict()
+            break
+    assert state["batches_done"] == 3 and state["epoch"] == 4
+    dl2 = make(workers_after)
+    dl2.load_state_dict(state)
+    dl2.set_epoch(4)  # same epoch: keeps the resume point
+    rest = [b["sample_id"].numpy() for b in dl2]
+    assert len(rest) == len(full) - 3
+    for a, b in zip(rest, full[3:]):
+        np.testing.assert_array_equal(a, b)
+    assert dl2.state_dict()["batches_done"] == len(full)
+    dl2.set_epoch(5)  # next epoch starts from its first batch
+    assert len(list(dl2)) == len(full)
+
+
+def test_resume_with_other_world_size_or_settings_is_refused(fx: Fixture) -> None:
+    state = ShardLoader(ShardDataset(fx.root, rank=0, world_size=2)).state_dict()
+    with pytest.raises(ValueError, match="world_size"):
+        ShardLoader(ShardDataset(fx.root, rank=0, world_size=3)).load_state_dict(state)
+    with pytest.raises(ValueError, match="batch_size"):
+        ShardLoader(ShardDataset(fx.root, rank=1, world_size=2, batch_size=7)).load_state_dict(state)
+    ShardLoader(ShardDataset(fx.root, rank=1, world_size=2)).load_state_dict(state)  # rank 0's state fits rank 1
+
+
+def test_memory_does_not_grow_across_epochs(tmp_path: Path) -> None:
+    fx = make_dataset(tmp_path / "big", n_shards=4, cells_per_shard=1500, n_genes=400, seed=0)
+    dl = ShardLoader(ShardDataset(fx.root, batch_size=128, window=2))
+    proc = psutil.Process()
+    rss = []
+    for e in range(8):
+        dl.set_epoch(e)
+        for _ in dl:
+            pass
+        gc.collect()
+        rss.append(proc.memory_info().rss)
+    arena_mb = 6000 * 40 * 8 / 2**20  # one epoch's decoded X, packed
+    growth = (rss[-1] - rss[1]) / 2**20
+    assert growth < max(8.0, 2 * arena_mb), f"RSS grew {growth:.1f} MiB over 6 epochs: {rss}"
+
+
+def test_persistent_workers_follow_epochs(fx: Fixture) -> None:
+    ds = ShardDataset(fx.root, batch_size=64, seed=4, window=2)
+    dl = ShardLoader(ds, num_workers=2, persistent_workers=True, timeout=TIMEOUT)
+    ref = ShardLoader(ShardDataset(fx.root, batch_size=64, seed=4, window=2))
+    for e in (0, 1):
+        dl.set_epoch(e)
+        ref.set_epoch(e)
+        got = np.concatenate([b["sample_id"].numpy() for b in dl])
+        np.testing.assert_array_equal(got, np.concatenate([b["sample_id"].numpy() for b in ref]))
+
+
+def test_spawn_start_method(fx: Fixture) -> None:
+    ds = ShardDataset(fx.root, batch_size=64, seed=6, window=2)
+    dl = ShardLoader(ds, num_workers=2, multiprocessing_context="spawn", timeout=TIMEOUT)
+    ids = np.concatenate([b["sample_id"].numpy() for b in dl])
+    ref = np.concatenate([b["sample_id"].numpy() for b in ShardLoader(ShardDataset(fx.root, batch_size=64, seed=6,
+                                                                                    window=2))])
+    np.testing.assert_array_equal(ids, ref)
+
+
+def _broken_copy(fx: Fixture, dst: Path, how: str) -> Path:
+    shutil.copytree(fx.root, dst)
+    shard = dst / "shards" / "shard-00003.zarr"  # a train shard
+    if how == "missing":
+        shutil.rmtree(shard)
+    else:
+        chunks = sorted(p for p in (shard / "X" / "data").rglob("*") if p.is_file() and p.name != "zarr.json")
+        chunks[0].write_bytes(b"\x00garbage" * 5)
+    return shard
+
+
+@pytest.mark.parametrize("how", ["missing", "corrupt"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_broken_shard_error_names_the_file(fx: Fixture, tmp_path: Path, how: str, workers: int) -> None:
+    shard = _broken_copy(fx, tmp_path / "ds", how)
+    dl = ShardLoader(ShardDataset(tmp_path / "ds", batch_size=64, window=1), num_workers=workers, timeout=TIMEOUT)
+    with pytest.raises(Exception, match=re.escape(str(shard))):
+        for _ in dl:
+            pass
+
+
+def test_unknown_split_or_sample(fx: Fixture) -> None:
+    with pytest.raises(ValueError, match=r"valid: \['train', 'val'\]"):
+        ShardDataset(fx.root, split="test")
+    with pytest.raises(ValueError, match="cells.*pairs.*sentences"):
+        ShardDataset(fx.root, sample="genes")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fewer_units_than_ranks(tmp_path: Path, workers: int) -> None:
+    fx = make_dataset(tmp_path / "tiny", n_shards=1, cells_per_shard=3, n_genes=10, seed=0)
+    for pad, per_rank in ((True, 1), (False, 0)):
+        for rank in range(5):
+            ds = ShardDataset(fx.root, batch_size=4, pad=pad, rank=rank, world_size=5)
+            batches = list(ShardLoader(ds, num_workers=workers, timeout=TIMEOUT))
+            assert len(batches) == per_rank == len(ds)
+            if pad:
+                assert batches[0]["sample_id"].tolist() == [fx.primary_ids("train")[rank % 3]]
+
+
+def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
+    ds = ShardDataset(fx.root, batch_size=32, drop_last=True, window=2)
+    dl = ShardLoader(ds)
+    distinct = []
+    for e in range(4):
+        dl.set_epoch(e)
+        distinct += [len(np.unique(b["perturbation"].numpy())) for b in dl]
+    labels = np.concatenate([s[OBS_PREFIX + "perturbation"][s[PRIMARY]]
+                             for s, sp in zip(fx.shards, fx.splits) if sp == "train"])
+    rng = np.random.default_rng(0)
+    uniform = np.mean([len(np.unique(rng.choice(labels, 32, replace=False))) for _ in range(2000)])
+    assert abs(np.mean(distinct) - uniform) / uniform < 0.10, (np.mean(distinct), uniform)
