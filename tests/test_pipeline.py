@@ -256,3 +256,28 @@ def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path) -> None:
         if hit.size:
             np.testing.assert_array_equal(shard_csr(cols, 40)[hit[0]].toarray().ravel(), first_row)
     assert verify(tmp_path / "out") == []
+
+
+def test_perturbation_features_fill_the_condition_vectors(tmp_path: Path) -> None:
+    import zarr
+
+    paths = make_sources(tmp_path, n=1, cells=300)
+    import anndata as ad
+
+    names = sorted(set(ad.read_h5ad(paths[0]).obs["perturbation"].astype(str)) - {"control"})
+    feats = {n: np.full(3, i + 1, np.float32) for i, n in enumerate(names)}
+    np.savez(tmp_path / "feats.npz", **feats)
+    manifest = write_manifest(tmp_path / "m.toml")
+    manifest.write_text(manifest.read_text().replace('values = "counts"',
+                                                     'values = "counts"\nperturbation_features = "feats.npz"'))
+    build(manifest, tmp_path / "out", jobs=1, progress=False)
+    index, shards = read_all(tmp_path / "out")
+    seg = index.conditions["segments"][0]
+    assert seg["field"] == "perturbation" and seg["encoding"] == "features" and seg["size"] == 3
+    vectors = zarr.open_group(str(tmp_path / "out" / index.conditions["file"]), mode="r")["vectors"][...]
+    for _, cols in shards:
+        label = _decode(index, cols, "perturbation")
+        got = vectors[cols[fmt.COND_ID], :3]
+        for name in names[:3]:
+            assert (got[label == name] == feats[name]).all()
+        assert (got[label == "control"] == 0).all()

@@ -19,9 +19,9 @@ import numpy as np
 LEVELS = ("exact", "cell_type", "split", "source")
 # (level, key columns), tried in order: in-shard candidates first so that duplicates are rare.
 LEVEL_ORDER: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (0, ("shard", "cell_type", "batch")), (0, ("split", "cell_type", "batch")),
-    (1, ("shard", "cell_type")), (1, ("split", "cell_type")),
-    (2, ("shard",)), (2, ("split",)),
+    (0, ("shard", "split", "cell_type", "batch")), (0, ("split", "cell_type", "batch")),
+    (1, ("shard", "split", "cell_type")), (1, ("split", "cell_type")),
+    (2, ("shard", "split")), (2, ("split",)),
     (3, ()),
 )
 
@@ -125,7 +125,7 @@ def make_sentences(ctx: MatchContext, perturbation: np.ndarray, batch: np.ndarra
     if pert.size == 0:
         empty = np.zeros((0, size), np.int64)
         return empty, empty, empty.astype(np.int8)
-    key = combine(ctx.home[pert], ctx.cell_type[pert], perturbation[pert], batch[pert])
+    key = combine(ctx.home[pert], ctx.split[pert], ctx.cell_type[pert], perturbation[pert], batch[pert])
     order = np.lexsort((rng.random(pert.size), key))
     cells, key = pert[order], key[order]
     starts = np.r_[0, np.flatnonzero(np.diff(key)) + 1]
