@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from loaders import format as fmt
 from pipeline import __version__
 from pipeline.manifest import Manifest, load_manifest
-from pipeline.pack import PackConfig, pack_shard, scatter_source, write_columns
+from pipeline.pack import PackConfig, make_durable, pack_shard, scatter_source, write_columns
 from pipeline.plan import Plan, make_plan
 from pipeline.scan import ScannedSource, scan
 from pipeline.writers import Codec
@@ -151,8 +151,9 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
         shutil.rmtree(spill, ignore_errors=True)
         if ctx is not None:
             ctx.close()
-    t_pack = time.perf_counter()
     shard_entries = [entries[i] for i in range(len(plan.shards))]
+    make_durable(out, [out / fmt.SHARDS_DIR / shard_entries[i].file for i in todo] + [out / conditions["file"]])
+    t_pack = time.perf_counter()
     document = fmt.index_document(
         name=manifest.name, kind=manifest.kind, encoding=manifest.format, fields=fields,
         tables=list(fmt.TABLES), shards=shard_entries,

@@ -60,14 +60,14 @@ def make_perturb_obs(
     return obs, target_of_cell
 
 
-def _geometric_draws(rng: np.random.Generator, n: int, log_q: np.ndarray | float) -> np.ndarray:
-    """Failures before the first success, P(success) = 1 - exp(log_q), as float32: floor(Exp(1) / -log_q).
+def _geometric_draws(rng: np.random.Generator, n: int, scale: np.ndarray | float) -> np.ndarray:
+    """Geometric failure counts as float32: floor(Exp(1) * scale), where scale = -1 / log(1 - p_success).
 
     In place and in float32 because numpy's own geometric sampler (and every fresh temporary) costs
     seconds at the 40M draws of a 200k-cell file.
     """
     draws = rng.standard_exponential(n, dtype=np.float32)
-    np.multiply(draws, -1.0 / np.asarray(log_q, dtype=np.float32), out=draws)
+    np.multiply(draws, scale, out=draws)
     return np.floor(draws, out=draws)
 
 
@@ -80,12 +80,12 @@ def _bernoulli_positions(rng: np.random.Generator, total: int, density: float) -
         raise ValueError(f"density must be in (0, 1], got {density}")
     if density == 1:
         return np.arange(total, dtype=np.int64)
-    log_q = float(np.log1p(-density))
+    scale = np.float32(-1.0 / np.log1p(-density))
     expected = total * density
     chunks, end = [np.empty(0, dtype=np.int64)], -1
     while end < total - 1:
         n = int(expected + 6 * np.sqrt(expected) + 64) if len(chunks) == 1 else int(expected * 0.01 + 1024)
-        steps = _geometric_draws(rng, n, log_q).astype(np.int64)
+        steps = _geometric_draws(rng, n, scale).astype(np.int64)
         steps += 1
         steps[0] += end
         chunks.append(np.cumsum(steps, out=steps))
@@ -106,7 +106,8 @@ def make_counts(
     indptr = np.searchsorted(pos, np.arange(n_cells + 1, dtype=np.int64) * n_genes).astype(np.int64)
     cols = (pos % n_genes).astype(np.int32)
     gene_mean = rng.lognormal(mean=0.5, sigma=1.0, size=n_genes)
-    values = _geometric_draws(rng, pos.size, np.log1p(-1.0 / (1.0 + gene_mean))[cols])
+    gene_scale = (-1.0 / np.log1p(-1.0 / (1.0 + gene_mean))).astype(np.float32)  # success p = 1 / (1 + mean)
+    values = _geometric_draws(rng, pos.size, gene_scale[cols])
     values += 1
     if target_of_cell is not None:  # knockdown: the targeted gene keeps a quarter of its counts
         cells = np.flatnonzero(target_of_cell >= 0)

@@ -3,7 +3,7 @@
 1. scatter (one task per source): read the source in row blocks, route each block's planned rows to small
    per-shard spill pieces (.npz of plain arrays, never pickled);
 2. pack (one task per shard): gather the shard's pieces into planned row order, encode, compress, write to a
-   temporary name, fsync, hash, rename.
+   temporary name, hash, rename (one syncfs before the commit makes all new shards durable).
 
 Peak memory follows the block size and the shard size, never the source or dataset size.
 """
@@ -112,7 +112,7 @@ def _gather_pieces(number: int, n: int, cfg: PackConfig) -> dict[str, np.ndarray
     return out
 
 
-def _fsync_tree(path: Path) -> None:
+def fsync_tree(path: Path) -> None:
     for p in [path] if path.is_file() else sorted(path.rglob("*")):
         if p.is_file():
             fd = os.open(p, os.O_RDONLY)
@@ -122,8 +122,31 @@ def _fsync_tree(path: Path) -> None:
                 os.close(fd)
 
 
+def make_durable(folder: Path, written: list[Path]) -> None:
+    """Flush new shards to disk before the index may point at them.
+
+    One syncfs(2) of the output's file system costs about as much as a single fsync; fsyncing each of the
+    ~30 files of every zarr shard cost 0.1-0.3 s per shard here. Falls back to per-file fsync off Linux.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    for p in written:
+        fsync_tree(p)
+
+
 def write_columns(columns: dict[str, np.ndarray], final: Path, cfg: PackConfig) -> tuple[str, int]:
-    """Write atomically (temp name, fsync, hash, rename); returns (sha256, stored bytes)."""
+    """Write atomically (temp name, hash, rename); returns (sha256, stored bytes). The build makes the new
+    files durable (make_durable) before it commits the index that names them."""
     if final.exists():  # same name = same plan key = same bytes (a crash after rename, before commit)
         return fmt.content_hash(final), fmt.stored_bytes(final)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
@@ -131,7 +154,6 @@ def write_columns(columns: dict[str, np.ndarray], final: Path, cfg: PackConfig) 
         shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
     try:
         get_writer(cfg.encoding, cfg.codec).write(tmp, columns)
-        _fsync_tree(tmp)
         digest = fmt.content_hash(tmp)
         os.replace(tmp, final)
     except BaseException:
