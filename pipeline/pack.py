@@ -1,7 +1,7 @@
 """Stage 3: pack. Two bounded-memory passes so every source is read once, sequentially:
 
 1. scatter (one task per source): read the source in row blocks, route each block's planned rows to small
-   per-shard spill pieces (.npz of plain arrays, never pickled);
+   per-shard spill pieces (.npy files of plain arrays, never pickled);
 2. pack (one task per shard): gather the shard's pieces into planned row order, encode, compress, write to a
    temporary name, hash, rename (one syncfs before the commit makes all new shards durable).
 

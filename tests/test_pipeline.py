@@ -116,10 +116,14 @@ def test_jobs_do_not_change_bytes(tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path / "m.toml")
     a = build(manifest, tmp_path / "a", jobs=1, progress=False)
     b = build(manifest, tmp_path / "b", jobs=2, progress=False)
+    c = build(manifest, tmp_path / "c", jobs=2, backend="threading", progress=False)
     ea = [(s["file"], s["sha256"]) for s in a.index["shards"]]
-    eb = [(s["file"], s["sha256"]) for s in b.index["shards"]]
-    assert ea == eb
+    assert ea == [(s["file"], s["sha256"]) for s in b.index["shards"]]
+    assert ea == [(s["file"], s["sha256"]) for s in c.index["shards"]]
     assert (tmp_path / "a/index.json").read_bytes() == (tmp_path / "b/index.json").read_bytes()
+    assert (tmp_path / "a/index.json").read_bytes() == (tmp_path / "c/index.json").read_bytes()
+    for e in a.index["shards"]:  # the bytes themselves, not only the recorded hashes
+        assert fmt.content_hash(tmp_path / "a/shards" / e["file"]) == fmt.content_hash(tmp_path / "b/shards" / e["file"])
 
 
 def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import anndata as ad
@@ -42,47 +42,25 @@ class Case:
     obsm: dict[str, np.ndarray]
     row_nnz: np.ndarray
     counts: bool = True
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def _h5ad_case(path: Path, adata: ad.AnnData, matrix: str = "X", dense: bool = False) -> Case:
-    if matrix == "X":
-        x = sp.csr_matrix(adata.X)
-    elif matrix == "raw/X":
-        x = sp.csr_matrix(adata.raw.X)
-    elif matrix.startswith("layers/"):
-        x = sp.csr_matrix(adata.layers[matrix.split("/", 1)[1]])
-    else:
-        x = sp.csr_matrix(adata.obsm[matrix.split("/", 1)[1]])
-    stored_dense = dense or matrix.startswith("obsm/")
-    return Case(
-        kind="h5ad",
-        path=path,
-        matrix=matrix,
-        x=x,
-        var_names=tuple(f"X_pca_{i}" for i in range(x.shape[1]))
-        if matrix.startswith("obsm/")
-        else tuple(adata.var_names),
-        obs={c: adata.obs[c].astype(str).tolist() for c in H5AD_COLUMNS},
-        obsm={"X_pca": adata.obsm["X_pca"]},
-        row_nnz=np.full(x.shape[0], x.shape[1]) if stored_dense else np.diff(x.indptr),
-        counts=not matrix.startswith("obsm/"),
-    )
+    where, _, key = matrix.partition("/")
+    x = sp.csr_matrix(adata.X if where == "X" else adata.raw.X if where == "raw" else getattr(adata, where)[key])
+    embedding = where == "obsm"
+    names = tuple(f"X_pca_{i}" for i in range(x.shape[1])) if embedding else tuple(adata.var_names)
+    obs = {c: adata.obs[c].astype(str).tolist() for c in H5AD_COLUMNS}
+    row_nnz = np.full(x.shape[0], x.shape[1]) if dense or embedding else np.diff(x.indptr)
+    return Case("h5ad", path, matrix, x, names, obs, {"X_pca": adata.obsm["X_pca"]}, row_nnz, counts=not embedding)
 
 
 def _h5csr_case(root: Path, var_key: str = "_index") -> Case:
     path = demo.write_h5csr(root / "k562.h5", n_cells=260, n_genes=40, n_perts=5, seed=3, hvg_dim=8, var_key=var_key)
     adata = demo.make_perturb_adata(260, 40, 5, ("k562",), 3, 3, 0.1, 0.15, 1, control_label="non-targeting")
     x = sp.csr_matrix(adata.X)
+    obs = {"gene": adata.obs["perturbation"].astype(str).tolist(), "gem_group": adata.obs["batch"].tolist()}
     return Case(
-        kind="h5csr",
-        path=path,
-        matrix="X",
-        x=x,
-        var_names=tuple(adata.var_names),
-        obs={"gene": adata.obs["perturbation"].astype(str).tolist(), "gem_group": adata.obs["batch"].tolist()},
-        obsm={"X_hvg": demo.hvg_embedding(x, 8)},
-        row_nnz=np.diff(x.indptr),
+        "h5csr", path, "X", x, tuple(adata.var_names), obs, {"X_hvg": demo.hvg_embedding(x, 8)}, np.diff(x.indptr)
     )
 
 
@@ -233,25 +211,22 @@ def _raises(fn: Callable[[], object], path: Path, *needles: str) -> str:
     return msg
 
 
-@pytest.mark.parametrize("kind", sorted(SOURCES))
-def test_missing_file(tmp_path: Path, kind: str) -> None:
-    path = tmp_path / "absent.h5"
-    _raises(lambda: open_source(kind, path).meta([]), path, "file not found")
+UNREADABLE = [("missing", "file not found"), ("text", "not an HDF5 file"), ("halved", "corrupt or truncated HDF5 file")]
 
 
 @pytest.mark.parametrize("kind", sorted(SOURCES))
-def test_not_hdf5(tmp_path: Path, kind: str) -> None:
-    path = tmp_path / "notes.h5ad"
-    path.write_text("cell,gene,count\n" * 100)
-    _raises(lambda: open_source(kind, path).read_rows(0, 1), path, "not an HDF5 file")
-
-
-@pytest.mark.parametrize("kind", sorted(SOURCES))
-def test_truncated_hdf5(tmp_path: Path, kind: str) -> None:
-    path = demo.write_perturb_h5ad(tmp_path / "cut.h5ad", **SMALL)
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-    _raises(lambda: open_source(kind, path).meta([]), path, "truncated")
+@pytest.mark.parametrize(("damage", "problem"), UNREADABLE)
+def test_unreadable_file(tmp_path: Path, kind: str, damage: str, problem: str) -> None:
+    path = demo.write_perturb_h5ad(tmp_path / "f.h5ad", **SMALL)
+    if damage == "missing":
+        path.unlink()
+    elif damage == "text":
+        path.write_text("cell,gene,count\n" * 100)
+    else:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    src = open_source(kind, path)
+    _raises(lambda: src.meta([]), path, problem)
+    _raises(lambda: src.read_rows(0, 1), path, problem)
 
 
 def test_unknown_kind_and_matrix(tmp_path: Path) -> None:
@@ -264,20 +239,14 @@ def test_unknown_kind_and_matrix(tmp_path: Path) -> None:
 # --- corrupted matrices -------------------------------------------------------------------------
 
 
-def _csr_file(tmp_path: Path, kind: str) -> tuple[Path, sp.csr_matrix, str]:
-    """A small CSR file of `kind` plus the HDF5 group its matrix lives in."""
-    if kind == "h5csr":
+def _csr_file(tmp_path: Path, flavour: str) -> tuple[Path, sp.csr_matrix, str]:
+    """A small CSR file (matrix in group X) of a flavour, what it holds, and the source kind that reads it."""
+    if flavour == "h5csr":
         path = demo.write_h5csr(tmp_path / "c.h5", n_cells=240, n_genes=40, n_perts=5, seed=7, hvg_dim=4)
-        x = sp.csr_matrix(
-            demo.make_perturb_adata(240, 40, 5, ("c",), 3, 7, 0.1, 0.15, 1, control_label="non-targeting").X
-        )
-        return path, x, "X"
-    path = demo.write_perturb_h5ad(tmp_path / "c.h5ad", **SMALL, legacy=kind == "legacy")
-    return path, sp.csr_matrix(demo.make_perturb_adata(**SMALL).X), "X"
-
-
-def _kind(flavour: str) -> str:
-    return "h5ad" if flavour == "legacy" else flavour
+        adata = demo.make_perturb_adata(240, 40, 5, ("c",), 3, 7, 0.1, 0.15, 1, control_label="non-targeting")
+        return path, sp.csr_matrix(adata.X), "h5csr"
+    path = demo.write_perturb_h5ad(tmp_path / "c.h5ad", **SMALL, legacy=flavour == "legacy")
+    return path, sp.csr_matrix(demo.make_perturb_adata(**SMALL).X), "h5ad"
 
 
 FLAVOURS = ["h5ad", "legacy", "h5csr"]
@@ -285,10 +254,10 @@ FLAVOURS = ["h5ad", "legacy", "h5csr"]
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_non_monotonic_indptr(tmp_path: Path, flavour: str) -> None:
-    path, x, group = _csr_file(tmp_path, flavour)
+    path, x, kind = _csr_file(tmp_path, flavour)
     with h5py.File(path, "r+") as f:
-        f[f"{group}/indptr"][40] = x.indptr[39] - 1
-    src = open_source(_kind(flavour), path)
+        f["X/indptr"][40] = x.indptr[39] - 1
+    src = open_source(kind, path)
     _raises(lambda: src.meta([]), path, "row 39", "non-monotonic indptr")
     _raises(lambda: src.read_rows(30, 50), path, "row 39", "non-monotonic indptr")
     assert src.read_rows(0, 39).shape == (39, x.shape[1])  # blocks before the damage still read
@@ -296,14 +265,14 @@ def test_non_monotonic_indptr(tmp_path: Path, flavour: str) -> None:
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_indptr_longer_than_data(tmp_path: Path, flavour: str) -> None:
-    path, x, group = _csr_file(tmp_path, flavour)
+    path, x, kind = _csr_file(tmp_path, flavour)
     keep = int(x.indptr[200])  # rows 200.. now point past the stored entries
     with h5py.File(path, "r+") as f:
         for name in ("data", "indices"):
-            values = f[f"{group}/{name}"][:keep]
-            del f[f"{group}/{name}"]
-            f[f"{group}/{name}"] = values
-    src = open_source(_kind(flavour), path)
+            values = f[f"X/{name}"][:keep]
+            del f[f"X/{name}"]
+            f[f"X/{name}"] = values
+    src = open_source(kind, path)
     first_bad = int(np.argmax(x.indptr[1:] > keep))
     _raises(lambda: src.meta([]), path, f"row {first_bad}", "indptr does not match data length")
     _raises(lambda: src.read_rows(190, 240), path, f"row {first_bad}", "indptr does not match data length")
@@ -317,30 +286,30 @@ def _poke(path: Path, dataset: str, at: int, value: float) -> None:
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_column_index_out_of_range(tmp_path: Path, flavour: str) -> None:
-    path, x, group = _csr_file(tmp_path, flavour)
+    path, x, kind = _csr_file(tmp_path, flavour)
     row = int(np.flatnonzero(np.diff(x.indptr) > 1)[60])
-    _poke(path, f"{group}/indices", int(x.indptr[row]) + 1, x.shape[1])
-    src = open_source(_kind(flavour), path)
+    _poke(path, "X/indices", int(x.indptr[row]) + 1, x.shape[1])
+    src = open_source(kind, path)
     _raises(lambda: src.read_rows(row - 5, row + 5), path, f"row {row}", f"column index {x.shape[1]} out of range")
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_nan_value(tmp_path: Path, flavour: str) -> None:
-    path, x, group = _csr_file(tmp_path, flavour)
+    path, x, kind = _csr_file(tmp_path, flavour)
     row = int(np.flatnonzero(np.diff(x.indptr))[77])
-    _poke(path, f"{group}/data", int(x.indptr[row]), np.nan)
-    src = open_source(_kind(flavour), path, counts=False)
+    _poke(path, "X/data", int(x.indptr[row]), np.nan)
+    src = open_source(kind, path, counts=False)
     _raises(lambda: src.read_rows(row - 1, row + 1), path, f"row {row}", "NaN")
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_negative_value_only_rejected_for_counts(tmp_path: Path, flavour: str) -> None:
-    path, x, group = _csr_file(tmp_path, flavour)
+    path, x, kind = _csr_file(tmp_path, flavour)
     row = int(np.flatnonzero(np.diff(x.indptr))[12])
-    _poke(path, f"{group}/data", int(x.indptr[row]), -3.0)
-    counts = open_source(_kind(flavour), path, counts=True)
+    _poke(path, "X/data", int(x.indptr[row]), -3.0)
+    counts = open_source(kind, path, counts=True)
     _raises(lambda: counts.read_rows(0, 100), path, f"row {row}", "negative value (-3.0)", "counts")
-    block = open_source(_kind(flavour), path, counts=False).read_rows(0, 100)
+    block = open_source(kind, path, counts=False).read_rows(0, 100)
     assert block[row].toarray().min() == -3.0
 
 
@@ -444,3 +413,35 @@ def test_validate_dense() -> None:
     block[4, 2] = np.nan
     with pytest.raises(SourceError, match="row 14: NaN or inf"):
         validate_dense(block, "d.h5", 10, counts=False)
+
+
+def test_h5csr_plain_columns_shapeless_csr_and_fallback_names(tmp_path: Path) -> None:
+    x = sp.random(50, 6, density=0.4, format="csr", dtype=np.float32, random_state=1)
+    labels = np.array([b"b", b"a", b"c"] * 16 + [b"a", b"a"])
+    with h5py.File(tmp_path / "plain.h5", "w") as f:
+        for name in ("data", "indices", "indptr"):  # no shape attribute: columns come from var
+            f[f"X/{name}"] = getattr(x, name)
+        f["var/gene_symbols"] = np.array([f"g{i}" for i in range(6)], dtype="S")
+        f["obs/guide"] = labels  # fixed-width bytes
+        f["obs/line"] = np.array(["x", "y"] * 25, dtype=object).astype(h5py.string_dtype())
+        f["obs/dose"] = np.where(np.arange(50) % 7 == 0, np.nan, np.arange(50) % 3 * 10.0)
+        f["obs/__categories/phase"] = np.array(["G1", "S"], dtype=object).astype(h5py.string_dtype())
+        f["obs/phase"] = np.arange(50, dtype=np.int8) % 2  # anndata 0.7: codes referencing their categories
+        f["obs/phase"].attrs["categories"] = f["obs/__categories/phase"].ref
+        f["csc/X/data"], f["csc/X/indices"], f["csc/X/indptr"] = x.data, x.indices, x.indptr
+        f["csc/X"].attrs["encoding-type"] = "csc_matrix"
+    src = H5CsrSource(tmp_path / "plain.h5")
+    meta = src.meta(["guide", "line", "dose", "phase"])
+    assert (meta.n_rows, meta.n_cols) == (50, 6) and meta.var_names == tuple(f"g{i}" for i in range(6))
+    assert meta.obs["guide"].categories == ("a", "b", "c")
+    assert [meta.obs["guide"].categories[c] for c in meta.obs["guide"].codes] == [v.decode() for v in labels]
+    assert meta.obs["line"].categories == ("x", "y")
+    assert meta.obs["dose"].categories == ("0.0", "10.0", "20.0") and meta.obs["dose"].codes[0] == -1
+    assert meta.obs["phase"].categories == ("G1", "S") and list(meta.obs["phase"].codes[:3]) == [0, 1, 0]
+    np.testing.assert_array_equal(src.read_rows(10, 30).toarray(), x[10:30].toarray())
+    with h5py.File(tmp_path / "dense.h5", "w") as f:
+        f["X"] = x.toarray()  # no var, no obs: names fall back to gene_<i>
+    dense = H5CsrSource(tmp_path / "dense.h5").meta([])
+    assert dense.var_names == tuple(f"gene_{i}" for i in range(6)) and dense.row_nnz.tolist() == [6] * 50
+    path = tmp_path / "plain.h5"
+    _raises(lambda: H5CsrSource(path, "csc/X").read_rows(0, 1), path, "CSC")

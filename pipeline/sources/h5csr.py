@@ -67,8 +67,7 @@ def to_categorical(values: Any) -> Categorical:
         # and UTF-8 byte order equals code-point order, so decoding after sorting keeps the order
         uniques, inverse = np.unique(arr.ravel(), return_inverse=True)
         return Categorical(inverse.astype(np.int32), tuple(decode_strings(uniques)))
-    if isinstance(arr, np.ndarray) and arr.dtype.kind == "O":
-        arr = np.array([v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in arr], dtype=object)
+    # vlen strings arrive as bytes objects: factorize first, decode only the uniques (same order, as above)
     codes, uniques = pd.factorize(arr, sort=True, use_na_sentinel=True)
     return Categorical(np.asarray(codes, dtype=np.int32), tuple(decode_strings(np.asarray(uniques))))
 
@@ -207,20 +206,20 @@ class H5Source(Source):
         raise SourceError(self.path, f"obsm key {key!r} not found (obsm keys: {sorted(self._obsm_info())})")
 
     def _matrix_layout(self) -> Layout:
-        if self._layout is None:
-            spec = self.matrix.strip("/")
-            if spec.startswith("obsm/"):
-                layout = self._obsm_layout(spec[len("obsm/") :])
-            else:
-                candidates = [spec, "raw.X"] if spec == "raw/X" else [spec]  # raw.X: anndata < 0.7
-                found = [(c, n) for c in candidates if (n := self._node(c)) is not None]
-                if not found:
-                    raise SourceError(
-                        self.path, f"matrix {self.matrix!r} not found (available: {self._available_matrices()})"
-                    )
-                with self._reading(f"matrix {self.matrix!r}"):
-                    layout = self._array_layout(found[0][0], found[0][1], f"matrix {self.matrix!r}")
-            self._layout = layout
+        if self._layout is not None:
+            return self._layout
+        spec = self.matrix.strip("/")
+        if spec.startswith("obsm/"):
+            self._layout = self._obsm_layout(spec[len("obsm/") :])
+            return self._layout
+        with self._reading(f"matrix {self.matrix!r}"):
+            candidates = [spec, "raw.X"] if spec == "raw/X" else [spec]  # raw.X: anndata < 0.7
+            found = [(c, n) for c in candidates if (n := self._node(c)) is not None]
+            if not found:
+                raise SourceError(
+                    self.path, f"matrix {self.matrix!r} not found (available: {self._available_matrices()})"
+                )
+            self._layout = self._array_layout(found[0][0], found[0][1], f"matrix {self.matrix!r}")
         return self._layout
 
     def _obsm_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
