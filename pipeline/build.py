@@ -22,7 +22,7 @@ from pipeline.manifest import Manifest, load_manifest
 from pipeline.pack import PackConfig, make_durable, pack_shard, scatter_source, write_columns
 from pipeline.plan import Plan, make_plan
 from pipeline.scan import ScannedSource, scan
-from pipeline.writers import Codec
+from pipeline.writers import Codec, get_writer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,7 +90,7 @@ def write_conditions(out: Path, plan: Plan, cfg: PackConfig) -> dict[str, Any]:
     import hashlib
 
     h = hashlib.sha256(cond.vectors.tobytes() + cond.codes.tobytes()).hexdigest()[:16]
-    final = out / f"conditions-{h}.zarr"
+    final = out / f"conditions-{h}{get_writer(cfg.encoding, cfg.codec).suffix}"
     digest, stored = write_columns(columns, final, cfg)
     return {"file": final.name, "sha256": digest, "bytes": stored, "n": int(cond.vectors.shape[0]),
             "dim": int(cond.vectors.shape[1]), "segments": cond.segments}
@@ -162,7 +162,7 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
         control_labels=[c for c in manifest.fields.control if c in plan.cells.vocabularies["perturbation"]],
         conditions=conditions,
         var_names=list(scanned[0].meta.var_names),
-        codec=cfg.codec.to_json(),
+        codec=cfg.codec.to_json() if manifest.format == "zarr" else {"name": "none", "level": 0},
         pairing={"strategy": manifest.pairing.strategy, "sentence_size": manifest.pairing.sentence_size,
                  "max_pairs_per_condition": manifest.pairing.max_pairs_per_condition},
         split={"mode": manifest.split.mode, "val_fraction": manifest.split.val_fraction,

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from pipeline.errors import ManifestError
 
 KINDS = ("perturbation",)
-FORMATS = ("zarr",)
+FORMATS = ("zarr", "tar")
 SOURCE_TYPES = ("h5ad", "h5csr")
 STRATEGIES = ("batch", "random")
 SPLIT_MODES = ("random", "zeroshot", "fewshot")

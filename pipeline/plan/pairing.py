@@ -63,7 +63,7 @@ def control_pools(ctx: MatchContext, queries: np.ndarray) -> tuple[np.ndarray, n
     lo = np.zeros(queries.shape, np.int64)
     cnt = np.zeros(queries.shape, np.int64)
     pools: list[np.ndarray] = []
-    for i, (lvl, key) in enumerate(ctx.level_keys()):
+    for i, (_lvl, key) in enumerate(ctx.level_keys()):
         order = np.argsort(key[pool], kind="stable")
         sorted_keys = key[pool][order]
         pools.append(pool[order])
