@@ -25,9 +25,9 @@ from loaders.format import (
     SENTENCES_PERT,
     SHARDS_DIR,
     TABLES,
-    X,
     FieldSpec,
     ShardEntry,
+    X,
     content_hash,
     index_document,
     stored_bytes,
@@ -51,35 +51,51 @@ class Fixture:
     shards: list[dict[str, np.ndarray]]  # columns as written, in index order
     splits: list[str]
     vectors: np.ndarray  # condition table [C, D]
-    csr_by_sample: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # sample_id -> (cols, vals)
+    _by_sample: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def primary_ids(self, split: str) -> np.ndarray:
-        return np.concatenate([s[SAMPLE_ID][s[PRIMARY]] for s, sp in zip(self.shards, self.splits) if sp == split]
+        return np.concatenate([s[SAMPLE_ID][s[PRIMARY]] for s, sp in zip(self.shards, self.splits, strict=True) if sp == split]
                               + [np.zeros(0, np.int64)])
 
-    def dense_row(self, sample_id: int) -> np.ndarray:
-        cols, vals = self.csr_by_sample[int(sample_id)]
-        row = np.zeros(self.n_genes, np.float32)
-        row[cols] = vals
-        return row
+    def by_sample(self) -> dict[str, np.ndarray]:
+        """Everything written, indexed by sample_id: "X" dense [n_ids, G], "cond_id", "obs/*", "obsm/*".
+
+        A duplicated control shares its original's sample_id and content, so the table is well defined.
+        """
+        if not self._by_sample:
+            n_ids = 1 + max(int(s[SAMPLE_ID].max()) for s in self.shards)
+            table = {"X": np.zeros((n_ids, self.n_genes), np.float32)}
+            for s in self.shards:
+                ids = s[SAMPLE_ID]
+                ptr = s[X + "/indptr"]
+                table["X"][ids[np.repeat(np.arange(ptr.size - 1), np.diff(ptr))], s[X + "/indices"]] = s[X + "/data"]
+                for k in [COND_ID, OBSM_PREFIX + OBSM_KEY, *(OBS_PREFIX + f for f in OBS_FIELDS)]:
+                    table.setdefault(k, np.zeros((n_ids, *s[k].shape[1:]), s[k].dtype))[ids] = s[k]
+            self._by_sample.update(table)
+        return self._by_sample
 
 
 def _random_csr(rng: np.random.Generator, n: int, n_genes: int, density: float) -> tuple[np.ndarray, ...]:
-    lens = rng.binomial(n_genes, density, size=n)
+    """Canonical CSR (sorted, unique columns) with ~``density`` of entries set, built a block of rows at a time."""
+    cols, lens = [], []
+    for lo in range(0, n, 2048):
+        mask = rng.random((min(n, lo + 2048) - lo, n_genes)) < density
+        lens.append(mask.sum(axis=1))
+        cols.append(np.nonzero(mask)[1])
+    lens_a = np.concatenate(lens + [np.zeros(0, np.int64)])
     indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    cols = np.concatenate([np.sort(rng.choice(n_genes, size=k, replace=False)) for k in lens] + [np.zeros(0, int)])
-    vals = (rng.poisson(1.5, size=cols.size) + 1).astype(np.float32)
-    return indptr, cols.astype(np.int32), vals
+    np.cumsum(lens_a, out=indptr[1:])
+    col_a = np.concatenate(cols + [np.zeros(0, np.int64)]).astype(np.int32)
+    vals = (rng.poisson(1.5, size=col_a.size) + 1).astype(np.float32)
+    return indptr, col_a, vals
 
 
 def _take_rows(indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-    parts = [(cols[indptr[r]:indptr[r + 1]], vals[indptr[r]:indptr[r + 1]]) for r in rows]
-    lens = np.array([len(p[0]) for p in parts], np.int64)
+    lens = indptr[rows + 1] - indptr[rows]
     new_ptr = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(lens, out=new_ptr[1:])
-    cat = (lambda i, dt: np.concatenate([p[i] for p in parts]).astype(dt) if parts else np.zeros(0, dt))
-    return new_ptr, cat(0, np.int32), cat(1, np.float32)
+    flat = np.repeat(indptr[rows] - new_ptr[:-1], lens) + np.arange(int(new_ptr[-1]))
+    return new_ptr, cols[flat], vals[flat]
 
 
 def make_dataset(root: str | Path, n_shards: int = 6, cells_per_shard: int = 200, n_genes: int = 50, seed: int = 0,
@@ -111,7 +127,7 @@ def make_dataset(root: str | Path, n_shards: int = 6, cells_per_shard: int = 200
                           "pca": rng.standard_normal((n, OBSM_DIM)).astype(np.float32)})
         next_id += n
 
-    shards, entries, by_sample = [], [], {}
+    shards, entries = [], []
     for i, p in enumerate(primaries):
         # duplicate a few control cells of the previous shard into this one (non-primary rows)
         src = primaries[(i - 1) % n_shards]
@@ -147,9 +163,6 @@ def make_dataset(root: str | Path, n_shards: int = 6, cells_per_shard: int = 200
         name = f"shard-{i:05d}.zarr"
         writer.write(root / SHARDS_DIR / name, cols_map)
         shards.append(cols_map)
-        for r in range(n_all):
-            sid = int(cols_map[SAMPLE_ID][r])
-            by_sample[sid] = (cols[indptr[r]:indptr[r + 1]], vals[indptr[r]:indptr[r + 1]])
         path = root / SHARDS_DIR / name
         entries.append(ShardEntry(file=name, split=shard_splits[i], records=n_all, primary=n_prim,
                                   pairs=int(cols_map[PAIRS].shape[0]), sentences=int(sent_p.shape[0]),
@@ -169,5 +182,4 @@ def make_dataset(root: str | Path, n_shards: int = 6, cells_per_shard: int = 200
                          shards=entries, vocabularies=vocab, obs_fields=list(OBS_FIELDS),
                          conditions={"file": CONDITIONS_FILE, "dim": COND_DIM, "rows": N_PERTS + 1})
     write_index(root, doc)
-    return Fixture(root=root, n_genes=n_genes, shards=shards, splits=shard_splits, vectors=vectors,
-                   csr_by_sample=by_sample)
+    return Fixture(root=root, n_genes=n_genes, shards=shards, splits=shard_splits, vectors=vectors)

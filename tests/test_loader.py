@@ -23,20 +23,9 @@ class Truth:
     """What was written, indexed by sample_id (duplicated controls share the id of their original)."""
 
     def __init__(self, fx: Fixture) -> None:
-        n_ids = 1 + max(int(s[SAMPLE_ID].max()) for s in fx.shards)
-        self.dense = np.zeros((n_ids, fx.n_genes), np.float32)
-        self.obs = {f: np.zeros(n_ids, np.int64) for f in OBS_FIELDS}
-        self.cond_id = np.zeros(n_ids, np.int64)
-        self.pca = np.zeros((n_ids, 5), np.float32)
-        for s in fx.shards:
-            ptr, ind, dat = s["X/indptr"], s["X/indices"], s["X/data"]
-            rows = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
-            ids = s[SAMPLE_ID]
-            self.dense[ids[rows], ind] = dat
-            for f in OBS_FIELDS:
-                self.obs[f][ids] = s[OBS_PREFIX + f]
-            self.cond_id[ids] = s[COND_ID]
-            self.pca[ids] = s[OBSM_PREFIX + OBSM_KEY]
+        table = fx.by_sample()
+        self.dense, self.cond_id, self.pca = table["X"], table[COND_ID].astype(np.int64), table[OBSM_PREFIX + OBSM_KEY]
+        self.obs = {f: table[OBS_PREFIX + f].astype(np.int64) for f in OBS_FIELDS}
         self.vectors = fx.vectors
 
 
@@ -87,10 +76,15 @@ def test_natural_order_without_shuffle(fx: Fixture) -> None:
     np.testing.assert_array_equal(ids, fx.primary_ids("val"))
 
 
-def test_sparse_and_shipped_parts_match_dense(fx: Fixture) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sparse_and_shipped_parts_match_dense(fx: Fixture, workers: int) -> None:
+    def make(**kw: object) -> ShardLoader:
+        return ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5, densify=kw.pop("densify", True)),
+                           num_workers=workers, timeout=TIMEOUT, **kw)
+
     dense = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5)))
-    sparse = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5, densify=False)))
-    parts = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5), device="cpu", ship_csr=True))
+    sparse = epoch(make(densify=False))
+    parts = epoch(make(device="cpu", ship_csr=True))
     for d, s, p in zip(dense, sparse, parts, strict=True):
         assert s["X"].layout == torch.sparse_csr
         np.testing.assert_array_equal(s["X"].to_dense().numpy(), d["X"].numpy())
@@ -111,11 +105,11 @@ def test_pairs_reference_the_right_cells(fx: Fixture, truth: Truth, workers: int
     ds = ShardDataset(fx.root, split="train", sample="pairs", batch_size=48, seed=1, window=2)
     batches = epoch(ShardLoader(ds, num_workers=workers, timeout=TIMEOUT))
     expected = sorted((int(s[SAMPLE_ID][c]), int(s[SAMPLE_ID][p]))
-                      for s, sp in zip(fx.shards, fx.splits) if sp == "train" for c, p in s[PAIRS])
+                      for s, sp in zip(fx.shards, fx.splits, strict=True) if sp == "train" for c, p in s[PAIRS])
     got = []
     for b in batches:
         c, p = b["ctrl_id"].numpy(), b["pert_id"].numpy()
-        got += list(zip(c.tolist(), p.tolist()))
+        got += list(zip(c.tolist(), p.tolist(), strict=True))
         np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[c])
         np.testing.assert_array_equal(b["x_pert"].numpy(), truth.dense[p])
         assert (truth.obs["perturbation"][c] == 0).all() and (truth.obs["perturbation"][p] != 0).all()
@@ -124,10 +118,11 @@ def test_pairs_reference_the_right_cells(fx: Fixture, truth: Truth, workers: int
     assert sorted(got) == expected
 
 
-def test_sentences_reference_the_right_cells(fx: Fixture, truth: Truth) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sentences_reference_the_right_cells(fx: Fixture, truth: Truth, workers: int) -> None:
     ds = ShardDataset(fx.root, split="train", sample="sentences", batch_size=16, seed=2, window=3)
     n = 0
-    for b in ShardLoader(ds):
+    for b in ShardLoader(ds, num_workers=workers, timeout=TIMEOUT):
         p, c = b["pert_id"].numpy(), b["ctrl_id"].numpy()
         bsz, length = p.shape
         assert b["x_pert"].shape == (bsz, length, fx.n_genes) and b["x_ctrl"].shape == (bsz, length, fx.n_genes)
@@ -138,7 +133,7 @@ def test_sentences_reference_the_right_cells(fx: Fixture, truth: Truth) -> None:
         np.testing.assert_array_equal(b["perturbation"].numpy(), pert_codes[:, 0])
         np.testing.assert_array_equal(b["cond"].numpy(), truth.vectors[truth.cond_id[p[:, 0]]])
         n += bsz
-    assert n == sum(s[SENTENCES_PERT].shape[0] for s, sp in zip(fx.shards, fx.splits) if sp == "train")
+    assert n == sum(s[SENTENCES_PERT].shape[0] for s, sp in zip(fx.shards, fx.splits, strict=True) if sp == "train")
     assert all(s[SENTENCES_CTRL].shape == s[SENTENCES_PERT].shape for s in fx.shards)
 
 
@@ -153,7 +148,7 @@ def test_mid_epoch_resume(fx: Fixture, workers_before: int, workers_after: int) 
     full = [b["sample_id"].numpy() for b in ref]
     dl = make(workers_before)
     dl.set_epoch(4)
-    for k, b in enumerate(dl, start=1):
+    for k, _ in enumerate(dl, start=1):
         if k == 3:
             state = dl.state_dict()
             break
@@ -163,7 +158,7 @@ def test_mid_epoch_resume(fx: Fixture, workers_before: int, workers_after: int) 
     dl2.set_epoch(4)  # same epoch: keeps the resume point
     rest = [b["sample_id"].numpy() for b in dl2]
     assert len(rest) == len(full) - 3
-    for a, b in zip(rest, full[3:]):
+    for a, b in zip(rest, full[3:], strict=True):
         np.testing.assert_array_equal(a, b)
     assert dl2.state_dict()["batches_done"] == len(full)
     dl2.set_epoch(5)  # next epoch starts from its first batch
@@ -263,7 +258,7 @@ def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
         dl.set_epoch(e)
         distinct += [len(np.unique(b["perturbation"].numpy())) for b in dl]
     labels = np.concatenate([s[OBS_PREFIX + "perturbation"][s[PRIMARY]]
-                             for s, sp in zip(fx.shards, fx.splits) if sp == "train"])
+                             for s, sp in zip(fx.shards, fx.splits, strict=True) if sp == "train"])
     rng = np.random.default_rng(0)
     uniform = np.mean([len(np.unique(rng.choice(labels, 32, replace=False))) for _ in range(2000)])
     assert abs(np.mean(distinct) - uniform) / uniform < 0.10, (np.mean(distinct), uniform)

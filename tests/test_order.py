@@ -31,7 +31,7 @@ def rank_sequence(counts: list[int], seed: int, epoch: int, window: int, rank: i
 
 
 def as_pairs(batches: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[int, int]]:
-    return [(int(s), int(u)) for sh, loc in batches for s, u in zip(sh, loc)]
+    return [(int(s), int(u)) for sh, loc in batches for s, u in zip(sh, loc, strict=True)]
 
 
 def all_units(counts: list[int]) -> list[tuple[int, int]]:
@@ -109,7 +109,7 @@ def test_resume_yields_exactly_the_remaining_batches(counts: list[int], seed: in
         full = rank_sequence(counts, seed, 2, window, rank, world, bs, pad, False)
         rest = rank_sequence(counts, seed, 2, window, rank, world, bs, pad, False, num_workers=workers, start=k)
         assert len(rest) == max(0, len(full) - k)
-        for a, b in zip(rest, full[k:]):
+        for a, b in zip(rest, full[k:], strict=True):
             assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 

@@ -1,0 +1,139 @@
+"""ShardLoader: a DataLoader over a ShardDataset with epochs, exact mid-epoch resume and device feeding.
+
+Resume rules (also in docs/LOADER.md):
+
+* ``state_dict()`` counts the batches *handed to you* this epoch (the one you are holding included);
+  ``load_state_dict(state)`` makes the next iteration yield exactly the remaining batches of that
+  epoch, whatever ``num_workers`` was before or is now.
+* The global order does not depend on the world size, but the rank slices and batch boundaries
+  do: resuming with a different world size (or batch size, seed, sample, split, window, shuffle,
+  pad, drop_last, or a dataset with a different number of units) raises ``ValueError``.
+* All ranks consume the same number of batches, so rank 0's state can be loaded on every rank.
+* ``set_epoch(e)`` with the epoch being resumed keeps the resume point; another epoch clears it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from loaders.dataset import ShardDataset
+from loaders.device import DeviceFeeder
+
+STATE_VERSION = 1
+# settings that define which units land in which batch: resuming requires them unchanged
+ORDER_KEYS = ("world_size", "batch_size", "seed", "sample", "split", "window", "shuffle", "pad", "drop_last", "units")
+
+
+class ShardLoader:
+    """Iterate a :class:`ShardDataset` for training: ``set_epoch``, ``len``, ``state_dict``.
+
+    ``device``: where batches should end up (``None`` keeps them on the CPU). On CUDA the workers
+    ship CSR parts and the densify happens on the GPU (``ship_csr`` forces either way).
+    ``num_workers``: processes decoding/gathering in parallel; each decodes every window of the
+    rank (batches are dealt round-robin), so workers add gather throughput, not decode throughput.
+    """
+
+    def __init__(self, dataset: ShardDataset, num_workers: int = 0, pin_memory: bool = True,
+                 prefetch_factor: int = 4, device: torch.device | str | None = None,
+                 persistent_workers: bool = False, multiprocessing_context: str | None = None,
+                 timeout: float = 0.0, device_prefetch: int = 2, ship_csr: bool | None = None) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise TypeError("ShardLoader needs a ShardDataset")
+        self.dataset = dataset
+        dev = None if device is None else torch.device(device)
+        if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+            warnings.warn("device is CUDA but torch.cuda.is_available() is False: batches stay on the CPU",
+                          RuntimeWarning, stacklevel=2)
+            dev = None
+        cuda = dev is not None and dev.type == "cuda"
+        self.device = dev
+        self.ship_csr = cuda if ship_csr is None else bool(ship_csr)
+        dataset.output = "parts" if self.ship_csr else ("dense" if dataset.densify else "sparse")
+        self._feeder = DeviceFeeder(dev, device_prefetch, densify=dataset.densify)
+        persistent = persistent_workers and num_workers > 0
+        if persistent:  # workers outlive iterations: they read epoch/start from shared memory
+            dataset._shared = mp.get_context(multiprocessing_context).RawArray("q", 2)
+            dataset._set_iteration(dataset._epoch, dataset._start)
+        else:
+            dataset._shared = None
+        self._loader = DataLoader(
+            dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory and cuda,
+            prefetch_factor=prefetch_factor if num_workers > 0 else None, persistent_workers=persistent,
+            multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
+            timeout=timeout if num_workers > 0 else 0,
+        )
+        self._epoch = 0
+        self._done = 0
+        self._resume: int | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def batches_done(self) -> int:
+        return self._done
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (a resumed epoch yields fewer)."""
+        return self.dataset.num_batches()
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0 (got {epoch})")
+        if epoch != self._epoch:
+            self._epoch, self._done, self._resume = int(epoch), 0, None
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        start = self._resume or 0
+        self._resume = None
+        self._done = start
+        self.dataset._set_iteration(self._epoch, start)
+        if start >= len(self):
+            return
+        it = iter(self._loader)
+        try:
+            for batch in self._feeder(it):
+                self._done += 1
+                yield batch
+        finally:
+            # An error or an early ``break`` leaves torch's iterator in a reference cycle (via the
+            # traceback); its workers would idle until the garbage collector and a 5 s join timeout
+            # per worker. Shut them down now. Persistent workers are kept for the next epoch.
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None and not self._loader.persistent_workers:
+                shutdown()
+
+    def state_dict(self) -> dict[str, Any]:
+        ds = self.dataset
+        return {
+            "version": STATE_VERSION, "epoch": self._epoch, "batches_done": self._done, "rank": ds.rank,
+            "num_batches": len(self), "world_size": ds.world_size, "batch_size": ds.batch_size, "seed": ds.seed,
+            "sample": ds.sample, "split": ds.split, "window": ds.window, "shuffle": ds.shuffle, "pad": ds.pad,
+            "drop_last": ds.drop_last, "units": ds.n_units,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume mid-epoch; raises ValueError when the state belongs to a different order (see module doc)."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r}; this loader reads {STATE_VERSION}")
+        mine = self.state_dict()
+        if state.get("world_size") != mine["world_size"]:
+            raise ValueError(
+                f"cannot resume: the state was saved with world_size={state.get('world_size')} but this loader "
+                f"runs with world_size={mine['world_size']}; rank slices and batch boundaries depend on the world "
+                "size. Resume with the same world size, or start a fresh epoch with set_epoch().")
+        diff = {k: (state.get(k), mine[k]) for k in ORDER_KEYS if state.get(k) != mine[k]}
+        if diff:
+            detail = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"cannot resume: the state belongs to a different sample order ({detail})")
+        done = int(state["batches_done"])
+        if not 0 <= done <= mine["num_batches"]:
+            raise ValueError(f"batches_done={done} outside [0, {mine['num_batches']}]")
+        self._epoch, self._done, self._resume = int(state["epoch"]), done, done

@@ -1,0 +1,92 @@
+"""Multi-rank loading under a real torch.distributed (gloo on 127.0.0.1) with DataLoader workers.
+
+Each rank runs a fake training loop that all-reduces once per batch: if ranks disagreed on the
+number of batches, one would block in the collective, so the parent enforces a deadline and
+fails the test instead of hanging.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+from loaders import ShardDataset, ShardLoader
+from tests.shard_fixtures import Fixture, make_dataset
+
+DEADLINE = 90.0  # seconds for a whole job (spawning ranks imports torch in each)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        for pad in (False, True):
+            ds = ShardDataset(root, split="train", batch_size=24, pad=pad, window=2, seed=7)  # rank/world from dist
+            assert (ds.rank, ds.world_size) == (rank, world)
+            # ranks started by spawn default to spawning their workers too (re-importing torch every epoch)
+            dl = ShardLoader(ds, num_workers=2, timeout=60, multiprocessing_context="fork")
+            ids, steps = [], 0
+            for epoch in range(2):
+                dl.set_epoch(epoch)
+                for batch in dl:
+                    if epoch == 0:
+                        ids.append(batch["sample_id"].numpy())
+                    step = torch.ones(1)
+                    dist.all_reduce(step)  # the "training step": every rank must take part
+                    steps += 1
+            np.save(Path(out) / f"ids-pad{int(pad)}-rank{rank}.npy", np.concatenate(ids))
+            np.save(Path(out) / f"steps-pad{int(pad)}-rank{rank}.npy", np.array([steps, len(dl)]))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_job(world: int, root: Path, out: Path) -> None:
+    ctx = tmp.start_processes(_rank_main, args=(world, free_port(), str(root), str(out)), nprocs=world,
+                              join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                pytest.fail(f"DDP job with {world} ranks did not finish within {DEADLINE}s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+    return make_dataset(tmp_path_factory.mktemp("ddp"), n_shards=5, cells_per_shard=101, n_genes=30, seed=2,
+                        splits=("train",))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_ranks_split_the_epoch(fx: Fixture, tmp_path: Path, world: int) -> None:
+    run_job(world, fx.root, tmp_path)
+    split = fx.primary_ids("train")
+    for pad in (0, 1):
+        per_rank = [np.load(tmp_path / f"ids-pad{pad}-rank{r}.npy") for r in range(world)]
+        steps = [tuple(np.load(tmp_path / f"steps-pad{pad}-rank{r}.npy")) for r in range(world)]
+        assert len(set(steps)) == 1 and steps[0][0] == 2 * steps[0][1]  # equal batch counts = len(dl) per epoch
+        union = np.concatenate(per_rank)
+        if pad:  # everything, ceil(N/world) per rank, repeats allowed
+            assert set(union.tolist()) == set(split.tolist())
+            assert len(union) == world * -(-len(split) // world)
+        else:  # disjoint, only the last N mod world units dropped
+            assert len(union) == len(set(union.tolist())) == len(split) - len(split) % world
+            assert set(union.tolist()) <= set(split.tolist())
