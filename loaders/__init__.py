@@ -1,8 +1,27 @@
-"""Thin streaming reader of shardsmith shards for PyTorch trainers."""
+"""Thin streaming reader of shardsmith shards for PyTorch trainers.
+
+`ShardDataset` and `ShardLoader` are imported on first use (PEP 562), so that the pipeline, which needs
+only `loaders.format` and `loaders.shardio`, never pays for importing torch (~300 MiB and ~1 s per process).
+"""
 
 from __future__ import annotations
 
-from loaders.dataset import ShardDataset
-from loaders.loader import ShardLoader
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loaders.dataset import ShardDataset
+    from loaders.loader import ShardLoader
 
 __all__ = ["ShardDataset", "ShardLoader"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ShardDataset":
+        from loaders.dataset import ShardDataset
+
+        return ShardDataset
+    if name == "ShardLoader":
+        from loaders.loader import ShardLoader
+
+        return ShardLoader
+    raise AttributeError(f"module 'loaders' has no attribute {name!r}")

@@ -285,3 +285,13 @@ def test_perturbation_features_fill_the_condition_vectors(tmp_path: Path) -> Non
         for name in names[:3]:
             assert (got[label == name] == feats[name]).all()
         assert (got[label == "control"] == 0).all()
+
+
+def test_the_pipeline_never_imports_torch() -> None:
+    """Every joblib worker imports the pipeline; torch would cost ~300 MiB and ~1 s in each."""
+    import subprocess
+    import sys
+
+    code = "import sys, pipeline.build, pipeline.cli, pipeline.verify; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
