@@ -30,10 +30,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check pipeline loaders tests benchmarks
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.run --full
+	$(PY) -m benchmarks.run --full --out .
 
 bench-quick: $(STAMP)
-	$(PY) -m benchmarks.run --quick
+	$(PY) -m benchmarks.run --quick --out bench_data/quick
 
 clean:
 	rm -rf shards data bench_data .pytest_cache

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import RssSampler, RunStats, Summary, measure_once, summarize, warm_page_cache
+from benchmarks.measure import EpochChain, RssSampler, Summary, measure_once, summarize, warm_page_cache
 
 BASELINES = ("scipy", "h5py", "anndata", "scdataset")
 
@@ -34,25 +34,25 @@ def load_csr(path: str) -> Any:
         return sp.csr_matrix((g["data"][:], g["indices"][:], g["indptr"][:]), shape=shape)
 
 
-def epoch_batches(n: int, batch_size: int, seed: int) -> Iterator[np.ndarray]:
-    """A true shuffle: a fresh permutation of all rows per epoch, cut into batches."""
-    perm = np.random.default_rng(seed).permutation(n)
+def epoch_batches(n: int, batch_size: int, epoch: int) -> Iterator[np.ndarray]:
+    """One epoch of a true shuffle: a fresh permutation of all rows, cut into batches."""
+    perm = np.random.default_rng(epoch).permutation(n)
     for i in range(0, n - batch_size + 1, batch_size):
         yield perm[i:i + batch_size]
 
 
-def scipy_iter(x: Any, batch_size: int, seed: int) -> Iterator[Any]:
+def scipy_iter(x: Any, batch_size: int, epoch: int) -> Iterator[Any]:
     import torch
 
-    for idx in epoch_batches(x.shape[0], batch_size, seed):
+    for idx in epoch_batches(x.shape[0], batch_size, epoch):
         yield torch.from_numpy(x[idx].toarray())
 
 
-def h5py_iter(f: Any, indptr: np.ndarray, n_genes: int, batch_size: int, seed: int) -> Iterator[Any]:
+def h5py_iter(f: Any, indptr: np.ndarray, n_genes: int, batch_size: int, epoch: int) -> Iterator[Any]:
     import torch
 
     data, indices = f["X/data"], f["X/indices"]
-    for idx in epoch_batches(indptr.size - 1, batch_size, seed):
+    for idx in epoch_batches(indptr.size - 1, batch_size, epoch):
         idx = np.sort(idx)
         out = np.zeros((idx.size, n_genes), dtype=np.float32)
         for j, r in enumerate(idx):
@@ -62,10 +62,10 @@ def h5py_iter(f: Any, indptr: np.ndarray, n_genes: int, batch_size: int, seed: i
         yield torch.from_numpy(out)
 
 
-def anndata_iter(xb: Any, n: int, batch_size: int, seed: int) -> Iterator[Any]:
+def anndata_iter(xb: Any, n: int, batch_size: int, epoch: int) -> Iterator[Any]:
     import torch
 
-    for idx in epoch_batches(n, batch_size, seed):
+    for idx in epoch_batches(n, batch_size, epoch):
         yield torch.from_numpy(xb[np.sort(idx)].toarray())
 
 
@@ -85,7 +85,8 @@ def run_baseline(spec: dict[str, Any], method: str, sampler: RssSampler) -> list
     out: list[Summary] = []
     if method == "scipy":
         x = load_csr(path)
-        runs = [measure_once(lambda r=r: scipy_iter(x, bs, r), n_genes, **common) for r in range(reps)]
+        runs = [measure_once(lambda r=r: EpochChain(lambda e: scipy_iter(x, bs, e), 1000 * r), n_genes, **common)
+                for r in range(reps)]
         out.append(summarize("scipy in-memory gather+densify", {"batch_size": bs}, runs, sampler,
                              "whole CSR in RAM; X[random idx].toarray(); the memory-bound limit"))
     elif method == "h5py":
@@ -93,8 +94,8 @@ def run_baseline(spec: dict[str, Any], method: str, sampler: RssSampler) -> list
 
         with h5py.File(path, "r") as f:
             indptr = f["X/indptr"][:]
-            runs = [measure_once(lambda r=r: h5py_iter(f, indptr, n_genes, bs, r), n_genes, **common)
-                    for r in range(reps)]
+            runs = [measure_once(lambda r=r: EpochChain(lambda e: h5py_iter(f, indptr, n_genes, bs, e), 1000 * r),
+                                 n_genes, **common) for r in range(reps)]
         out.append(summarize("h5py CSR row gather", {"batch_size": bs}, runs, sampler,
                              "indptr in memory; two slice reads per row (sorted rows); densify"))
     elif method == "anndata":
@@ -102,7 +103,8 @@ def run_baseline(spec: dict[str, Any], method: str, sampler: RssSampler) -> list
 
         adata = anndata.read_h5ad(path, backed="r")
         xb, n = adata.X, adata.n_obs
-        runs = [measure_once(lambda r=r: anndata_iter(xb, n, bs, r), n_genes, **common) for r in range(reps)]
+        runs = [measure_once(lambda r=r: EpochChain(lambda e: anndata_iter(xb, n, bs, e), 1000 * r), n_genes,
+                             **common) for r in range(reps)]
         out.append(summarize("anndata backed", {"batch_size": bs}, runs, sampler,
                              "read_h5ad(backed='r'); adata.X[sorted idx].toarray()"))
     elif method == "scdataset":
@@ -125,11 +127,13 @@ def run_scdataset(spec: dict[str, Any], sampler: RssSampler) -> list[Summary]:
                        fetch_callback=fetch_anndata, seed=0)
         kw: dict[str, Any] = {"prefetch_factor": ff + 1, "persistent_workers": False} if workers else {}
         dl = DataLoader(ds, batch_size=None, num_workers=workers, **kw)
-        runs = [measure_once(lambda dl=dl: iter(dl), n_genes, warmup=ff, seconds=float(spec["seconds"]),
-                             min_batches=ff, multiple_of=ff if workers == 0 else 1) for _ in range(reps)]
+        runs = [measure_once(lambda dl=dl: EpochChain(lambda _e: iter(dl)), n_genes, warmup=ff,
+                             seconds=float(spec["seconds"]), min_batches=ff, multiple_of=ff if workers == 0 else 1)
+                for _ in range(reps)]
         out.append(summarize(f"scDataset (w={workers})", {"batch_size": bs, "num_workers": workers,
                                                           "fetch_factor": ff, "block_size": block}, runs, sampler,
-                             f"anndata backed, BlockShuffling(block_size={block}), fetch_factor={ff}"))
+                             f"anndata backed, BlockShuffling(block_size={block}) (shuffles blocks, not single "
+                             f"cells), fetch_factor={ff}"))
         del dl, ds, adata
     return out
 
@@ -164,7 +168,8 @@ def shard_loader_factory(root: str, sample: str, batch_size: int, workers: int, 
     from loaders import ShardDataset, ShardLoader
 
     ds = ShardDataset(root, split="train", sample=sample, batch_size=batch_size, shuffle=True, seed=0)
-    dl = ShardLoader(ds, num_workers=workers, pin_memory=False, device=device)
+    cuda = device is not None and device.startswith("cuda")
+    dl = ShardLoader(ds, num_workers=workers, pin_memory=cuda, device=device if cuda else None)
 
     def make(epoch: int, sink: list[str]) -> Iterator[Any]:
         dl.set_epoch(epoch)
@@ -173,32 +178,27 @@ def shard_loader_factory(root: str, sample: str, batch_size: int, workers: int, 
     return dl, make
 
 
+def measure_shards(spec: dict[str, Any], sample: str, workers: int, sampler: RssSampler) -> Summary:
+    bs = int(spec["batch_size"]) if sample != "sentences" else int(spec["sentence_batch"])
+    params = {"sample": sample, "num_workers": workers, "batch_size": bs, "codec": spec["codec"]}
+    name = f"shards {spec['codec']} {sample} (w={workers})"
+    sampler.reset()
+    firsts: list[str] = []
+    try:
+        _dl, make = shard_loader_factory(spec["shards_root"], sample, bs, workers)
+        runs = [measure_once(lambda r=r: EpochChain(lambda e: make(e, firsts), 1000 * r), int(spec["n_genes"]),
+                             warmup=int(spec["warmup"]), seconds=float(spec["seconds"]))
+                for r in range(int(spec["repeats"]))]
+    except Exception as e:  # one failing mode must not lose the others
+        return Summary(name, params, 0.0, 0.0, 0.0, sampler.peak / (1 << 20), sampler.start_rss / (1 << 20),
+                       note=f"FAILED: {type(e).__name__}: {e}")
+    reshuffled = len(firsts) > 1 and len(set(firsts)) == len(firsts)
+    note = f"{len(firsts)} epochs started, first batches {'all differ' if reshuffled else 'REPEAT'}"
+    return summarize(name, {**params, "reshuffled": reshuffled}, runs, sampler, note)
+
+
 def run_shards(spec: dict[str, Any], sampler: RssSampler) -> list[Summary]:
-    n_genes, reps = int(spec["n_genes"]), int(spec["repeats"])
-    common = {"warmup": int(spec["warmup"]), "seconds": float(spec["seconds"])}
-    out = []
-    for sample in spec["samples"]:
-        bs = int(spec["batch_size"]) if sample != "sentences" else int(spec["sentence_batch"])
-        for workers in spec["workers"]:
-            sampler.reset()
-            firsts: list[str] = []
-            try:
-                _dl, make = shard_loader_factory(spec["shards_root"], sample, bs, workers)
-                runs: list[RunStats] = [measure_once(lambda e=e: make(e, firsts), n_genes, **common)
-                                        for e in range(reps)]
-                note = f"per-epoch reshuffle: first batches {'all differ' if len(set(firsts)) == len(firsts) else 'REPEAT'}"
-                s = summarize(f"shards {spec['codec']} {sample} (w={workers})",
-                              {"sample": sample, "num_workers": workers, "batch_size": bs, "codec": spec["codec"]},
-                              runs, sampler, note)
-                s.params["reshuffled"] = len(set(firsts)) == len(firsts) and len(firsts) > 1
-                out.append(s)
-                del _dl, make
-            except Exception as e:  # one failing mode must not lose the others
-                out.append(Summary(f"shards {spec['codec']} {sample} (w={workers})",
-                                   {"sample": sample, "num_workers": workers, "batch_size": bs, "codec": spec["codec"]},
-                                   0.0, 0.0, 0.0, sampler.peak / (1 << 20), sampler.start_rss / (1 << 20),
-                                   note=f"FAILED: {type(e).__name__}: {e}"))
-    return out
+    return [measure_shards(spec, sample, w, sampler) for sample in spec["samples"] for w in spec["workers"]]
 
 
 def run_task(spec: dict[str, Any]) -> dict[str, Any]:
@@ -210,6 +210,8 @@ def run_task(spec: dict[str, Any]) -> dict[str, Any]:
     with RssSampler() as sampler:
         if task in BASELINES:
             results = run_baseline(spec, task, sampler)
+        elif task == "baselines":  # several in one interpreter (quick runs): RSS no longer isolated per method
+            results = [s for m in spec["methods"] for s in run_baseline(spec, m, sampler)]
         elif task == "shards":
             results = run_shards(spec, sampler)
         elif task == "gpu":

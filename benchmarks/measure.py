@@ -18,6 +18,7 @@ import psutil
 
 MB = 1e6
 MIB = float(1 << 20)
+EXPR_KEYS = ("X", "x_ctrl", "x_pert")  # expression tensors in ShardLoader batches
 PACKAGES = ("numpy", "scipy", "anndata", "h5py", "zarr", "numcodecs", "torch", "psutil", "pandas", "joblib",
             "matplotlib", "scdataset")
 
@@ -28,6 +29,10 @@ def tree_rss(proc: psutil.Process) -> int:
         procs = [proc, *proc.children(recursive=True)]
     except psutil.Error:
         return 0
+    return _rss_sum(procs)
+
+
+def _rss_sum(procs: Iterable[psutil.Process]) -> int:
     total = 0
     for p in procs:
         try:
@@ -38,13 +43,19 @@ def tree_rss(proc: psutil.Process) -> int:
 
 
 class RssSampler:
-    """Samples the RSS of a process tree in a daemon thread; `peak` is the largest sum seen since `reset()`."""
+    """Samples the RSS of a process tree in a daemon thread; `peak` is the largest sum seen since `reset()`.
 
-    def __init__(self, pid: int | None = None, interval: float = 0.02) -> None:
+    The process list (a scan of /proc, ~2 ms) is refreshed every `refresh` seconds; the RSS of the known
+    processes (~30 us each) is read every `interval` seconds, so sampling costs about 1% of a core.
+    """
+
+    def __init__(self, pid: int | None = None, interval: float = 0.05, refresh: float = 0.25) -> None:
         self.proc = psutil.Process(pid or os.getpid())
-        self.interval = interval
+        self.interval, self.refresh = interval, refresh
         self.peak = 0
         self.start_rss = 0
+        self._procs: list[psutil.Process] = [self.proc]
+        self._listed = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,12 +65,20 @@ class RssSampler:
             self._stop.wait(self.interval)
 
     def sample(self) -> int:
-        rss = tree_rss(self.proc)
+        now = time.monotonic()
+        if now - self._listed >= self.refresh:
+            try:
+                self._procs = [self.proc, *self.proc.children(recursive=True)]
+            except psutil.Error:
+                self._procs = [self.proc]
+            self._listed = now
+        rss = _rss_sum(self._procs)
         self.peak = max(self.peak, rss)
         return rss
 
     def reset(self) -> None:
-        self.start_rss = tree_rss(self.proc)
+        self._listed = 0.0
+        self.start_rss = self.sample()
         self.peak = self.start_rss
 
     def __enter__(self) -> RssSampler:
@@ -84,7 +103,9 @@ class RunStats:
     batches: int  # measured batches (after warm-up)
     cells: int
     payload_bytes: int  # dense float32 bytes delivered
-    seconds: float
+    seconds: float  # steady state: measured wall time minus epoch start-ups
+    restart_s: float = 0.0  # epoch start-ups inside the measured window (left out of `seconds`)
+    epochs: int = 1  # epochs started in this repeat (warm-up included)
 
     @property
     def cells_per_s(self) -> float:
@@ -114,8 +135,8 @@ class Summary:
 
 
 def payload(batch: Any, n_genes: int) -> tuple[int, int]:
-    """(cells, bytes) of dense float32 gene-expression rows in a batch (tensor, array, or dict of them)."""
-    items: Iterable[Any] = batch.values() if isinstance(batch, dict) else (batch,)
+    """(cells, bytes) of dense float32 gene-expression rows in a batch (a tensor or array, or a loader dict)."""
+    items: Iterable[Any] = [batch[k] for k in EXPR_KEYS if k in batch] if isinstance(batch, dict) else (batch,)
     cells = nbytes = 0
     for t in items:
         shape = tuple(getattr(t, "shape", ()))
@@ -127,11 +148,53 @@ def payload(batch: Any, n_genes: int) -> tuple[int, int]:
     return cells, nbytes
 
 
+class EpochChain:
+    """Epoch after epoch as one stream (``make(epoch)`` gives an epoch's iterator).
+
+    ``restart_s`` accumulates the time from asking for an epoch to its first batch: epoch start-up, which
+    the steady-state figure leaves out (it is reported as time to first batch instead).
+    """
+
+    def __init__(self, make: Callable[[int], Iterator[Any]], first_epoch: int = 0) -> None:
+        self.make, self.epoch = make, first_epoch
+        self.restart_s = 0.0
+        self.epochs = 0
+        self._it: Iterator[Any] | None = None
+
+    def __iter__(self) -> EpochChain:
+        return self
+
+    def __next__(self) -> Any:
+        for _ in range(2):
+            fresh = self._it is None
+            t0 = time.perf_counter()
+            if self._it is None:
+                self._it = self.make(self.epoch)
+                self.epoch += 1
+                self.epochs += 1
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._it = None
+                continue
+            if fresh:
+                self.restart_s += time.perf_counter() - t0
+            return batch
+        raise StopIteration  # an empty epoch: nothing to stream
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+        self._it = None
+
+
 def measure_once(make_iter: Callable[[], Iterator[Any]], n_genes: int, *, warmup: int, seconds: float,
                  min_batches: int = 1, max_batches: int = 1_000_000, multiple_of: int = 1) -> RunStats:
-    """Time-to-first-batch, then `warmup` batches, then batches until `seconds` have passed (steady state).
+    """Time-to-first-batch, then `warmup` batches, then batches until `seconds` of steady state have passed.
 
-    Stops early at the end of the iterator (an epoch). `multiple_of` keeps measured batches aligned with a
+    Steady state leaves out epoch start-ups when the iterator is an :class:`EpochChain` (their time is in
+    ``restart_s``); a plain iterator stops at its end. `multiple_of` keeps measured batches aligned with a
     method's internal fetch blocks (scDataset fetches several batches at once).
     """
     t0 = time.perf_counter()
@@ -144,24 +207,29 @@ def measure_once(make_iter: Callable[[], Iterator[Any]], n_genes: int, *, warmup
     except StopIteration:
         return RunStats(time.perf_counter() - t0, 0, 0, 0, 0.0)
     batches = cells = nbytes = 0
+    r0 = getattr(it, "restart_s", 0.0)
     t1 = time.perf_counter()
-    elapsed = 0.0
+    wall = steady = 0.0
     for batch in it:
         c, b = payload(batch, n_genes)
         batches += 1
         cells += c
         nbytes += b
-        elapsed = time.perf_counter() - t1
-        if batches >= max_batches or (elapsed >= seconds and batches >= min_batches and batches % multiple_of == 0):
+        wall = time.perf_counter() - t1
+        steady = wall - (getattr(it, "restart_s", 0.0) - r0)
+        if batches >= max_batches or (batches >= min_batches and batches % multiple_of == 0
+                                      and (steady >= seconds or wall >= 4 * seconds + 5)):
             break
     close = getattr(it, "close", None)
     if close is not None:
         close()
+    epochs = getattr(it, "epochs", 1)
     del it
-    return RunStats(ttfb, batches, cells, nbytes, elapsed)
+    return RunStats(ttfb, batches, cells, nbytes, steady, wall - steady, epochs)
 
 
-def summarize(method: str, params: dict[str, Any], runs: list[RunStats], sampler: RssSampler, note: str = "") -> Summary:
+def summarize(method: str, params: dict[str, Any], runs: list[RunStats], sampler: RssSampler,
+              note: str = "") -> Summary:
     ok = [r for r in runs if r.batches > 0]
     med = (lambda xs: statistics.median(xs) if xs else 0.0)  # noqa: E731
     return Summary(

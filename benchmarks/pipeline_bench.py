@@ -78,7 +78,7 @@ def run_build(label: str, manifest: Path, out: Path, jobs: int, *, n_cells: int,
     with open(log, "w") as fh:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
-        sampler = RssSampler(proc.pid, interval=0.02)
+        sampler = RssSampler(proc.pid)
         with sampler:
             rc = proc.wait()
         wall = time.perf_counter() - t0
