@@ -2,8 +2,9 @@
 
 A decoded window of shards becomes one :class:`Arena` (all rows concatenated) so that a batch, which
 mixes the window's shards, is served by one gather instead of one per shard. Column indices and
-values are interleaved into a single int64 array (``packed``: low half = int32 column, high half =
-float32 bits): a batch gather is then one 8-byte ``np.take`` over contiguous runs instead of two.
+values are interleaved into a single int64 array (``packed``: high half = int32 column, low half =
+float32 bits): a batch gather is then one 8-byte ``np.take`` over contiguous runs instead of two, and
+the dense destination ``row*G + col`` is ``((row*G << 32) + packed) >> 32`` in two contiguous int64 ops.
 Integer metadata (cond_id, obs codes) sits in one ``[k, R]`` int32 matrix: one take for all of it.
 
 Index arithmetic is numpy (``np.repeat`` + a cached ``arange``); the scatter is torch's ``scatter_``
@@ -18,6 +19,7 @@ host-to-device copy.
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
@@ -32,6 +34,7 @@ from loaders.format import PAIRS, PRIMARY, SENTENCES_CTRL, SENTENCES_PERT, X
 INDPTR, INDICES, DATA = f"{X}/indptr", f"{X}/indices", f"{X}/data"
 PACKED, LAYOUT = "__packed__", "__layout__"  # keys of a batch in shared-buffer transport
 ALIGN = 64
+_HI, _LO = (1, 0) if sys.byteorder == "little" else (0, 1)  # int32 halves of a packed int64 word
 
 _arange_lock = threading.Lock()
 _arange_cache = np.arange(1 << 16, dtype=np.int64)
@@ -53,15 +56,15 @@ def pack(indices: np.ndarray, data: np.ndarray, out: np.ndarray | None = None) -
     """Interleave int32 columns and float32 values into int64 words (one gather moves both)."""
     out = np.empty(indices.size, np.int64) if out is None else out
     view = out.view(np.int32).reshape(-1, 2)
-    view[:, 0] = indices
-    view[:, 1] = data.view(np.int32) if data.dtype == np.float32 else data.astype(np.float32).view(np.int32)
+    view[:, _HI] = indices
+    view[:, _LO] = data.view(np.int32) if data.dtype == np.float32 else data.astype(np.float32).view(np.int32)
     return out
 
 
 def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Strided (cols int32, values float32) views of a packed array."""
     view = packed.view(np.int32).reshape(-1, 2)
-    return view[:, 0], view[:, 1].view(np.float32)
+    return view[:, _HI], view[:, _LO].view(np.float32)
 
 
 @dataclass
@@ -190,8 +193,13 @@ def densify(crow: np.ndarray, packed: np.ndarray, shape: Sequence[int], out: np.
     """
     n_cols, m = int(shape[-1]), crow.size - 1
     cols, vals = unpack(packed)
-    flat = np.repeat(arange(m) * n_cols, np.diff(crow))
-    flat += cols
+    if m * n_cols < 2**31:  # the column rides in the high half: shift it down together with the row offset
+        flat = np.repeat((arange(m) * n_cols) << 32, np.diff(crow))
+        flat += packed
+        flat >>= 32
+    else:
+        flat = np.repeat(arange(m) * n_cols, np.diff(crow))
+        flat += cols
     # np.zeros is calloc: fresh pages come zeroed from the kernel, torch.zeros memsets them (~100 us per 2 MB)
     out = np.zeros(m * n_cols, np.float32) if out is None else out
     torch.from_numpy(out).scatter_(0, torch.from_numpy(flat), torch.from_numpy(vals))
@@ -205,7 +213,7 @@ def densify_torch(crow: torch.Tensor, packed: torch.Tensor, shape: Sequence[int]
     rows = torch.repeat_interleave(torch.arange(m, device=dev, dtype=torch.int64) * n_cols, crow.diff(),
                                    output_size=packed.numel())
     out = torch.zeros(m * n_cols, dtype=torch.float32, device=dev)
-    out.scatter_(0, rows + pv[:, 0], pv[:, 1].view(torch.float32))
+    out.scatter_(0, rows + pv[:, _HI], pv[:, _LO].view(torch.float32))
     return out.view(*shape)
 
 
@@ -214,7 +222,7 @@ def sparse(crow: torch.Tensor, packed: torch.Tensor, n_cols: int) -> torch.Tenso
     pv = packed.view(torch.int32).view(-1, 2)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-        return torch.sparse_csr_tensor(crow, pv[:, 0].to(torch.int64), pv[:, 1].view(torch.float32).contiguous(),
+        return torch.sparse_csr_tensor(crow, pv[:, _HI].to(torch.int64), pv[:, _LO].view(torch.float32).contiguous(),
                                        (crow.numel() - 1, n_cols), check_invariants=False)
 
 

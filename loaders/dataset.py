@@ -1,7 +1,8 @@
 """ShardDataset: a torch IterableDataset that yields whole batches from a shardsmith dataset.
 
 Why whole batches: the expensive part of loading single cells is gathering sparse rows; doing it
-for 256 rows at once in numpy is ~100x cheaper than per-sample ``__getitem__`` + collate.
+for 256 rows at once with a few vectorised numpy calls avoids per-sample ``__getitem__`` + collate,
+whose Python overhead alone exceeds the whole vectorised gather.
 
 Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window is decoded
 once, concatenated into an :class:`~loaders.collate.Arena` and serves every batch that falls in it;
@@ -46,7 +47,6 @@ from loaders.format import (
 from loaders.shardio import read_shard
 
 SAMPLES = ("cells", "pairs", "sentences")
-OUTPUTS = ("dense", "sparse", "parts")
 MAX_LOOKAHEAD = 4096  # batches planned ahead while looking for the next window to decode
 
 
@@ -96,6 +96,7 @@ class ShardDataset(IterableDataset):
         self.output = "dense" if densify else "sparse"  # ShardLoader switches to "parts" to densify on a device
 
         self.encoding = index.encoding
+        self.vocabularies = index.vocabularies  # code -> label per obs field (e.g. to size a classifier)
         self.entries: list[ShardEntry] = index.shards_of(split)
         self.paths = [str(index.shard_path(e)) for e in self.entries]
         self.counts = np.array([getattr(e, "primary" if sample == "cells" else sample) for e in self.entries],

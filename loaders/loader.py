@@ -37,6 +37,7 @@ class ShardLoader:
     ship CSR parts and the densify happens on the GPU (``ship_csr`` forces either way).
     ``num_workers``: processes decoding/gathering in parallel; each decodes every window of the
     rank (batches are dealt round-robin), so workers add gather throughput, not decode throughput.
+    The loader configures its dataset (output form, shared epoch state): one loader per dataset.
     """
 
     def __init__(self, dataset: ShardDataset, num_workers: int = 0, pin_memory: bool = True,

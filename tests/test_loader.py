@@ -137,11 +137,12 @@ def test_sentences_reference_the_right_cells(fx: Fixture, truth: Truth, workers:
     assert all(s[SENTENCES_CTRL].shape == s[SENTENCES_PERT].shape for s in fx.shards)
 
 
-@pytest.mark.parametrize("workers_before,workers_after", [(0, 0), (2, 2), (2, 0)])
-def test_mid_epoch_resume(fx: Fixture, workers_before: int, workers_after: int) -> None:
+@pytest.mark.parametrize("workers_before,workers_after,persistent", [(0, 0, False), (2, 2, False), (2, 0, False),
+                                                                   (0, 2, True)])
+def test_mid_epoch_resume(fx: Fixture, workers_before: int, workers_after: int, persistent: bool) -> None:
     def make(workers: int) -> ShardLoader:
         return ShardLoader(ShardDataset(fx.root, batch_size=32, seed=9, window=2), num_workers=workers,
-                           timeout=TIMEOUT)
+                           timeout=TIMEOUT, persistent_workers=persistent)
 
     ref = make(0)
     ref.set_epoch(4)
@@ -262,3 +263,22 @@ def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
     rng = np.random.default_rng(0)
     uniform = np.mean([len(np.unique(rng.choice(labels, 32, replace=False))) for _ in range(2000)])
     assert abs(np.mean(distinct) - uniform) / uniform < 0.10, (np.mean(distinct), uniform)
+
+
+@pytest.mark.parametrize("output", ["dense", "sparse", "parts"])
+def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
+    from loaders.collate import Payload, assemble, pack, to_shared, to_tensors, unpack_batch
+
+    rng = np.random.default_rng(0)
+    m, g = 37, 101
+    dense = np.where(rng.random((m, g)) < 0.2, rng.standard_normal((m, g)), 0).astype(np.float32)
+    dense[3], dense[5] = 0, -1.5  # an empty row, a full negative row
+    rows, cols = np.nonzero(dense)
+    crow = np.zeros(m + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=m), out=crow[1:])
+    payload = Payload(arrays={"sample_id": np.arange(m, dtype=np.int64)},
+                      xs={"X": (crow, pack(cols.astype(np.int32), dense[rows, cols]), (m, g))})
+    for batch in (to_tensors(payload, output), unpack_batch(to_shared(payload, output))):
+        x = assemble(batch, densify_x=output != "sparse")["X"]
+        np.testing.assert_array_equal((x.to_dense() if output == "sparse" else x).numpy(), dense)
+        np.testing.assert_array_equal(batch["sample_id"].numpy(), np.arange(m))

@@ -37,8 +37,9 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
         for pad in (False, True):
             ds = ShardDataset(root, split="train", batch_size=24, pad=pad, window=2, seed=7)  # rank/world from dist
             assert (ds.rank, ds.world_size) == (rank, world)
-            # ranks started by spawn default to spawning their workers too (re-importing torch every epoch)
-            dl = ShardLoader(ds, num_workers=2, timeout=60, multiprocessing_context="fork")
+            # ranks started by spawn default to spawning their workers too (re-importing torch every epoch);
+            # persistent workers start once for both epochs (and must follow set_epoch)
+            dl = ShardLoader(ds, num_workers=2, timeout=60, multiprocessing_context="fork", persistent_workers=True)
             ids, steps = [], 0
             for epoch in range(2):
                 dl.set_epoch(epoch)
