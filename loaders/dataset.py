@@ -4,19 +4,20 @@ Why whole batches: the expensive part of loading single cells is gathering spars
 for 256 rows at once with a few vectorised numpy calls avoids per-sample ``__getitem__`` + collate,
 whose Python overhead alone exceeds the whole vectorised gather.
 
-Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window is decoded
-once, concatenated into an :class:`~loaders.collate.Arena` and serves every batch that falls in it;
-the next window a worker will touch is decoded in a background thread meanwhile (zarr/numcodecs
-release the GIL), so I/O overlaps compute even with ``num_workers=0``. Windows a worker has moved
-past are dropped, so memory is bounded by ~3 windows per worker and does not grow across epochs.
+Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards are
+decoded once, straight into an :class:`~loaders.collate.Arena` (cells mode then permutes it into the
+epoch's order), and it serves every batch that falls in it; the next window a worker will touch is
+decoded in a background thread meanwhile (blosc and numpy release the GIL), so decoding overlaps
+batch assembly even with ``num_workers=0``. Windows a worker has moved past are recycled through a
+per-process buffer pool, so memory is bounded by ~3 windows per worker and does not grow across epochs.
 
 The order (which units, which batch, which worker) is entirely :mod:`loaders.order`.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import bisect
+import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +29,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import order
-from loaders.collate import Arena, Payload, Rows, build_arena, to_shared, to_tensors
+from loaders.collate import DATA, INDICES, INDPTR, Arena, BufferPool, Payload, Rows, shard_units, to_shared, to_tensors
+from loaders.device import prefetch
 from loaders.format import (
     COND_ID,
     OBS_PREFIX,
@@ -44,9 +46,10 @@ from loaders.format import (
     read_index,
     validate_columns,
 )
-from loaders.shardio import read_shard
+from loaders.shardio import Column, open_shard, read_shard
 
 SAMPLES = ("cells", "pairs", "sentences")
+Segment = tuple[int, int, int]  # (window, first position in it, end position)
 MAX_LOOKAHEAD = 4096  # batches planned ahead while looking for the next window to decode
 
 
@@ -92,7 +95,8 @@ class ShardDataset(IterableDataset):
         self.split, self.sample, self.batch_size, self.shuffle, self.seed = split, sample, batch_size, shuffle, seed
         self.drop_last, self.pad, self.window, self.densify = drop_last, pad, window, densify
         self.decode_ahead, self.batches_ahead = decode_ahead, max(0, int(batches_ahead))
-        self.decode_threads = max(1, min(window, 4) if decode_threads is None else int(decode_threads))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.decode_threads = max(1, min(window, cores, 4) if decode_threads is None else int(decode_threads))
         self.output = "dense" if densify else "sparse"  # ShardLoader switches to "parts" to densify on a device
 
         self.encoding = index.encoding
@@ -106,14 +110,16 @@ class ShardDataset(IterableDataset):
         self.obs_fields = list(index.raw.get("obs_fields") or [n[len(OBS_PREFIX):] for n in names
                                                                 if n.startswith(OBS_PREFIX)])
         self.obsm_keys = [n for n in names if n.startswith(OBSM_PREFIX)]
-        self.int_keys = [COND_ID] + [OBS_PREFIX + f for f in self.obs_fields]  # one int32 matrix per arena
+        self.int_keys = [COND_ID] + [OBS_PREFIX + f for f in self.obs_fields]  # one int64 matrix per arena
         self.other_keys = [SAMPLE_ID, *self.obsm_keys]
         self.fields = [index.field(n) for n in [X, SAMPLE_ID, PRIMARY, *self.int_keys, *self.obsm_keys]]
+        self.schema = {f.name: f for f in self.fields}
         self.keys = [k for f in self.fields for k in f.keys()] + needs
         self.width = {"cells": 1, "pairs": 2}.get(sample, 0)
         cond = index.conditions
         self.conditions_path = str(self.root / cond["file"]) if cond and cond.get("file") else None
         self._vectors: np.ndarray | None = None
+        self._pool: BufferPool | None = None
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
 
@@ -152,7 +158,14 @@ class ShardDataset(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_vectors"] = None  # reloaded lazily in each process; never shipped to workers
+        state["_pool"] = None  # buffers belong to one process
         return state
+
+    def buffers(self) -> BufferPool:
+        """This process's recycled window buffers (kept across epochs; bounded by BufferPool.keep)."""
+        if self._pool is None or self._pool.pid != os.getpid():
+            self._pool = BufferPool()
+        return self._pool
 
     # -- decoding --------------------------------------------------------------------------------
     def vectors(self) -> np.ndarray | None:
@@ -166,18 +179,53 @@ class ShardDataset(IterableDataset):
                 raise FormatError(f"condition table: {e}") from None
         return self._vectors
 
-    def read_window(self, shard_order: np.ndarray, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
-        """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name the shard."""
-        shards = order.window_shards(shard_order, self.window, w).tolist()
-        decoded = (list(pool.map(self.decode_shard, shards)) if pool is not None and len(shards) > 1
-                   else [self.decode_shard(s) for s in shards])
-        width = self.width or 2 * next((c[SENTENCES_PERT].shape[1] for c in decoded), 0)
-        return build_arena(list(zip(shards, decoded, strict=True)), self.sample, self.int_keys, self.other_keys, width)
+    def read_window(self, epoch: int, shard_order: np.ndarray, w: int, pool: ThreadPoolExecutor | None = None
+                    ) -> Arena:
+        """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name the shard.
 
-    def decode_shard(self, s: int) -> dict[str, np.ndarray]:
+        Two passes: the shards' metadata (sizes), then every shard decoded straight into its slice of the
+        arena's buffers: no concatenation, no re-encoding. Cells mode then permutes the window into the
+        epoch's order (here, off the training thread), so that a batch is a contiguous slice of it."""
+        shards = order.window_shards(shard_order, self.window, w).tolist()
+
+        def run(fn: Any, items: list[Any]) -> list[Any]:
+            return list(pool.map(fn, items)) if pool is not None and len(items) > 1 else [fn(x) for x in items]
+
+        metas: list[dict[str, Column]] = run(lambda s: open_shard(self.paths[s], self.encoding, self.keys), shards)
+        rows = [max(0, m[INDPTR].shape[0] - 1) for m in metas]
+        caps = [max(m[INDICES].capacity, m[DATA].capacity) for m in metas]
+        other = {k: (np.dtype(self.schema[k].dtype), self.schema[k].shape) for k in self.other_keys}
+        buffers = self.buffers()
+        arena = Arena.allocate(shards, rows, caps, self.int_keys, other, np.dtype(self.schema[X].dtype), buffers)
+        # on an error the buffers are not recycled: other shards of the window may still be decoding into them
+        units = run(lambda i: self.fill_shard(arena, i, metas[i]), list(range(len(shards))))
+        width = self.width or 2 * next((m[SENTENCES_PERT].shape[1] for m in metas), 0)
+        arena.set_units(units, width)
+        arena.set_order(*order.window_units(self.counts, self.seed, epoch, self.window, w, self.shuffle))
+        if self.sample != "cells":
+            return arena
+        permuted = arena.permute(buffers, run)
+        arena.release(buffers)
+        return permuted
+
+    def fill_shard(self, arena: Arena, i: int, columns: dict[str, Column]) -> np.ndarray:
+        """Decode shard ``i`` of ``arena`` into its slices, check it, return its units (local rows)."""
+        r0, r1 = int(arena.row_offsets[i]), int(arena.row_offsets[i + 1])
+        e0, e1 = int(arena.nnz_offsets[i]), int(arena.nnz_offsets[i + 1])
+        cols = {INDICES: columns[INDICES].read_into(arena.cols[e0:e1]),
+                DATA: columns[DATA].read_into(arena.vals[e0:e1])}
+        for k in self.other_keys:
+            cols[k] = columns[k].read_into(arena.columns[k][r0:r1])
+        cols.update({k: c.read() for k, c in columns.items() if k not in cols})
+        self.check_shard(int(arena.shards[i]), cols)
+        for j, k in enumerate(self.int_keys):
+            arena.ints[j, r0:r1] = cols[k]  # int64: what embeddings and losses index with
+        arena.set_rows(i, cols[INDPTR])
+        return shard_units(cols, self.sample)
+
+    def check_shard(self, s: int, cols: dict[str, np.ndarray]) -> None:
         path, entry = self.paths[s], self.entries[s]
         n_cond = None if self._vectors is None else self._vectors.shape[0]
-        cols = read_shard(path, self.encoding, self.keys)
         n = validate_columns(cols, self.fields, name=path)
         found = (n, int(np.count_nonzero(cols[PRIMARY])), len(cols.get(PAIRS, ())),
                  len(cols.get(SENTENCES_PERT, ())))
@@ -190,7 +238,6 @@ class ShardDataset(IterableDataset):
             raise FormatError(f"{path}: sentences/pert and sentences/ctrl differ in shape")
         if n_cond is not None and n and cols[COND_ID].max(initial=0) >= n_cond:
             raise FormatError(f"{path}: cond_id beyond the condition table's {n_cond} rows")
-        return cols
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -206,63 +253,27 @@ class ShardDataset(IterableDataset):
         """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take/ufuncs and torch's scatter
         release the GIL, so with ``num_workers=0`` the training thread only waits on a queue."""
         if self.batches_ahead == 0:
-            yield from self._produce(epoch, batches)
-            return
-        q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.batches_ahead)
-        stop = threading.Event()
-
-        def put(item: tuple[str, Any]) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def run() -> None:
-            gen = self._produce(epoch, batches)
-            try:
-                for batch in gen:
-                    if not put(("batch", batch)):
-                        return
-                put(("end", None))
-            except BaseException as e:  # handed to the consumer, which re-raises it (errors name the shard)
-                put(("error", e))
-            finally:
-                gen.close()
-
-        thread = threading.Thread(target=run, name="shard-assemble", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, item = q.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            thread.join(timeout=1.0)  # a producer inside a long decode finishes on its own (daemon)
+            return self._produce(epoch, batches)
+        return prefetch(lambda: self._produce(epoch, batches), self.batches_ahead, "shard-assemble")
 
     def _produce(self, epoch: int, batches: range) -> Iterator[dict[str, Any]]:
         shard_order, wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)
-        win_of_shard = np.empty(shard_order.size, np.int64)
-        win_of_shard[shard_order] = np.arange(shard_order.size) // self.window
         finish = to_shared if get_worker_info() is not None else to_tensors
-        unit_cache: dict[int, order.WindowUnits] = {}
+        bounds, total, per_rank = wstarts.tolist(), self.n_units, self.units_per_rank()
+        Plan = tuple[list[Segment], list[int]]  # (segments, windows in order of first use)
 
-        def window_units(w: int) -> order.WindowUnits:
-            if w not in unit_cache:
-                while len(unit_cache) >= 3:
-                    unit_cache.pop(next(iter(unit_cache)))
-                unit_cache[w] = order.window_units(self.counts, self.seed, epoch, self.window, w, self.shuffle)
-            return unit_cache[w]
-
-        def plan(j: int) -> tuple[np.ndarray, list[int]]:
-            pos = order.batch_positions(self.n_units, self.rank, self.world_size, self.batch_size, j, self.pad)
-            return pos, np.unique(np.searchsorted(wstarts, pos, side="right") - 1).tolist()
+        def plan(j: int) -> Plan:
+            """Batch j's global positions (``order.batch_positions``) as runs inside one window each:
+            ``(k + rank * n) % N`` for rank positions k is contiguous but for the wrap (pad) and window ends."""
+            lo = j * self.batch_size
+            left, g = min(lo + self.batch_size, per_rank) - lo, (lo + self.rank * per_rank) % max(total, 1)
+            segments: list[Segment] = []
+            while left > 0:
+                w = bisect.bisect_right(bounds, g) - 1
+                take = min(left, bounds[w + 1] - g)
+                segments.append((w, g - bounds[w], g - bounds[w] + take))
+                left, g = left - take, (g + take) % total
+            return segments, list(dict.fromkeys(w for w, _, _ in segments))
 
         pool = ThreadPoolExecutor(1, thread_name_prefix="shard-window") if self.decode_ahead else None
         shard_pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode") \
@@ -273,12 +284,16 @@ class ShardDataset(IterableDataset):
             if w not in loaded:
                 if pool is None:
                     loaded[w] = Future()
-                    loaded[w].set_result(self.read_window(shard_order, w, shard_pool))
+                    loaded[w].set_result(self.read_window(epoch, shard_order, w, shard_pool))
                 else:
-                    loaded[w] = pool.submit(self.read_window, shard_order, w, shard_pool)
+                    loaded[w] = pool.submit(self.read_window, epoch, shard_order, w, shard_pool)
+
+        def release(fut: Future[Arena]) -> None:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().release(self.buffers())
 
         plans = (plan(j) for j in batches)
-        pending: deque[tuple[np.ndarray, list[int]]] = deque()
+        pending: deque[Plan] = deque()
         upcoming: deque[int] = deque()  # windows in order of first use, not yet requested
         seen: set[int] = set()
         exhausted = False
@@ -301,10 +316,10 @@ class ShardDataset(IterableDataset):
                 look_ahead()
                 if not pending:
                     return
-                pos, wins = pending.popleft()
+                segments, wins = pending.popleft()
                 for w in wins:
                     request(w)
-                while upcoming and upcoming[0] in loaded:
+                while upcoming and upcoming[0] in wins:  # in use now (not merely loaded: a prefetch must be kept)
                     upcoming.popleft()
                 look_ahead()
                 keep = set(wins)
@@ -312,38 +327,37 @@ class ShardDataset(IterableDataset):
                     request(upcoming[0])  # the next window this worker will touch: decode it meanwhile
                     keep.add(upcoming[0])
                 for w in [w for w in loaded if w not in keep]:
-                    del loaded[w]  # windows behind us: free their memory
+                    release(loaded.pop(w))  # windows behind us: recycle their memory
                 arenas = {w: loaded[w].result() for w in wins}
-                units = order.units_at(self.counts, self.seed, epoch, self.window, pos, self.shuffle, window_units,
-                                       wstarts)
-                yield finish(self.make_batch(arenas, win_of_shard, *units), self.output)
+                yield finish(self.make_batch(arenas, segments), self.output)
         finally:
+            for fut in loaded.values():
+                release(fut)
             loaded.clear()
-            unit_cache.clear()
             for p in (pool, shard_pool):
                 if p is not None:
                     p.shutdown(wait=False, cancel_futures=True)
 
-    def make_batch(self, arenas: dict[int, Arena], win_of_shard: np.ndarray, shard_idx: np.ndarray,
-                   local_idx: np.ndarray) -> Payload:
-        """The batch of units ``(shard_idx, local_idx)``, whose windows' arenas are ``arenas``."""
+    def make_batch(self, arenas: dict[int, Arena], segments: list[Segment]) -> Payload:
+        """The batch of the units at positions ``[lo, hi)`` of windows ``w`` for each ``(w, lo, hi)`` in
+        ``segments`` (in batch order), whose arenas are ``arenas``."""
         keys = sorted(arenas)
         arena_list = [arenas[w] for w in keys]
-        group = None
-        if len(arena_list) == 1:
-            urows = arena_list[0].unit_rows(shard_idx, local_idx)
-        else:  # a batch straddling windows: a loop over (at most a few) arenas, never over units
-            group = np.searchsorted(np.asarray(keys, np.int64), win_of_shard[shard_idx])
-            urows = np.empty((shard_idx.size, arena_list[0].units.shape[1]), np.int64)
-            for i, arena in enumerate(arena_list):
-                sel = np.flatnonzero(group == i)
-                urows[sel] = arena.unit_rows(shard_idx[sel], local_idx[sel])
-        b, g, p = urows.shape[0], self.n_cols, Payload()
-        grp = None if group is None else group[:, None]
+        w0, lo0, hi0 = segments[0]
+        if len(segments) == 1 and arenas[w0].permuted:  # cells, the common case: a slice, no gather
+            urows: np.ndarray | None = None
+            b, group = hi0 - lo0, None
+        else:  # a loop over (at most a few) segments, never over units
+            parts = [np.arange(lo, hi)[:, None] if arenas[w].permuted else np.take(arenas[w].units,
+                     arenas[w].order[lo:hi], axis=0) for w, lo, hi in segments]
+            urows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            group = np.repeat([keys.index(w) for w, _, _ in segments], [hi - lo for _, lo, hi in segments])
+            b = urows.shape[0]
+        g, p = self.n_cols, Payload()
+        grp = None if group is None or len(arena_list) == 1 else group[:, None]
 
         def x(key: str, rows: Rows, shape: tuple[int, ...]) -> None:
-            crow, packed = rows.csr()
-            p.xs[key] = (crow, packed, shape)
+            p.xs[key] = rows.blocks(shape)
 
         def meta(rows: Rows) -> None:
             ints = rows.take_ints()  # [1 + n_obs, b]: cond_id then the obs codes
@@ -354,13 +368,14 @@ class ShardDataset(IterableDataset):
                 p.arrays[f] = ints[i]
 
         if self.sample == "cells":
-            rows = Rows(arena_list, grp, urows[:, :1])
+            rows = Rows(arena_list, grp, slice(lo0, hi0) if urows is None else urows[:, :1])
             x("X", rows, (b, g))
             p.arrays["sample_id"] = rows.take(SAMPLE_ID)
             meta(rows)
             for k in self.obsm_keys:
                 p.arrays[k] = rows.take(k)
         elif self.sample == "pairs":
+            assert urows is not None  # pairs and sentences arenas are never permuted
             ctrl, pert = Rows(arena_list, grp, urows[:, :1]), Rows(arena_list, grp, urows[:, 1:2])
             x("x_ctrl", ctrl, (b, g))
             x("x_pert", pert, (b, g))
@@ -370,6 +385,7 @@ class ShardDataset(IterableDataset):
             for k in self.obsm_keys:
                 p.arrays[k] = pert.take(k)
         else:
+            assert urows is not None
             length = urows.shape[1] // 2
             pert, ctrl = Rows(arena_list, grp, urows[:, :length]), Rows(arena_list, grp, urows[:, length:])
             x("x_pert", pert, (b, length, g))

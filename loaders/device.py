@@ -1,4 +1,8 @@
-"""Feeding batches to an accelerator ahead of use.
+"""Feeding batches ahead of use: a background prefetch thread, and the consumer side of batch transport.
+
+:func:`prefetch` runs a batch generator in a thread a few items ahead (used for batch assembly).
+:func:`unpack_batch`/:func:`assemble` turn what a worker shipped (one shared buffer, CSR parts) back
+into tensors, on whatever device the batch now is.
 
 On CUDA: batches arrive pinned (the DataLoader's pin thread), are copied with ``non_blocking=True``
 on a side stream ``depth`` batches ahead, and CSR parts are densified *there*: a 10%-dense batch
@@ -13,15 +17,137 @@ if any were shipped, are densified on the CPU.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
-from loaders.collate import assemble, unpack_batch
+from loaders.collate import LAYOUT, PACKED, PARTS, arange, sparse
 
 Batch = dict[str, Any]
+T = TypeVar("T")
+
+
+def prefetch(make: Callable[[], Iterator[T]], depth: int, name: str) -> Iterator[T]:
+    """The items of ``make()``, produced up to ``depth`` ahead in a daemon thread; its errors are re-raised here.
+    Two C-level SimpleQueues (items, free slots): a bounded ``queue.Queue`` costs ~25% more per hand-over."""
+    items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+    for _ in range(max(1, depth)):
+        slots.put(None)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            items.put(item)
+            return True
+        return False
+
+    def run() -> None:
+        gen = make()
+        try:
+            for x in gen:
+                if not put(("item", x)):
+                    return
+            put(("end", None))
+        except BaseException as e:  # handed to the consumer, which re-raises it (errors name the shard)
+            put(("error", e))
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, x = items.get()
+            slots.put(None)
+            if kind == "end":
+                return
+            if kind == "error":
+                raise x
+            yield x
+    finally:
+        stop.set()
+        thread.join(timeout=1.0)  # a producer inside a long decode finishes on its own (daemon)
+
+
+def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Dense float32 ``shape`` (rows flattened over leading dims) from shipped CSR parts, on the CPU."""
+    n_cols, m = int(shape[-1]), crow.size - 1
+    flat = np.repeat(arange(m) * n_cols, np.diff(crow))
+    flat += cols
+    out = np.zeros(m * n_cols, np.float32)
+    values = vals.astype(np.float32, copy=False)
+    torch.from_numpy(out).scatter_(0, torch.from_numpy(flat), torch.from_numpy(values))
+    return out.reshape(shape)
+
+
+def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Device-side densify: the same scatter as :func:`densify`, with torch index arithmetic."""
+    n_cols, m, dev = int(shape[-1]), crow.numel() - 1, crow.device
+    rows = torch.repeat_interleave(torch.arange(m, device=dev, dtype=torch.int64) * n_cols, crow.diff(),
+                                   output_size=cols.numel())
+    out = torch.zeros(m * n_cols, dtype=torch.float32, device=dev)
+    out.scatter_(0, rows + cols, vals.to(torch.float32))
+    return out.view(*shape)
+
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {}
+
+
+def _torch_dtype(dt: str) -> torch.dtype:
+    if dt not in _TORCH_DTYPES:
+        _TORCH_DTYPES[dt] = torch.from_numpy(np.zeros(0, np.dtype(dt))).dtype
+    return _TORCH_DTYPES[dt]
+
+
+def _pop_parts(batch: dict[str, Any], key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    crow, cols, vals = (batch.pop(key + s) for s in PARTS)
+    return crow, cols, vals, batch.pop(key + ".shape")
+
+
+def _part_keys(batch: Mapping[str, Any]) -> list[str]:
+    return [k[:-len(PARTS[0])] for k in batch if k.endswith(PARTS[0])]
+
+
+def unpack_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """Views into a shared-buffer batch (wherever the buffer now lives); other batches pass through."""
+    if PACKED not in batch:
+        return batch
+    buf, (layout, output, extras) = batch[PACKED], batch[LAYOUT]
+    out: dict[str, Any] = {}
+    for key, dt, shape, off in layout:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+        out[key] = buf[off:off + n].view(_torch_dtype(dt)).view(shape)
+    out.update(extras)
+    if output == "sparse":  # the worker shipped parts; the sparse tensor is built here
+        for key in _part_keys(out):
+            crow, cols, vals, shape = _pop_parts(out, key)
+            out[key] = sparse(crow, cols, vals, shape[-1])
+    return out
+
+
+def assemble(batch: dict[str, Any], densify_x: bool) -> dict[str, Any]:
+    """Turn shipped CSR parts back into dense (or sparse) tensors, on whatever device they are."""
+    for key in _part_keys(batch):
+        crow, cols, vals, shape = _pop_parts(batch, key)
+        if not densify_x:
+            batch[key] = sparse(crow, cols, vals, shape[-1])
+        elif crow.device.type == "cpu":  # numpy index math: torch.zeros/repeat_interleave would use intra-op threads
+            batch[key] = torch.from_numpy(densify(crow.numpy(), cols.numpy(), vals.numpy(), shape))
+        else:
+            batch[key] = densify_torch(crow, cols, vals, shape)
+    return batch
 
 
 def _components(t: torch.Tensor) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ import math
 import re
 import tarfile
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +32,86 @@ def register_reader(encoding: str) -> Callable[[ShardReader], ShardReader]:
     return deco
 
 
-@register_reader("zarr")
-def read_zarr_shard(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
+# -- zarr v3 ------------------------------------------------------------------------------------------
+# Read through zarr-python. A column can decode straight into a caller's buffer (get_basic_selection with
+# out=), so the loader reuses one buffer pool across windows instead of faulting in fresh pages per shard.
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a shard: its shape, dtype, and how to decode it into a caller's buffer."""
+
+    shard: Path
+    key: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    source: Any  # a zarr.Array, or the ndarray another encoding's reader decoded already
+
+    @property
+    def capacity(self) -> int:
+        """Rows a destination buffer needs."""
+        return self.shape[0]
+
+    def read(self) -> np.ndarray:
+        return self.source if isinstance(self.source, np.ndarray) else self.read_into(np.empty(self.shape, self.dtype))
+
+    def read_into(self, out: np.ndarray) -> np.ndarray:
+        """Decode into ``out[:rows]`` and return that view (``out`` may be longer: a pooled buffer)."""
+        n = self.shape[0]
+        if out.dtype != self.dtype or out.shape[1:] != self.shape[1:] or out.shape[0] < n or not out.flags.c_contiguous:
+            raise FormatError(f"{self.shard}: {self.key!r} is {self.dtype}{list(self.shape)}, expected {out.dtype} "
+                              f"with <= {out.shape[0]} rows of {list(out.shape[1:])}")
+        try:
+            if isinstance(self.source, np.ndarray):
+                out[:n] = self.source
+            elif n:
+                from zarr.core.buffer import default_buffer_prototype
+
+                dest = default_buffer_prototype().nd_buffer.from_numpy_array(out[:n])
+                self.source.get_basic_selection(Ellipsis, out=dest)
+        except FormatError:
+            raise
+        except Exception as e:  # corrupt or truncated chunk: name the shard, never hang
+            raise FormatError(f"{self.shard}: cannot read {self.key!r} ({type(e).__name__}: {e})") from e
+        return out[:n]
+
+
+def open_zarr_columns(path: Path, keys: Sequence[str]) -> dict[str, Column]:
+    """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard."""
     import zarr
 
     try:
         group = zarr.open_group(str(path), mode="r")
-        return {k: np.asarray(group[k][...]) for k in keys}
-    except FileNotFoundError:
-        raise FormatError(f"{path}: shard is missing") from None
-    except KeyError as e:
-        raise FormatError(f"{path}: shard has no column {e}") from None
+        out = {}
+        for key in keys:
+            try:
+                a = group[key]
+            except KeyError:
+                raise FormatError(f"{path}: shard has no column {key!r}") from None
+            if not isinstance(a, zarr.Array):
+                raise FormatError(f"{path}: shard has no column {key!r} (a group is there)")
+            out[key] = Column(path, key, tuple(int(s) for s in a.shape), np.dtype(a.dtype), a)
+        return out
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        raise FormatError(f"{path}: shard is missing or not a zarr group") from None
     except FormatError:
         raise
-    except Exception as e:  # corrupt chunk, bad metadata: name the shard, never hang
+    except Exception as e:  # corrupt metadata: name the shard, never hang
         raise FormatError(f"{path}: cannot read shard ({type(e).__name__}: {e})") from e
+
+
+@register_reader("zarr")
+def read_zarr_shard(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    return {k: c.read() for k, c in open_zarr_columns(Path(path), keys).items()}
+
+
+def open_shard(path: str | Path, encoding: str, keys: Sequence[str]) -> dict[str, Column]:
+    """The columns ``keys`` of a shard, to decode into buffers of the caller's (``Column.read_into``).
+    zarr reads only metadata here; other encodings are decoded whole by their reader."""
+    path = Path(path)
+    if encoding == "zarr" and path.exists():
+        return dict(open_zarr_columns(path, keys))
+    return {k: Column(path, k, a.shape, a.dtype, a) for k, a in read_shard(path, encoding, keys).items()}
 
 
 # -- tar (WebDataset-compatible) -------------------------------------------------------------------

@@ -1,32 +1,40 @@
 """The staged build: scan -> plan -> scatter -> pack -> commit. index.json is written last (the commit point);
-until then the previous dataset in OUT stays intact and readable, whatever fails and whenever."""
+until then the previous dataset in OUT stays intact and readable, whatever fails and whenever.
+
+A rebuild whose inputs are unchanged (see `unchanged`) stops after a few stat calls; the heavy modules
+(anndata through the sources, scipy, joblib) are imported only once there is work to do.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from joblib import Parallel, delayed, parallel_config
-from tqdm.auto import tqdm
 
 from loaders import format as fmt
 from pipeline import __version__
+from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
 from pipeline.manifest import Manifest, load_manifest
-from pipeline.pack import PackConfig, make_durable, pack_shard, scatter_source, write_columns
-from pipeline.plan import Plan, make_plan
-from pipeline.scan import ScannedSource, scan
 from pipeline.writers import Codec, get_writer
+
+if TYPE_CHECKING:
+    from pipeline.pack import PackConfig
+    from pipeline.plan import Plan, ShardPlan
+    from pipeline.scan import ScannedSource
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-BACKENDS = ("loky", "threading", "dask", "ray")
+BACKENDS = ("threading", "loky", "dask", "ray")
 
 
 @dataclass
@@ -61,6 +69,9 @@ def previous_index(out: Path) -> dict[str, Any] | None:
 
 def _run(jobs: int, backend: str, tasks: list[Callable[[], T]], desc: str, progress: bool) -> list[T]:
     """Run tasks with joblib, in order, with a progress bar. Outputs do not depend on `jobs`."""
+    from joblib import Parallel, delayed, parallel_config
+    from tqdm.auto import tqdm
+
     if not tasks:
         return []
     if jobs == 1 or len(tasks) == 1:
@@ -68,6 +79,39 @@ def _run(jobs: int, backend: str, tasks: list[Callable[[], T]], desc: str, progr
     with parallel_config(backend=backend, n_jobs=jobs):
         gen = Parallel(return_as="generator")(delayed(t)() for t in tasks)
         return list(tqdm(gen, total=len(tasks), desc=desc, unit="task", disable=not progress))
+
+
+def park_tables(spill: Path, reused: set[str], shard: ShardPlan) -> None:
+    """Keep the plan's memory per-cell: a new shard's slot tables wait in the spill folder as .npy files
+    (its pack task loads them and lets them go); a reused shard's columns are not needed at all."""
+    if shard.key in reused:
+        shard.columns.clear()
+        return
+    for name in fmt.TABLES:
+        a = shard.columns.get(name)
+        if isinstance(a, np.ndarray) and a.nbytes > 1 << 16:
+            path = spill / f"plan-{shard.source}-{shard.split}-{shard.part}-{name.replace('/', '~')}.npy"
+            np.save(path, a, allow_pickle=False)
+            shard.columns[name] = path
+
+
+def release_freed_memory() -> None:
+    """Make glibc return big freed blocks to the OS at once (a fixed 1 MiB mmap threshold).
+
+    By default glibc raises its mmap threshold to the largest block freed so far (up to 32 MiB), after
+    which chunk-sized numpy temporaries are carved from per-thread heaps that are rarely trimmed: peak RSS
+    then grows with every task a thread runs (+150 MiB at 400k cells, --jobs 2). The price is a fresh
+    mmap per big temporary, hence the pack's reused buffers (`pipeline.spill.Scratch`), and the plan runs
+    before this is set. No-op off glibc.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)  # and hand back what the plan's temporaries left in the heap
+    except (OSError, AttributeError):
+        pass
 
 
 def _backend_context(backend: str, scheduler: str | None) -> Any:
@@ -85,12 +129,13 @@ def _backend_context(backend: str, scheduler: str | None) -> Any:
 
 
 def write_conditions(out: Path, plan: Plan, cfg: PackConfig) -> dict[str, Any]:
+    from pipeline.pack import write_columns
+
     cond = plan.conditions
     columns = {"vectors": cond.vectors, "codes": cond.codes}
-    import hashlib
-
-    h = hashlib.sha256(cond.vectors.tobytes() + cond.codes.tobytes()).hexdigest()[:16]
-    final = out / f"conditions-{h}{get_writer(cfg.encoding, cfg.codec).suffix}"
+    h = hashlib.sha256(np.ascontiguousarray(cond.vectors))  # same digest as of the bytes joined, no copies
+    h.update(np.ascontiguousarray(cond.codes))
+    final = out / f"conditions-{h.hexdigest()[:16]}{get_writer(cfg.encoding, cfg.codec).suffix}"
     digest, stored = write_columns(columns, final, cfg)
     return {"file": final.name, "sha256": digest, "bytes": stored, "n": int(cond.vectors.shape[0]),
             "dim": int(cond.vectors.shape[1]), "segments": cond.segments}
@@ -111,7 +156,12 @@ def collect_garbage(out: Path, keep: Iterable[str]) -> int:
 
 
 def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | None = None,
-          backend: str = "loky", scheduler: str | None = None, progress: bool = True) -> BuildResult:
+          backend: str = "threading", scheduler: str | None = None, progress: bool = True) -> BuildResult:
+    """Build or incrementally rebuild OUT from a manifest.
+
+    `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing, file I/O)
+    runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s) and
+    hold its own copy of its tasks' plan."""
     t0 = time.perf_counter()
     manifest = load_manifest(manifest_path)
     out = Path(out) if out is not None else Path("shards") / manifest.name
@@ -119,36 +169,51 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (expected one of {BACKENDS})")
     prev = previous_index(out)
-    cache = {s["path"]: s for s in (prev or {}).get("sources", [])}
-    scanned = scan(manifest, cache)
-    t_scan = time.perf_counter()
-    plan = make_plan(manifest, scanned)
-    t_plan = time.perf_counter()
+    saved = read_record(out) if prev is not None else {}
+    if prev is not None and unchanged(manifest, out, prev, saved):
+        shards = [s["file"] for s in prev.get("shards", [])]
+        log.info("%s is up to date: %d shards, nothing to rebuild", out, len(shards))
+        return BuildResult(out, prev, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0})
+    from pipeline.pack import PackConfig, budget, make_durable, pack_tasks
+    from pipeline.plan import make_plan
+    from pipeline.scan import scan
 
-    (out / fmt.SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+    cache = {s["path"]: s for s in (prev or {}).get("sources", [])}
+    # with more than one job, new sources are hashed on a second thread while metadata is read and planned
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="hash") if jobs > 1 else None
     spill = out / f".spill-{os.getpid()}"
-    fields = dataset_fields(manifest, scanned)
-    cfg = PackConfig(out=out, spill=spill, encoding=manifest.format, codec=Codec(manifest.codec, manifest.codec_level),
-                     counts=manifest.fields.values == "counts", obsm=manifest.fields.obsm, fields=fields,
-                     block_rows=manifest.block_rows)
-    reusable = {s["plan_key"]: fmt.ShardEntry.from_json(s) for s in (prev or {}).get("shards", [])
-                if (out / fmt.SHARDS_DIR / s["file"]).exists()}
-    todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
-    entries: dict[int, fmt.ShardEntry] = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}
-    ctx = _backend_context(backend, scheduler)
+    ctx = None
     try:
+        scanned = scan(manifest, cache, hasher)
+        t_scan = time.perf_counter()
+        (out / fmt.SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+        reusable = {s["plan_key"]: fmt.ShardEntry.from_json(s) for s in (prev or {}).get("shards", [])
+                    if (out / fmt.SHARDS_DIR / s["file"]).exists()}
         spill.mkdir(exist_ok=True)
+        plan = make_plan(manifest, scanned, park=partial(park_tables, spill, set(reusable)),
+                         known=known_sources(out, prev, saved) if prev is not None else None, salt=code_digest())
+        t_plan = time.perf_counter()
+        release_freed_memory()  # after planning: its many short-lived temporaries are cheaper from the heap
+        fields = dataset_fields(manifest, scanned)
+        cfg = PackConfig(out=out, spill=spill, encoding=manifest.format,
+                         codec=Codec(manifest.codec, manifest.codec_level), counts=manifest.fields.values == "counts",
+                         obsm=manifest.fields.obsm, fields=fields, block_rows=manifest.block_rows, **budget())
+        todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
+        if any(not plan.shards[i].columns for i in todo):  # a reused source's shard vanished meanwhile
+            plan = make_plan(manifest, scanned, park=partial(park_tables, spill, set(reusable)), salt=code_digest())
+            todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
+        entries = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}
+        ctx = _backend_context(backend, scheduler)
         conditions = write_conditions(out, plan, cfg)
-        by_source: dict[int, list[tuple[int, np.ndarray]]] = {}
-        for i in todo:
-            by_source.setdefault(plan.shards[i].source, []).append((i, plan.shards[i].rows))
-        scatter = [_bind(scatter_source, scanned[s].spec, scanned[s].meta.n_rows, t, cfg) for s, t in by_source.items()]
-        _run(jobs, backend, scatter, "read sources", progress)
+        read, pack = pack_tasks(plan.shards, scanned, todo, cfg)
+        for r in _run(jobs, backend, read, "read sources", progress):
+            entries.update(r)
         t_scatter = time.perf_counter()
-        packed = _run(jobs, backend, [_bind(pack_shard, i, plan.shards[i], cfg) for i in todo], "pack shards", progress)
-        entries.update(zip(todo, packed, strict=True))
+        entries.update(_run(jobs, backend, pack, "pack shards", progress))
     finally:
         shutil.rmtree(spill, ignore_errors=True)
+        if hasher is not None:
+            hasher.shutdown(wait=True, cancel_futures=True)
         if ctx is not None:
             ctx.close()
     shard_entries = [entries[i] for i in range(len(plan.shards))]
@@ -174,6 +239,7 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
                     "shardsmith": __version__, "format_version": fmt.FORMAT_VERSION},
     )
     fmt.write_index(out, document)
+    save_inputs(out, manifest, scanned, plan)
     removed = collect_garbage(out, [e.file for e in shard_entries] + [conditions["file"]])
     t_end = time.perf_counter()
     written = [shard_entries[i].file for i in todo]
@@ -183,9 +249,3 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
                        {"scan": t_scan - t0, "plan": t_plan - t_scan, "scatter": t_scatter - t_plan,
                         "pack": t_pack - t_scatter, "commit": t_end - t_pack, "total": t_end - t0})
 
-
-def _bind(fn: Callable[..., T], *args: Any) -> Callable[[], T]:
-    """A picklable zero-argument task (joblib ships it to a worker process)."""
-    import functools
-
-    return functools.partial(fn, *args)

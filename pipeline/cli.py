@@ -21,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("manifest", type=Path)
     b.add_argument("--out", type=Path, default=None, help="output folder (default: shards/<dataset name>)")
     b.add_argument("--jobs", type=int, default=None, help="parallel tasks (default: all cores)")
-    b.add_argument("--backend", default="loky", choices=["loky", "threading", "dask", "ray"])
+    b.add_argument("--backend", default="threading", choices=["threading", "loky", "dask", "ray"],
+                   help="threading (default: no worker start-up, one copy of the plan), loky processes, dask, ray")
     b.add_argument("--scheduler", default=None, help="dask scheduler / ray cluster address")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     v = sub.add_parser("verify", help="re-hash and check every shard; exit 0 iff the dataset is sound")

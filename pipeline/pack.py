@@ -1,30 +1,55 @@
-"""Stage 3: pack. Two bounded-memory passes so every source is read once, sequentially:
+"""Stage 3: pack. Every source is read once, sequentially, in row blocks; each block's planned rows are
+routed to their shards; a shard whose rows have all arrived is put into planned row order, encoded,
+compressed, written to a temporary name and renamed (one syncfs before the commit makes all new shards
+durable).
 
-1. scatter (one task per source): read the source in row blocks, route each block's planned rows to small
-   per-shard spill pieces (.npy files of plain arrays, never pickled);
-2. pack (one task per shard): gather the shard's pieces into planned row order, encode, compress, write to a
-   temporary name, hash, rename (one syncfs before the commit makes all new shards durable).
+A shard is a uniform random sample of its source, so its rows are complete only when the whole source
+has been read. Until then they wait, as sorted pieces (`pipeline.spill`):
 
-Peak memory follows the block size and the shard size, never the source or dataset size.
+* in memory (`pack_source`), when the source's planned rows fit `PackConfig.fuse_bytes`: one task reads the
+  source and packs its shards, with no intermediate files;
+* in spill files (`scatter_range` then `pack_shard`), for bigger sources: several tasks read row ranges of
+  the source (so a single big file still keeps every job busy) and append each shard's rows to plain binary
+  files; one task per shard packs it from its files.
+
+Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task holds a few
+chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not the dataset size.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from loaders import format as fmt
 from pipeline.errors import SourceError
 from pipeline.manifest import SourceSpec
 from pipeline.plan import ShardPlan
+from pipeline.scan import ScannedSource
 from pipeline.sources import open_source
+from pipeline.spill import (
+    ENTRY_ARRAYS,
+    OBSM,
+    RANGE,
+    ROW_ARRAYS,
+    Piece,
+    Scratch,
+    ShardRows,
+    file_pieces,
+    gather_rows,
+    memory_piece,
+)
 from pipeline.writers import Codec, get_writer
+
+FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
+SCATTER_BYTES = 64 << 20  # raw bytes of a source read by one scatter task
 
 
 @dataclass(frozen=True)
@@ -37,33 +62,53 @@ class PackConfig:
     obsm: tuple[str, ...]
     fields: tuple[fmt.FieldSpec, ...]
     block_rows: int
+    fuse_bytes: int = FUSE_BYTES  # read at build time (see budget()), so a test can lower them
+    scatter_bytes: int = SCATTER_BYTES
+
+    @property
+    def obsm_widths(self) -> dict[str, tuple[int, ...]]:
+        return {k: next(f.shape for f in self.fields if f.name == fmt.OBSM_PREFIX + k) for k in self.obsm}
 
 
-def _save_piece(spill: Path, shard: int, block_start: int, arrays: dict[str, np.ndarray]) -> None:
-    """Plain .npy files (np.savez would CRC every byte through zipfile: 4x slower for nothing)."""
-    for name, a in arrays.items():
-        np.save(spill / f"{shard:06d}-{block_start:012d}.{name.replace('/', '~')}.npy", a, allow_pickle=False)
+def budget() -> dict[str, int]:
+    """The module's current memory settings, for a PackConfig built now."""
+    return {"fuse_bytes": FUSE_BYTES, "scatter_bytes": SCATTER_BYTES}
 
 
-def _load_pieces(spill: Path, shard: int, names: list[str]) -> list[dict[str, np.ndarray]]:
-    starts = sorted({p.name.split(".")[0] for p in spill.glob(f"{shard:06d}-*.pos.npy")})
-    return [{n: np.load(spill / f"{s}.{n.replace('/', '~')}.npy", allow_pickle=False) for n in names} for s in starts]
+@dataclass(frozen=True)
+class Target:
+    """A shard to build from one source: its number in the plan, its source rows in shard order, and the
+    stored matrix entries of those rows from the scan's per-row counts (exact for CSR sources, an upper
+    bound for dense ones, whose zeros the CSR conversion drops): the size estimate that picks a path."""
+
+    number: int
+    rows: np.ndarray
+    nnz: int
 
 
-def scatter_source(spec: SourceSpec, n_rows: int, targets: Sequence[tuple[int, np.ndarray]], cfg: PackConfig) -> int:
-    """Route the planned rows of one source to spill pieces; `targets` = (shard number, source rows)."""
-    if not targets:
-        return 0
-    rows = np.concatenate([r for _, r in targets])
-    shard_of = np.concatenate([np.full(r.size, i, np.int64) for i, r in targets])
-    pos = np.concatenate([np.arange(r.size, dtype=np.int64) for _, r in targets])
+def raw_bytes(t: Target, cfg: PackConfig) -> int:
+    width = sum(int(np.prod(s, dtype=np.int64)) for s in cfg.obsm_widths.values())
+    return 8 * t.nnz + t.rows.size * (16 + 4 * width)
+
+
+def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source row, shard number, position in the shard) of every planned row, sorted by source row."""
+    rows = np.concatenate([t.rows for t in targets])
+    shard_of = np.concatenate([np.full(t.rows.size, t.number, np.int64) for t in targets])
+    pos = np.concatenate([np.arange(t.rows.size, dtype=np.int64) for t in targets])
     order = np.argsort(rows, kind="stable")
-    rows, shard_of, pos = rows[order], shard_of[order], pos[order]
-    routed = 0
+    return rows[order], shard_of[order], pos[order]
+
+
+def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
+              stop: int, cfg: PackConfig, scratch: Scratch | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """Read source rows [start, stop) block by block; yield (shard, rows of that shard from the block), each
+    sorted by planned position. With `scratch` the entry arrays are reused buffers, valid until the next
+    segment (for a consumer that writes them out at once)."""
+    rows, shard_of, pos = routed
     with open_source(spec.type, spec.path, spec.matrix, counts=cfg.counts) as src:
-        first = int(rows[0]) // cfg.block_rows * cfg.block_rows
-        for b in range(first, int(rows[-1]) + 1, cfg.block_rows):
-            e = min(b + cfg.block_rows, n_rows)
+        for b in range(start, min(stop, n_rows), cfg.block_rows):
+            e = min(b + cfg.block_rows, n_rows, stop)
             lo, hi = np.searchsorted(rows, [b, e])
             if lo == hi:
                 continue
@@ -73,43 +118,120 @@ def scatter_source(spec: SourceSpec, n_rows: int, targets: Sequence[tuple[int, n
                 if not np.isfinite(a).all():
                     bad = b + int(np.flatnonzero(~np.isfinite(a).all(axis=tuple(range(1, a.ndim))))[0])
                     raise SourceError(spec.path, f"obsm[{k!r}] has NaN/inf at row {bad}")
-            local, sh, ps = rows[lo:hi] - b, shard_of[lo:hi], pos[lo:hi]
-            for target in np.unique(sh):
-                m = sh == target
-                sub = block[local[m]]
-                extra = {f"obsm/{k}": a[local[m]] for k, a in embeds.items()}
-                _save_piece(cfg.spill, int(target), b, {"indptr": sub.indptr.astype(np.int64),
-                            "indices": sub.indices.astype(np.int32, copy=False),
-                            "data": sub.data.astype(np.float32, copy=False), "pos": ps[m], **extra})
-            routed += hi - lo
-    return int(routed)
+            ptr = block.indptr.astype(np.int32 if block.nnz < 2**31 else np.int64, copy=False)
+            indices = block.indices.astype(ptr.dtype, copy=False)
+            data = block.data.astype(np.float32, copy=False)
+            row_len = np.diff(ptr).astype(np.int64)
+            by_shard = np.lexsort((pos[lo:hi], shard_of[lo:hi]))
+            local, sh, ps = rows[lo:hi][by_shard] - b, shard_of[lo:hi][by_shard], pos[lo:hi][by_shard]
+            cuts = np.r_[0, np.flatnonzero(np.diff(sh)) + 1, sh.size]
+            for u, v in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+                sel = local[u:v]
+                lengths = row_len[sel]
+                n = int(lengths.sum())
+                out_i = scratch.get("indices", indices.dtype, n) if scratch else np.empty(n, indices.dtype)
+                out_d = scratch.get("data", data.dtype, n) if scratch else np.empty(n, data.dtype)
+                gather_rows(ptr, indices, data, sel, out_i, out_d)  # one row gather per piece
+                seg = {"data": out_d, "indices": out_i.astype(np.int32, copy=False), "lengths": lengths,
+                       "pos": ps[u:v], RANGE: np.array([out_i.min(), out_i.max()] if n else [], np.int64),
+                       **{f"{OBSM}{k}": a[sel] for k, a in embeds.items()}}
+                yield int(sh[u]), seg
 
 
-def _gather_pieces(number: int, n: int, cfg: PackConfig) -> dict[str, np.ndarray]:
-    parts: dict[str, list[np.ndarray]] = {"indptr": [], "indices": [], "data": [], "pos": []}
-    embeds: dict[str, list[np.ndarray]] = {k: [] for k in cfg.obsm}
-    pieces = _load_pieces(cfg.spill, number, [*parts, *(f"obsm/{k}" for k in cfg.obsm)])
-    for z in pieces:
-        for k in parts:
-            parts[k].append(z[k] if k != "indptr" else np.diff(z[k]))
-        for k in cfg.obsm:
-            embeds[k].append(z[f"obsm/{k}"])
-    pos = np.concatenate(parts["pos"]) if pieces else np.zeros(0, np.int64)
-    if pos.size != n or (n and not np.array_equal(np.sort(pos), np.arange(n))):
-        raise RuntimeError(f"shard {number}: spill holds {pos.size} rows, plan has {n}")
-    lengths = np.concatenate(parts["indptr"]) if pieces else np.zeros(0, np.int64)
-    n_cols = cfg.fields[0].shape[0]
-    mat = sp.csr_matrix((np.concatenate(parts["data"]) if pieces else np.zeros(0, np.float32),
-                         np.concatenate(parts["indices"]) if pieces else np.zeros(0, np.int32),
-                         np.r_[0, np.cumsum(lengths)]), shape=(n, n_cols))
-    inverse = np.empty(n, np.int64)
-    inverse[pos] = np.arange(n)
-    mat = mat[inverse]
-    out = {f"{fmt.X}/indptr": mat.indptr.astype(np.int64), f"{fmt.X}/indices": mat.indices.astype(np.int32),
-           f"{fmt.X}/data": mat.data.astype(np.float32)}
-    for k, chunks in embeds.items():
-        out[f"{fmt.OBSM_PREFIX}{k}"] = np.concatenate(chunks)[inverse].astype(np.float32)
-    return out
+def pack_source(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
+                cfg: PackConfig) -> list[tuple[int, fmt.ShardEntry]]:
+    """Read a source whose planned rows fit in memory and pack all its shards: no spill files."""
+    pieces: dict[int, list[Piece]] = {t.number: [] for t, _ in shards}
+    ranges: dict[int, list[np.ndarray]] = {t.number: [] for t, _ in shards}
+    for number, seg in _segments(spec, n_rows, route([t for t, _ in shards]), 0, n_rows, cfg):
+        pieces[number].append(memory_piece(seg))
+        ranges[number].append(seg[RANGE])
+    return [(t.number, write_shard(t.number, plan, pieces.pop(t.number), cfg, np.concatenate(ranges.pop(t.number))))
+            for t, plan in shards]
+
+
+def scatter_range(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
+                  stop: int, task: int, cfg: PackConfig) -> int:
+    """Append the planned rows of source rows [start, stop) to per-shard spill files (raw arrays, never
+    pickled; one file per shard, task and array, so tasks never share a file)."""
+    handles: dict[tuple[int, str], Any] = {}
+    routed_rows = 0
+    try:
+        for number, seg in _segments(spec, n_rows, routed, start, stop, cfg, Scratch()):
+            for name, a in seg.items():
+                fh = handles.get((number, name))
+                if fh is None:
+                    fh = handles[(number, name)] = open(_spill_file(cfg.spill, number, task, name), "wb")  # noqa: SIM115
+                np.ascontiguousarray(a).tofile(fh)
+            routed_rows += seg["pos"].size
+    finally:
+        for fh in handles.values():
+            fh.close()
+    return routed_rows
+
+
+def _spill_file(spill: Path, number: int, task: int, name: str) -> Path:
+    return spill / f"{number:06d}-{task:05d}.{name}.bin"
+
+
+def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> fmt.ShardEntry:
+    """Pack a shard from the spill files its source's scatter tasks wrote (in task order)."""
+    names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, *(f"{OBSM}{k}" for k in cfg.obsm)]
+    pieces: list[Piece] = []
+    ranges = [np.zeros(0, np.int64)]
+    for task in range(tasks):
+        files = {name: _spill_file(cfg.spill, t.number, task, name) for name in names}
+        if files["pos"].exists():
+            pieces += file_pieces(files, cfg.obsm_widths)
+            ranges.append(np.fromfile(files[RANGE], np.int64))
+    return write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges))
+
+
+def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], todo: Sequence[int],
+               cfg: PackConfig) -> tuple[list[Callable[[], list[tuple[int, fmt.ShardEntry]]]],
+                                         list[Callable[[], tuple[int, fmt.ShardEntry]]]]:
+    """Tasks of the two phases: (1) read every source once, (2) pack the shards of spilled sources.
+
+    A source whose planned rows fit `cfg.fuse_bytes` is one phase-1 task that also packs its shards (no
+    spill). A bigger one is read by several phase-1 tasks over row ranges of about `cfg.scatter_bytes`
+    (aligned to blocks, so one big file still keeps every job busy) that spill, and each of its shards is
+    a phase-2 task. Tasks are listed biggest first so that parallel jobs finish together.
+    """
+    by_source: dict[int, list[tuple[Target, ShardPlan]]] = {}
+    for i in todo:
+        sh = shards[i]
+        nnz = int(scanned[sh.source].meta.row_nnz[sh.rows].sum())
+        by_source.setdefault(sh.source, []).append((Target(i, sh.rows, nnz), sh))
+    read: list[tuple[int, Callable[[], list[tuple[int, fmt.ShardEntry]]]]] = []
+    pack: list[tuple[int, Callable[[], tuple[int, fmt.ShardEntry]]]] = []
+    for s, items in by_source.items():
+        spec, n_rows = scanned[s].spec, scanned[s].meta.n_rows
+        size = sum(raw_bytes(t, cfg) for t, _ in items)
+        if size <= cfg.fuse_bytes:
+            read.append((size, partial(pack_source, spec, n_rows, items, cfg)))
+            continue
+        rows, shard_of, pos = route([t for t, _ in items])
+        k = max(1, -(-size // cfg.scatter_bytes))
+        cuts = sorted({0, n_rows, *(int(rows[rows.size * j // k]) // cfg.block_rows * cfg.block_rows
+                                    for j in range(1, k))})
+        tasks = 0
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            lo, hi = np.searchsorted(rows, [a, b])
+            if lo < hi:
+                part = (rows[lo:hi], shard_of[lo:hi], pos[lo:hi])
+                read.append((size // k, partial(_scatter, spec, n_rows, part, a, b, tasks, cfg)))
+                tasks += 1
+        pack += [(raw_bytes(t, cfg), partial(_pack, t, sh, tasks, cfg)) for t, sh in items]
+    return ([t for _, t in sorted(read, key=lambda x: -x[0])], [t for _, t in sorted(pack, key=lambda x: -x[0])])
+
+
+def _scatter(*args: Any) -> list[tuple[int, fmt.ShardEntry]]:
+    scatter_range(*args)
+    return []
+
+
+def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> tuple[int, fmt.ShardEntry]:
+    return t.number, pack_shard(t, shard, tasks, cfg)
 
 
 def fsync_tree(path: Path) -> None:
@@ -144,7 +266,7 @@ def make_durable(folder: Path, written: list[Path]) -> None:
         fsync_tree(p)
 
 
-def write_columns(columns: dict[str, np.ndarray], final: Path, cfg: PackConfig) -> tuple[str, int]:
+def write_columns(columns: Mapping[str, Any], final: Path, cfg: PackConfig) -> tuple[str, int]:
     """Write atomically (temp name, hash, rename); returns (sha256, stored bytes). The build makes the new
     files durable (make_durable) before it commits the index that names them."""
     if final.exists():  # same name = same plan key = same bytes (a crash after rename, before commit)
@@ -153,26 +275,31 @@ def write_columns(columns: dict[str, np.ndarray], final: Path, cfg: PackConfig) 
     if tmp.exists():
         shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
     try:
-        get_writer(cfg.encoding, cfg.codec).write(tmp, columns)
-        digest = fmt.content_hash(tmp)
+        get_writer(cfg.encoding, cfg.codec).write(tmp, columns)  # type: ignore[arg-type]
+        digest, stored = fmt.content_hash(tmp), fmt.stored_bytes(tmp)
         os.replace(tmp, final)
     except BaseException:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
         raise
-    return digest, fmt.stored_bytes(final)
+    return digest, stored
 
 
-def pack_shard(number: int, shard: ShardPlan, cfg: PackConfig) -> fmt.ShardEntry:
+def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackConfig,
+                index_ranges: np.ndarray) -> fmt.ShardEntry:
+    """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from pieces."""
     try:
         import numcodecs.blosc
 
         numcodecs.blosc.set_nthreads(1)  # one core per task: --jobs decides the parallelism
     except ImportError:  # pragma: no cover
         pass
-    columns = {**shard.columns, **_gather_pieces(number, shard.n, cfg)}
+    matrix = ShardRows(pieces, shard.n, cfg.fields[0].shape[0], cfg.obsm_widths, f"shard {number} ({shard.file})",
+                       index_ranges)
+    planned = {k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v for k, v in shard.columns.items()}
+    columns: dict[str, Any] = {**planned, **matrix.columns()}
     n = fmt.validate_columns(columns, cfg.fields, name=shard.file)
-    suffix = get_writer(cfg.encoding, cfg.codec).suffix
+    suffix = get_writer(cfg.encoding, cfg.codec).suffix  # type: ignore[arg-type]
     final = cfg.out / fmt.SHARDS_DIR / (shard.file + suffix)
     digest, stored = write_columns(columns, final, cfg)
     return fmt.ShardEntry(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +33,14 @@ class Fingerprint:
 class ScannedSource:
     ordinal: int  # position in the manifest's resolved source list
     spec: SourceSpec
-    fingerprint: Fingerprint
+    pending: Fingerprint | Future[Fingerprint]  # a Future while the content hash is computed in the background
     meta: SourceMeta
     obs: dict[str, Categorical]  # logical field name -> categorical (cell_type may be the file stem)
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """The fingerprint, waiting for the background hash if there is one (only plan keys need it)."""
+        return self.pending.result() if isinstance(self.pending, Future) else self.pending
 
 
 def file_sha256(path: Path) -> str:
@@ -55,7 +61,8 @@ def fingerprint(path: Path, cache: Mapping[str, Mapping[str, object]] | None = N
 
 
 def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
-                cache: Mapping[str, Mapping[str, object]] | None = None) -> ScannedSource:
+                cache: Mapping[str, Mapping[str, object]] | None = None,
+                hasher: Executor | None = None) -> ScannedSource:
     fields = manifest.fields
     columns = [fields.column(f) for f in fields.obs_fields]
     optional = [fields.cell_type] if spec.type == "h5csr" else []
@@ -75,11 +82,15 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
             raise SourceError(spec.path, f"missing obsm key {key!r} (has: {sorted(meta.obsm)})")
     if meta.n_rows == 0:
         raise SourceError(spec.path, "has no cells")
-    return ScannedSource(ordinal, spec, fingerprint(spec.path, cache), meta, obs)
+    return ScannedSource(ordinal, spec, fingerprint(spec.path, cache) if hasher is None
+                         else hasher.submit(fingerprint, spec.path, cache), meta, obs)
 
 
-def scan(manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None = None) -> list[ScannedSource]:
-    scanned = [scan_source(i, s, manifest, cache) for i, s in enumerate(manifest.sources)]
+def scan(manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None = None,
+         hasher: Executor | None = None) -> list[ScannedSource]:
+    """Scan every source. With a `hasher`, content hashes of new or changed files (a full read of each
+    file) run there, overlapping the metadata reads and most of the plan, which needs them only for keys."""
+    scanned = [scan_source(i, s, manifest, cache, hasher) for i, s in enumerate(manifest.sources)]
     check_consistent(scanned)
     return scanned
 

@@ -267,18 +267,26 @@ def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
 
 @pytest.mark.parametrize("output", ["dense", "sparse", "parts"])
 def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
-    from loaders.collate import Payload, assemble, pack, to_shared, to_tensors, unpack_batch
+    from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
+    from loaders.device import assemble, unpack_batch
 
     rng = np.random.default_rng(0)
     m, g = 37, 101
     dense = np.where(rng.random((m, g)) < 0.2, rng.standard_normal((m, g)), 0).astype(np.float32)
     dense[3], dense[5] = 0, -1.5  # an empty row, a full negative row
     rows, cols = np.nonzero(dense)
-    crow = np.zeros(m + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=m), out=crow[1:])
-    payload = Payload(arrays={"sample_id": np.arange(m, dtype=np.int64)},
-                      xs={"X": (crow, pack(cols.astype(np.int32), dense[rows, cols]), (m, g))})
+    indptr = np.zeros(m + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+    # two "shards" (the same rows), the second at an unaligned offset, gathered in a shuffled order
+    arena = Arena.allocate([0, 1], [m, m], [rows.size + 5, rows.size], [], {}, np.dtype(np.float32), BufferPool())
+    for i, off in enumerate(arena.nnz_offsets[:2]):
+        arena.cols[off:off + rows.size], arena.vals[off:off + rows.size] = cols, dense[rows, cols]
+        arena.set_rows(i, indptr)
+    order = rng.permutation(2 * m)
+    payload = Payload(arrays={"sample_id": np.arange(2 * m, dtype=np.int64)},
+                      xs={"X": Rows([arena], None, order).blocks((2 * m, g))})
+    want = np.concatenate([dense, dense])[order]
     for batch in (to_tensors(payload, output), unpack_batch(to_shared(payload, output))):
         x = assemble(batch, densify_x=output != "sparse")["X"]
-        np.testing.assert_array_equal((x.to_dense() if output == "sparse" else x).numpy(), dense)
-        np.testing.assert_array_equal(batch["sample_id"].numpy(), np.arange(m))
+        np.testing.assert_array_equal((x.to_dense() if output == "sparse" else x).numpy(), want)
+        np.testing.assert_array_equal(batch["sample_id"].numpy(), np.arange(2 * m))

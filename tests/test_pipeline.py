@@ -116,7 +116,7 @@ def test_jobs_do_not_change_bytes(tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path / "m.toml")
     a = build(manifest, tmp_path / "a", jobs=1, progress=False)
     b = build(manifest, tmp_path / "b", jobs=2, progress=False)
-    c = build(manifest, tmp_path / "c", jobs=2, backend="threading", progress=False)
+    c = build(manifest, tmp_path / "c", jobs=2, backend="loky", progress=False)
     ea = [(s["file"], s["sha256"]) for s in a.index["shards"]]
     assert ea == [(s["file"], s["sha256"]) for s in b.index["shards"]]
     assert ea == [(s["file"], s["sha256"]) for s in c.index["shards"]]
@@ -295,3 +295,18 @@ def test_the_pipeline_never_imports_torch() -> None:
     code = "import sys, pipeline.build, pipeline.cli, pipeline.verify; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_spill_path_gives_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big sources go through spill files instead of memory; the bytes must not change."""
+    import pipeline.pack
+
+    make_sources(tmp_path, n=2, cells=300)
+    manifest = write_manifest(tmp_path / "m.toml")
+    fused = build(manifest, tmp_path / "fused", jobs=2, progress=False)
+    monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", 0)
+    monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 1)
+    spilled = build(manifest, tmp_path / "spilled", jobs=2, progress=False)
+    assert [(s["file"], s["sha256"]) for s in fused.index["shards"]] == \
+        [(s["file"], s["sha256"]) for s in spilled.index["shards"]]
+    assert not list((tmp_path / "spilled").glob(".spill-*"))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -18,11 +19,11 @@ from loaders import format as fmt
 from pipeline.manifest import Manifest
 from pipeline.plan.cells import CellTable, build_cell_table
 from pipeline.plan.conditions import ConditionTable, build_conditions, load_features
-from pipeline.plan.pairing import LEVELS, MatchContext, make_pairs, make_sentences
+from pipeline.plan.pairing import LEVELS, ControlPools, MatchContext, make_pairs, make_sentences
 from pipeline.plan.splits import SPLIT_NAMES, assign_splits, source_rng
 from pipeline.scan import ScannedSource
 
-__all__ = ["Plan", "ShardPlan", "make_plan"]
+__all__ = ["Park", "Plan", "ShardPlan", "make_plan", "source_key"]
 
 
 @dataclass
@@ -31,7 +32,9 @@ class ShardPlan:
     source: int
     part: int  # shard number within its (source, split)
     rows: np.ndarray  # int64 source rows, in shard order (pre-shuffled)
-    columns: dict[str, np.ndarray]  # every column except the matrix and obsm, which pack reads from the source
+    # every column except the matrix and obsm, which pack reads from the source; a column may be parked in
+    # a .npy file (a Path) between planning and packing, see make_plan's `park`
+    columns: dict[str, np.ndarray | Path]
     key: str = ""
 
     @property
@@ -43,12 +46,17 @@ class ShardPlan:
         return int(self.rows.size)
 
 
+Park = Callable[[ShardPlan], None]
+
+
 @dataclass
 class Plan:
     cells: CellTable
     conditions: ConditionTable
     shards: list[ShardPlan]
     stats: dict[str, object] = field(default_factory=dict)
+    source_keys: list[str] = field(default_factory=list)  # per source, see source_key
+    source_stats: list[dict[str, int]] = field(default_factory=list)  # per source, summed into stats["pairing"]
 
 
 def _bytes_per_cell(src: ScannedSource, rows: np.ndarray, n_codes: int, obsm_width: int) -> float:
@@ -56,11 +64,16 @@ def _bytes_per_cell(src: ScannedSource, rows: np.ndarray, n_codes: int, obsm_wid
     return nnz * 8.0 + 8 + 8 + 1 + 4 * (n_codes + 1) + 4 * obsm_width
 
 
+def _slices(owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A stable order grouping items by owner (0..n-1) and the n+1 bounds of each owner's slice."""
+    order = np.argsort(owner, kind="stable")
+    return order, np.searchsorted(owner[order], np.arange(n + 1))
 
 
 def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: np.ndarray, split: np.ndarray,
-                cond: ConditionTable) -> tuple[list[ShardPlan], dict[str, int]]:
-    """Shards, pairs and sentences of one source; `idx` are its rows in the cell table."""
+                cond: ConditionTable, park: Park | None = None) -> tuple[list[ShardPlan], dict[str, int]]:
+    """Shards, pairs and sentences of one source; `idx` are its rows in the cell table. Each shard is keyed
+    and handed to `park` as soon as it is planned (see make_plan)."""
     seed, s = manifest.seed, src.ordinal
     fields = manifest.fields.obs_fields
     obsm_width = sum(int(np.prod(src.meta.obsm[k][0][1:])) for k in manifest.fields.obsm)
@@ -83,32 +96,39 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     ctx = MatchContext(home, sp, codes["cell_type"],
                        batch if manifest.pairing.strategy == "batch" else np.zeros_like(batch),
                        cells.is_control[idx])
-    cond_id = cond.cond_id[idx]
-    rng = source_rng(seed, s, 20)
-    pairs, pair_level = make_pairs(ctx, cond_id, manifest.pairing.max_pairs_per_condition, rng)
-    sent_p, sent_c, sent_level = make_sentences(ctx, codes["perturbation"], batch, manifest.pairing.sentence_size, rng)
+    pools = ControlPools(ctx)
+    pairs, pair_level = make_pairs(ctx, cond.cond_id[idx], manifest.pairing.max_pairs_per_condition,
+                                   source_rng(seed, s, 20), pools)
     stats = {f"pairs_{lv}": int((pair_level == i).sum()) for i, lv in enumerate(LEVELS)}
-    stats.update({f"sentence_slots_{lv}": int((sent_level == i).sum()) for i, lv in enumerate(LEVELS)})
-
-    pair_home = home[pairs[:, 1]]
-    sent_home = home[sent_p[:, 0]] if sent_p.size else np.zeros(0, np.int64)
+    slot_levels = np.zeros(len(LEVELS), np.int64)
+    size = manifest.pairing.sentence_size
+    # One stable sort per table instead of a mask over every cell per shard (quadratic in shards): each
+    # shard's cells and pairs are contiguous slices, in the order the masks gave.
+    by_home, cell_bounds = _slices(home, len(parts))
+    pair_order, pair_bounds = _slices(home[pairs[:, 1]], len(parts))
+    pairs = pairs[pair_order]
     shards: list[ShardPlan] = []
     duplicates = 0
+    wanted = np.zeros(idx.size, bool)  # scratch, reset after each shard: O(shard) work per shard
+    lut = np.full(idx.size, -1, np.int32)  # source cell -> local row, reset likewise
     for local, (k, part) in enumerate(parts):
-        primary = np.flatnonzero(home == local)
-        pr = pairs[pair_home == local]
-        sc, spp = sent_c[sent_home == local], sent_p[sent_home == local]
-        wanted = np.zeros(idx.size, bool)
+        primary = by_home[cell_bounds[local]:cell_bounds[local + 1]]
+        pr = pairs[pair_bounds[local]:pair_bounds[local + 1]]
+        # Sentence groups never cross a shard, so a shard's slot tables (the plan's biggest arrays, ~40
+        # slots per perturbed cell) are drawn here, one shard at a time, from a per-shard generator.
+        spp, sc, level = make_sentences(ctx, codes["perturbation"], batch, size, source_rng(seed, s, 2000 + local),
+                                        cells=primary[~ctx.is_control[primary]], pools=pools)
+        slot_levels += np.bincount(level[:, 0], minlength=len(LEVELS)) * size
         wanted[pr[:, 0]] = True
         wanted[sc.ravel()] = True
         wanted[primary] = False
         dups = np.flatnonzero(wanted)
+        wanted[dups] = False
         duplicates += int(dups.size)
         members = np.concatenate([primary, dups])
         order = source_rng(seed, s, 1000 + local).permutation(members.size)
         members = members[order]
         is_primary = np.concatenate([np.ones(primary.size, bool), np.zeros(dups.size, bool)])[order]
-        lut = np.full(idx.size, -1, np.int32)  # source cell -> local row
         lut[members] = np.arange(members.size, dtype=np.int32)
         g = idx[members]
         columns = {
@@ -117,10 +137,16 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
             fmt.COND_ID: cond.cond_id[g],
             **{fmt.OBS_PREFIX + f: cells.codes[f][g] for f in fields},
             fmt.PAIRS: lut[pr].reshape(-1, 2),
-            fmt.SENTENCES_PERT: lut[spp].reshape(-1, manifest.pairing.sentence_size),
-            fmt.SENTENCES_CTRL: lut[sc].reshape(-1, manifest.pairing.sentence_size),
+            fmt.SENTENCES_PERT: lut[spp].reshape(-1, size),
+            fmt.SENTENCES_CTRL: lut[sc].reshape(-1, size),
         }
-        shards.append(ShardPlan(SPLIT_NAMES[k], s, part, cells.row[g], columns))
+        lut[members] = -1
+        shard = ShardPlan(SPLIT_NAMES[k], s, part, cells.row[g], columns)
+        shard.key = plan_key(shard, src, manifest)
+        if park is not None:
+            park(shard)
+        shards.append(shard)
+    stats.update({f"sentence_slots_{lv}": int(slot_levels[i]) for i, lv in enumerate(LEVELS)})
     stats["duplicated_controls"] = duplicates
     return shards, stats
 
@@ -134,11 +160,27 @@ def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
     h.update(json.dumps(config, sort_keys=True).encode())
     for name, a in [("rows", shard.rows), *sorted(shard.columns.items())]:
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(np.ascontiguousarray(a))  # the buffer itself: tobytes() would copy every column once more
     return h.hexdigest()
 
 
-def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource]) -> Plan:
+def source_key(manifest: Manifest, src: ScannedSource, offset: int, tables: str, salt: str) -> str:
+    """Everything `plan_source` reads for one source: the manifest (all settings), the code (`salt`), the
+    source's content, position and first sample id, and the dataset-wide tables that its codes and
+    condition ids index (vocabularies, condition table). Equal keys mean equal shards for that source."""
+    doc = [salt, manifest.sha256, src.ordinal, src.fingerprint.sha256, src.spec.type, src.spec.matrix, offset, tables]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park | None = None,
+              known: Mapping[str, tuple[list[ShardPlan], dict[str, int]]] | None = None, salt: str = "") -> Plan:
+    """The whole plan. `park(shard)` is called with every shard right after it is keyed, so the caller can
+    move its big columns out of memory (or drop them when the shard is reused): the plan then holds only
+    per-cell arrays, whatever the number of shards.
+
+    `known` maps source keys (see `source_key`) of an earlier build to that source's shards (stubs: keys
+    and names) and stats; a source whose key is known is not planned again. The dataset-wide tables are
+    always rebuilt, since any source can change them and with them every other source's codes."""
     cells = build_cell_table(manifest, scanned)
     split = assign_splits(cells, manifest)
     fields = manifest.fields.obs_fields
@@ -147,19 +189,29 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource]) -> Plan:
         features = load_features(manifest.fields.perturbation_features, cells.vocabularies["perturbation"],
                                  manifest.fields.control)
     cond = build_conditions(cells.codes, fields, cells.vocabularies, features)
+    tables = hashlib.sha256(json.dumps(cells.vocabularies, sort_keys=True).encode())
+    tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())
+    tables.update(np.ascontiguousarray(cond.codes))
     order = np.argsort(cells.source, kind="stable")
     bounds = np.searchsorted(cells.source[order], np.arange(len(scanned) + 1))
     shards: list[ShardPlan] = []
     stats: dict[str, object] = {"dropped": dict(cells.dropped)}
     totals: dict[str, int] = {}
+    keys, per_source = [], []
+    offset = 0
     for src in scanned:
-        idx = order[bounds[src.ordinal]:bounds[src.ordinal + 1]]
-        src_shards, src_stats = plan_source(manifest, src, cells, idx, split, cond)
-        for sh in src_shards:
-            sh.key = plan_key(sh, src, manifest)
+        key = source_key(manifest, src, offset, tables.hexdigest(), salt)
+        offset += src.meta.n_rows
+        if known is not None and key in known:
+            src_shards, src_stats = known[key]
+        else:
+            idx = order[bounds[src.ordinal]:bounds[src.ordinal + 1]]
+            src_shards, src_stats = plan_source(manifest, src, cells, idx, split, cond, park)
+        keys.append(key)
+        per_source.append(src_stats)
         shards.extend(src_shards)
         for k, v in src_stats.items():
             totals[k] = totals.get(k, 0) + v
     stats["pairing"] = totals
     stats["cells_per_split"] = {n: int((split == i).sum()) for i, n in enumerate(SPLIT_NAMES)}
-    return Plan(cells, cond, shards, stats)
+    return Plan(cells, cond, shards, stats, keys, per_source)

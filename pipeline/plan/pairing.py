@@ -45,51 +45,69 @@ class MatchContext:
     batch: np.ndarray  # int32 (zeros when the strategy ignores batch)
     is_control: np.ndarray  # bool
 
-    def level_keys(self) -> list[tuple[int, np.ndarray]]:
-        """Keys of LEVEL_ORDER: each level first within the query's own shard, then anywhere in the source."""
-        ct, b, h, sp = self.cell_type, self.batch, self.home, self.split
-        cols = {"shard": h, "split": sp, "cell_type": ct, "batch": b}
-        return [(lvl, combine(*(cols[c] for c in by)) if by else np.zeros_like(h)) for lvl, by in LEVEL_ORDER]
+    def column(self, name: str) -> np.ndarray:
+        return {"shard": self.home, "split": self.split, "cell_type": self.cell_type, "batch": self.batch}[name]
 
 
-def control_pools(ctx: MatchContext, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-    """For each query cell, the best level with a non-empty control pool: (level, lo, count, sorted pools).
+class ControlPools:
+    """The controls of one source sorted by the key of every level of LEVEL_ORDER.
 
-    Candidates for query i are `pools[level[i]][lo[i]:lo[i] + count[i]]`; the source has at least one control,
-    so the last level (the whole source) always matches.
+    Built once per source and queried many times (the pairs, then the sentences of each shard). Keys use
+    radices from the whole source, so the keys of any subset of cells agree with the pools' keys.
     """
-    pool = np.flatnonzero(ctx.is_control)
-    level = np.full(queries.shape, -1, np.int8)
-    lo = np.zeros(queries.shape, np.int64)
-    cnt = np.zeros(queries.shape, np.int64)
-    pools: list[np.ndarray] = []
-    for i, (_lvl, key) in enumerate(ctx.level_keys()):
-        order = np.argsort(key[pool], kind="stable")
-        sorted_keys = key[pool][order]
-        pools.append(pool[order])
-        todo = np.flatnonzero(level < 0)
-        if todo.size == 0:
-            continue
-        q = key[queries[todo]]
-        a, b = np.searchsorted(sorted_keys, q, "left"), np.searchsorted(sorted_keys, q, "right")
-        hit = b > a
-        level[todo[hit]] = i
-        lo[todo[hit]], cnt[todo[hit]] = a[hit], (b - a)[hit]
-    return level, lo, cnt, pools
+
+    def __init__(self, ctx: MatchContext) -> None:
+        self.ctx = ctx
+        self.radix = {c: int(ctx.column(c).max(initial=0)) + 1 for c in ("shard", "split", "cell_type", "batch")}
+        pool = np.flatnonzero(ctx.is_control)
+        self.sorted_keys: list[np.ndarray] = []
+        pools: list[np.ndarray] = []
+        for _lvl, by in LEVEL_ORDER:
+            key = self.key(by, pool)
+            order = np.argsort(key, kind="stable")
+            self.sorted_keys.append(key[order])
+            pools.append(pool[order])
+        self.offsets = np.cumsum([0] + [p.size for p in pools])
+        self.every = np.concatenate(pools)  # pool of level i = every[offsets[i]:offsets[i + 1]]
+        self.every32 = self.every.astype(np.int32)
+
+    def key(self, by: tuple[str, ...], cells: np.ndarray) -> np.ndarray:
+        key = np.zeros(cells.shape, np.int64)
+        for c in by:
+            key = key * self.radix[c] + self.ctx.column(c)[cells]
+        return key
+
+    def lookup(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each query cell, the best level with a non-empty control pool: (level, first, count).
+
+        Candidates for query i are `every[first[i]:first[i] + count[i]]`; the source has at least one control,
+        so the last level (the whole source) always matches.
+        """
+        level = np.full(queries.shape, -1, np.int8)
+        first = np.zeros(queries.shape, np.int64)
+        cnt = np.zeros(queries.shape, np.int64)
+        for i, (_lvl, by) in enumerate(LEVEL_ORDER):
+            todo = np.flatnonzero(level < 0)
+            if todo.size == 0:
+                break
+            q = self.key(by, queries[todo])
+            a, b = np.searchsorted(self.sorted_keys[i], q, "left"), np.searchsorted(self.sorted_keys[i], q, "right")
+            hit = b > a
+            level[todo[hit]] = i
+            first[todo[hit]], cnt[todo[hit]] = self.offsets[i] + a[hit], (b - a)[hit]
+        return level, first, cnt
 
 
-def draw_controls(level: np.ndarray, lo: np.ndarray, cnt: np.ndarray, pools: list[np.ndarray],
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One uniform draw per query from its pool; returns (control cell, level name index into LEVELS)."""
-    offsets = np.cumsum([0] + [p.size for p in pools])
-    pick = offsets[level] + lo + (rng.random(level.shape) * cnt).astype(np.int64)
-    names = np.array([lvl for lvl, _ in LEVEL_ORDER], np.int8)
-    return np.concatenate(pools)[pick], names[level]
+NAMES = np.array([lvl for lvl, _ in LEVEL_ORDER], np.int8)  # LEVEL_ORDER position -> index into LEVELS
 
 
-def match_controls(ctx: MatchContext, queries: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(control cell, level) for each query cell; the source is known to have at least one control."""
-    return draw_controls(*control_pools(ctx, queries), rng)
+def match_controls(ctx: MatchContext, queries: np.ndarray, rng: np.random.Generator,
+                   pools: ControlPools | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(control cell, level) for each query cell, one uniform draw from its best pool."""
+    pools = pools if pools is not None else ControlPools(ctx)
+    level, first, cnt = pools.lookup(queries)
+    pick = first + (rng.random(level.shape) * cnt).astype(np.int64)
+    return pools.every[pick], NAMES[level]
 
 
 def rank_within(groups: np.ndarray) -> np.ndarray:
@@ -101,42 +119,76 @@ def rank_within(groups: np.ndarray) -> np.ndarray:
     return np.arange(groups.size) - np.repeat(starts, sizes)
 
 
-def make_pairs(ctx: MatchContext, cond_id: np.ndarray, max_per_condition: int,
-               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def make_pairs(ctx: MatchContext, cond_id: np.ndarray, max_per_condition: int, rng: np.random.Generator,
+               pools: ControlPools | None = None) -> tuple[np.ndarray, np.ndarray]:
     """[P,2] (control, perturbed) local cell ids, at most `max_per_condition` per (split, condition); levels."""
     pert = np.flatnonzero(~ctx.is_control)
     r = rng.random(pert.size)
     order = np.lexsort((r, cond_id[pert], ctx.split[pert]))
     groups = combine(ctx.split[pert][order], cond_id[pert][order])
     chosen = np.sort(pert[order][rank_within(groups) < max_per_condition])
-    ctrl, level = match_controls(ctx, chosen, rng)
+    ctrl, level = match_controls(ctx, chosen, rng, pools)
     return np.stack([ctrl, chosen], axis=1), level
 
 
+SLOT_CHUNK = 1 << 20  # sentence slots per vectorised step: bounds the temporaries (~4 MB each)
+
+
+def _uniform_below(rng: np.random.Generator, n: np.ndarray, width: int) -> np.ndarray:
+    """int32 [len(n), width]: row i uniform in [0, n[i]). float32 draws (half the bytes of float64); the
+    clip catches products that round up to n (float32 has 24 bits: fine for pools below millions)."""
+    r = rng.random((n.size, width), dtype=np.float32)
+    r *= n[:, None]
+    pick = r.astype(np.int32)
+    np.minimum(pick, (n - 1)[:, None], out=pick)
+    return pick
+
+
 def make_sentences(ctx: MatchContext, perturbation: np.ndarray, batch: np.ndarray, size: int,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   rng: np.random.Generator, cells: np.ndarray | None = None,
+                   pools: ControlPools | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sentences of `size` perturbed cells of one (shard, cell type, perturbation, batch) group.
 
     Every cell of a group appears in its sentences; the last sentence is topped up by draws with replacement
     from the group (so a short group yields one sentence sampled with replacement). Returns pert [S,L],
-    matched ctrl [S,L] (an independent control draw per slot) and the control levels [S,L].
+    matched ctrl [S,L] (an independent control draw per slot) and the control levels [S,L] (a read-only
+    broadcast of one level per sentence). Sentences come sorted by group, hence by shard. `cells` restricts
+    the sentences to some perturbed cells (one shard's: the plan builds a shard's slot tables at a time).
+
+    Slot tables are the plan's largest arrays (~40 slots per perturbed cell with small groups), so they are
+    int32 and filled in chunks of SLOT_CHUNK slots: full-size float64/int64 temporaries cost more in page
+    faults than in arithmetic. The random streams are consumed in the same order as one big draw would.
     """
-    pert = np.flatnonzero(~ctx.is_control)
+    pert = np.flatnonzero(~ctx.is_control) if cells is None else cells
     if pert.size == 0:
-        empty = np.zeros((0, size), np.int64)
+        empty = np.zeros((0, size), np.int32)
         return empty, empty, empty.astype(np.int8)
     key = combine(ctx.home[pert], ctx.split[pert], ctx.cell_type[pert], perturbation[pert], batch[pert])
     order = np.lexsort((rng.random(pert.size), key))
-    cells, key = pert[order], key[order]
+    cells, key = pert[order].astype(np.int32), key[order]
     starts = np.r_[0, np.flatnonzero(np.diff(key)) + 1]
     n_g = np.diff(np.r_[starts, key.size])
-    slots_g = -(-n_g // size) * size
-    g = np.repeat(np.arange(n_g.size), slots_g)
-    t = np.arange(g.size) - np.repeat(np.cumsum(slots_g) - slots_g, slots_g)
-    n = n_g[g]
-    offset = np.where(t < n, t, (rng.random(g.size) * n).astype(np.int64))
-    slot_cells = cells[starts[g] + offset]
+    sent_g = -(-n_g // size)  # sentences per group
+    g = np.repeat(np.arange(n_g.size), sent_g)  # group of each sentence
+    first = (np.arange(g.size) - np.repeat(np.cumsum(sent_g) - sent_g, sent_g)) * size  # its first slot in the group
+    start, n = starts[g].astype(np.int32), n_g[g].astype(np.int32)
+    step = max(1, SLOT_CHUNK // size)
+    lane = np.arange(size, dtype=np.int32)
+    pert_tab = np.empty((g.size, size), np.int32)
+    for a in range(0, g.size, step):
+        b = min(a + step, g.size)
+        pick = _uniform_below(rng, n[a:b], size)  # slot -> cell of the group: a draw when topping up ...
+        t = first[a:b, None].astype(np.int32) + lane
+        np.copyto(pick, t, where=t < n[a:b, None])  # ... else the group's own cells, in shuffled order
+        pick += start[a:b, None]
+        pert_tab[a:b] = cells[pick]
     # all slots of a sentence share shard, split, cell type and batch, hence one control pool per sentence
-    level, lo, cnt, pools = control_pools(ctx, slot_cells[::size])
-    ctrl, names = draw_controls(np.repeat(level, size), np.repeat(lo, size), np.repeat(cnt, size), pools, rng)
-    return slot_cells.reshape(-1, size), ctrl.reshape(-1, size), names.reshape(-1, size)
+    pools = pools if pools is not None else ControlPools(ctx)
+    level, base, cnt = pools.lookup(cells[start + first])
+    ctrl_tab = np.empty((g.size, size), np.int32)
+    for a in range(0, g.size, step):
+        b = min(a + step, g.size)
+        pick = _uniform_below(rng, cnt[a:b].astype(np.int32), size)
+        pick += base[a:b, None].astype(np.int32)
+        ctrl_tab[a:b] = pools.every32[pick]
+    return pert_tab, ctrl_tab, np.broadcast_to(NAMES[level][:, None], (g.size, size))

@@ -16,9 +16,16 @@ from typing import ClassVar
 
 import h5py
 import numpy as np
-from anndata.io import read_elem
 
 from pipeline.sources.base import Categorical
+
+
+def read_elem(elem: object) -> object:
+    """anndata's element reader, imported on first use: anndata (with pandas) costs ~0.8 s to import, which
+    a no-change rebuild should not pay."""
+    from anndata.io import read_elem as _read_elem
+
+    return _read_elem(elem)
 from pipeline.sources.h5csr import (
     H5Source,
     attr_str,

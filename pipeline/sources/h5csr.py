@@ -115,6 +115,7 @@ class H5Source(Source):
         self._h5: h5py.File | None = None
         self._pid: int | None = None
         self._layout: Layout | None = None
+        self._obsm_layouts: dict[str, Layout] = {}
 
     # --- subclass hooks -------------------------------------------------------------------------
     def _var_names(self, var_path: str) -> tuple[str, ...] | None:
@@ -195,15 +196,20 @@ class H5Source(Source):
         return Layout(name, "dense", (int(node.shape[0]), int(node.shape[1])))
 
     def _obsm_layout(self, key: str) -> Layout:
-        obsm = self._node("obsm")
+        if key in self._obsm_layouts:
+            return self._obsm_layouts[key]
         label = f"obsm/{key}"
         with self._reading(label):
+            obsm = self._node("obsm")
             if isinstance(obsm, h5py.Group) and key in obsm:
-                return self._array_layout(f"obsm/{key}", obsm[key], label)
-            if isinstance(obsm, h5py.Dataset) and obsm.dtype.names and key in obsm.dtype.names:
-                sub = obsm.dtype[key]
-                return Layout("obsm", "field", (int(obsm.shape[0]), int(np.prod(sub.shape, dtype=np.int64))), key)
-        raise SourceError(self.path, f"obsm key {key!r} not found (obsm keys: {sorted(self._obsm_info())})")
+                layout = self._array_layout(f"obsm/{key}", obsm[key], label)
+            elif isinstance(obsm, h5py.Dataset) and obsm.dtype.names and key in obsm.dtype.names:
+                width = int(np.prod(obsm.dtype[key].shape, dtype=np.int64))
+                layout = Layout("obsm", "field", (int(obsm.shape[0]), width), key)
+            else:
+                raise SourceError(self.path, f"obsm key {key!r} not found (obsm keys: {sorted(self._obsm_info())})")
+        self._obsm_layouts[key] = layout
+        return layout
 
     def _matrix_layout(self) -> Layout:
         if self._layout is not None:

@@ -1,9 +1,15 @@
-"""zarr v3 stores: one folder per shard, one array per column, chunked so a reader can also slice."""
+"""zarr v3 stores: one folder per shard, one array per column, chunked so a reader can also slice.
+
+Written through zarr-python. Columns may be lazy array-likes (the pack stage gathers big CSR columns chunk
+by chunk into reused buffers): each is written one chunk-sized row range at a time, so a whole shard is
+never assembled in memory.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,22 +29,38 @@ def zarr_compressors(codec: Codec) -> list[object]:
     return [BloscCodec(cname=cname, clevel=codec.level, shuffle="shuffle")]
 
 
+def chunk_rows(a: Any) -> int:
+    row_bytes = max(1, np.dtype(a.dtype).itemsize * int(np.prod(a.shape[1:], dtype=np.int64)))
+    return max(1, min(a.shape[0], CHUNK_BYTES // row_bytes)) if len(a.shape) else 1
+
+
+def _array_like(a: Any) -> Any:
+    """ndarrays as little-endian contiguous arrays; lazy columns (shape, dtype, row slicing) as they are."""
+    if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
+        a = np.ascontiguousarray(a)
+        return a.astype(a.dtype.newbyteorder("<"), copy=False)
+    return a
+
+
 @register_writer
 class ZarrShardWriter(ShardWriter):
     encoding = "zarr"
     suffix = ".zarr"
 
-    def write(self, path: Path, columns: Mapping[str, np.ndarray]) -> None:
+    def write(self, path: Path, columns: Mapping[str, Any]) -> None:
         import zarr
 
         group = zarr.open_group(zarr.storage.LocalStore(str(path)), mode="w-", zarr_format=3)
         compressors = zarr_compressors(self.codec)
         for key in sorted(columns):
-            a = np.ascontiguousarray(columns[key])
-            row_bytes = max(1, a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)))
-            rows = max(1, min(a.shape[0], CHUNK_BYTES // row_bytes)) if a.ndim else 1
-            arr = group.create_array(key, shape=a.shape, dtype=a.dtype, chunks=(rows, *a.shape[1:]),
+            a = _array_like(columns[key])
+            rows = chunk_rows(a)
+            arr = group.create_array(key, shape=tuple(a.shape), dtype=a.dtype, chunks=(rows, *a.shape[1:]),
                                      compressors=compressors, fill_value=0,
                                      config={"write_empty_chunks": True})  # skips a full compare per chunk
-            if a.size:
-                arr[...] = a
+            if isinstance(a, np.ndarray):
+                if a.size:
+                    arr[...] = a
+                continue
+            for lo in range(0, a.shape[0], rows):  # lazy: one chunk of rows in memory at a time
+                arr[lo:lo + rows] = np.asarray(a[lo:lo + rows])

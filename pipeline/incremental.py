@@ -1,0 +1,132 @@
+"""What makes a rebuild cheap: a record, next to index.json, of what produced it.
+
+`OUT/.build-inputs.json` holds the digest of all inputs of the committed build and, per source, the key of
+everything that source's shards depend on (`pipeline.plan.source_key`) with its pairing stats. It names
+the sha256 of the index it belongs to, so a record left by an older or interrupted build is never trusted;
+it is a cache, never required: without it the build simply plans everything.
+
+* no change (`unchanged`): every source has the size and mtime recorded with its sha256 in the index (the
+  scan's own rule for reusing a hash) and the inputs digest matches: nothing is read, planned or written.
+* some change (`known_sources`): sources whose key is unchanged are not planned again; their shards are
+  taken from the index as they are. Vocabularies and the condition table are always rebuilt first,
+  because a changed source can change them and with them the codes stored in every other source's shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loaders import format as fmt
+from pipeline import __version__
+from pipeline.manifest import Manifest
+
+if TYPE_CHECKING:
+    from pipeline.plan import Plan, ShardPlan
+    from pipeline.scan import ScannedSource
+
+INPUTS_FILE = ".build-inputs.json"
+
+
+@cache
+def code_digest() -> str:
+    """The pipeline's own code, the format module and the libraries that decide shard bytes: a rebuild with
+    other code must not be taken for a no-change rebuild, whatever the version string says."""
+    import loaders.format
+    import loaders.shardio
+
+    h = hashlib.sha256()
+    root = Path(__file__).parent
+    for p in [*sorted(root.rglob("*.py")), Path(loaders.format.__file__), Path(loaders.shardio.__file__)]:
+        h.update(f"{p.parent.name}/{p.name}".encode() + b"\0" + p.read_bytes() + b"\0")
+    libraries = ("numpy", "numcodecs", "zarr", "h5py", "anndata", "scipy")
+    dists = sorted(name for folder in sys.path if os.path.isdir(folder) for name in os.listdir(folder)
+                   if name.endswith(".dist-info") and name.split("-")[0].lower() in libraries)
+    h.update("\0".join(dists).encode())  # e.g. numcodecs-0.16.6.dist-info: cheaper than importlib.metadata
+    return h.hexdigest()
+
+
+def inputs_digest(manifest: Manifest, sources: Sequence[tuple[str, str]]) -> str:
+    """Everything a build's output depends on: manifest bytes and path, each source's (path, sha256) in
+    manifest order, the perturbation feature table's bytes, and the code (`code_digest`)."""
+    features = manifest.fields.perturbation_features
+    doc = {"manifest": [str(manifest.path), manifest.sha256], "sources": [list(s) for s in sources],
+           "features": hashlib.sha256(features.read_bytes()).hexdigest() if features is not None else None,
+           "code": code_digest(), "shardsmith": __version__, "format": fmt.FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def read_record(out: Path) -> dict[str, Any]:
+    """The record of the committed build, or {} when missing, unreadable or not about the current index."""
+    try:
+        saved = json.loads((out / INPUTS_FILE).read_text())
+        if saved.get("index_sha256") == hashlib.sha256(fmt.index_path(out).read_bytes()).hexdigest():
+            return dict(saved)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def unchanged(manifest: Manifest, out: Path, prev: dict[str, Any], saved: Mapping[str, Any]) -> bool:
+    """True when rebuilding would reproduce the committed dataset byte for byte, so there is nothing to do:
+    sizes and mtimes as recorded (so are the sha256s), the same inputs digest, every named file present."""
+    if not saved:
+        return False
+    try:
+        known = {s["path"]: s for s in prev.get("sources", [])}
+        sources = []
+        for spec in manifest.sources:
+            st = spec.path.stat()
+            old = known.get(str(spec.path))
+            if not old or (old.get("size"), old.get("mtime_ns")) != (st.st_size, st.st_mtime_ns):
+                return False
+            sources.append((str(spec.path), str(old["sha256"])))
+        if saved.get("inputs") != inputs_digest(manifest, sources):
+            return False
+        files = [out / fmt.SHARDS_DIR / s["file"] for s in prev.get("shards", [])]
+        return all(p.exists() for p in [*files, out / prev["conditions"]["file"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def known_sources(out: Path, prev: dict[str, Any], saved: Mapping[str, Any]) -> dict[str, tuple[list[ShardPlan],
+                                                                                                 dict[str, int]]]:
+    """Source key -> (that source's shards in the committed index, as stubs; its pairing stats), for the
+    sources whose shard files all exist."""
+    from pipeline.plan import ShardPlan
+
+    by_source: dict[int, list[dict[str, Any]]] = {}
+    for s in prev.get("shards", []):
+        by_source.setdefault(int(s["source"]), []).append(s)
+    known = {}
+    try:
+        for key, info in dict(saved.get("sources", {})).items():
+            entries = by_source.get(int(info["ordinal"]), [])
+            if entries and all((out / fmt.SHARDS_DIR / e["file"]).exists() for e in entries):
+                stubs = [ShardPlan(e["split"], int(e["source"]), int(e["file"].split("-")[2]), np.zeros(0, np.int64),
+                                   {}, e["plan_key"]) for e in entries]
+                known[key] = (stubs, {k: int(v) for k, v in info["stats"].items()})
+    except (KeyError, TypeError, ValueError, IndexError):
+        return {}
+    return known
+
+
+def save_inputs(out: Path, manifest: Manifest, scanned: Sequence[ScannedSource], plan: Plan) -> None:
+    """After a commit: remember what produced it (a cache: written atomically, never required)."""
+    digest = inputs_digest(manifest, [(str(s.spec.path), s.fingerprint.sha256) for s in scanned])
+    doc = {"index_sha256": hashlib.sha256(fmt.index_path(out).read_bytes()).hexdigest(), "inputs": digest,
+           "sources": {k: {"ordinal": i, "stats": st} for i, (k, st) in
+                       enumerate(zip(plan.source_keys, plan.source_stats, strict=True))}}
+    tmp = out / f".tmp-{INPUTS_FILE}-{os.getpid()}"
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, out / INPUTS_FILE)
+
+

@@ -1,0 +1,220 @@
+"""A shard's rows between the read of its source and its pack, and their way back in planned order.
+
+The read delivers a shard's rows in pieces (one per source block), each sorted by planned position; the
+pieces live in memory (small sources) or in append-only spill files. `ShardRows` presents them as the
+shard's columns in planned order without ever assembling a whole shard: a chunk of final rows is fetched
+from every piece (a contiguous range in each, because pieces are sorted) and put in order with one small
+row gather. Pack memory is then a few chunks, not two copies of the shard.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+ENTRY_ARRAYS = {"data": np.dtype(np.float32), "indices": np.dtype(np.int32)}  # one value per stored entry
+ROW_ARRAYS = {"lengths": np.dtype(np.int64), "pos": np.dtype(np.int64)}  # one value per row
+OBSM = "obsm~"  # obsm~<key>: float32 rows of an embedding
+RANGE = "irange"  # int64 (min, max) of each delivered piece's column indices, for the format's range check
+
+
+@dataclass
+class Piece:
+    """Rows sorted by planned position; `read(name, start, stop, out)` copies entries [start, stop) of an
+    entry array, or rows [start, stop) of an obsm array, into `out`."""
+
+    pos: np.ndarray
+    lengths: np.ndarray
+    read: Callable[[str, int, int, np.ndarray], None]
+
+    def __post_init__(self) -> None:
+        self.starts = np.zeros(self.pos.size + 1, np.int64)
+        np.cumsum(self.lengths, out=self.starts[1:])
+
+    def fetch(self, name: str, a: int, b: int, shape: tuple[int, ...] = ()) -> np.ndarray:
+        out = np.empty((b - a, *shape), ENTRY_ARRAYS.get(name, np.dtype(np.float32)))
+        self.read(name, a, b, out)
+        return out
+
+
+def memory_piece(arrays: Mapping[str, np.ndarray]) -> Piece:
+    def read(name: str, a: int, b: int, out: np.ndarray) -> None:
+        out[...] = arrays[name][a:b]
+    return Piece(arrays["pos"], arrays["lengths"], read)
+
+
+def file_pieces(files: Mapping[str, Path], obsm_shapes: Mapping[str, tuple[int, ...]]) -> list[Piece]:
+    """The sorted runs of one spill file set (a run ends where the planned position drops)."""
+    pos = np.fromfile(files["pos"], np.int64)
+    lengths = np.fromfile(files["lengths"], np.int64)
+    if lengths.size != pos.size:
+        raise RuntimeError(f"spill files of {files['pos'].parent} disagree on the number of rows")
+    entry0 = np.zeros(pos.size + 1, np.int64)
+    np.cumsum(lengths, out=entry0[1:])
+    widths = {f"{OBSM}{k}": int(np.prod(s, dtype=np.int64)) for k, s in obsm_shapes.items()}
+
+    def reader(row0: int) -> Callable[[str, int, int, np.ndarray], None]:
+        def read(name: str, a: int, b: int, out: np.ndarray) -> None:
+            first = entry0[row0] + a if name in ENTRY_ARRAYS else (row0 + a) * widths[name]
+            with open(files[name], "rb") as fh:  # preadv into the caller's buffer: no fresh pages per chunk
+                got = os.preadv(fh.fileno(), [memoryview(out).cast("B")], int(first) * out.itemsize)
+            if got != out.nbytes:
+                raise RuntimeError(f"spill file {files[name]} is shorter than its rows say")
+        return read
+
+    cuts = np.r_[0, np.flatnonzero(np.diff(pos) < 0) + 1, pos.size]
+    return [Piece(pos[a:b], lengths[a:b], reader(int(a))) for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+            if b > a]
+
+
+class Scratch:
+    """Buffers reused from chunk to chunk: on this kind of VM a fresh page costs about as much as copying it,
+    and a shard's chunks would otherwise fault in ~4x their size in new pages each."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, dtype: np.dtype, n: int) -> np.ndarray:
+        buf = self.buffers.get(name)
+        if buf is None or buf.size < n or buf.dtype != dtype:
+            buf = self.buffers[name] = np.empty(max(n, int(1.25 * (buf.size if buf is not None else 0))), dtype)
+        return buf[:n]
+
+
+def gather_rows(ptr: np.ndarray, indices: np.ndarray, data: np.ndarray, order: np.ndarray,
+                out_indices: np.ndarray, out_data: np.ndarray) -> None:
+    """Rows `order` of the CSR (ptr, indices, data), concatenated into the given buffers."""
+    try:
+        from scipy.sparse._sparsetools import csr_row_index  # writes into our buffers: no allocation
+    except ImportError:  # pragma: no cover - private scipy API moved: the public (allocating) way
+        n_cols = int(indices.max(initial=0)) + 1
+        mat = sp.csr_matrix((data, indices, ptr), shape=(ptr.size - 1, n_cols))[order]
+        out_indices[...], out_data[...] = mat.indices, mat.data
+        return
+    csr_row_index(order.size, order.astype(np.int32, copy=False), ptr.astype(np.int32, copy=False), indices, data,
+                  out_indices, out_data)
+
+
+class ShardRows:
+    """The matrix (and obsm) rows of one shard in planned order, fetched one range of rows at a time."""
+
+    def __init__(self, pieces: list[Piece], n: int, n_cols: int, obsm_shapes: Mapping[str, tuple[int, ...]],
+                 name: str, index_ranges: np.ndarray | None = None) -> None:
+        self.pieces, self.n, self.n_cols, self.obsm_shapes, self.name = pieces, n, n_cols, obsm_shapes, name
+        # (min, max) pairs of the column indices, measured as the rows went by (saves a pass over them)
+        self.index_ranges = None if index_ranges is None else np.asarray(index_ranges, np.int64).reshape(-1, 2)
+        pos = np.concatenate([p.pos for p in pieces]) if pieces else np.zeros(0, np.int64)
+        seen = np.zeros(n, bool)
+        if pos.size != n or (n and (pos.min() < 0 or pos.max() >= n)):
+            raise RuntimeError(f"{name}: {pos.size} rows arrived, the plan has {n}")
+        seen[pos] = True
+        if not seen.all():
+            raise RuntimeError(f"{name}: rows arrived twice or not at all")
+        lengths = np.zeros(n, np.int64)
+        lengths[pos] = np.concatenate([p.lengths for p in pieces]) if pieces else 0
+        self.indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(lengths, out=self.indptr[1:])
+        self._cached: tuple[tuple[int, int, bool], dict[str, np.ndarray]] | None = None
+        self.scratch = Scratch()  # the entry arrays of one chunk, staged and gathered; reused for the next
+
+    def rows(self, r0: int, r1: int, entries: bool) -> dict[str, np.ndarray]:
+        """Final rows [r0, r1): their entry arrays (`entries`) or their obsm rows. The last result is kept,
+        so the data and the indices chunk of one range cost one fetch and one gather. Entry arrays live in
+        reused scratch buffers: valid until the next call."""
+        key = (r0, r1, entries)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        self._cached = None  # drop views of the scratch buffers, so that growing them frees the old ones
+        ranges = [(p, *np.searchsorted(p.pos, [r0, r1])) for p in self.pieces]
+        ranges = [(p, int(a), int(b)) for p, a, b in ranges if b > a]
+        if not ranges:  # no rows in range
+            names = list(ENTRY_ARRAYS) if entries else [f"{OBSM}{k}" for k in self.obsm_shapes]
+            return {name: np.zeros((0, *self.obsm_shapes.get(name[len(OBSM):], ())), ENTRY_ARRAYS.get(name, np.float32))
+                    for name in names}
+        pos = np.concatenate([p.pos[a:b] for p, a, b in ranges])
+        order = np.empty(r1 - r0, np.int64)
+        order[pos - r0] = np.arange(r1 - r0)
+        if entries:
+            lengths = np.concatenate([p.lengths[a:b] for p, a, b in ranges])
+            ptr = np.zeros(r1 - r0 + 1, np.int64)
+            np.cumsum(lengths, out=ptr[1:])
+            stage = {name: self.scratch.get(f"stage-{name}", dt, int(ptr[-1])) for name, dt in ENTRY_ARRAYS.items()}
+            at = 0
+            for p, a, b in ranges:
+                lo, hi = int(p.starts[a]), int(p.starts[b])
+                for name in ENTRY_ARRAYS:
+                    p.read(name, lo, hi, stage[name][at:at + hi - lo])
+                at += hi - lo
+            out = {name: self.scratch.get(f"out-{name}", dt, int(ptr[-1])) for name, dt in ENTRY_ARRAYS.items()}
+            gather_rows(ptr, stage["indices"], stage["data"], order, out["indices"], out["data"])
+        else:
+            out = {}
+            for k, shape in self.obsm_shapes.items():
+                stage_k = np.concatenate([p.fetch(f"{OBSM}{k}", a, b, shape) for p, a, b in ranges])
+                out[f"{OBSM}{k}"] = stage_k[order]
+        self._cached = (key, out)
+        return out
+
+    def entries(self, name: str, e0: int, e1: int) -> np.ndarray:
+        """Entries [e0, e1) of the shard's entry array `name`: the rows overlapping them, then a slice."""
+        r0 = max(0, int(np.searchsorted(self.indptr, e0, "right")) - 1)
+        r1 = max(r0, int(np.searchsorted(self.indptr, e1, "left")))
+        off = int(self.indptr[r0])
+        return self.rows(r0, r1, True)[name][e0 - off:e1 - off]
+
+    def extreme(self, name: str, fn: Callable[[np.ndarray], np.generic]) -> int | float:
+        """min or max of an entry array (of the indices, from the ranges measured on delivery if known;
+        otherwise straight from the pieces: order does not matter)."""
+        if name == "indices" and self.index_ranges is not None:
+            col = self.index_ranges[:, 0 if fn is np.min else 1]
+            return int(fn(col)) if col.size else 0
+        vals = [fn(p.fetch(name, 0, int(p.starts[-1]))) for p in self.pieces if p.starts[-1]]
+        return fn(np.asarray(vals)) if vals else 0
+
+    def columns(self) -> dict[str, LazyColumn | np.ndarray]:
+        """The shard's matrix and obsm columns under their format keys (X/indptr is a plain array)."""
+        from loaders import format as fmt
+
+        nnz = int(self.indptr[-1])
+        out: dict[str, LazyColumn | np.ndarray] = {f"{fmt.X}/indptr": self.indptr}
+        for name in ENTRY_ARRAYS:
+            out[f"{fmt.X}/{name}"] = LazyColumn(self, name, (nnz,), ENTRY_ARRAYS[name])
+        for k, shape in self.obsm_shapes.items():
+            out[f"{fmt.OBSM_PREFIX}{k}"] = LazyColumn(self, f"{OBSM}{k}", (self.n, *shape), np.dtype(np.float32))
+        return out
+
+
+class LazyColumn:
+    """An array-like column of a ShardRows: shape, dtype and slices along the first axis, min/max; a full
+    np.asarray() works too (writers that need whole arrays)."""
+
+    def __init__(self, rows: ShardRows, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.rows, self.name, self.shape, self.dtype = rows, name, shape, dtype
+        self.ndim, self.size = len(shape), int(np.prod(shape, dtype=np.int64))
+        self.nbytes = self.size * dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        start, stop, step = key.indices(self.shape[0])
+        if step != 1:
+            raise IndexError("LazyColumn supports contiguous slices only")
+        stop = max(start, stop)
+        if self.name in ENTRY_ARRAYS:
+            return self.rows.entries(self.name, start, stop)
+        return self.rows.rows(start, stop, False)[self.name]
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        return np.array(self[0:self.shape[0]], dtype=dtype)  # a copy: slices are views of reused buffers
+
+    def min(self) -> int | float:
+        return self.rows.extreme(self.name, np.min)
+
+    def max(self) -> int | float:
+        return self.rows.extreme(self.name, np.max)
