@@ -18,14 +18,6 @@ import h5py
 import numpy as np
 
 from pipeline.sources.base import Categorical
-
-
-def read_elem(elem: object) -> object:
-    """anndata's element reader, imported on first use: anndata (with pandas) costs ~0.8 s to import, which
-    a no-change rebuild should not pay."""
-    from anndata.io import read_elem as _read_elem
-
-    return _read_elem(elem)
 from pipeline.sources.h5csr import (
     H5Source,
     attr_str,
@@ -35,6 +27,14 @@ from pipeline.sources.h5csr import (
     to_categorical,
 )
 
+
+
+def read_elem(elem: object) -> object:
+    """anndata's element reader, imported on first use: anndata (with pandas) costs ~0.8 s to import, which
+    a no-change rebuild should not pay."""
+    from anndata.io import read_elem as _read_elem
+
+    return _read_elem(elem)
 
 class H5adSource(H5Source):
     kind: ClassVar[str] = "h5ad"
