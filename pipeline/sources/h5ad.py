@@ -28,7 +28,6 @@ from pipeline.sources.h5csr import (
 )
 
 
-
 def read_elem(elem: object) -> object:
     """anndata's element reader, imported on first use: anndata (with pandas) costs ~0.8 s to import, which
     a no-change rebuild should not pay."""
