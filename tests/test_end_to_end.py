@@ -58,3 +58,20 @@ def test_pairs_and_sentences_carry_matching_rows(dataset: tuple[Path, np.ndarray
         assert batch["x_pert"].shape[1:] == (4, GENES)
         np.testing.assert_array_equal(batch["x_pert"].numpy(), dense[batch["pert_id"].numpy()])
         np.testing.assert_array_equal(batch["x_ctrl"].numpy(), dense[batch["ctrl_id"].numpy()])
+
+
+@pytest.mark.parametrize("manifest", ["demo.toml", "demo_state.toml"])
+def test_shipped_demo_manifests_build_and_verify(tmp_path: Path, manifest: str) -> None:
+    import shutil
+
+    from pipeline.demo import write_demo
+    from pipeline.verify import verify
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "data_manifests").mkdir()
+    shutil.copy(repo / "data_manifests" / manifest, tmp_path / "data_manifests" / manifest)
+    write_demo(tmp_path / "data" / "demo")
+    res = build(tmp_path / "data_manifests" / manifest, tmp_path / "out", jobs=2, progress=False)
+    assert res.index["shards"] and verify(tmp_path / "out") == []
+    ds = ShardDataset(tmp_path / "out", split="train", sample="pairs", batch_size=64)
+    assert sum(b["x_pert"].shape[0] for b in ShardLoader(ds)) == ds.n_units > 0
