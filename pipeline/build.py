@@ -147,8 +147,7 @@ def collect_garbage(out: Path, keep: Iterable[str]) -> int:
     removed = 0
     candidates = list((out / fmt.SHARDS_DIR).iterdir()) + list(out.glob("conditions-*"))
     for p in candidates:
-        name = p.name if p.parent.name != fmt.SHARDS_DIR else p.name
-        if name in keep:
+        if p.name in keep:
             continue
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         removed += 1

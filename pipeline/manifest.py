@@ -11,6 +11,7 @@ from typing import Any
 import tomllib
 
 from pipeline.errors import ManifestError
+from pipeline.writers.base import CODECS
 
 KINDS = ("perturbation",)
 FORMATS = ("zarr", "tar")
@@ -198,7 +199,7 @@ def load_manifest(path: str | Path) -> Manifest:
         format=ds.get("format", str, "zarr", FORMATS),
         seed=ds.get("seed", int, 0),
         shard_size_mb=shard_mb,
-        codec=ds.get("codec", str, "blosc-lz4", ("blosc-lz4", "blosc-zstd", "zstd", "none")),
+        codec=ds.get("codec", str, "blosc-lz4", CODECS),
         codec_level=ds.get("codec_level", int, 5),
         block_rows=block_rows,
         sources=sources,
