@@ -32,7 +32,7 @@ def plot_loader(res: dict[str, Any], path: Path) -> Path | None:
     ax.barh([r["method"] for r in rows], [r["cells_per_s"] for r in rows], color=colors)
     ax.set_xscale("log")
     ax.set_xlim(right=max(r["cells_per_s"] for r in rows) * 3)
-    ax.set_xlabel("cells/s delivered as dense float32 (log scale; steady state, median of repeats)")
+    ax.set_xlabel("cells/s delivered as dense float32 (log scale; epoch boundaries included, median of repeats)")
     ds = res["datasets"]["main"]
     ax.set_title(f"Random batches, {ds['n_cells']:,} cells x {ds['n_genes']:,} genes (blue: shardsmith loader)")
     for i, r in enumerate(rows):
@@ -174,11 +174,11 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
           f"Random batches of {cfg['batch_size']} cells (sentences: {cfg['sentence_batch']} sentence(s) of "
           f"{cfg['sentence_size']} perturbed + {cfg['sentence_size']} control cells per batch; pairs: "
           f"{cfg['batch_size']} pairs = {2 * cfg['batch_size']} cells), dense float32 at the end. cells/s counts "
-          "every expression row delivered (pairs and sentences deliver control and perturbed rows). Steady state: "
+          "every expression row delivered (pairs and sentences deliver control and perturbed rows). Measured: "
           f"time to first batch, then {cfg['warmup']} warm-up batches, then {cfg['seconds']}s of batches; median "
           f"of {cfg['repeats']} repeats. Epochs follow each other, each a fresh permutation (`set_epoch(e)`; the "
-          "note says whether every epoch's first batch differed); the start-up of a new epoch is left out of the "
-          "steady state (it is what 'first batch' measures). Page cache warm: every file was read once before "
+          "note says whether every epoch's first batch differed); the measured seconds span epoch boundaries, so "
+          "each new epoch's start-up (reshuffle, first window decode) is paid inside them, as in training. Page cache warm: every file was read once before "
           "measuring, caches were not dropped. Peak RSS is the sum over the main process and its DataLoader "
           "workers, sampled every 50 ms (the process list every 250 ms); pages shared between processes (torch "
           "libraries, forked memory) count once per process, so num_workers=2 figures overstate real use. torch "

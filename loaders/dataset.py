@@ -5,20 +5,21 @@ for 256 rows at once with a few vectorised numpy calls avoids per-sample ``__get
 whose Python overhead alone exceeds the whole vectorised gather.
 
 Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards are
-decoded once, straight into an :class:`~loaders.collate.Arena` (cells mode then permutes it into the
-epoch's order), and it serves every batch that falls in it; the next window a worker will touch is
-decoded in a background thread meanwhile (blosc and numpy release the GIL), so decoding overlaps
-batch assembly even with ``num_workers=0``. Windows a worker has moved past are recycled through a
-per-process buffer pool, so memory is bounded by ~3 windows per worker and does not grow across epochs.
+decoded once, straight into an :class:`~loaders.collate.Arena` (one CSR matrix), and it serves every
+batch that falls in it; the next window a worker will touch is decoded in a background thread meanwhile
+(blosc, numpy and scipy release the GIL), so decoding overlaps batch assembly even with ``num_workers=0``.
+At an epoch's last window, the next epoch's first one is decoded ahead the same way (in the main process
+and in persistent workers), so an epoch boundary does not stall the GPU on a whole window's decode.
+Windows a worker has moved past are recycled through a per-process buffer pool, so memory is bounded by
+~3 windows per worker and does not grow across epochs.
 
 The order (which units, which batch, which worker) is entirely :mod:`loaders.order`.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
-from collections import deque
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -46,11 +47,10 @@ from loaders.format import (
     read_index,
     validate_columns,
 )
+from loaders.schedule import Segment, WindowSchedule, batch_segments
 from loaders.shardio import Column, open_shard, read_shard
 
 SAMPLES = ("cells", "pairs", "sentences")
-Segment = tuple[int, int, int]  # (window, first position in it, end position)
-MAX_LOOKAHEAD = 4096  # batches planned ahead while looking for the next window to decode
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -120,6 +120,9 @@ class ShardDataset(IterableDataset):
         self.conditions_path = str(self.root / cond["file"]) if cond and cond.get("file") else None
         self._vectors: np.ndarray | None = None
         self._pool: BufferPool | None = None
+        self._threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = None  # (pid, ...)
+        self._ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, window), its decode)
+        self._ahead_lock = threading.Lock()
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
 
@@ -159,7 +162,12 @@ class ShardDataset(IterableDataset):
         state = self.__dict__.copy()
         state["_vectors"] = None  # reloaded lazily in each process; never shipped to workers
         state["_pool"] = None  # buffers belong to one process
+        state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ahead_lock = threading.Lock()
 
     def buffers(self) -> BufferPool:
         """This process's recycled window buffers (kept across epochs; bounded by BufferPool.keep)."""
@@ -184,8 +192,7 @@ class ShardDataset(IterableDataset):
         """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name the shard.
 
         Two passes: the shards' metadata (sizes), then every shard decoded straight into its slice of the
-        arena's buffers: no concatenation, no re-encoding. Cells mode then permutes the window into the
-        epoch's order (here, off the training thread), so that a batch is a contiguous slice of it."""
+        arena's buffers: no concatenation, no re-encoding; the window's X is then one CSR matrix."""
         shards = order.window_shards(shard_order, self.window, w).tolist()
 
         def run(fn: Any, items: list[Any]) -> list[Any]:
@@ -193,20 +200,18 @@ class ShardDataset(IterableDataset):
 
         metas: list[dict[str, Column]] = run(lambda s: open_shard(self.paths[s], self.encoding, self.keys), shards)
         rows = [max(0, m[INDPTR].shape[0] - 1) for m in metas]
-        caps = [max(m[INDICES].capacity, m[DATA].capacity) for m in metas]
+        nnz = [m[INDICES].capacity for m in metas]
         other = {k: (np.dtype(self.schema[k].dtype), self.schema[k].shape) for k in self.other_keys}
         buffers = self.buffers()
-        arena = Arena.allocate(shards, rows, caps, self.int_keys, other, np.dtype(self.schema[X].dtype), buffers)
+        arena = Arena.allocate(shards, rows, nnz, self.int_keys, other, np.dtype(self.schema[X].dtype), self.n_cols,
+                               buffers)
         # on an error the buffers are not recycled: other shards of the window may still be decoding into them
         units = run(lambda i: self.fill_shard(arena, i, metas[i]), list(range(len(shards))))
         width = self.width or 2 * next((m[SENTENCES_PERT].shape[1] for m in metas), 0)
         arena.set_units(units, width)
         arena.set_order(*order.window_units(self.counts, self.seed, epoch, self.window, w, self.shuffle))
-        if self.sample != "cells":
-            return arena
-        permuted = arena.permute(buffers, run)
-        arena.release(buffers)
-        return permuted
+        arena.seal()
+        return arena
 
     def fill_shard(self, arena: Arena, i: int, columns: dict[str, Column]) -> np.ndarray:
         """Decode shard ``i`` of ``arena`` into its slices, check it, return its units (local rows)."""
@@ -247,117 +252,114 @@ class ShardDataset(IterableDataset):
         batches = order.worker_batches(self.num_batches(), worker, n_workers, start)
         if len(batches):
             self.vectors()
-            yield from self._serve(epoch, batches)
+            yield from self._serve(epoch, batches, worker, n_workers)
 
-    def _serve(self, epoch: int, batches: range) -> Iterator[dict[str, torch.Tensor]]:
+    def _serve(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, torch.Tensor]]:
         """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take/ufuncs and torch's scatter
         release the GIL, so with ``num_workers=0`` the training thread only waits on a queue."""
         if self.batches_ahead == 0:
-            return self._produce(epoch, batches)
-        return prefetch(lambda: self._produce(epoch, batches), self.batches_ahead, "shard-assemble")
+            return self._produce(epoch, batches, worker, n_workers)
+        return prefetch(lambda: self._produce(epoch, batches, worker, n_workers), self.batches_ahead,
+                        "shard-assemble")
 
-    def _produce(self, epoch: int, batches: range) -> Iterator[dict[str, Any]]:
+    def _executors(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None]:
+        """This process's (window, shard) decode threads; they outlive an epoch so that the next epoch's
+        first window can be decoded while this epoch's last one is served."""
+        if self._threads is None or self._threads[0] != os.getpid():
+            window = ThreadPoolExecutor(1, thread_name_prefix="shard-window") if self.decode_ahead else None
+            shard = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode") \
+                if self.decode_threads > 1 and self.window > 1 else None
+            self._threads, self._ahead, self._ahead_lock = (os.getpid(), window, shard), None, threading.Lock()
+        return self._threads[1], self._threads[2]
+
+    def _release(self, fut: Future[Arena]) -> None:
+        """Recycle a window's buffers once nothing decodes into them (a running decode is left to finish)."""
+        if not fut.cancel():
+            fut.add_done_callback(lambda f: f.result().release(self.buffers())
+                                  if not f.cancelled() and f.exception() is None else None)
+
+    def _speculate(self, epoch: int, worker: int, n_workers: int) -> None:
+        """Start decoding ``epoch``'s first window of this worker (the usual next epoch) in the background.
+        Only where the process lives on (the main process, persistent workers); a mismatch is just dropped."""
+        window_pool, shard_pool = self._executors()
+        if window_pool is None or (get_worker_info() is not None and self._shared is None):
+            return
+        first = order.worker_batches(self.num_batches(), worker, n_workers, 0)
+        if not len(first):
+            return
+        shard_order, wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)
+        w = batch_segments(wstarts.tolist(), self.units_per_rank(), self.rank, self.batch_size, first[0])[1][0]
+        with self._ahead_lock:
+            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, shard_order, w,
+                                                                            shard_pool))
+        if old is not None:
+            self._release(old[1])
+
+    def _adopt(self, epoch: int) -> dict[int, Future[Arena]]:
+        """The speculative decode of ``epoch``'s first window, if one was started (else it is dropped)."""
+        with self._ahead_lock:
+            ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return {}
+        if ahead[0][0] == epoch:
+            return {ahead[0][1]: ahead[1]}
+        self._release(ahead[1])
+        return {}
+
+    def _produce(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, Any]]:
         shard_order, wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)
         finish = to_shared if get_worker_info() is not None else to_tensors
-        bounds, total, per_rank = wstarts.tolist(), self.n_units, self.units_per_rank()
-        Plan = tuple[list[Segment], list[int]]  # (segments, windows in order of first use)
-
-        def plan(j: int) -> Plan:
-            """Batch j's global positions (``order.batch_positions``) as runs inside one window each:
-            ``(k + rank * n) % N`` for rank positions k is contiguous but for the wrap (pad) and window ends."""
-            lo = j * self.batch_size
-            left, g = min(lo + self.batch_size, per_rank) - lo, (lo + self.rank * per_rank) % max(total, 1)
-            segments: list[Segment] = []
-            while left > 0:
-                w = bisect.bisect_right(bounds, g) - 1
-                take = min(left, bounds[w + 1] - g)
-                segments.append((w, g - bounds[w], g - bounds[w] + take))
-                left, g = left - take, (g + take) % total
-            return segments, list(dict.fromkeys(w for w, _, _ in segments))
-
-        pool = ThreadPoolExecutor(1, thread_name_prefix="shard-window") if self.decode_ahead else None
-        shard_pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode") \
-            if self.decode_threads > 1 and self.window > 1 else None
-        loaded: dict[int, Future[Arena]] = {}
+        bounds, per_rank = wstarts.tolist(), self.units_per_rank()
+        window_pool, shard_pool = self._executors()
+        loaded = self._adopt(epoch)
+        schedule = WindowSchedule(batch_segments(bounds, per_rank, self.rank, self.batch_size, j) for j in batches)
+        speculated = False
 
         def request(w: int) -> None:
             if w not in loaded:
-                if pool is None:
+                if window_pool is None:
                     loaded[w] = Future()
                     loaded[w].set_result(self.read_window(epoch, shard_order, w, shard_pool))
                 else:
-                    loaded[w] = pool.submit(self.read_window, epoch, shard_order, w, shard_pool)
-
-        def release(fut: Future[Arena]) -> None:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                fut.result().release(self.buffers())
-
-        plans = (plan(j) for j in batches)
-        pending: deque[Plan] = deque()
-        upcoming: deque[int] = deque()  # windows in order of first use, not yet requested
-        seen: set[int] = set()
-        exhausted = False
-
-        def look_ahead() -> None:
-            nonlocal exhausted
-            while not exhausted and (not pending or not upcoming) and len(pending) < MAX_LOOKAHEAD:
-                p = next(plans, None)
-                if p is None:
-                    exhausted = True
-                    break
-                pending.append(p)
-                for w in p[1]:
-                    if w not in seen:
-                        seen.add(w)
-                        upcoming.append(w)
+                    loaded[w] = window_pool.submit(self.read_window, epoch, shard_order, w, shard_pool)
 
         try:
-            while True:
-                look_ahead()
-                if not pending:
-                    return
-                segments, wins = pending.popleft()
+            while (plan := schedule.next_plan()) is not None:
+                segments, wins = plan
                 for w in wins:
                     request(w)
-                while upcoming and upcoming[0] in wins:  # in use now (not merely loaded: a prefetch must be kept)
-                    upcoming.popleft()
-                look_ahead()
-                keep = set(wins)
-                if upcoming and pool is not None:
-                    request(upcoming[0])  # the next window this worker will touch: decode it meanwhile
-                    keep.add(upcoming[0])
+                keep, upcoming = set(wins), schedule.next_window
+                if upcoming is not None and window_pool is not None:
+                    request(upcoming)  # the next window this worker will touch: decode it meanwhile
+                    keep.add(upcoming)
+                elif upcoming is None and not speculated:  # serving the last window: the next epoch's first
+                    self._speculate(epoch + 1, worker, n_workers)
+                    speculated = True
                 for w in [w for w in loaded if w not in keep]:
-                    release(loaded.pop(w))  # windows behind us: recycle their memory
+                    self._release(loaded.pop(w))  # windows behind us: recycle their memory
                 arenas = {w: loaded[w].result() for w in wins}
                 yield finish(self.make_batch(arenas, segments), self.output)
         finally:
             for fut in loaded.values():
-                release(fut)
+                self._release(fut)
             loaded.clear()
-            for p in (pool, shard_pool):
-                if p is not None:
-                    p.shutdown(wait=False, cancel_futures=True)
 
     def make_batch(self, arenas: dict[int, Arena], segments: list[Segment]) -> Payload:
         """The batch of the units at positions ``[lo, hi)`` of windows ``w`` for each ``(w, lo, hi)`` in
         ``segments`` (in batch order), whose arenas are ``arenas``."""
         keys = sorted(arenas)
         arena_list = [arenas[w] for w in keys]
-        w0, lo0, hi0 = segments[0]
-        if len(segments) == 1 and arenas[w0].permuted:  # cells, the common case: a slice, no gather
-            urows: np.ndarray | None = None
-            b, group = hi0 - lo0, None
-        else:  # a loop over (at most a few) segments, never over units
-            parts = [np.arange(lo, hi)[:, None] if arenas[w].permuted else np.take(arenas[w].units,
-                     arenas[w].order[lo:hi], axis=0) for w, lo, hi in segments]
-            urows = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            group = np.repeat([keys.index(w) for w, _, _ in segments], [hi - lo for _, lo, hi in segments])
-            b = urows.shape[0]
+        # a loop over (at most a few) segments, never over units
+        parts = [np.take(arenas[w].units, arenas[w].order[lo:hi], axis=0) for w, lo, hi in segments]
+        urows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        group = None if len(arena_list) == 1 else \
+            np.repeat([keys.index(w) for w, _, _ in segments], [hi - lo for _, lo, hi in segments])
+        b = urows.shape[0]
         g, p = self.n_cols, Payload()
-        grp = None if group is None or len(arena_list) == 1 else group[:, None]
+        grp = None if group is None else group[:, None]
 
         def x(key: str, rows: Rows, shape: tuple[int, ...]) -> None:
-            p.xs[key] = rows.blocks(shape)
+            p.xs[key] = rows.gather(shape)
 
         def meta(rows: Rows) -> None:
             ints = rows.take_ints()  # [1 + n_obs, b]: cond_id then the obs codes
@@ -368,14 +370,13 @@ class ShardDataset(IterableDataset):
                 p.arrays[f] = ints[i]
 
         if self.sample == "cells":
-            rows = Rows(arena_list, grp, slice(lo0, hi0) if urows is None else urows[:, :1])
+            rows = Rows(arena_list, grp, urows[:, :1])
             x("X", rows, (b, g))
             p.arrays["sample_id"] = rows.take(SAMPLE_ID)
             meta(rows)
             for k in self.obsm_keys:
                 p.arrays[k] = rows.take(k)
         elif self.sample == "pairs":
-            assert urows is not None  # pairs and sentences arenas are never permuted
             ctrl, pert = Rows(arena_list, grp, urows[:, :1]), Rows(arena_list, grp, urows[:, 1:2])
             x("x_ctrl", ctrl, (b, g))
             x("x_pert", pert, (b, g))
@@ -385,7 +386,6 @@ class ShardDataset(IterableDataset):
             for k in self.obsm_keys:
                 p.arrays[k] = pert.take(k)
         else:
-            assert urows is not None
             length = urows.shape[1] // 2
             pert, ctrl = Rows(arena_list, grp, urows[:, :length]), Rows(arena_list, grp, urows[:, length:])
             x("x_pert", pert, (b, length, g))

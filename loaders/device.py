@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
-from loaders.collate import LAYOUT, PACKED, PARTS, arange, sparse
+from loaders.collate import LAYOUT, PACKED, PARTS, Gathered, sparse
 
 Batch = dict[str, Any]
 T = TypeVar("T")
@@ -83,13 +84,8 @@ def prefetch(make: Callable[[], Iterator[T]], depth: int, name: str) -> Iterator
 
 def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """Dense float32 ``shape`` (rows flattened over leading dims) from shipped CSR parts, on the CPU."""
-    n_cols, m = int(shape[-1]), crow.size - 1
-    flat = np.repeat(arange(m) * n_cols, np.diff(crow))
-    flat += cols
-    out = np.zeros(m * n_cols, np.float32)
-    values = vals.astype(np.float32, copy=False)
-    torch.from_numpy(out).scatter_(0, torch.from_numpy(flat), torch.from_numpy(values))
-    return out.reshape(shape)
+    x = sp.csr_matrix((vals, cols, crow), shape=(crow.size - 1, int(shape[-1])), copy=False)
+    return Gathered(x, tuple(int(s) for s in shape)).dense()
 
 
 def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:

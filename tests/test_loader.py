@@ -277,14 +277,15 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
     rows, cols = np.nonzero(dense)
     indptr = np.zeros(m + 1, np.int64)
     np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    # two "shards" (the same rows), the second at an unaligned offset, gathered in a shuffled order
-    arena = Arena.allocate([0, 1], [m, m], [rows.size + 5, rows.size], [], {}, np.dtype(np.float32), BufferPool())
+    # two "shards" (the same rows), back to back, gathered in a shuffled order
+    arena = Arena.allocate([0, 1], [m, m], [rows.size, rows.size], [], {}, np.dtype(np.float32), g, BufferPool())
     for i, off in enumerate(arena.nnz_offsets[:2]):
         arena.cols[off:off + rows.size], arena.vals[off:off + rows.size] = cols, dense[rows, cols]
         arena.set_rows(i, indptr)
+    arena.seal()
     order = rng.permutation(2 * m)
     payload = Payload(arrays={"sample_id": np.arange(2 * m, dtype=np.int64)},
-                      xs={"X": Rows([arena], None, order).blocks((2 * m, g))})
+                      xs={"X": Rows([arena], None, order).gather((2 * m, g))})
     want = np.concatenate([dense, dense])[order]
     for batch in (to_tensors(payload, output), unpack_batch(to_shared(payload, output))):
         x = assemble(batch, densify_x=output != "sparse")["X"]

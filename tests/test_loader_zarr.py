@@ -9,8 +9,9 @@ import pytest
 import zarr
 
 import pipeline.writers.zarr_writer as zarr_writer
-from loaders import ShardDataset, ShardLoader
+from loaders import ShardDataset, ShardLoader, order
 from loaders.format import FormatError
+from loaders.schedule import batch_segments
 from loaders.shardio import open_shard, open_zarr_columns, read_shard
 from pipeline.writers import Codec, get_writer
 from tests.shard_fixtures import make_dataset
@@ -116,11 +117,34 @@ def test_each_window_is_decoded_once_per_epoch(chunky: tuple[Path, Truth], monke
         return read_window(self, epoch, shard_order, w, pool)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ShardDataset, "read_window", counting)
-    dl = ShardLoader(ShardDataset(chunky[0], batch_size=16, window=2, decode_ahead=decode_ahead))
+    ds = ShardDataset(chunky[0], batch_size=16, window=2, decode_ahead=decode_ahead)
+    dl = ShardLoader(ds)
     for e in (0, 1):
         dl.set_epoch(e)
         assert sum(1 for _ in dl) == len(dl)
-    assert sorted(calls) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]  # 5 shards, windows of 2
+    # 5 shards, windows of 2; with decode-ahead the epoch-1 first window was decoded during epoch 0 (and
+    # adopted, not decoded again), and epoch 2's first window is being decoded now
+    ahead = [(2, batch_segments(order.window_bounds(ds.counts, 0, 2, 2)[1].tolist(), ds.units_per_rank(), 0, 16,
+                                0)[1][0])] if decode_ahead else []
+    assert sorted(calls) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), *ahead]
+
+
+def test_next_epoch_decoded_ahead_is_used_or_dropped(chunky: tuple[Path, Truth]) -> None:
+    """The speculative decode of the next epoch's first window serves that epoch; another epoch drops it
+    (its batches are still exactly right), and the buffers go back to the pool."""
+    root, truth = chunky
+    dl = ShardLoader(ShardDataset(root, batch_size=16, window=2))
+    dl.set_epoch(0)
+    list(dl)
+    assert dl.dataset._ahead is not None and dl.dataset._ahead[0][0] == 1
+    for epoch in (1, 5):  # 1: adopted; 5: the epoch-2 decode is dropped
+        dl.set_epoch(epoch)
+        ids = []
+        for b in dl:
+            check_cells(b, truth)
+            ids.append(b["sample_id"].numpy())
+        assert np.unique(np.concatenate(ids)).size == sum(map(len, ids)) == dl.dataset.n_units
+        assert dl.dataset._ahead is not None and dl.dataset._ahead[0][0] == epoch + 1
 
 
 def test_device_side_densify_matches_host(chunky: tuple[Path, Truth]) -> None:

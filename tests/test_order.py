@@ -152,3 +152,33 @@ def test_bad_arguments() -> None:
         order.num_batches(3, 0, False)
     with pytest.raises(ValueError):
         order.worker_batches(3, 2, 2)
+
+
+@SETTINGS
+@given(counts=counts_st, window=st.integers(1, 4), world=st.integers(1, 4), bs=st.integers(1, 30),
+       pad=st.booleans(), epoch=st.integers(0, 3), data=st.data())
+def test_batch_segments_cover_exactly_the_batch_positions(counts: list[int], window: int, world: int, bs: int,
+                                                          pad: bool, epoch: int, data: st.DataObject) -> None:
+    """The dataset reads batch j as runs inside windows (loaders.schedule): those runs, mapped back to global
+    positions, are batch_positions(j), in order, and each run stays inside its window."""
+    from loaders.schedule import WindowSchedule, batch_segments
+
+    total = int(np.sum(counts))
+    per_rank = order.rank_size(total, world, pad)
+    nb = order.num_batches(per_rank, bs, drop_last=False)
+    if nb == 0:
+        return
+    rank = data.draw(st.integers(0, world - 1))
+    bounds = order.window_bounds(counts, 0, epoch, window)[1].tolist()
+    plans = [batch_segments(bounds, per_rank, rank, bs, j) for j in range(nb)]
+    for j, (segments, wins) in enumerate(plans):
+        got = np.concatenate([np.arange(bounds[w] + lo, bounds[w] + hi) for w, lo, hi in segments])
+        np.testing.assert_array_equal(got, order.batch_positions(total, rank, world, bs, j, pad))
+        assert all(0 <= lo < hi <= bounds[w + 1] - bounds[w] for w, lo, hi in segments)
+        assert wins == list(dict.fromkeys(w for w, _, _ in segments))
+    schedule, seen = WindowSchedule(plans), []
+    while (plan := schedule.next_plan()) is not None:
+        seen.append(plan)
+        later = [w for p in plans[len(seen):] for w in p[1] if w not in {x for q in seen for x in q[1]}]
+        assert schedule.next_window == (later[0] if later else None)
+    assert seen == plans

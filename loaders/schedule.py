@@ -1,0 +1,74 @@
+"""Which window each batch reads, and which window a worker should decode next.
+
+Pure bookkeeping over :mod:`loaders.order` (no I/O, no threads): :func:`batch_segments` turns a batch's
+global positions into runs inside one window each, and :class:`WindowSchedule` walks a worker's batches
+telling the dataset which windows the current batch needs and which one comes next (to decode meanwhile).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+
+Segment = tuple[int, int, int]  # (window, first position in it, end position)
+Plan = tuple[list[Segment], list[int]]  # (segments in batch order, windows in order of first use)
+MAX_LOOKAHEAD = 4096  # batches planned ahead while looking for the next window to decode
+
+
+def batch_segments(bounds: Sequence[int], per_rank: int, rank: int, batch_size: int, j: int) -> Plan:
+    """Batch ``j`` of ``rank`` as runs of window positions (``bounds``: window starts, then the total).
+
+    The batch's global positions (:func:`loaders.order.batch_positions`) are ``(k + rank * per_rank) % N``
+    for rank positions ``k``: contiguous but for the wrap (padding) and window ends, so a batch is one
+    segment in the common case and never more than a few."""
+    total = int(bounds[-1])
+    lo = j * batch_size
+    left, g = min(lo + batch_size, per_rank) - lo, (lo + rank * per_rank) % max(total, 1)
+    segments: list[Segment] = []
+    while left > 0:
+        w = bisect.bisect_right(bounds, g) - 1
+        take = min(left, int(bounds[w + 1]) - g)
+        segments.append((w, g - int(bounds[w]), g - int(bounds[w]) + take))
+        left, g = left - take, (g + take) % total
+    return segments, list(dict.fromkeys(w for w, _, _ in segments))
+
+
+class WindowSchedule:
+    """A worker's batch plans, with the next window it will touch once the current batch's are in use."""
+
+    def __init__(self, plans: Iterable[Plan]) -> None:
+        self._plans: Iterator[Plan] = iter(plans)
+        self._pending: deque[Plan] = deque()
+        self._upcoming: deque[int] = deque()  # windows in order of first use, not yet in use
+        self._seen: set[int] = set()
+        self._exhausted = False
+
+    def _look_ahead(self) -> None:
+        while (not self._exhausted and (not self._pending or not self._upcoming)
+               and len(self._pending) < MAX_LOOKAHEAD):
+            p = next(self._plans, None)
+            if p is None:
+                self._exhausted = True
+                break
+            self._pending.append(p)
+            for w in p[1]:
+                if w not in self._seen:
+                    self._seen.add(w)
+                    self._upcoming.append(w)
+
+    def next_plan(self) -> Plan | None:
+        """The next batch's plan (``None`` at the end); afterwards :attr:`next_window` is the one after it."""
+        self._look_ahead()
+        if not self._pending:
+            return None
+        plan = self._pending.popleft()
+        while self._upcoming and self._upcoming[0] in plan[1]:
+            self._upcoming.popleft()  # in use now (not merely loaded: a prefetch must be kept)
+        self._look_ahead()
+        return plan
+
+    @property
+    def next_window(self) -> int | None:
+        """The first window not used so far; ``None`` when the current batch's windows are the last ones."""
+        return self._upcoming[0] if self._upcoming else None
