@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -270,6 +271,9 @@ class ShardDataset(IterableDataset):
             shard = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode") \
                 if self.decode_threads > 1 and self.window > 1 else None
             self._threads, self._ahead, self._ahead_lock = (os.getpid(), window, shard), None, threading.Lock()
+            for ex in (window, shard):  # idle threads end with the dataset, not only at interpreter exit
+                if ex is not None:
+                    weakref.finalize(self, ex.shutdown, wait=False, cancel_futures=True)
         return self._threads[1], self._threads[2]
 
     def _release(self, fut: Future[Arena]) -> None:
