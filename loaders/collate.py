@@ -255,7 +255,7 @@ def _shared_bytes(n: int) -> torch.Tensor:
 
 
 def to_shared(p: Payload, output: str) -> dict[str, Any]:
-    """Worker transport: one shared buffer + layout; dense X is scattered straight into it."""
+    """Worker transport: one shared buffer + layout; dense X is densified straight into it."""
     layout: list[tuple[str, str, tuple[int, ...], int]] = []
     offset = 0
 

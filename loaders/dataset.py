@@ -256,7 +256,7 @@ class ShardDataset(IterableDataset):
             yield from self._serve(epoch, batches, worker, n_workers)
 
     def _serve(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, torch.Tensor]]:
-        """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take/ufuncs and torch's scatter
+        """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take and scipy's gather and densify
         release the GIL, so with ``num_workers=0`` the training thread only waits on a queue."""
         if self.batches_ahead == 0:
             return self._produce(epoch, batches, worker, n_workers)

@@ -89,7 +89,7 @@ def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: Sequenc
 
 
 def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """Device-side densify: the same scatter as :func:`densify`, with torch index arithmetic."""
+    """Device-side densify (what :func:`densify` does on the CPU): one ``scatter_`` with torch index arithmetic."""
     n_cols, m, dev = int(shape[-1]), crow.numel() - 1, crow.device
     rows = torch.repeat_interleave(torch.arange(m, device=dev, dtype=torch.int64) * n_cols, crow.diff(),
                                    output_size=cols.numel())
