@@ -30,26 +30,14 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders import order
-from loaders.collate import DATA, INDICES, INDPTR, Arena, BufferPool, Payload, Rows, shard_units, to_shared, to_tensors
+from loaders import decoder, order
+from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
+from loaders.decoder import Decoder
 from loaders.device import prefetch
-from loaders.format import (
-    COND_ID,
-    OBS_PREFIX,
-    OBSM_PREFIX,
-    PAIRS,
-    PRIMARY,
-    SAMPLE_ID,
-    SENTENCES_CTRL,
-    SENTENCES_PERT,
-    FormatError,
-    ShardEntry,
-    X,
-    read_index,
-    validate_columns,
-)
+from loaders.format import PAIRS, SAMPLE_ID, SENTENCES_CTRL, SENTENCES_PERT, FormatError, read_index
 from loaders.schedule import Segment, WindowSchedule, batch_segments
-from loaders.shardio import Column, open_shard, read_shard
+from loaders.shardio import read_shard
+from loaders.window import WindowReader
 
 SAMPLES = ("cells", "pairs", "sentences")
 
@@ -73,7 +61,8 @@ class ShardDataset(IterableDataset):
     def __init__(self, root: str | Path, split: str = "train", sample: str = "cells", batch_size: int = 256,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
                  densify: bool = True, rank: int | None = None, world_size: int | None = None,
-                 decode_ahead: bool = True, batches_ahead: int = 2, decode_threads: int | None = None) -> None:
+                 decode_ahead: bool = True, batches_ahead: int = 2, decode_threads: int | None = None,
+                 decode_process: bool | None = None) -> None:
         super().__init__()
         self.root = Path(root)
         index = read_index(self.root)
@@ -100,23 +89,13 @@ class ShardDataset(IterableDataset):
         self.decode_threads = max(1, min(window, cores, 4) if decode_threads is None else int(decode_threads))
         self.output = "dense" if densify else "sparse"  # ShardLoader switches to "parts" to densify on a device
 
+        self.reader = WindowReader.from_spec({"root": str(self.root), "split": split, "sample": sample,
+                                              "window": window, "seed": seed, "shuffle": shuffle})
+        self.decode_process = decoder.AVAILABLE if decode_process is None else bool(decode_process)
         self.encoding = index.encoding
         self.vocabularies = index.vocabularies  # code -> label per obs field (e.g. to size a classifier)
-        self.entries: list[ShardEntry] = index.shards_of(split)
-        self.paths = [str(index.shard_path(e)) for e in self.entries]
-        self.counts = np.array([getattr(e, "primary" if sample == "cells" else sample) for e in self.entries],
-                               dtype=np.int64)
-        self.n_cols = index.field(X).shape[0]
-        names = [f.name for f in index.fields]
-        self.obs_fields = list(index.raw.get("obs_fields") or [n[len(OBS_PREFIX):] for n in names
-                                                                if n.startswith(OBS_PREFIX)])
-        self.obsm_keys = [n for n in names if n.startswith(OBSM_PREFIX)]
-        self.int_keys = [COND_ID] + [OBS_PREFIX + f for f in self.obs_fields]  # one int64 matrix per arena
-        self.other_keys = [SAMPLE_ID, *self.obsm_keys]
-        self.fields = [index.field(n) for n in [X, SAMPLE_ID, PRIMARY, *self.int_keys, *self.obsm_keys]]
-        self.schema = {f.name: f for f in self.fields}
-        self.keys = [k for f in self.fields for k in f.keys()] + needs
-        self.width = {"cells": 1, "pairs": 2}.get(sample, 0)
+        self.entries, self.paths, self.counts = self.reader.entries, self.reader.paths, self.reader.counts
+        self.n_cols, self.obs_fields, self.obsm_keys = self.reader.n_cols, self.reader.obs_fields, self.reader.obsm_keys
         cond = index.conditions
         self.conditions_path = str(self.root / cond["file"]) if cond and cond.get("file") else None
         self._vectors: np.ndarray | None = None
@@ -124,6 +103,7 @@ class ShardDataset(IterableDataset):
         self._threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = None  # (pid, ...)
         self._ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, window), its decode)
         self._ahead_lock = threading.Lock()
+        self._decoder_state: tuple[int, Decoder] | None = None  # (pid, this process's decoder process)
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
 
@@ -164,6 +144,7 @@ class ShardDataset(IterableDataset):
         state["_vectors"] = None  # reloaded lazily in each process; never shipped to workers
         state["_pool"] = None  # buffers belong to one process
         state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
+        state["_decoder_state"] = None  # and the decoder process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -188,62 +169,27 @@ class ShardDataset(IterableDataset):
                 raise FormatError(f"condition table: {e}") from None
         return self._vectors
 
-    def read_window(self, epoch: int, shard_order: np.ndarray, w: int, pool: ThreadPoolExecutor | None = None
-                    ) -> Arena:
-        """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name the shard.
-
-        Two passes: the shards' metadata (sizes), then every shard decoded straight into its slice of the
-        arena's buffers: no concatenation, no re-encoding; the window's X is then one CSR matrix."""
-        shards = order.window_shards(shard_order, self.window, w).tolist()
-
-        def run(fn: Any, items: list[Any]) -> list[Any]:
-            return list(pool.map(fn, items)) if pool is not None and len(items) > 1 else [fn(x) for x in items]
-
-        metas: list[dict[str, Column]] = run(lambda s: open_shard(self.paths[s], self.encoding, self.keys), shards)
-        rows = [max(0, m[INDPTR].shape[0] - 1) for m in metas]
-        nnz = [m[INDICES].capacity for m in metas]
-        other = {k: (np.dtype(self.schema[k].dtype), self.schema[k].shape) for k in self.other_keys}
-        buffers = self.buffers()
-        arena = Arena.allocate(shards, rows, nnz, self.int_keys, other, np.dtype(self.schema[X].dtype), self.n_cols,
-                               buffers)
-        # on an error the buffers are not recycled: other shards of the window may still be decoding into them
-        units = run(lambda i: self.fill_shard(arena, i, metas[i]), list(range(len(shards))))
-        width = self.width or 2 * next((m[SENTENCES_PERT].shape[1] for m in metas), 0)
-        arena.set_units(units, width)
-        arena.set_order(*order.window_units(self.counts, self.seed, epoch, self.window, w, self.shuffle))
+    def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
+        """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:
+        by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
+        decoder = self._decoder()
+        if decoder is not None and decoder.ready():
+            arena = decoder.read_window(epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20))
+        else:
+            arena = self.reader.read_window(epoch, w, self.buffers(), pool)
         arena.seal()
         return arena
 
-    def fill_shard(self, arena: Arena, i: int, columns: dict[str, Column]) -> np.ndarray:
-        """Decode shard ``i`` of ``arena`` into its slices, check it, return its units (local rows)."""
-        r0, r1 = int(arena.row_offsets[i]), int(arena.row_offsets[i + 1])
-        e0, e1 = int(arena.nnz_offsets[i]), int(arena.nnz_offsets[i + 1])
-        cols = {INDICES: columns[INDICES].read_into(arena.cols[e0:e1]),
-                DATA: columns[DATA].read_into(arena.vals[e0:e1])}
-        for k in self.other_keys:
-            cols[k] = columns[k].read_into(arena.columns[k][r0:r1])
-        cols.update({k: c.read() for k, c in columns.items() if k not in cols})
-        self.check_shard(int(arena.shards[i]), cols)
-        for j, k in enumerate(self.int_keys):
-            arena.ints[j, r0:r1] = cols[k]  # int64: what embeddings and losses index with
-        arena.set_rows(i, cols[INDPTR])
-        return shard_units(cols, self.sample)
-
-    def check_shard(self, s: int, cols: dict[str, np.ndarray]) -> None:
-        path, entry = self.paths[s], self.entries[s]
-        n_cond = None if self._vectors is None else self._vectors.shape[0]
-        n = validate_columns(cols, self.fields, name=path)
-        found = (n, int(np.count_nonzero(cols[PRIMARY])), len(cols.get(PAIRS, ())),
-                 len(cols.get(SENTENCES_PERT, ())))
-        expected = (entry.records, entry.primary, entry.pairs if PAIRS in cols else 0,
-                    entry.sentences if SENTENCES_PERT in cols else 0)
-        if found != expected:
-            raise FormatError(f"{path}: holds (records, primary, pairs, sentences) = {found}, "
-                              f"index.json says {expected}")
-        if SENTENCES_PERT in cols and cols[SENTENCES_PERT].shape != cols[SENTENCES_CTRL].shape:
-            raise FormatError(f"{path}: sentences/pert and sentences/ctrl differ in shape")
-        if n_cond is not None and n and cols[COND_ID].max(initial=0) >= n_cond:
-            raise FormatError(f"{path}: cond_id beyond the condition table's {n_cond} rows")
+    def _decoder(self) -> Decoder | None:
+        """This process's decoder process (started on first use), if decoding runs in one here."""
+        if not self.decode_process or get_worker_info() is not None:
+            return None
+        with self._ahead_lock:
+            if self._decoder_state is None or self._decoder_state[0] != os.getpid():
+                dec = Decoder(self.reader.spec, self.decode_threads)
+                weakref.finalize(self, dec.close)
+                self._decoder_state = (os.getpid(), dec)
+        return self._decoder_state[1]
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -291,10 +237,10 @@ class ShardDataset(IterableDataset):
         first = order.worker_batches(self.num_batches(), worker, n_workers, 0)
         if not len(first):
             return
-        shard_order, wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)
+        wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         w = batch_segments(wstarts.tolist(), self.units_per_rank(), self.rank, self.batch_size, first[0])[1][0]
         with self._ahead_lock:
-            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, shard_order, w,
+            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w,
                                                                             shard_pool))
         if old is not None:
             self._release(old[1])
@@ -311,7 +257,7 @@ class ShardDataset(IterableDataset):
         return {}
 
     def _produce(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, Any]]:
-        shard_order, wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)
+        wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         finish = to_shared if get_worker_info() is not None else to_tensors
         bounds, per_rank = wstarts.tolist(), self.units_per_rank()
         window_pool, shard_pool = self._executors()
@@ -323,9 +269,9 @@ class ShardDataset(IterableDataset):
             if w not in loaded:
                 if window_pool is None:
                     loaded[w] = Future()
-                    loaded[w].set_result(self.read_window(epoch, shard_order, w, shard_pool))
+                    loaded[w].set_result(self.read_window(epoch, w, shard_pool))
                 else:
-                    loaded[w] = window_pool.submit(self.read_window, epoch, shard_order, w, shard_pool)
+                    loaded[w] = window_pool.submit(self.read_window, epoch, w, shard_pool)
 
         try:
             while (plan := schedule.next_plan()) is not None:

@@ -112,9 +112,9 @@ def test_each_window_is_decoded_once_per_epoch(chunky: tuple[Path, Truth], monke
     calls: list[tuple[int, int]] = []
     read_window = ShardDataset.read_window
 
-    def counting(self: ShardDataset, epoch: int, shard_order: np.ndarray, w: int, pool: object = None) -> object:
+    def counting(self: ShardDataset, epoch: int, w: int, pool: object = None) -> object:
         calls.append((epoch, w))
-        return read_window(self, epoch, shard_order, w, pool)  # type: ignore[arg-type]
+        return read_window(self, epoch, w, pool)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ShardDataset, "read_window", counting)
     ds = ShardDataset(chunky[0], batch_size=16, window=2, decode_ahead=decode_ahead)
