@@ -25,26 +25,77 @@ PACKED, LAYOUT = "__packed__", "__layout__"  # keys of a batch in shared-buffer 
 PARTS = (".crow", ".cols", ".vals")  # a CSR X shipped in parts: key + suffix
 
 
+def _row_kernels() -> tuple[Any, Any] | None:
+    """scipy's own C++ kernels behind ``x[rows]`` and ``toarray()``, called without the Python-level index
+    validation around them (~150 of ~420 us per 256-row batch here: A/B in docs/LOADER.md). Our rows are
+    in range by construction (every shard is validated before its window is served). ``_sparsetools`` is
+    private, so it is checked once against the public API and ignored if it moved or disagrees."""
+    try:
+        from scipy.sparse import _sparsetools
+
+        row_index, todense = _sparsetools.csr_row_index, _sparsetools.csr_todense
+        x = sp.random(7, 5, density=0.5, format="csr", dtype=np.float32, random_state=0)
+        rows = np.array([3, 0, 3, 6], x.indptr.dtype)
+        nnz = x.indptr[rows + 1] - x.indptr[rows]
+        crow = np.concatenate([[0], np.cumsum(nnz)]).astype(x.indptr.dtype)
+        cols, vals = np.empty(int(crow[-1]), x.indices.dtype), np.empty(int(crow[-1]), x.dtype)
+        row_index(rows.size, rows, x.indptr, x.indices, x.data, cols, vals)
+        out = np.zeros((rows.size, 5), np.float32)
+        todense(rows.size, 5, crow, cols, vals, out)
+        return (row_index, todense) if np.array_equal(out, x[rows].toarray()) else None
+    except Exception:  # not there, or a different signature: the public API does the same, slower
+        return None
+
+
+KERNELS = _row_kernels()
+
+
 @dataclass
 class Gathered:
-    """The X rows of a batch as a CSR matrix (a copy: valid after its window is recycled)."""
+    """The X rows of a batch in CSR parts (copies: valid after their window is recycled)."""
 
-    x: Any  # scipy.sparse.csr_matrix [m, G]
-    shape: tuple[int, ...]  # dense shape (rows flattened over leading dims)
+    indptr: np.ndarray  # [m+1], the dtype of ``indices``
+    indices: np.ndarray  # [nnz]
+    data: np.ndarray  # [nnz]
+    shape: tuple[int, ...]  # dense shape (rows flattened over leading dims); shape[-1] is the gene count
+
+    @staticmethod
+    def rows_of(x: Any, rows: np.ndarray, shape: tuple[int, ...]) -> Gathered:
+        """Rows ``rows`` of the CSR matrix ``x``, in order (one C++ pass, no Python loop over rows)."""
+        if KERNELS is None:
+            y = x[rows]
+            return Gathered(y.indptr, y.indices, y.data, shape)
+        ip = x.indptr
+        r = rows.astype(ip.dtype, copy=False)
+        crow = np.empty(r.size + 1, ip.dtype)
+        crow[0] = 0
+        np.cumsum(ip[r + 1] - ip[r], out=crow[1:])
+        nnz = int(crow[-1])
+        cols, vals = np.empty(nnz, x.indices.dtype), np.empty(nnz, x.data.dtype)
+        KERNELS[0](r.size, r, ip, x.indices, x.data, cols, vals)
+        return Gathered(crow, cols, vals, shape)
+
+    def matrix(self) -> Any:
+        return sp.csr_matrix((self.data, self.indices, self.indptr), shape=(self.indptr.size - 1, self.shape[-1]),
+                             copy=False)
 
     def dense(self, out: np.ndarray | None = None) -> np.ndarray:
-        """Dense float32 ``shape``, into ``out`` (a flat float32 buffer of ``size`` elements, e.g. a region
-        of a shared buffer) when given. Without ``out`` scipy callocs the result: fresh zero pages, no memset
-        (an ``out`` is zeroed first, which costs more than the densify itself)."""
-        x = self.x if self.x.dtype == np.float32 else self.x.astype(np.float32)
-        if out is None:
-            return x.toarray().reshape(self.shape)
-        x.toarray(out=out.reshape(x.shape))
-        return out.reshape(self.shape)
+        """Dense float32 ``shape``, into ``out`` (a flat, zero-filled float32 buffer of ``size`` elements, e.g.
+        a fresh shared buffer) when given. Without ``out`` the result is calloc'ed: fresh zero pages, no memset
+        (zeroing an ``out`` costs more than the densify itself)."""
+        m, g = self.indptr.size - 1, int(self.shape[-1])
+        data = self.data if self.data.dtype == np.float32 else self.data.astype(np.float32)
+        dense = np.zeros((m, g), np.float32) if out is None else out.reshape(m, g)
+        if KERNELS is None:
+            x = sp.csr_matrix((data, self.indices, self.indptr), shape=(m, g), copy=False)
+            x.toarray(out=dense)
+        else:
+            KERNELS[1](m, g, self.indptr, self.indices, data, dense)
+        return dense.reshape(self.shape)
 
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(crow int64 [m+1], cols int32 [nnz], vals [nnz])``."""
-        return (self.x.indptr.astype(np.int64), self.x.indices.astype(np.int32, copy=False), self.x.data)
+        return (self.indptr.astype(np.int64), self.indices.astype(np.int32, copy=False), self.data)
 
 
 class Rows:
@@ -80,12 +131,13 @@ class Rows:
     def gather(self, shape: tuple[int, ...]) -> Gathered:
         """The rows' X, in order (scipy's row gather: one C++ pass, no Python loop over rows)."""
         if self.group is None:
-            return Gathered(self.arenas[0].x[self.rows], shape)
+            return Gathered.rows_of(self.arenas[0].x, self.rows, shape)
         groups = [(a, sel) for a, sel in self._groups() if sel.size]
-        stacked = sp.vstack([a.x[self.rows[sel]] for a, sel in groups], format="csr")
+        stacked = sp.vstack([Gathered.rows_of(a.x, self.rows[sel], shape).matrix() for a, sel in groups],
+                            format="csr")
         back = np.empty(self.rows.size, np.int64)
         back[np.concatenate([sel for _, sel in groups])] = np.arange(self.rows.size)
-        return Gathered(stacked[back], shape)
+        return Gathered.rows_of(stacked, back, shape)
 
 
 def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n_cols: int) -> torch.Tensor:

@@ -61,7 +61,7 @@ class ShardDataset(IterableDataset):
     def __init__(self, root: str | Path, split: str = "train", sample: str = "cells", batch_size: int = 256,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
                  densify: bool = True, rank: int | None = None, world_size: int | None = None,
-                 decode_ahead: bool = True, batches_ahead: int = 2, decode_threads: int | None = None,
+                 decode_ahead: bool = True, batches_ahead: int | None = None, decode_threads: int | None = None,
                  decode_process: bool | None = None) -> None:
         super().__init__()
         self.root = Path(root)
@@ -84,14 +84,18 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"rank {self.rank} outside [0, {self.world_size})")
         self.split, self.sample, self.batch_size, self.shuffle, self.seed = split, sample, batch_size, shuffle, seed
         self.drop_last, self.pad, self.window, self.densify = drop_last, pad, window, densify
-        self.decode_ahead, self.batches_ahead = decode_ahead, max(0, int(batches_ahead))
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.decode_process = decoder.AVAILABLE if decode_process is None else bool(decode_process)
+        # Defaults measured on a 2-core node (docs/LOADER.md): there the decoder process already takes the
+        # second core, and an assembly thread would be a third busy thread (0.55x vs 0.62x of the baseline).
+        self.decode_ahead = decode_ahead
+        self.batches_ahead = (2 if cores >= 4 else 0) if batches_ahead is None else max(0, int(batches_ahead))
         self.decode_threads = max(1, min(window, cores, 4) if decode_threads is None else int(decode_threads))
+        self.decoder_threads = 1 if decode_threads is None else self.decode_threads  # one core for the process
         self.output = "dense" if densify else "sparse"  # ShardLoader switches to "parts" to densify on a device
 
         self.reader = WindowReader.from_spec({"root": str(self.root), "split": split, "sample": sample,
                                               "window": window, "seed": seed, "shuffle": shuffle})
-        self.decode_process = decoder.AVAILABLE if decode_process is None else bool(decode_process)
         self.encoding = index.encoding
         self.vocabularies = index.vocabularies  # code -> label per obs field (e.g. to size a classifier)
         self.entries, self.paths, self.counts = self.reader.entries, self.reader.paths, self.reader.counts
@@ -186,7 +190,7 @@ class ShardDataset(IterableDataset):
             return None
         with self._ahead_lock:
             if self._decoder_state is None or self._decoder_state[0] != os.getpid():
-                dec = Decoder(self.reader.spec, self.decode_threads)
+                dec = Decoder(self.reader.spec, self.decoder_threads)
                 weakref.finalize(self, dec.close)
                 self._decoder_state = (os.getpid(), dec)
         return self._decoder_state[1]

@@ -128,6 +128,13 @@ def _recv(conn: Connection) -> dict[str, Any]:
 
 def serve(conn: Connection) -> None:
     """The child's loop: one request at a time, in order; ends when the parent closes its end."""
+    try:
+        _serve(conn)
+    except (EOFError, OSError):  # the parent went away (closed its end, or exited): nothing left to do
+        return
+
+
+def _serve(conn: Connection) -> None:
     start = _recv(conn)
     threads = max(1, int(start.get("threads", 1)))
     try:
@@ -142,10 +149,7 @@ def serve(conn: Connection) -> None:
     pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
     slabs: dict[int, Slab] = {}
     while True:
-        try:
-            msg = _recv(conn)
-        except (EOFError, OSError):
-            return
+        msg = _recv(conn)
         kind = msg["kind"]
         if kind == "slab":
             fd = reduction.recv_handle(conn)
@@ -196,7 +200,7 @@ class Decoder:
         self._next_id = 0
         self._ready: bool | None = None
         self._closed = False
-        _send(self.conn, {"kind": "start", "spec": spec, "threads": threads})
+        self._post({"kind": "start", "spec": spec, "threads": threads})
 
     def ready(self) -> bool:
         """Whether the child has started (never blocks): until then the caller decodes in-process."""
@@ -216,6 +220,21 @@ class Decoder:
             raise DecoderError(f"decoder process could not start: {msg['error']}")
         self._ready = True
 
+    def _died(self) -> DecoderError:
+        try:
+            code = self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            code = None
+        return DecoderError(f"decoder process {self.proc.pid} exited (code {code}) or closed its pipe")
+
+    def _post(self, msg: dict[str, Any], fd: int | None = None) -> None:
+        try:
+            _send(self.conn, msg)
+            if fd is not None:
+                reduction.send_handle(self.conn, fd, self.proc.pid)
+        except OSError as e:  # a broken pipe: the child is gone
+            raise self._died() from e
+
     def _recv(self) -> dict[str, Any]:
         while not self.conn.poll(POLL_S):
             if self.proc.poll() is not None:
@@ -223,8 +242,7 @@ class Decoder:
         try:
             return _recv(self.conn)
         except (EOFError, OSError) as e:
-            raise DecoderError(f"decoder process {self.proc.pid} closed its pipe (exit code "
-                               f"{self.proc.poll()})") from e
+            raise self._died() from e
 
     def read_window(self, epoch: int, w: int, hint: int) -> Arena:
         """Window ``w`` of ``epoch`` decoded by the child into a slab (``hint``: bytes it will probably need).
@@ -237,7 +255,7 @@ class Decoder:
             need = hint
             for _ in range(3):
                 slab = self._slab(need)
-                _send(self.conn, {"kind": "window", "slab": slab.id, "epoch": int(epoch), "w": int(w)})
+                self._post({"kind": "window", "slab": slab.id, "epoch": int(epoch), "w": int(w)})
                 reply = self._recv()
                 if reply["kind"] == "done":
                     arena = rebuild(reply["arena"], slab)
@@ -262,16 +280,16 @@ class Decoder:
             drop = self._free[:-self.keep] if len(self._free) > self.keep else []
             del self._free[:len(drop)]
         for s in drop:
-            _send(self.conn, {"kind": "drop", "id": s.id})
             del self._slabs[s.id]
+            self._post({"kind": "drop", "id": s.id})
         if pick is not None:
             return pick
         self._next_id += 1
         slab = Slab(self._next_id, int(need * HEADROOM))
-        _send(self.conn, {"kind": "slab", "id": slab.id, "size": slab.size})
-        assert slab.fd is not None
-        reduction.send_handle(self.conn, slab.fd, self.proc.pid)
-        slab.close_fd()
+        try:
+            self._post({"kind": "slab", "id": slab.id, "size": slab.size}, slab.fd)
+        finally:
+            slab.close_fd()
         self._slabs[slab.id] = slab
         return slab
 

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from loaders.collate import LAYOUT, PACKED, PARTS, Gathered, sparse
@@ -84,8 +83,9 @@ def prefetch(make: Callable[[], Iterator[T]], depth: int, name: str) -> Iterator
 
 def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """Dense float32 ``shape`` (rows flattened over leading dims) from shipped CSR parts, on the CPU."""
-    x = sp.csr_matrix((vals, cols, crow), shape=(crow.size - 1, int(shape[-1])), copy=False)
-    return Gathered(x, tuple(int(s) for s in shape)).dense()
+    idx = np.result_type(crow.dtype, cols.dtype)  # scipy's kernels want one index dtype
+    return Gathered(crow.astype(idx, copy=False), cols.astype(idx, copy=False), vals,
+                    tuple(int(s) for s in shape)).dense()
 
 
 def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
