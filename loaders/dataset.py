@@ -5,9 +5,10 @@ for 256 rows at once with a few vectorised numpy calls avoids per-sample ``__get
 whose Python overhead alone exceeds the whole vectorised gather.
 
 Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards are
-decoded once, straight into an :class:`~loaders.collate.Arena` (one CSR matrix), and it serves every
-batch that falls in it; the next window a worker will touch is decoded in a background thread meanwhile
-(blosc, numpy and scipy release the GIL), so decoding overlaps batch assembly even with ``num_workers=0``.
+decoded once, straight into an :class:`~loaders.arena.Arena` (one CSR matrix), and it serves every
+batch that falls in it; the next window a worker will touch is decoded meanwhile: by the decoder process
+(:mod:`loaders.decoder`) in the training process, by background threads in DataLoader workers. Threads in
+the training process itself slowed batch assembly ~2x (GIL hand-offs), a separate process ~10%.
 At an epoch's last window, the next epoch's first one is decoded ahead the same way (in the main process
 and in persistent workers), so an epoch boundary does not stall the GPU on a whole window's decode.
 Windows a worker has moved past are recycled through a per-process buffer pool, so memory is bounded by
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,7 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import decoder, order
 from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
-from loaders.decoder import Decoder
+from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
 from loaders.format import PAIRS, SAMPLE_ID, SENTENCES_CTRL, SENTENCES_PERT, FormatError, read_index
 from loaders.schedule import Segment, WindowSchedule, batch_segments
@@ -176,10 +178,16 @@ class ShardDataset(IterableDataset):
     def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:
         by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
-        decoder = self._decoder()
-        if decoder is not None and decoder.ready():
-            arena = decoder.read_window(epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20))
-        else:
+        decoder, arena = self._decoder(), None
+        try:
+            if decoder is not None and decoder.ready():
+                arena = decoder.read_window(epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20))
+        except DecoderError as e:  # the process died or could not start: go on without it, loudly
+            warnings.warn(f"{e}; {self.root}: decoding in the training process from now on", RuntimeWarning,
+                          stacklevel=2)
+            self.decode_process = False
+            decoder.close()  # type: ignore[union-attr]
+        if arena is None:
             arena = self.reader.read_window(epoch, w, self.buffers(), pool)
         arena.seal()
         return arena

@@ -105,15 +105,19 @@ def test_broken_shard_through_the_decoder_names_the_file(fx: Fixture, tmp_path: 
         batches(ds, epochs=(0,))
 
 
-def test_a_killed_decoder_raises_instead_of_hanging(fx: Fixture) -> None:
+def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(fx: Fixture) -> None:
+    """A dead child never hangs the loader: a RuntimeWarning says so, and the epoch is still exact."""
     ds = started(ShardDataset(fx.root, batch_size=16, window=1, decode_process=True, decode_ahead=False))
     dec = ds._decoder()
     assert dec is not None
     os.kill(dec.proc.pid, signal.SIGKILL)
     t0 = time.monotonic()
-    with pytest.raises(DecoderError, match="exited|closed"):
-        batches(ds, epochs=(0,))
-    assert time.monotonic() - t0 < 10
+    with pytest.warns(RuntimeWarning, match="decoder process .* exited"):
+        got = batches(ds, epochs=(0,))
+    assert time.monotonic() - t0 < 10 and not ds.decode_process
+    assert_same(got, batches(ShardDataset(fx.root, batch_size=16, window=1, decode_process=False), epochs=(0,)))
+    with pytest.raises(DecoderError, match="after close"):
+        dec.read_window(0, 0, 1)
 
 
 def test_workers_forked_after_the_main_process_decoded_do_their_own(fx: Fixture) -> None:
