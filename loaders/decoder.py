@@ -158,8 +158,8 @@ def _serve(conn: Connection) -> None:
         elif kind == "drop":
             slabs.pop(int(msg["id"]), None)
         elif kind == "window":
-            buffers = SlabBuffers(slabs[int(msg["slab"])])
             try:
+                buffers = SlabBuffers(slabs[int(msg["slab"])])
                 arena = reader.read_window(int(msg["epoch"]), int(msg["w"]), buffers, pool)
                 desc = export(arena, buffers)
                 reply = {"kind": "need", "bytes": buffers.used} if buffers.overflow else {"kind": "done",
