@@ -55,6 +55,11 @@ class BufferPool:
         skip = -raw8.ctypes.data % ALIGN
         return raw8[skip:skip + size].view(dtype)
 
+    def clear(self) -> None:
+        """Let go of every recycled buffer (e.g. once a decoder process serves the windows instead)."""
+        with self._lock:
+            self._free.clear()
+
     def put(self, *arrays: np.ndarray) -> None:
         with self._lock:
             for a in arrays:
@@ -70,6 +75,11 @@ class Buffers(Protocol):
     """Where an arena's arrays go: a :class:`BufferPool`, or a decoder slab (``loaders.decoder``)."""
 
     def get(self, n: int, dtype: np.dtype) -> np.ndarray: ...
+
+    def clear(self) -> None:
+        """Let go of every recycled buffer (e.g. once a decoder process serves the windows instead)."""
+        with self._lock:
+            self._free.clear()
 
     def put(self, *arrays: np.ndarray) -> None: ...
 

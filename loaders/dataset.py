@@ -8,7 +8,7 @@ Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). 
 decoded once, straight into an :class:`~loaders.arena.Arena` (one CSR matrix), and it serves every
 batch that falls in it; the next window a worker will touch is decoded meanwhile: by the decoder process
 (:mod:`loaders.decoder`) in the training process, by background threads in DataLoader workers. Threads in
-the training process itself slowed batch assembly ~2x (GIL hand-offs), a separate process ~10%.
+the training process itself slowed batch assembly 1.5-1.9x (GIL hand-offs), a separate process 7-10%.
 At an epoch's last window, the next epoch's first one is decoded ahead the same way (in the main process
 and in persistent workers), so an epoch boundary does not stall the GPU on a whole window's decode.
 Windows a worker has moved past are recycled through a per-process buffer pool, so memory is bounded by
@@ -36,10 +36,10 @@ from loaders import decoder, order
 from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
-from loaders.format import PAIRS, SAMPLE_ID, SENTENCES_CTRL, SENTENCES_PERT, FormatError, read_index
+from loaders.format import SAMPLE_ID, FormatError, read_index
 from loaders.schedule import Segment, WindowSchedule, batch_segments
 from loaders.shardio import read_shard
-from loaders.window import WindowReader
+from loaders.window import TABLES_OF, WindowReader
 
 SAMPLES = ("cells", "pairs", "sentences")
 
@@ -73,7 +73,7 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"unknown split {split!r} for {self.root} (valid: {present})")
         if sample not in SAMPLES:
             raise ValueError(f"unknown sample {sample!r} (valid: {list(SAMPLES)})")
-        needs = {"pairs": [PAIRS], "sentences": [SENTENCES_PERT, SENTENCES_CTRL]}.get(sample, [])
+        needs = TABLES_OF.get(sample, [])
         missing = [t for t in needs if t not in index.tables]
         if missing:
             raise ValueError(f"sample={sample!r} needs tables {missing}, which {self.root} does not have")
@@ -182,6 +182,7 @@ class ShardDataset(IterableDataset):
         try:
             if decoder is not None and decoder.ready():
                 arena = decoder.read_window(epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20))
+                self.buffers().clear()  # what the first, in-process windows used is not needed any more
         except DecoderError as e:  # the process died or could not start: go on without it, loudly
             warnings.warn(f"{e}; {self.root}: decoding in the training process from now on", RuntimeWarning,
                           stacklevel=2)

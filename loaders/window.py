@@ -37,6 +37,7 @@ from loaders.format import (
 from loaders.shardio import Column, open_shard
 
 SPEC_KEYS = ("root", "split", "sample", "window", "seed", "shuffle")
+TABLES_OF = {"cells": [], "pairs": [PAIRS], "sentences": [SENTENCES_PERT, SENTENCES_CTRL]}  # per sample mode
 
 
 @dataclass
@@ -63,7 +64,7 @@ class WindowReader:
         root, split, sample = Path(spec["root"]), str(spec["split"]), str(spec["sample"])
         index = read_index(root)
         entries = index.shards_of(split)
-        needs = {"pairs": [PAIRS], "sentences": [SENTENCES_PERT, SENTENCES_CTRL]}.get(sample, [])
+        needs = TABLES_OF.get(sample, [])
         names = [f.name for f in index.fields]
         obs_fields = list(index.raw.get("obs_fields") or [n[len(OBS_PREFIX):] for n in names
                                                            if n.startswith(OBS_PREFIX)])
