@@ -8,9 +8,11 @@ Every shard stores the same *logical columns* whatever its encoding (zarr store 
   ``dense``  -> one array ``[n, *shape]``;
   ``csr``    -> ``<name>/indptr [n+1]``, ``<name>/indices [nnz]``, ``<name>/data [nnz]`` (rows of ``shape[0]`` columns);
   ``ragged`` -> ``<name>/offsets [n+1]``, ``<name>/values [total, *shape]`` (a variable-length list per record);
-* shard tables that refer to records by local row id (``pairs [P,2]``, ``sentences/pert|ctrl [S,L]``).
+* shard tables that refer to records by local row id, ``[T, k]`` int32 (``pairs [P,2]``, ``sentences/pert|ctrl
+  [S,L]``, spike ``clips [C,L]``); which tables a dataset has is listed in ``index.json``.
 
-Adding a modality adds fields of these kinds, never a new format version.
+Adding a modality adds fields of these layouts and tables, never a new format version. Two versions exist:
+``SHARD_VERSION`` (the layout inside a shard) and ``INDEX_VERSION`` (index.json).
 """
 
 from __future__ import annotations
@@ -27,27 +29,29 @@ from typing import Any
 import numpy as np
 
 FORMAT_NAME = "shardsmith"
-FORMAT_VERSION = 1
+SHARD_VERSION = 1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
+INDEX_VERSION = 2  # the layout of index.json; version 1 is still read (converted by ``read_index``)
 INDEX_FILE = "index.json"
 SHARDS_DIR = "shards"
 ENCODINGS = ("zarr", "tar")
-KINDS = ("dense", "csr", "ragged")
+LAYOUTS = ("dense", "csr", "ragged")  # how a record field is stored (never called "kind": a dataset has a kind)
 SPLITS = ("train", "val", "test")
 
-# Standard column names (record fields and shard tables).
-X = "X"
+# Column names every kind may use.
 SAMPLE_ID = "sample_id"  # int64: position of the record in the concatenation of the manifest's sources
-PRIMARY = "primary"  # bool: False for a control duplicated into this shard for pairing (not counted in epochs)
+PRIMARY = "primary"  # bool: False for a record duplicated into this shard (e.g. a control for pairing): not
+#                      counted in epochs; a dataset without this field counts every record as primary
+# The standard single-cell columns (kind "perturbation"). Other kinds declare their column names in their
+# sample-type module (loaders/samples/<name>.py), which their pipeline kind imports.
+X = "X"
 COND_ID = "cond_id"  # int32: row of the condition table
 OBS_PREFIX = "obs/"  # obs/<field>: int32 codes into vocabularies[<field>]
 OBSM_PREFIX = "obsm/"  # obsm/<key>: dense float32 embeddings
 PAIRS = "pairs"  # int32 [P, 2]: (control row, perturbed row), local to the shard
 SENTENCES_PERT = "sentences/pert"  # int32 [S, L]: local rows of one (cell_type, perturbation, batch) group
 SENTENCES_CTRL = "sentences/ctrl"  # int32 [S, L]: matched control rows
-TABLES = (PAIRS, SENTENCES_PERT, SENTENCES_CTRL)
-VOXELS = "voxels"  # spike: uint8 [bins, H, W] per record (dense)
-COORDS = "coords"  # CT: ragged uint16 [N, 3] per volume
-VALUES = "values"  # CT: ragged float32 [N] per volume
+CONDITION_VECTORS = "vectors"  # the condition table file: float32 [C, D]
+CONDITION_CODES = "codes"  # and the obs codes each condition row stands for
 
 
 class FormatError(Exception):
@@ -56,40 +60,73 @@ class FormatError(Exception):
 
 @dataclass(frozen=True)
 class FieldSpec:
+    """One record field: ``layout`` says how it is stored, ``shape`` the shape of one record's value (for
+    ``ragged``: of one list element; for ``csr``: ``(n_cols,)``). ``bound``: integer values must lie in
+    ``[0, bound)`` (codes into a vocabulary or table of that many rows), checked wherever a shard is read."""
+
     name: str
-    kind: str
+    layout: str
     dtype: str
     shape: tuple[int, ...] = ()
+    bound: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise FormatError(f"field {self.name!r}: unknown kind {self.kind!r} (expected one of {KINDS})")
-        if self.kind == "csr" and len(self.shape) != 1:
+        if self.layout not in LAYOUTS:
+            raise FormatError(f"field {self.name!r}: unknown layout {self.layout!r} (expected one of {LAYOUTS})")
+        if self.layout == "csr" and len(self.shape) != 1:
             raise FormatError(f"field {self.name!r}: a csr field has shape (n_cols,)")
 
     def keys(self) -> tuple[str, ...]:
-        if self.kind == "dense":
+        """The flat column keys of this field in a shard (pointers first)."""
+        if self.layout == "dense":
             return (self.name,)
-        if self.kind == "csr":
-            return (f"{self.name}/indptr", f"{self.name}/indices", f"{self.name}/data")
-        return (f"{self.name}/offsets", f"{self.name}/values")
+        if self.layout == "csr":
+            return csr_keys(self.name)
+        return ragged_keys(self.name)
+
+    @property
+    def pointer(self) -> str | None:
+        """The key of the row-pointer column (csr, ragged), else None."""
+        return None if self.layout == "dense" else self.keys()[0]
+
+    @property
+    def payload(self) -> str:
+        """The key of the column holding the values (``data`` for csr, ``values`` for ragged)."""
+        return self.keys()[-1]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "dtype": self.dtype, "shape": list(self.shape)}
+        d: dict[str, Any] = {"name": self.name, "layout": self.layout, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.bound is not None:
+            d["bound"] = int(self.bound)
+        return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> FieldSpec:
-        return FieldSpec(str(d["name"]), str(d["kind"]), str(d["dtype"]), tuple(int(s) for s in d["shape"]))
+        layout = d["layout"] if "layout" in d else d["kind"]  # index v1 said "kind"
+        bound = d.get("bound")
+        return FieldSpec(str(d["name"]), str(layout), str(d["dtype"]), tuple(int(s) for s in d["shape"]),
+                         None if bound is None else int(bound))
+
+
+def csr_keys(name: str) -> tuple[str, str, str]:
+    """``(indptr, indices, data)`` keys of a csr field."""
+    return (f"{name}/indptr", f"{name}/indices", f"{name}/data")
+
+
+def ragged_keys(name: str) -> tuple[str, str]:
+    """``(offsets, values)`` keys of a ragged field."""
+    return (f"{name}/offsets", f"{name}/values")
 
 
 def shard_keys(fields: Iterable[FieldSpec], tables: Iterable[str] = ()) -> list[str]:
     """Every flat key a shard with these fields and tables holds, in a fixed order."""
-    keys = [k for f in fields for k in f.keys()]
-    return keys + [t for t in TABLES if t in set(tables)]
+    return [k for f in fields for k in f.keys()] + list(tables)
 
 
-def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSpec], name: str = "shard") -> int:
-    """Check shapes, dtypes and CSR/ragged consistency; return the number of records."""
+def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSpec], tables: Iterable[str] = (),
+                     name: str = "shard") -> int:
+    """Check shapes, dtypes, bounds, CSR/ragged consistency and table references; return the number of
+    records. Tables (``[T, k]`` local row ids) are checked when present in ``columns``."""
     n: int | None = None
 
     def count(k: str, m: int) -> None:
@@ -103,30 +140,36 @@ def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSp
         for k in f.keys():
             if k not in columns:
                 raise FormatError(f"{name}: missing column {k!r}")
-        if f.kind == "dense":
+        if f.layout == "dense":
             a = columns[f.name]
             if tuple(a.shape[1:]) != f.shape or a.dtype != np.dtype(f.dtype):
                 raise FormatError(f"{name}: {f.name!r} is {a.dtype}{list(a.shape)}, schema says {f.dtype}[n,{f.shape}]")
+            if f.bound is not None and a.size and (a.min() < 0 or a.max() >= f.bound):
+                raise FormatError(f"{name}: {f.name!r} has values outside [0, {f.bound})")
             count(f.name, a.shape[0])
             continue
-        ptr_key, payload_key = (f.keys()[0], f.keys()[-1])
+        ptr_key, payload_key = f.keys()[0], f.keys()[-1]
         ptr = columns[ptr_key]
         if ptr.ndim != 1 or ptr.size == 0 or ptr[0] != 0 or np.any(np.diff(ptr) < 0):
             raise FormatError(f"{name}: {ptr_key!r} is not a monotonic pointer array starting at 0")
         payload = columns[payload_key]
         if int(ptr[-1]) != payload.shape[0] or payload.dtype != np.dtype(f.dtype):
             raise FormatError(f"{name}: {payload_key!r} has {payload.shape[0]} {payload.dtype} entries, pointers say {ptr[-1]} {f.dtype}")
-        if f.kind == "csr":
+        if f.layout == "csr":
             idx = columns[f"{f.name}/indices"]
             if idx.shape != payload.shape or (idx.size and (idx.min() < 0 or idx.max() >= f.shape[0])):
                 raise FormatError(f"{name}: {f.name}/indices out of range [0, {f.shape[0]})")
         elif tuple(payload.shape[1:]) != f.shape:
             raise FormatError(f"{name}: {payload_key!r} inner shape {payload.shape[1:]} != {f.shape}")
+        if f.bound is not None and payload.size and (payload.min() < 0 or payload.max() >= f.bound):
+            raise FormatError(f"{name}: {payload_key!r} has values outside [0, {f.bound})")
         count(ptr_key, ptr.size - 1)
     n = 0 if n is None else n
-    for t in TABLES:
+    for t in tables:
         if t in columns:
             a = columns[t]
+            if a.ndim != 2:
+                raise FormatError(f"{name}: table {t!r} is {list(a.shape)}, expected [rows, k] local row ids")
             if a.size and (a.min() < 0 or a.max() >= n):
                 raise FormatError(f"{name}: table {t!r} refers to rows outside [0, {n})")
     return n
@@ -134,39 +177,90 @@ def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSp
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One shard as the index describes it."""
+    """One shard as the index describes it. ``units`` maps each sample type the dataset serves to the number
+    of its units in this shard (what an epoch of that sample type iterates)."""
 
     file: str
     split: str
-    records: int  # rows stored (duplicated controls included)
-    primary: int  # rows counted in an epoch of sample="cells"
-    pairs: int
-    sentences: int
+    records: int  # rows stored (duplicated records included)
+    units: Mapping[str, int]
     bytes: int  # on disk
     raw_bytes: int  # uncompressed payload
     sha256: str
     plan_key: str
     source: int = -1  # manifest source ordinal whose rows it holds (-1 if mixed or not applicable)
+    part: int = 0  # shard number within its (source, split)
+
+    def units_of(self, sample: str) -> int:
+        try:
+            return int(self.units[sample])
+        except KeyError:
+            raise FormatError(f"shard {self.file}: index.json counts no units of sample type {sample!r} "
+                              f"(it counts {sorted(self.units)})") from None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["units"] = {k: int(v) for k, v in sorted(self.units.items())}
+        return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> ShardEntry:
-        return ShardEntry(**{k: d[k] for k in ShardEntry.__dataclass_fields__ if k in d})
+        return ShardEntry(file=str(d["file"]), split=str(d["split"]), records=int(d["records"]),
+                          units={str(k): int(v) for k, v in dict(d["units"]).items()}, bytes=int(d["bytes"]),
+                          raw_bytes=int(d["raw_bytes"]), sha256=str(d["sha256"]), plan_key=str(d["plan_key"]),
+                          source=int(d.get("source", -1)), part=int(d.get("part", 0)))
+
+
+@dataclass(frozen=True)
+class ConditionsRef:
+    """The condition table: a file beside index.json holding ``vectors`` [rows, dim] (and ``codes``)."""
+
+    file: str
+    rows: int
+    dim: int
+    sha256: str = ""
+    bytes: int = 0
+    segments: list[Any] = field(default_factory=list)  # which obs field fills which columns of a vector
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> ConditionsRef:
+        rows = d["rows"] if "rows" in d else d["n"]  # index v1 said "n"
+        return ConditionsRef(file=str(d["file"]), rows=int(rows), dim=int(d.get("dim", 0)),
+                             sha256=str(d.get("sha256", "")), bytes=int(d.get("bytes", 0)),
+                             segments=list(d.get("segments", [])))
 
 
 @dataclass
 class Index:
-    """`index.json`, parsed and checked. Per-shard numbers are numpy arrays (cheap to copy to workers)."""
+    """`index.json`, parsed and checked: the typed form of everything the format defines.
+
+    ``sections`` holds each kind's own settings (``sections[kind]``: e.g. pairing and split settings for
+    perturbation, resolution and packing for spike); the format stores them, their kind defines them.
+    ``stats`` are the build's counts (records dropped and why, fallbacks taken): reported, never relied on
+    for reading."""
 
     root: Path
     name: str
-    kind: str
+    kind: str  # the dataset kind (pipeline.kinds registry)
     encoding: str
     fields: list[FieldSpec]
     tables: list[str]
     shards: list[ShardEntry]
+    samples: list[str] = field(default_factory=list)  # sample types every shard counts units for
     vocabularies: dict[str, list[str]] = field(default_factory=dict)
-    conditions: dict[str, Any] | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
+    obs_fields: list[str] = field(default_factory=list)  # obs/<f> fields in condition-vector order
+    control_labels: list[str] = field(default_factory=list)
+    conditions: ConditionsRef | None = None
+    codec: dict[str, Any] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)  # fingerprints: path, size, mtime_ns, sha256, ...
+    stats: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, Any] = field(default_factory=dict)
+    primary_records: int | None = None  # records the plan placed (each primary exactly once), for verify
+    raw: dict[str, Any] = field(default_factory=dict)  # the JSON as read (for tools; code reads typed fields)
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:
@@ -174,11 +268,32 @@ class Index:
                 return f
         raise KeyError(name)
 
+    def has_field(self, name: str) -> bool:
+        return any(f.name == name for f in self.fields)
+
     def shards_of(self, split: str | None) -> list[ShardEntry]:
         return [s for s in self.shards if split is None or s.split == split]
 
     def shard_path(self, entry: ShardEntry) -> Path:
         return self.root / SHARDS_DIR / entry.file
+
+    def section(self, name: str | None = None) -> dict[str, Any]:
+        """This kind's (or ``name``'s) settings; {} when the index has none."""
+        return dict(self.sections.get(self.kind if name is None else name) or {})
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document for index.json (keys sorted on write, so equal inputs give equal bytes)."""
+        return {
+            "format": FORMAT_NAME, "version": INDEX_VERSION, "shard_version": SHARD_VERSION,
+            "name": self.name, "kind": self.kind, "encoding": self.encoding,
+            "fields": [f.to_json() for f in self.fields], "tables": list(self.tables),
+            "shards": [s.to_json() for s in self.shards], "samples": list(self.samples),
+            "vocabularies": self.vocabularies, "obs_fields": list(self.obs_fields),
+            "control_labels": list(self.control_labels),
+            "conditions": None if self.conditions is None else self.conditions.to_json(),
+            "codec": self.codec, "sources": self.sources, "stats": self.stats, "provenance": self.provenance,
+            "sections": self.sections, "primary_records": self.primary_records,
+        }
 
 
 def index_path(root: str | Path) -> Path:
@@ -193,50 +308,62 @@ def read_index(root: str | Path) -> Index:
         raise FormatError(f"{path}: no index.json (not a shardsmith dataset, or never committed)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: index.json is not valid JSON ({e})") from None
-    if raw.get("format") != FORMAT_NAME:
-        raise FormatError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
-    if raw.get("version") != FORMAT_VERSION:
-        raise FormatError(f"{path}: format version {raw.get('version')!r}; this reader understands {FORMAT_VERSION}")
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise FormatError(f"{path}: format is {got!r}, expected {FORMAT_NAME!r}")
+    version = raw.get("version")
+    if version not in (1, INDEX_VERSION):
+        raise FormatError(f"{path}: index version {version!r}; this reader understands 1 and {INDEX_VERSION} "
+                          "(rebuild the dataset with this shardsmith: `shardsmith build MANIFEST --out DIR`)")
     try:
-        encoding = raw["encoding"]
-        if encoding not in ENCODINGS:
-            raise FormatError(f"{path}: unknown shard encoding {encoding!r}")
+        if raw.get("encoding") not in ENCODINGS:
+            raise FormatError(f"{path}: unknown shard encoding {raw.get('encoding')!r}")
+        doc = _from_v1(raw) if version == 1 else raw
+        cond = doc.get("conditions")
         return Index(
-            root=Path(root),
-            name=raw["name"],
-            kind=raw["kind"],
-            encoding=encoding,
-            fields=[FieldSpec.from_json(f) for f in raw["fields"]],
-            tables=list(raw.get("tables", [])),
-            shards=[ShardEntry.from_json(s) for s in raw["shards"]],
-            vocabularies={k: list(v) for k, v in raw.get("vocabularies", {}).items()},
-            conditions=raw.get("conditions"),
+            root=Path(root), name=str(doc["name"]), kind=str(doc["kind"]), encoding=str(doc["encoding"]),
+            fields=[FieldSpec.from_json(f) for f in doc["fields"]], tables=[str(t) for t in doc.get("tables", [])],
+            shards=[ShardEntry.from_json(s) for s in doc["shards"]], samples=[str(s) for s in doc.get("samples", [])],
+            vocabularies={k: [str(x) for x in v] for k, v in (doc.get("vocabularies") or {}).items()},
+            obs_fields=[str(f) for f in doc.get("obs_fields") or []],
+            control_labels=[str(c) for c in doc.get("control_labels") or []],
+            conditions=None if not cond else ConditionsRef.from_json(cond), codec=dict(doc.get("codec") or {}),
+            sources=list(doc.get("sources") or []), stats=dict(doc.get("stats") or {}),
+            provenance=dict(doc.get("provenance") or {}), sections=dict(doc.get("sections") or {}),
+            primary_records=None if doc.get("primary_records") is None else int(doc["primary_records"]),
             raw=raw,
         )
-    except KeyError as e:
-        raise FormatError(f"{path}: missing key {e}") from None
+    except FormatError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise FormatError(f"{path}: malformed index.json ({type(e).__name__}: {e})") from None
 
 
-def index_document(*, name: str, kind: str, encoding: str, fields: Iterable[FieldSpec], tables: Iterable[str],
-                   shards: Iterable[ShardEntry], **extra: Any) -> dict[str, Any]:
-    """The JSON document for index.json (keys sorted on write, so equal inputs give equal bytes)."""
-    return {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "name": name,
-        "kind": kind,
-        "encoding": encoding,
-        "fields": [f.to_json() for f in fields],
-        "tables": list(tables),
-        "shards": [asdict(s) for s in shards],
-        **extra,
-    }
+V1_SECTION_KEYS = ("pairing", "split", "var_names")  # v1 kept these perturbation settings at the top level
 
 
-def write_index(root: str | Path, document: Mapping[str, Any]) -> Path:
-    """Atomically replace index.json: the moment a new dataset becomes visible to readers."""
-    data = json.dumps(document, indent=1, sort_keys=True).encode() + b"\n"
-    path = index_path(root)
+def _from_v1(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """An index.json of version 1 (perturbation only, shards written by the same shard layout) in the
+    version-2 layout: unit counts from primary/pairs/sentences, part numbers from file names."""
+    doc = dict(raw)
+    tables = list(raw.get("tables", []))
+    samples = ["cells"] + [s for s, t in (("pairs", PAIRS), ("sentences", SENTENCES_PERT)) if t in tables]
+    shards = []
+    for s in raw["shards"]:
+        units = {"cells": s["primary"], "pairs": s.get("pairs", 0), "sentences": s.get("sentences", 0)}
+        parts = str(s["file"]).split("-")
+        part = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else 0
+        shards.append({**s, "units": {k: v for k, v in units.items() if k in samples}, "part": part})
+    doc["shards"], doc["samples"] = shards, samples
+    doc["sections"] = {str(raw["kind"]): {k: raw[k] for k in V1_SECTION_KEYS if k in raw}}
+    doc["primary_records"] = (raw.get("stats") or {}).get("cells")
+    return doc
+
+
+def write_index(index: Index) -> Path:
+    """Atomically replace ``index.root``/index.json: the moment a new dataset becomes visible to readers."""
+    data = json.dumps(index.to_json(), indent=1, sort_keys=True).encode() + b"\n"
+    path = index_path(index.root)
     atomic_write_bytes(path, data)
     return path
 

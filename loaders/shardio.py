@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.format import FORMAT_NAME, FORMAT_VERSION, FormatError
+from loaders.format import FORMAT_NAME, SHARD_VERSION, FormatError
 
 ShardReader = Callable[[Path, Sequence[str]], dict[str, np.ndarray]]
 READERS: dict[str, ShardReader] = {}
@@ -222,13 +222,13 @@ def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str,
 def _tar_meta(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> dict[str, Any]:
     try:
         meta = json.loads(_member_bytes(tf, info))
-        ok = (meta.get("format"), meta.get("version")) == (FORMAT_NAME, FORMAT_VERSION)
+        ok = (meta.get("format"), meta.get("version")) == (FORMAT_NAME, SHARD_VERSION)
         if ok and isinstance(meta.get("columns"), dict) and isinstance(meta.get("tables"), list):
             int(meta["blocks"]), int(meta["n_records"])
             return dict(meta)
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
-    raise FormatError(f"{path}: {info.name} is not a {FORMAT_NAME} v{FORMAT_VERSION} tar map")
+    raise FormatError(f"{path}: {info.name} is not a {FORMAT_NAME} v{SHARD_VERSION} tar map")
 
 
 def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytearray:

@@ -235,7 +235,7 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
                   "matrix": s.spec.matrix} for s in scanned],
         stats={**plan.stats, "source_rows": int(sum(s.meta.n_rows for s in scanned)), "cells": len(plan.cells)},
         provenance={"manifest": str(manifest.path), "manifest_sha256": manifest.sha256, "seed": manifest.seed,
-                    "shardsmith": __version__, "format_version": fmt.FORMAT_VERSION},
+                    "shardsmith": __version__, "format_version": fmt.INDEX_VERSION},
     )
     fmt.write_index(out, document)
     save_inputs(out, manifest, scanned, plan)

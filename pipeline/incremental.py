@@ -60,7 +60,7 @@ def inputs_digest(manifest: Manifest, sources: Sequence[tuple[str, str]]) -> str
     features = manifest.fields.perturbation_features
     doc = {"manifest": [str(manifest.path), manifest.sha256], "sources": [list(s) for s in sources],
            "features": hashlib.sha256(features.read_bytes()).hexdigest() if features is not None else None,
-           "code": code_digest(), "shardsmith": __version__, "format": fmt.FORMAT_VERSION}
+           "code": code_digest(), "shardsmith": __version__, "format": [fmt.SHARD_VERSION, fmt.INDEX_VERSION]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

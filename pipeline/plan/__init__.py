@@ -154,7 +154,7 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
 def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
     """Hash of everything a shard's bytes depend on: source content, config, format version, planned columns."""
     h = hashlib.sha256()
-    config = {"format": fmt.FORMAT_VERSION, "encoding": manifest.format, "codec": [manifest.codec, manifest.codec_level],
+    config = {"format": fmt.SHARD_VERSION, "encoding": manifest.format, "codec": [manifest.codec, manifest.codec_level],
               "source": src.fingerprint.sha256, "matrix": src.spec.matrix, "values": manifest.fields.values,
               "obsm": list(manifest.fields.obsm)}
     h.update(json.dumps(config, sort_keys=True).encode())

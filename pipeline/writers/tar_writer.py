@@ -54,7 +54,7 @@ class TarShardWriter(ShardWriter):
         n = _record_count(cols, records, groups)
         blocks = max(1, -(-n // self.block_records)) if records else 0
         names = tar_field_names(cols)
-        meta = {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "encoding": self.encoding,
+        meta = {"format": fmt.FORMAT_NAME, "version": fmt.SHARD_VERSION, "encoding": self.encoding,
                 "n_records": n, "blocks": blocks, "block_records": self.block_records,
                 "columns": {names[k]: k for k in cols}, "tables": tables, "compression": "none"}
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # as zarr's LocalStore does
