@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from loaders.samples.base import SAMPLE_TYPES, SampleType, from_config, get_sample_type, register_sample_type
 from loaders.samples import perturbation as _perturbation  # noqa: F401,E402  (registers cells, pairs, sentences)
+from loaders.samples.base import SAMPLE_TYPES, SampleType, from_config, get_sample_type, register_sample_type
 
 __all__ = ["SAMPLE_TYPES", "SampleType", "from_config", "get_sample_type", "register_sample_type"]

@@ -21,8 +21,8 @@ from loaders.format import (
     SAMPLE_ID,
     SENTENCES_CTRL,
     SENTENCES_PERT,
-    X,
     Index,
+    X,
 )
 from loaders.samples.base import SampleType, register_sample_type
 
