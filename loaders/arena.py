@@ -1,15 +1,18 @@
-"""Window arenas: one decoded window as a CSR matrix over recycled buffers (no torch: the decoder process
-imports this).
+"""Window arenas: one decoded window, every field's column for all its shards back to back (no torch: the
+decoder process imports this).
 
-An *arena* is one decoded window, its shards' columns back to back: ``X/indices`` (int32) and ``X/data``
-are decoded straight into ``cols``/``vals`` (:meth:`loaders.shardio.Column.read_into`), each shard right
-after the previous one, so with the rebased row pointers the window's X *is* a CSR matrix. It is wrapped
-as a ``scipy.sparse.csr_matrix`` (no copy), and a batch is ``x[rows]`` followed by ``toarray``: scipy's
-C++ row gather and densify, the very operation the in-memory baseline runs, with no Python loop over
-samples and no window-sized copy (an earlier design permuted each window once into the epoch's order:
-it cost a full extra read+write of the window per epoch and more CPU than it saved per batch).
-The big arrays are recycled by a :class:`BufferPool` (fresh memory: a page fault per 4 KiB), or live in
-a shared slab filled by the decoder process (:mod:`loaders.decoder`).
+An *arena* holds the columns a sample type reads, by field layout:
+
+* ``dense`` ``<name>``: ``[R, *shape]``, shard after shard;
+* ``csr`` ``<name>/indptr`` (int64 ``[R+1]``, rebased so the window's rows form one CSR matrix),
+  ``<name>/indices``, ``<name>/data``: each shard's entries decoded straight after the previous shard's;
+* ``ragged`` ``<name>/offsets`` (int64 ``[R+1]``, rebased likewise), ``<name>/values``.
+
+Decoding writes each shard straight into its slice (:meth:`loaders.shardio.Column.read_into`): no
+concatenation, no re-encoding; a batch then gathers rows with one vectorised call per field
+(:mod:`loaders.gather`). The big arrays are recycled by a :class:`BufferPool` (fresh memory costs a page
+fault per 4 KiB), or live in a shared slab filled by the decoder process (:mod:`loaders.decoder`), which is
+why an arena is nothing but named arrays plus a JSON-able layout map.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import scipy.sparse as sp
 
-from loaders.format import PAIRS, PRIMARY, SENTENCES_CTRL, SENTENCES_PERT, X
+from loaders.format import FieldSpec
 
-INDPTR, INDICES, DATA = f"{X}/indptr", f"{X}/indices", f"{X}/data"
 ALIGN = 64
+KEEP_BYTES = 1 << 20  # arrays at least this big go back to the pool on release
+INDEX_ARRAYS = ("shards", "row_offsets", "unit_offsets", "units", "order", "unit_ids")
 
 
 class BufferPool:
@@ -36,7 +39,7 @@ class BufferPool:
     CSR component whose base has more than twice its number of *elements* (``_prune_array``), which
     a float32 view of a uint8 owner always has."""
 
-    def __init__(self, keep: int = 6) -> None:
+    def __init__(self, keep: int = 12) -> None:
         self.keep, self.pid = keep, os.getpid()
         self._free: list[np.ndarray] = []  # raw uint64 owners
         self._lock = threading.Lock()
@@ -76,68 +79,85 @@ class Buffers(Protocol):
 
     def get(self, n: int, dtype: np.dtype) -> np.ndarray: ...
 
-    def clear(self) -> None:
-        """Let go of every recycled buffer (e.g. once a decoder process serves the windows instead)."""
-        with self._lock:
-            self._free.clear()
-
     def put(self, *arrays: np.ndarray) -> None: ...
+
+
+def _layouts(specs: Sequence[FieldSpec]) -> dict[str, list[Any]]:
+    return {f.name: [f.layout, f.dtype, list(f.shape)] for f in specs}
 
 
 @dataclass
 class Arena:
     """One decoded window: its shards' rows side by side, plus the rows each unit refers to."""
 
-    shards: np.ndarray  # int64 [k]: shard ids, in concatenation order
+    shards: np.ndarray  # int64 [k]: shard ids (positions in the split's shard list), in concatenation order
     row_offsets: np.ndarray  # int64 [k+1]: rows of shard i are [row_offsets[i], row_offsets[i+1])
-    nnz_offsets: np.ndarray  # int64 [k+1]: entries of shard i are [nnz_offsets[i], nnz_offsets[i+1])
-    indptr: np.ndarray  # int64 [R+1]: the window's CSR row pointers
-    cols: np.ndarray  # int32 [>= nnz]: X/indices of every shard, back to back (a pooled buffer)
-    vals: np.ndarray  # [>= nnz]: X/data likewise
-    ints: np.ndarray  # int64 [len(int_keys), R]
-    n_cols: int
-    columns: dict[str, np.ndarray] = field(default_factory=dict)  # other per-row columns (sample_id, obsm/*)
+    columns: dict[str, np.ndarray]  # flat key -> array (pointer columns rebased, int64)
+    layouts: dict[str, list[Any]]  # field name -> [layout, dtype, shape] (JSON-able)
+    entry_offsets: dict[str, np.ndarray] = field(default_factory=dict)  # pointer key -> int64 [k+1]
     unit_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))  # int64 [k+1]
     units: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), np.int64))  # int64 [U, width] arena rows
     order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # unit (row of units) per position
-    x: Any = None  # scipy.sparse.csr_matrix over indptr/cols/vals, once every shard is in (:meth:`seal`)
+    unit_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 [U]: stable unit ids
     on_release: Callable[[], None] | None = None  # set when the buffers are not the pool's (a decoder slab)
+    narrow: dict[str, np.ndarray] = field(default_factory=dict)  # csr indptr in the indices' dtype (seal)
 
     @staticmethod
-    def allocate(shards: Sequence[int], rows: Sequence[int], nnz: Sequence[int], int_keys: Sequence[str],
-                 other: Mapping[str, tuple[np.dtype, tuple[int, ...]]], data_dtype: np.dtype, n_cols: int,
-                 pool: Buffers) -> Arena:
-        """Empty buffers for shards with ``rows[i]`` rows and ``nnz[i]`` X entries."""
+    def allocate(shards: Sequence[int], rows: Sequence[int], entries: Mapping[str, Sequence[int]],
+                 specs: Sequence[FieldSpec], pool: Buffers) -> Arena:
+        """Empty buffers for shards with ``rows[i]`` rows and ``entries[pointer key][i]`` entries."""
         row_off = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(rows, out=row_off[1:])
-        nnz_off = np.zeros(len(nnz) + 1, np.int64)
-        np.cumsum(nnz, out=nnz_off[1:])
-        n, cap = int(row_off[-1]), max(1, int(nnz_off[-1]))
-        columns = {k: pool.get(n * int(np.prod(inner, dtype=np.int64)), dt).reshape(n, *inner)
-                   for k, (dt, inner) in other.items()}
-        indptr = pool.get(n + 1, np.dtype(np.int64))
-        indptr[0] = 0
-        ints = pool.get(len(int_keys) * n, np.dtype(np.int64)).reshape(len(int_keys), n)
-        return Arena(np.asarray(shards, np.int64), row_off, nnz_off, indptr, pool.get(cap, np.dtype(np.int32)),
-                     pool.get(cap, data_dtype), ints, int(n_cols), columns)
+        n = int(row_off[-1])
+        columns: dict[str, np.ndarray] = {}
+        entry_offsets: dict[str, np.ndarray] = {}
+        for f in specs:
+            if f.layout == "dense":
+                inner = int(np.prod(f.shape, dtype=np.int64))
+                columns[f.name] = pool.get(n * inner, np.dtype(f.dtype)).reshape(n, *f.shape)
+                continue
+            ptr = f.keys()[0]
+            off = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum(entries[ptr], out=off[1:])
+            entry_offsets[ptr] = off
+            cap = max(1, int(off[-1]))
+            columns[ptr] = pool.get(n + 1, np.dtype(np.int64))
+            columns[ptr][0] = 0
+            if f.layout == "csr":
+                columns[f"{f.name}/indices"] = pool.get(cap, np.dtype(np.int32))
+                columns[f.payload] = pool.get(cap, np.dtype(f.dtype))
+            else:
+                inner = int(np.prod(f.shape, dtype=np.int64))
+                columns[f.payload] = pool.get(cap * inner, np.dtype(f.dtype)).reshape(cap, *f.shape)
+        return Arena(np.asarray(shards, np.int64), row_off, columns, _layouts(specs), entry_offsets)
 
-    def set_rows(self, i: int, indptr: np.ndarray) -> None:
-        """Row pointers of shard ``i`` (its own, validated ``X/indptr``), rebased to where its entries went."""
+    @property
+    def n_rows(self) -> int:
+        return int(self.row_offsets[-1])
+
+    def set_pointers(self, i: int, key: str, local: np.ndarray) -> None:
+        """Row pointers of shard ``i`` for ``key`` (its own, validated), rebased to where its entries went."""
         r0, r1 = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
-        np.add(indptr[1:], self.nnz_offsets[i], out=self.indptr[r0 + 1:r1 + 1])
+        np.add(local[1:], self.entry_offsets[key][i], out=self.columns[key][r0 + 1:r1 + 1])
 
     def seal(self) -> None:
-        """Wrap the decoded X as a CSR matrix (views of the buffers, no copy)."""
-        nnz = int(self.nnz_offsets[-1])
-        self.x = sp.csr_matrix((self.vals[:nnz], self.cols[:nnz], self.indptr),
-                               shape=(self.indptr.size - 1, self.n_cols), copy=False)
+        """Ready for gathers: csr pointers in the dtype of their indices (what scipy's kernels take)."""
+        for name, (layout, _dt, _shape) in self.layouts.items():
+            if layout != "csr":
+                continue
+            ptr = self.columns[f"{name}/indptr"]
+            nnz = int(ptr[-1]) if ptr.size else 0
+            self.narrow[name] = ptr.astype(np.int32) if nnz < 2**31 - 1 else ptr
 
-    def set_units(self, per_shard: Sequence[np.ndarray], width: int) -> None:
-        """Units of every shard (local rows ``[U_i, width]``), made arena rows."""
-        parts = [u + self.row_offsets[i] for i, u in enumerate(per_shard)]
-        self.units = np.concatenate(parts).reshape(-1, width) if parts else np.zeros((0, width), np.int64)
+    def set_units(self, per_shard: Sequence[np.ndarray], width: int, first_ids: Sequence[int]) -> None:
+        """Units of every shard (local rows ``[U_i, width]``), made arena rows; ``first_ids[i]``: the stable id
+        of shard i's first unit (units are numbered through the split's shards in index order)."""
+        parts = [np.asarray(u, np.int64).reshape(-1, width) + self.row_offsets[i] for i, u in enumerate(per_shard)]
+        self.units = np.concatenate(parts) if parts else np.zeros((0, width), np.int64)
         self.unit_offsets = np.zeros(len(parts) + 1, np.int64)
         np.cumsum([u.shape[0] for u in parts], out=self.unit_offsets[1:])
+        ids = [np.arange(u.shape[0], dtype=np.int64) + int(f) for u, f in zip(parts, first_ids, strict=True)]
+        self.unit_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
 
     def set_order(self, shard_idx: np.ndarray, local_idx: np.ndarray) -> None:
         """Positions of the window (``order.window_units``) as rows of ``units``."""
@@ -147,22 +167,28 @@ class Arena:
 
     def release(self, pool: BufferPool) -> None:
         """Hand the big buffers back (the arena must not be used afterwards)."""
-        self.x = None
+        self.narrow = {}
         if self.on_release is not None:
             self.on_release()
         else:
-            pool.put(self.cols, self.vals)
+            pool.put(*[a for a in self.columns.values() if a.nbytes >= KEEP_BYTES])
+
+    # -- crossing a process boundary as named arrays (loaders.decoder) --------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array of the arena by a flat name."""
+        out = {name: getattr(self, name) for name in INDEX_ARRAYS}
+        out.update({f"col:{k}": v for k, v in self.columns.items()})
+        out.update({f"ent:{k}": v for k, v in self.entry_offsets.items()})
+        return out
+
+    @staticmethod
+    def from_arrays(arrays: Mapping[str, np.ndarray], layouts: Mapping[str, list[Any]]) -> Arena:
+        a = Arena(arrays["shards"], arrays["row_offsets"],
+                  {k[4:]: v for k, v in arrays.items() if k.startswith("col:")}, dict(layouts),
+                  {k[4:]: v for k, v in arrays.items() if k.startswith("ent:")})
+        a.unit_offsets, a.units, a.order, a.unit_ids = (arrays[n] for n in INDEX_ARRAYS[2:])
+        return a
 
     @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in (self.units, self.indptr, self.cols, self.vals, self.ints, self.order,
-                                          *self.columns.values())))
-
-
-def shard_units(columns: Mapping[str, np.ndarray], sample: str) -> np.ndarray:
-    """Local rows of a shard's units, ``[U, width]``."""
-    if sample == "cells":
-        return np.flatnonzero(columns[PRIMARY]).astype(np.int64)[:, None]
-    if sample == "pairs":
-        return columns[PAIRS].astype(np.int64).reshape(-1, 2)
-    return np.concatenate([columns[SENTENCES_PERT], columns[SENTENCES_CTRL]], axis=1).astype(np.int64)
+        return int(sum(a.nbytes for a in self.arrays().values()))

@@ -33,15 +33,14 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import decoder, order
-from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
+from loaders.collate import Arena, BufferPool, Payload, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
-from loaders.format import SAMPLE_ID, FormatError, read_index
+from loaders.format import read_index
+from loaders.gather import BatchRows
+from loaders.samples import get_sample_type
 from loaders.schedule import Segment, WindowSchedule, batch_segments
-from loaders.shardio import read_shard
-from loaders.window import TABLES_OF, WindowReader
-
-SAMPLES = ("cells", "pairs", "sentences")
+from loaders.window import WindowReader
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -53,8 +52,9 @@ def _dist_rank_world() -> tuple[int, int]:
 class ShardDataset(IterableDataset):
     """Batches of one split of a dataset folder (``index.json`` + ``shards/``).
 
-    ``sample``: "cells" (primary cells), "pairs" (control, perturbed) or "sentences" (rows of L
-    cells of one group with matched controls). ``rank``/``world_size`` default to torch.distributed's
+    ``sample``: a registered sample type (:mod:`loaders.samples`): "cells" (primary cells), "pairs"
+    (control, perturbed), "sentences" (rows of L cells of one group with matched controls), "spike", "ct", or
+    a plug-in's; ``**sample_options`` go to it (e.g. ``num_bins=5, crop=(256, 256)`` for spike). ``rank``/``world_size`` default to torch.distributed's
     when it is initialised. ``pad=True`` repeats units so every rank gets ceil(N/world) of them;
     ``pad=False`` drops the last N mod world. Use it through :class:`~loaders.loader.ShardLoader`
     (which sets epochs and resume offsets) or a ``DataLoader(ds, batch_size=None)``.
@@ -64,19 +64,15 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
                  densify: bool = True, rank: int | None = None, world_size: int | None = None,
                  decode_ahead: bool = True, batches_ahead: int | None = None, decode_threads: int | None = None,
-                 decode_process: bool | None = None) -> None:
+                 decode_process: bool | None = None, **sample_options: Any) -> None:
         super().__init__()
         self.root = Path(root)
         index = read_index(self.root)
         present = sorted({s.split for s in index.shards})
         if split not in present:
             raise ValueError(f"unknown split {split!r} for {self.root} (valid: {present})")
-        if sample not in SAMPLES:
-            raise ValueError(f"unknown sample {sample!r} (valid: {list(SAMPLES)})")
-        needs = TABLES_OF.get(sample, [])
-        missing = [t for t in needs if t not in index.tables]
-        if missing:
-            raise ValueError(f"sample={sample!r} needs tables {missing}, which {self.root} does not have")
+        self.sample_type = get_sample_type(sample, **sample_options)
+        self.sample_type.check(index)
         if batch_size < 1 or window < 1 or seed < 0:
             raise ValueError("batch_size and window must be >= 1 and seed >= 0")
         d_rank, d_world = _dist_rank_world()
@@ -96,15 +92,14 @@ class ShardDataset(IterableDataset):
         self.decoder_threads = 1 if decode_threads is None else self.decode_threads  # one core for the process
         self.output = "dense" if densify else "sparse"  # ShardLoader switches to "parts" to densify on a device
 
-        self.reader = WindowReader.from_spec({"root": str(self.root), "split": split, "sample": sample,
-                                              "window": window, "seed": seed, "shuffle": shuffle})
+        self.reader = WindowReader.from_spec({"root": str(self.root), "split": split,
+                                              "sample": self.sample_type.get_config(), "window": window,
+                                              "seed": seed, "shuffle": shuffle})
+        self.sample_type = self.reader.sample  # bound to the index
         self.encoding = index.encoding
         self.vocabularies = index.vocabularies  # code -> label per obs field (e.g. to size a classifier)
         self.entries, self.paths, self.counts = self.reader.entries, self.reader.paths, self.reader.counts
-        self.n_cols, self.obs_fields, self.obsm_keys = self.reader.n_cols, self.reader.obs_fields, self.reader.obsm_keys
-        cond = index.conditions
-        self.conditions_path = str(self.root / cond["file"]) if cond and cond.get("file") else None
-        self._vectors: np.ndarray | None = None
+        self.n_cols = getattr(self.sample_type, "n_cols", None)
         self._pool: BufferPool | None = None
         self._threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = None  # (pid, ...)
         self._ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, window), its decode)
@@ -147,7 +142,6 @@ class ShardDataset(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_vectors"] = None  # reloaded lazily in each process; never shipped to workers
         state["_pool"] = None  # buffers belong to one process
         state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
         state["_decoder_state"] = None  # and the decoder process
@@ -164,17 +158,6 @@ class ShardDataset(IterableDataset):
         return self._pool
 
     # -- decoding --------------------------------------------------------------------------------
-    def vectors(self) -> np.ndarray | None:
-        if self._vectors is None and self.conditions_path is not None:
-            # a zarr group (a folder) per the contract; tar-encoded builds write it in their own encoding
-            encoding = "zarr" if Path(self.conditions_path).is_dir() else self.encoding
-            try:
-                self._vectors = np.asarray(read_shard(self.conditions_path, encoding, ["vectors"])["vectors"],
-                                           dtype=np.float32)
-            except FormatError as e:
-                raise FormatError(f"condition table: {e}") from None
-        return self._vectors
-
     def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:
         by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
@@ -211,7 +194,6 @@ class ShardDataset(IterableDataset):
         epoch, start = self._iteration()
         batches = order.worker_batches(self.num_batches(), worker, n_workers, start)
         if len(batches):
-            self.vectors()
             yield from self._serve(epoch, batches, worker, n_workers)
 
     def _serve(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -301,61 +283,24 @@ class ShardDataset(IterableDataset):
                 for w in [w for w in loaded if w not in keep]:
                     self._release(loaded.pop(w))  # windows behind us: recycle their memory
                 arenas = {w: loaded[w].result() for w in wins}
-                yield finish(self.make_batch(arenas, segments), self.output)
+                yield finish(self.make_batch(arenas, segments, epoch), self.output)
         finally:
             for fut in loaded.values():
                 self._release(fut)
             loaded.clear()
 
-    def make_batch(self, arenas: dict[int, Arena], segments: list[Segment]) -> Payload:
+    def make_batch(self, arenas: dict[int, Arena], segments: list[Segment], epoch: int | None = None) -> Payload:
         """The batch of the units at positions ``[lo, hi)`` of windows ``w`` for each ``(w, lo, hi)`` in
-        ``segments`` (in batch order), whose arenas are ``arenas``."""
+        ``segments`` (in batch order), whose arenas are ``arenas``, assembled by the sample type."""
         keys = sorted(arenas)
         arena_list = [arenas[w] for w in keys]
         # a loop over (at most a few) segments, never over units
-        parts = [np.take(arenas[w].units, arenas[w].order[lo:hi], axis=0) for w, lo, hi in segments]
-        urows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        picks = [arenas[w].order[lo:hi] for w, lo, hi in segments]
+        units = [np.take(arenas[w].units, pick, axis=0) for (w, _, _), pick in zip(segments, picks, strict=True)]
+        ids = [np.take(arenas[w].unit_ids, pick) for (w, _, _), pick in zip(segments, picks, strict=True)]
         group = None if len(arena_list) == 1 else \
             np.repeat([keys.index(w) for w, _, _ in segments], [hi - lo for _, lo, hi in segments])
-        b = urows.shape[0]
-        g, p = self.n_cols, Payload()
-        grp = None if group is None else group[:, None]
-
-        def x(key: str, rows: Rows, shape: tuple[int, ...]) -> None:
-            p.xs[key] = rows.gather(shape)
-
-        def meta(rows: Rows) -> None:
-            ints = rows.take_ints()  # [1 + n_obs, b]: cond_id then the obs codes
-            p.arrays["cond_id"] = ints[0]
-            if self._vectors is not None:
-                p.arrays["cond"] = np.take(self._vectors, ints[0], axis=0)
-            for i, f in enumerate(self.obs_fields, start=1):
-                p.arrays[f] = ints[i]
-
-        if self.sample == "cells":
-            rows = Rows(arena_list, grp, urows[:, :1])
-            x("X", rows, (b, g))
-            p.arrays["sample_id"] = rows.take(SAMPLE_ID)
-            meta(rows)
-            for k in self.obsm_keys:
-                p.arrays[k] = rows.take(k)
-        elif self.sample == "pairs":
-            ctrl, pert = Rows(arena_list, grp, urows[:, :1]), Rows(arena_list, grp, urows[:, 1:2])
-            x("x_ctrl", ctrl, (b, g))
-            x("x_pert", pert, (b, g))
-            p.arrays["ctrl_id"] = ctrl.take(SAMPLE_ID)
-            p.arrays["pert_id"] = pert.take(SAMPLE_ID)
-            meta(pert)
-            for k in self.obsm_keys:
-                p.arrays[k] = pert.take(k)
-        else:
-            length = urows.shape[1] // 2
-            pert, ctrl = Rows(arena_list, grp, urows[:, :length]), Rows(arena_list, grp, urows[:, length:])
-            x("x_pert", pert, (b, length, g))
-            x("x_ctrl", ctrl, (b, length, g))
-            p.arrays["pert_id"] = pert.take(SAMPLE_ID).reshape(b, length)
-            p.arrays["ctrl_id"] = ctrl.take(SAMPLE_ID).reshape(b, length)
-            meta(Rows(arena_list, grp, urows[:, :1]))
-            for k in self.obsm_keys:
-                p.arrays[k] = pert.take(k).reshape(b, length, -1)
-        return p
+        batch = BatchRows(arena_list, group, np.concatenate(units) if len(units) > 1 else units[0],
+                          np.concatenate(ids) if len(ids) > 1 else ids[0], self.seed,
+                          self._iteration()[0] if epoch is None else epoch)
+        return self.sample_type.assemble(batch)

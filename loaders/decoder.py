@@ -30,7 +30,6 @@ from loaders.arena import ALIGN, Arena
 from loaders.format import FormatError
 from loaders.window import WindowReader
 
-FIELDS = ("shards", "row_offsets", "nnz_offsets", "indptr", "cols", "vals", "ints", "unit_offsets", "units", "order")
 AVAILABLE = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 POLL_S = 0.2  # how often a waiting parent checks that the child is still alive
 HEADROOM = 1.05  # a new slab is this much bigger than asked, so that similar windows can reuse it
@@ -103,15 +102,11 @@ class SlabBuffers:
 
 def export(arena: Arena, buffers: SlabBuffers) -> dict[str, Any]:
     """The arena as slab offsets (JSON-able): what the parent needs to rebuild it over its own mapping."""
-    desc: dict[str, Any] = {name: buffers.place(getattr(arena, name)) for name in FIELDS}
-    desc["columns"] = {k: buffers.place(v) for k, v in arena.columns.items()}
-    desc["n_cols"] = arena.n_cols
-    return desc
+    return {"arrays": {name: buffers.place(a) for name, a in arena.arrays().items()}, "layouts": arena.layouts}
 
 
 def rebuild(desc: dict[str, Any], slab: Slab) -> Arena:
-    return Arena(**{name: slab.view(*desc[name]) for name in FIELDS}, n_cols=int(desc["n_cols"]),
-                 columns={k: slab.view(*v) for k, v in desc["columns"].items()})
+    return Arena.from_arrays({name: slab.view(*v) for name, v in desc["arrays"].items()}, desc["layouts"])
 
 
 # -- the child ----------------------------------------------------------------------------------------

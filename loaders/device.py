@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from loaders.collate import LAYOUT, PACKED, PARTS, Gathered, sparse
+from loaders.collate import LAYOUT, META, PACKED, sparse
+from loaders.payload import CSR_OP, get_op
 
 Batch = dict[str, Any]
 T = TypeVar("T")
@@ -83,9 +84,7 @@ def prefetch(make: Callable[[], Iterator[T]], depth: int, name: str) -> Iterator
 
 def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """Dense float32 ``shape`` (rows flattened over leading dims) from shipped CSR parts, on the CPU."""
-    idx = np.result_type(crow.dtype, cols.dtype)  # scipy's kernels want one index dtype
-    return Gathered(crow.astype(idx, copy=False), cols.astype(idx, copy=False), vals,
-                    tuple(int(s) for s in shape)).dense()
+    return get_op(CSR_OP)({"crow": crow, "cols": cols, "vals": vals}, {"shape": list(shape)}, None)
 
 
 def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
@@ -98,6 +97,36 @@ def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, sh
     return out.view(*shape)
 
 
+TorchFinish = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
+TORCH_OPS: dict[str, TorchFinish] = {}
+
+
+def register_torch_op(name: str) -> Callable[[TorchFinish], TorchFinish]:
+    """Register the torch finisher of deferred op ``name`` (its numpy twin: ``loaders.payload.register_op``)."""
+
+    def deco(fn: TorchFinish) -> TorchFinish:
+        TORCH_OPS[name] = fn
+        return fn
+
+    return deco
+
+
+@register_torch_op(CSR_OP)
+def _csr_dense_torch(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
+    return densify_torch(parts["crow"], parts["cols"], parts["vals"], [int(s) for s in meta["shape"]])
+
+
+def finish(op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
+    """A shipped deferred item finished where its parts are: numpy on the CPU (no intra-op torch threads),
+    the registered torch finisher on a device."""
+    first = next(iter(parts.values()))
+    if first.device.type == "cpu" or op not in TORCH_OPS:
+        if op not in TORCH_OPS and first.device.type != "cpu":
+            raise ValueError(f"deferred op {op!r} has no torch finisher (register one with register_torch_op)")
+        return torch.from_numpy(get_op(op)({k: v.numpy() for k, v in parts.items()}, meta, None))
+    return TORCH_OPS[op](parts, meta)
+
+
 _TORCH_DTYPES: dict[str, torch.dtype] = {}
 
 
@@ -107,13 +136,13 @@ def _torch_dtype(dt: str) -> torch.dtype:
     return _TORCH_DTYPES[dt]
 
 
-def _pop_parts(batch: dict[str, Any], key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
-    crow, cols, vals = (batch.pop(key + s) for s in PARTS)
-    return crow, cols, vals, batch.pop(key + ".shape")
+def _shipped_keys(batch: Mapping[str, Any]) -> list[str]:
+    return [k[:-len(META)] for k in batch if k.endswith(META)]
 
 
-def _part_keys(batch: Mapping[str, Any]) -> list[str]:
-    return [k[:-len(PARTS[0])] for k in batch if k.endswith(PARTS[0])]
+def _pop(batch: dict[str, Any], key: str) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    op, meta, names = batch.pop(key + META)
+    return op, meta, {n: batch.pop(f"{key}.{n}") for n in names}
 
 
 def unpack_batch(batch: dict[str, Any]) -> dict[str, Any]:
@@ -126,23 +155,21 @@ def unpack_batch(batch: dict[str, Any]) -> dict[str, Any]:
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
         out[key] = buf[off:off + n].view(_torch_dtype(dt)).view(shape)
     out.update(extras)
-    if output == "sparse":  # the worker shipped parts; the sparse tensor is built here
-        for key in _part_keys(out):
-            crow, cols, vals, shape = _pop_parts(out, key)
-            out[key] = sparse(crow, cols, vals, shape[-1])
+    if output == "sparse":  # the worker shipped CSR parts; the sparse tensor is built here
+        for key in _shipped_keys(out):
+            op, meta, parts = _pop(out, key)
+            out[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
     return out
 
 
 def assemble(batch: dict[str, Any], densify_x: bool) -> dict[str, Any]:
-    """Turn shipped CSR parts back into dense (or sparse) tensors, on whatever device they are."""
-    for key in _part_keys(batch):
-        crow, cols, vals, shape = _pop_parts(batch, key)
-        if not densify_x:
-            batch[key] = sparse(crow, cols, vals, shape[-1])
-        elif crow.device.type == "cpu":  # numpy index math: torch.zeros/repeat_interleave would use intra-op threads
-            batch[key] = torch.from_numpy(densify(crow.numpy(), cols.numpy(), vals.numpy(), shape))
+    """Finish shipped deferred items (CSR rows: dense, or sparse when not ``densify_x``) where they are."""
+    for key in _shipped_keys(batch):
+        op, meta, parts = _pop(batch, key)
+        if op == CSR_OP and not densify_x:
+            batch[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
         else:
-            batch[key] = densify_torch(crow, cols, vals, shape)
+            batch[key] = finish(op, parts, meta)
     return batch
 
 

@@ -24,12 +24,13 @@ import numpy as np
 from loaders import format as fmt
 from pipeline import __version__
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
-from pipeline.manifest import Manifest, load_manifest
-from pipeline.writers import Codec, get_writer
+from pipeline.kinds import KindPlan, PackResult, PlanContext, ShardPlan, get_kind
+from pipeline.manifest import load_manifest
+from pipeline.shardfile import make_durable
+from pipeline.writers import Codec
 
 if TYPE_CHECKING:
     from pipeline.pack import PackConfig
-    from pipeline.plan import Plan, ShardPlan
     from pipeline.scan import ScannedSource
 
 log = logging.getLogger(__name__)
@@ -46,21 +47,9 @@ class BuildResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def dataset_fields(manifest: Manifest, scanned: list[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
-    first = scanned[0].meta
-    out = [fmt.FieldSpec(fmt.X, "csr", "float32", (first.n_cols,)),
-           fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
-           fmt.FieldSpec(fmt.PRIMARY, "dense", "bool"),
-           fmt.FieldSpec(fmt.COND_ID, "dense", "int32")]
-    out += [fmt.FieldSpec(fmt.OBS_PREFIX + f, "dense", "int32") for f in manifest.fields.obs_fields]
-    out += [fmt.FieldSpec(fmt.OBSM_PREFIX + k, "dense", "float32", tuple(first.obsm[k][0][1:]))
-            for k in manifest.fields.obsm]
-    return tuple(out)
-
-
-def previous_index(out: Path) -> dict[str, Any] | None:
+def previous_index(out: Path) -> fmt.Index | None:
     try:
-        return fmt.read_index(out).raw
+        return fmt.read_index(out)
     except fmt.FormatError as e:
         if fmt.index_path(out).exists():
             log.warning("ignoring the previous index (%s): everything is rebuilt", e)
@@ -81,13 +70,14 @@ def _run(jobs: int, backend: str, tasks: list[Callable[[], T]], desc: str, progr
         return list(tqdm(gen, total=len(tasks), desc=desc, unit="task", disable=not progress))
 
 
-def park_tables(spill: Path, reused: set[str], shard: ShardPlan) -> None:
-    """Keep the plan's memory per-cell: a new shard's slot tables wait in the spill folder as .npy files
-    (its pack task loads them and lets them go); a reused shard's columns are not needed at all."""
+def park_tables(spill: Path, reused: set[str], names: tuple[str, ...], shard: ShardPlan) -> None:
+    """Keep the plan's memory per-record: a new shard's big planned tables (``names``: the kind's
+    ``parked``) wait in the spill folder as .npy files (its pack task loads them and lets them go); a reused
+    shard's columns are not needed at all."""
     if shard.key in reused:
         shard.columns.clear()
         return
-    for name in fmt.TABLES:
+    for name in names:
         a = shard.columns.get(name)
         if isinstance(a, np.ndarray) and a.nbytes > 1 << 16:
             path = spill / f"plan-{shard.source}-{shard.split}-{shard.part}-{name.replace('/', '~')}.npy"
@@ -128,17 +118,20 @@ def _backend_context(backend: str, scheduler: str | None) -> Any:
     return None
 
 
-def write_conditions(out: Path, plan: Plan, cfg: PackConfig) -> dict[str, Any]:
-    from pipeline.pack import write_columns
+def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig) -> fmt.ConditionsRef:
+    """The condition table beside index.json, named by its content (so a rebuild with equal vectors reuses it)."""
+    from pipeline.shardfile import shard_suffix, write_columns
 
-    cond = plan.conditions
-    columns = {"vectors": cond.vectors, "codes": cond.codes}
-    h = hashlib.sha256(np.ascontiguousarray(cond.vectors))  # same digest as of the bytes joined, no copies
-    h.update(np.ascontiguousarray(cond.codes))
-    final = out / f"conditions-{h.hexdigest()[:16]}{get_writer(cfg.encoding, cfg.codec).suffix}"
+    columns = plan.conditions or {}
+    h = hashlib.sha256()
+    for key in (fmt.CONDITION_VECTORS, fmt.CONDITION_CODES):  # same digest as of the bytes joined, no copies
+        if key in columns:
+            h.update(np.ascontiguousarray(columns[key]))
+    final = out / f"conditions-{h.hexdigest()[:16]}{shard_suffix(cfg)}"
     digest, stored = write_columns(columns, final, cfg)
-    return {"file": final.name, "sha256": digest, "bytes": stored, "n": int(cond.vectors.shape[0]),
-            "dim": int(cond.vectors.shape[1]), "segments": cond.segments}
+    vectors = columns[fmt.CONDITION_VECTORS]
+    return fmt.ConditionsRef(file=final.name, rows=int(vectors.shape[0]), dim=int(vectors.shape[1]), sha256=digest,
+                             bytes=stored, segments=list(plan.condition_segments))
 
 
 def collect_garbage(out: Path, keep: Iterable[str]) -> int:
@@ -154,97 +147,134 @@ def collect_garbage(out: Path, keep: Iterable[str]) -> int:
     return removed
 
 
+def _source_doc(s: ScannedSource) -> dict[str, Any]:
+    doc: dict[str, Any] = {**s.fingerprint.to_json(), "ordinal": s.ordinal, "type": s.spec.type}
+    rows = getattr(s.meta, "n_rows", None)
+    doc["rows"] = int(rows) if rows is not None else len(s.meta)
+    if getattr(s.meta, "n_rows", None) is not None:
+        doc["matrix"] = s.spec.matrix
+    return doc
+
+
 def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | None = None,
           backend: str = "threading", scheduler: str | None = None, progress: bool = True) -> BuildResult:
-    """Build or incrementally rebuild OUT from a manifest.
+    """Build or incrementally rebuild OUT from a manifest, through the manifest's kind (pipeline.kinds).
 
     `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing, file I/O)
     runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s) and
     hold its own copy of its tasks' plan."""
     t0 = time.perf_counter()
     manifest = load_manifest(manifest_path)
+    kind = get_kind(manifest.kind)
     out = Path(out) if out is not None else Path("shards") / manifest.name
     jobs = jobs or os.cpu_count() or 1
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (expected one of {BACKENDS})")
     prev = previous_index(out)
     saved = read_record(out) if prev is not None else {}
-    if prev is not None and unchanged(manifest, out, prev, saved):
-        shards = [s["file"] for s in prev.get("shards", [])]
+    if prev is not None and unchanged(manifest, kind, out, prev, saved):
+        shards = [s.file for s in prev.shards]
         log.info("%s is up to date: %d shards, nothing to rebuild", out, len(shards))
-        return BuildResult(out, prev, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0})
-    from pipeline.pack import PackConfig, budget, make_durable, pack_tasks
-    from pipeline.plan import make_plan
-    from pipeline.scan import scan
+        return BuildResult(out, prev.raw, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0})
+    from pipeline.pack import PackConfig, budget
 
-    cache = {s["path"]: s for s in (prev or {}).get("sources", [])}
+    cache = {str(s["path"]): s for s in (prev.sources if prev is not None else [])}
     # with more than one job, new sources are hashed on a second thread while metadata is read and planned
     hasher = ThreadPoolExecutor(1, thread_name_prefix="hash") if jobs > 1 else None
     spill = out / f".spill-{os.getpid()}"
     ctx = None
+    results: list[PackResult] = []
     try:
-        scanned = scan(manifest, cache, hasher)
+        scanned = kind.scan(manifest, cache, hasher)
         t_scan = time.perf_counter()
         (out / fmt.SHARDS_DIR).mkdir(parents=True, exist_ok=True)
-        reusable = {s["plan_key"]: fmt.ShardEntry.from_json(s) for s in (prev or {}).get("shards", [])
-                    if (out / fmt.SHARDS_DIR / s["file"]).exists()}
+        reusable = {s.plan_key: s for s in (prev.shards if prev is not None else [])
+                    if (out / fmt.SHARDS_DIR / s.file).exists()}
         spill.mkdir(exist_ok=True)
-        plan = make_plan(manifest, scanned, park=partial(park_tables, spill, set(reusable)),
-                         known=known_sources(out, prev, saved) if prev is not None else None, salt=code_digest())
+        park = partial(park_tables, spill, set(reusable), kind.parked)
+        known = known_sources(out, prev, saved) if prev is not None else None
+        plan = kind.plan(manifest, scanned, PlanContext(park, known, code_digest(), prev))
         t_plan = time.perf_counter()
         release_freed_memory()  # after planning: its many short-lived temporaries are cheaper from the heap
-        fields = dataset_fields(manifest, scanned)
-        cfg = PackConfig(out=out, spill=spill, encoding=manifest.format,
-                         codec=Codec(manifest.codec, manifest.codec_level), counts=manifest.fields.values == "counts",
-                         obsm=manifest.fields.obsm, fields=fields, block_rows=manifest.block_rows, **budget())
+        cfg = PackConfig(out=out, spill=spill, encoding=manifest.format, codec=Codec(manifest.codec, manifest.codec_level),
+                         **{"counts": False, "obsm": (), **kind.pack_options(manifest)}, fields=plan.fields,
+                         block_rows=manifest.block_rows, tables=tuple(plan.tables), samples=tuple(kind.samples),
+                         **budget())
         todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
-        if any(not plan.shards[i].columns for i in todo):  # a reused source's shard vanished meanwhile
-            plan = make_plan(manifest, scanned, park=partial(park_tables, spill, set(reusable)), salt=code_digest())
+        if known and any(not plan.shards[i].columns and not plan.shards[i].n for i in todo):
+            # a reused source's shard vanished meanwhile: plan everything again
+            plan = kind.plan(manifest, scanned, PlanContext(park, None, code_digest(), prev))
             todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         entries = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}
         ctx = _backend_context(backend, scheduler)
-        conditions = write_conditions(out, plan, cfg)
-        read, pack = pack_tasks(plan.shards, scanned, todo, cfg)
+        conditions = write_conditions(out, plan, cfg) if plan.conditions else None
+        read, pack = kind.pack_tasks(manifest, plan, scanned, todo, cfg)
         for r in _run(jobs, backend, read, "read sources", progress):
-            entries.update(r)
+            results.extend(r)
         t_scatter = time.perf_counter()
-        entries.update(_run(jobs, backend, pack, "pack shards", progress))
+        for r in _run(jobs, backend, pack, "pack shards", progress):
+            results.extend(r)
     finally:
         shutil.rmtree(spill, ignore_errors=True)
         if hasher is not None:
             hasher.shutdown(wait=True, cancel_futures=True)
         if ctx is not None:
             ctx.close()
+    entries.update({r.number: r.entry for r in results})
     shard_entries = [entries[i] for i in range(len(plan.shards))]
-    make_durable(out, [out / fmt.SHARDS_DIR / shard_entries[i].file for i in todo] + [out / conditions["file"]])
+    side = [conditions.file] if conditions is not None else []
+    make_durable(out, [out / fmt.SHARDS_DIR / shard_entries[i].file for i in todo] + [out / f for f in side])
     t_pack = time.perf_counter()
-    document = fmt.index_document(
-        name=manifest.name, kind=manifest.kind, encoding=manifest.format, fields=fields,
-        tables=list(fmt.TABLES), shards=shard_entries,
-        obs_fields=list(manifest.fields.obs_fields),
-        vocabularies=plan.cells.vocabularies,
-        control_labels=[c for c in manifest.fields.control if c in plan.cells.vocabularies["perturbation"]],
-        conditions=conditions,
-        var_names=list(scanned[0].meta.var_names),
+    stats, section = record_outcomes(plan, prev, shard_entries, results, kind.name)
+    index = fmt.Index(
+        root=out, name=manifest.name, kind=manifest.kind, encoding=manifest.format, fields=list(plan.fields),
+        tables=list(plan.tables), shards=shard_entries, samples=list(kind.samples), vocabularies=plan.vocabularies,
+        obs_fields=plan.obs_fields, control_labels=plan.control_labels, conditions=conditions,
         codec=cfg.codec.to_json() if manifest.format == "zarr" else {"name": "none", "level": 0},
-        pairing={"strategy": manifest.pairing.strategy, "sentence_size": manifest.pairing.sentence_size,
-                 "max_pairs_per_condition": manifest.pairing.max_pairs_per_condition},
-        split={"mode": manifest.split.mode, "val_fraction": manifest.split.val_fraction,
-               "test_fraction": manifest.split.test_fraction},
-        sources=[{**s.fingerprint.to_json(), "ordinal": s.ordinal, "type": s.spec.type, "rows": s.meta.n_rows,
-                  "matrix": s.spec.matrix} for s in scanned],
-        stats={**plan.stats, "source_rows": int(sum(s.meta.n_rows for s in scanned)), "cells": len(plan.cells)},
+        sources=[_source_doc(s) for s in scanned], stats=stats,
         provenance={"manifest": str(manifest.path), "manifest_sha256": manifest.sha256, "seed": manifest.seed,
                     "shardsmith": __version__, "format_version": fmt.INDEX_VERSION},
-    )
-    fmt.write_index(out, document)
-    save_inputs(out, manifest, scanned, plan)
-    removed = collect_garbage(out, [e.file for e in shard_entries] + [conditions["file"]])
+        sections={kind.name: section},
+        primary_records=plan.primary_records if plan.primary_records is not None
+        else int(sum(e.records for e in shard_entries)))
+    fmt.write_index(index)
+    save_inputs(out, manifest, kind, scanned, plan)
+    removed = collect_garbage(out, [e.file for e in shard_entries] + side)
     t_end = time.perf_counter()
     written = [shard_entries[i].file for i in todo]
     log.info("committed %s: %d shards (%d written, %d reused, %d stale removed)", out, len(shard_entries),
              len(written), len(shard_entries) - len(written), removed)
-    return BuildResult(out, document, written, [e.file for i, e in enumerate(shard_entries) if i not in set(todo)],
+    return BuildResult(out, index.to_json(), written,
+                       [e.file for i, e in enumerate(shard_entries) if i not in set(todo)],
                        {"scan": t_scan - t0, "plan": t_plan - t_scan, "scatter": t_scatter - t_plan,
                         "pack": t_pack - t_scatter, "commit": t_end - t_pack, "total": t_end - t0})
 
+
+def record_outcomes(plan: KindPlan, prev: fmt.Index | None, entries: list[fmt.ShardEntry],
+                    results: list[PackResult], kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The index's stats and kind section, with what pack tasks reported per shard: records skipped (by
+    reason: nothing is lost silently) and per-record metadata. Reused shards keep what the previous
+    index said of them."""
+    fresh = {entries[r.number].file: r for r in results}
+    old_skips = (prev.stats.get("skipped_by_shard") if prev is not None else None) or {}
+    old_records = ((prev.section(kind) if prev is not None else {}).get("records")) or {}
+    skipped_by_shard: dict[str, dict[str, int]] = {}
+    records: dict[str, Any] = {}
+    for e in entries:
+        r = fresh.get(e.file)
+        skips = r.skipped if r is not None else old_skips.get(e.file, {})
+        if skips:
+            skipped_by_shard[e.file] = dict(skips)
+        meta = r.records if r is not None else old_records.get(e.file)
+        if meta is not None:
+            records[e.file] = meta
+    stats, section = dict(plan.stats), dict(plan.section)
+    if skipped_by_shard:
+        totals: dict[str, int] = {}
+        for skips in skipped_by_shard.values():
+            for reason, n in skips.items():
+                totals[reason] = totals.get(reason, 0) + int(n)
+        stats["skipped"], stats["skipped_by_shard"] = totals, skipped_by_shard
+    if records:
+        section["records"] = records
+    return stats, section

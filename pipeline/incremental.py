@@ -8,7 +8,7 @@ it is a cache, never required: without it the build simply plans everything.
 * no change (`unchanged`): every source has the size and mtime recorded with its sha256 in the index (the
   scan's own rule for reusing a hash) and the inputs digest matches: nothing is read, planned or written.
 * some change (`known_sources`): sources whose key is unchanged are not planned again; their shards are
-  taken from the index as they are. Vocabularies and the condition table are always rebuilt first,
+  taken from the index as they are (their part numbers from `ShardEntry.part`). Vocabularies and the condition table are always rebuilt first,
   because a changed source can change them and with them the codes stored in every other source's shards.
 """
 
@@ -30,7 +30,7 @@ from pipeline import __version__
 from pipeline.manifest import Manifest
 
 if TYPE_CHECKING:
-    from pipeline.plan import Plan, ShardPlan
+    from pipeline.kinds import Kind, KindPlan, ShardPlan
     from pipeline.scan import ScannedSource
 
 INPUTS_FILE = ".build-inputs.json"
@@ -54,14 +54,30 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def inputs_digest(manifest: Manifest, sources: Sequence[tuple[str, str]]) -> str:
+def inputs_digest(manifest: Manifest, kind: Kind, sources: Sequence[tuple[str, str]]) -> str:
     """Everything a build's output depends on: manifest bytes and path, each source's (path, sha256) in
-    manifest order, the perturbation feature table's bytes, and the code (`code_digest`)."""
-    features = manifest.fields.perturbation_features
+    manifest order, the kind's other input files' bytes (e.g. a perturbation feature table), the plug-in
+    modules' code, and the code (`code_digest`)."""
+    extra = [hashlib.sha256(p.read_bytes()).hexdigest() for p in kind.input_files(manifest)]
     doc = {"manifest": [str(manifest.path), manifest.sha256], "sources": [list(s) for s in sources],
-           "features": hashlib.sha256(features.read_bytes()).hexdigest() if features is not None else None,
+           "inputs": extra, "plugins": _plugin_digest(manifest.plugins, kind),
            "code": code_digest(), "shardsmith": __version__, "format": [fmt.SHARD_VERSION, fmt.INDEX_VERSION]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _plugin_digest(modules: Sequence[str], kind: Kind) -> str:
+    """The source code of plug-in modules (and of the kind's own module when it lives outside the pipeline)."""
+    import importlib
+    import inspect
+
+    h = hashlib.sha256()
+    names = sorted({*modules, type(kind).__module__} - {m for m in sys.modules if m.startswith("pipeline.")})
+    for name in names:
+        try:
+            h.update(name.encode() + b"\0" + inspect.getsource(importlib.import_module(name)).encode())
+        except (OSError, TypeError, ImportError):
+            h.update(name.encode())
+    return h.hexdigest()
 
 
 def read_record(out: Path) -> dict[str, Any]:
@@ -75,13 +91,13 @@ def read_record(out: Path) -> dict[str, Any]:
     return {}
 
 
-def unchanged(manifest: Manifest, out: Path, prev: dict[str, Any], saved: Mapping[str, Any]) -> bool:
+def unchanged(manifest: Manifest, kind: Kind, out: Path, prev: fmt.Index, saved: Mapping[str, Any]) -> bool:
     """True when rebuilding would reproduce the committed dataset byte for byte, so there is nothing to do:
     sizes and mtimes as recorded (so are the sha256s), the same inputs digest, every named file present."""
     if not saved:
         return False
     try:
-        known = {s["path"]: s for s in prev.get("sources", [])}
+        known = {s["path"]: s for s in prev.sources}
         sources = []
         for spec in manifest.sources:
             st = spec.path.stat()
@@ -89,44 +105,42 @@ def unchanged(manifest: Manifest, out: Path, prev: dict[str, Any], saved: Mappin
             if not old or (old.get("size"), old.get("mtime_ns")) != (st.st_size, st.st_mtime_ns):
                 return False
             sources.append((str(spec.path), str(old["sha256"])))
-        if saved.get("inputs") != inputs_digest(manifest, sources):
+        if saved.get("inputs") != inputs_digest(manifest, kind, sources):
             return False
-        files = [out / fmt.SHARDS_DIR / s["file"] for s in prev.get("shards", [])]
-        return all(p.exists() for p in [*files, out / prev["conditions"]["file"]])
+        files = [out / fmt.SHARDS_DIR / s.file for s in prev.shards]
+        side = [out / prev.conditions.file] if prev.conditions is not None else []
+        return all(p.exists() for p in [*files, *side])
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def known_sources(out: Path, prev: dict[str, Any], saved: Mapping[str, Any]) -> dict[str, tuple[list[ShardPlan],
-                                                                                                 dict[str, int]]]:
-    """Source key -> (that source's shards in the committed index, as stubs; its pairing stats), for the
+def known_sources(out: Path, prev: fmt.Index, saved: Mapping[str, Any]) -> dict[str, tuple[list[ShardPlan],
+                                                                                           dict[str, int]]]:
+    """Source key -> (that source's shards in the committed index, as stubs; its planning stats), for the
     sources whose shard files all exist."""
-    from pipeline.plan import ShardPlan
+    from pipeline.kinds import ShardPlan
 
-    by_source: dict[int, list[dict[str, Any]]] = {}
-    for s in prev.get("shards", []):
-        by_source.setdefault(int(s["source"]), []).append(s)
+    by_source: dict[int, list[fmt.ShardEntry]] = {}
+    for s in prev.shards:
+        by_source.setdefault(s.source, []).append(s)
     known = {}
     try:
         for key, info in dict(saved.get("sources", {})).items():
             entries = by_source.get(int(info["ordinal"]), [])
-            if entries and all((out / fmt.SHARDS_DIR / e["file"]).exists() for e in entries):
-                stubs = [ShardPlan(e["split"], int(e["source"]), int(e["file"].split("-")[2]), np.zeros(0, np.int64),
-                                   {}, e["plan_key"]) for e in entries]
+            if entries and all((out / fmt.SHARDS_DIR / e.file).exists() for e in entries):
+                stubs = [ShardPlan(e.split, e.source, e.part, np.zeros(0, np.int64), {}, e.plan_key) for e in entries]
                 known[key] = (stubs, {k: int(v) for k, v in info["stats"].items()})
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError):
         return {}
     return known
 
 
-def save_inputs(out: Path, manifest: Manifest, scanned: Sequence[ScannedSource], plan: Plan) -> None:
+def save_inputs(out: Path, manifest: Manifest, kind: Kind, scanned: Sequence[ScannedSource], plan: KindPlan) -> None:
     """After a commit: remember what produced it (a cache: written atomically, never required)."""
-    digest = inputs_digest(manifest, [(str(s.spec.path), s.fingerprint.sha256) for s in scanned])
+    digest = inputs_digest(manifest, kind, [(str(s.spec.path), s.fingerprint.sha256) for s in scanned])
     doc = {"index_sha256": hashlib.sha256(fmt.index_path(out).read_bytes()).hexdigest(), "inputs": digest,
            "sources": {k: {"ordinal": i, "stats": st} for i, (k, st) in
                        enumerate(zip(plan.source_keys, plan.source_stats, strict=True))}}
-    tmp = out / f".tmp-{INPUTS_FILE}-{os.getpid()}"
-    tmp.write_text(json.dumps(doc, sort_keys=True))
-    os.replace(tmp, out / INPUTS_FILE)
+    fmt.atomic_write_bytes(out / INPUTS_FILE, json.dumps(doc, sort_keys=True).encode())
 
 

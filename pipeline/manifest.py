@@ -1,9 +1,17 @@
-"""TOML manifests: what to read, how to plan, how to pack. Every error names the file and the key."""
+"""TOML manifests: what to read, which kind of dataset to build, how to pack. Every error names the file and
+the key.
+
+The generic part is ``[dataset]`` and ``[[sources]]``; every other top-level table belongs to the dataset
+kind (``pipeline.kinds``), which parses and validates it. Source types come from the source registry
+(``pipeline.sources``): a missing ``type`` is inferred from the file suffix among the types feeding the kind.
+``[dataset] plugins`` lists modules imported first, so user-defined kinds, sources and sample types register.
+"""
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,60 +21,19 @@ import tomllib
 from pipeline.errors import ManifestError
 from pipeline.writers.base import CODECS
 
-KINDS = ("perturbation",)
 FORMATS = ("zarr", "tar")
-SOURCE_TYPES = ("h5ad", "h5csr")
-STRATEGIES = ("batch", "random")
-SPLIT_MODES = ("random", "zeroshot", "fewshot")
-VALUE_KINDS = ("counts", "any")
+DATASET_KEYS = {"name", "kind", "format", "seed", "shard_size_mb", "codec", "codec_level", "block_rows", "plugins"}
 
 
 @dataclass(frozen=True)
 class SourceSpec:
     path: Path
     type: str
-    matrix: str
+    matrix: str = "X"  # for matrix sources: which matrix in the file
+    options: tuple[tuple[str, Any], ...] = ()  # other [[sources]] keys the source type accepts
 
-
-@dataclass(frozen=True)
-class Fields:
-    perturbation: str = "perturbation"
-    control: tuple[str, ...] = ("control",)
-    cell_type: str = "cell_type"
-    batch: str | None = "batch"
-    covariates: tuple[str, ...] = ()
-    matrix: str = "X"
-    values: str = "any"  # "counts": negative values are an error
-    obsm: tuple[str, ...] = ()
-    perturbation_features: Path | None = None
-
-    @property
-    def obs_fields(self) -> tuple[str, ...]:
-        """Logical obs fields in condition-vector order (perturbation, cell_type, batch, covariates...)."""
-        names = ("perturbation", "cell_type") + (("batch",) if self.batch else ())
-        return names + self.covariates
-
-    def column(self, logical: str) -> str:
-        """The source obs column holding a logical field (covariates are their own column name)."""
-        return {"perturbation": self.perturbation, "cell_type": self.cell_type, "batch": self.batch or ""}.get(
-            logical, logical
-        )
-
-
-@dataclass(frozen=True)
-class Pairing:
-    strategy: str = "batch"
-    max_pairs_per_condition: int = 500
-    sentence_size: int = 128
-
-
-@dataclass(frozen=True)
-class Split:
-    mode: str = "random"
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    val_cell_types: tuple[str, ...] | None = None  # zeroshot: explicit held-out cell types
-    test_cell_types: tuple[str, ...] | None = None
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
 
 
 @dataclass(frozen=True)
@@ -81,14 +48,13 @@ class Manifest:
     codec_level: int
     block_rows: int
     sources: tuple[SourceSpec, ...]
-    fields: Fields
-    pairing: Pairing
-    split: Split
+    config: Any  # the kind's parsed sections (pipeline.kinds.<kind>)
+    plugins: tuple[str, ...] = ()
     sha256: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-class _Table:
+class Table:
     """Typed getters over one TOML table that name the offending key on error."""
 
     def __init__(self, path: Path, name: str, data: Any, known: set[str]) -> None:
@@ -123,7 +89,17 @@ class _Table:
         return tuple(v)
 
 
+def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ManifestError(path, "dataset.plugins", f"cannot import plug-in module {name!r} ({e})") from None
+
+
 def load_manifest(path: str | Path) -> Manifest:
+    from pipeline.kinds import get_kind, kind_names
+
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -133,59 +109,21 @@ def load_manifest(path: str | Path) -> Manifest:
         raw = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(path, "-", f"not valid TOML: {e}") from None
-    top = _Table(path, "manifest", raw, {"dataset", "sources", "fields", "pairing", "split"})
-    ds = _Table(path, "dataset", top.get("dataset", dict),
-                {"name", "kind", "format", "seed", "shard_size_mb", "codec", "codec_level", "block_rows"})
-    fl = _Table(path, "fields", top.get("fields", dict, {}),
-                {"perturbation", "control", "cell_type", "batch", "covariates", "matrix", "values", "obsm",
-                 "perturbation_features"})
-    pr = _Table(path, "pairing", top.get("pairing", dict, {}), {"strategy", "max_pairs_per_condition", "sentence_size"})
-    sp = _Table(path, "split", top.get("split", dict, {}),
-                {"mode", "val_fraction", "test_fraction", "val_cell_types", "test_cell_types"})
-
-    matrix = fl.get("matrix", str, "X")
-    sources = _parse_sources(path, top.get("sources", list), matrix)
-    features = fl.get("perturbation_features", str, None)
-    if features is not None:
-        fpath = (path.parent / features).resolve()
-        if fpath.suffix not in (".npy", ".npz", ".csv"):
-            raise ManifestError(path, "fields.perturbation_features", "must be .npy, .npz or .csv (never pickle)")
-        if not fpath.exists():
-            raise ManifestError(path, "fields.perturbation_features", f"file not found: {fpath}")
-    fields = Fields(
-        perturbation=fl.get("perturbation", str, "perturbation"),
-        control=fl.strings("control", ("control",)) or ("control",),
-        cell_type=fl.get("cell_type", str, "cell_type"),
-        batch=fl.get("batch", (str, type(None)), "batch") or None,
-        covariates=fl.strings("covariates", ()) or (),
-        matrix=matrix,
-        values=fl.get("values", str, "any", VALUE_KINDS),
-        obsm=fl.strings("obsm", ()) or (),
-        perturbation_features=Path(fpath) if features is not None else None,
-    )
-    if not fields.control:
-        raise ManifestError(path, "fields.control", "needs at least one control label")
-    pairing = Pairing(
-        strategy=pr.get("strategy", str, "batch", STRATEGIES),
-        max_pairs_per_condition=pr.get("max_pairs_per_condition", int, 500),
-        sentence_size=pr.get("sentence_size", int, 128),
-    )
-    if pairing.max_pairs_per_condition < 0:
-        raise ManifestError(path, "pairing.max_pairs_per_condition", "must be >= 0")
-    if pairing.sentence_size < 1:
-        raise ManifestError(path, "pairing.sentence_size", "must be >= 1")
-    split = Split(
-        mode=sp.get("mode", str, "random", SPLIT_MODES),
-        val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
-        test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
-        val_cell_types=sp.strings("val_cell_types", None),
-        test_cell_types=sp.strings("test_cell_types", None),
-    )
-    for key in ("val_fraction", "test_fraction"):
-        if not 0.0 <= getattr(split, key) < 1.0:
-            raise ManifestError(path, f"split.{key}", "must be in [0, 1)")
-    if split.val_fraction + split.test_fraction >= 1.0:
-        raise ManifestError(path, "split", "val_fraction + test_fraction must be < 1")
+    if not isinstance(raw.get("dataset"), dict):
+        raise ManifestError(path, "dataset", "is required (a [dataset] table)")
+    ds = Table(path, "dataset", raw["dataset"], DATASET_KEYS)
+    plugins = ds.strings("plugins", ()) or ()
+    load_plugins(path, plugins)
+    kind_name = ds.get("kind", str, "perturbation")
+    try:
+        kind = get_kind(kind_name)
+    except ValueError:
+        raise ManifestError(path, "dataset.kind", f"{kind_name!r} is not one of {kind_names()} "
+                            "(a plug-in kind's module goes in [dataset] plugins)") from None
+    Table(path, "manifest", raw, {"dataset", "sources", *kind.sections})
+    config = kind.parse(path, {name: raw.get(name) for name in kind.sections})
+    sources = _parse_sources(path, ds.get("kind", str, "perturbation"), Table(path, "manifest", raw, set(raw))
+                             .get("sources", list, []), kind.source_defaults(config))
     shard_mb = float(ds.get("shard_size_mb", (int, float), 64))
     if shard_mb <= 0:
         raise ManifestError(path, "dataset.shard_size_mb", "must be > 0")
@@ -193,46 +131,44 @@ def load_manifest(path: str | Path) -> Manifest:
     if block_rows < 1:
         raise ManifestError(path, "dataset.block_rows", "must be >= 1")
     return Manifest(
-        path=path,
-        name=ds.get("name", str),
-        kind=ds.get("kind", str, "perturbation", KINDS),
-        format=ds.get("format", str, "zarr", FORMATS),
-        seed=ds.get("seed", int, 0),
-        shard_size_mb=shard_mb,
-        codec=ds.get("codec", str, "blosc-lz4", CODECS),
-        codec_level=ds.get("codec_level", int, 5),
-        block_rows=block_rows,
-        sources=sources,
-        fields=fields,
-        pairing=pairing,
-        split=split,
-        sha256=hashlib.sha256(data).hexdigest(),
-        raw=raw,
-    )
+        path=path, name=ds.get("name", str), kind=kind_name, format=ds.get("format", str, "zarr", FORMATS),
+        seed=ds.get("seed", int, 0), shard_size_mb=shard_mb, codec=ds.get("codec", str, "blosc-lz4", CODECS),
+        codec_level=ds.get("codec_level", int, 5), block_rows=block_rows, sources=sources, config=config,
+        plugins=tuple(plugins), sha256=hashlib.sha256(data).hexdigest(), raw=raw)
 
 
-def _parse_sources(path: Path, items: list[Any], matrix: str) -> tuple[SourceSpec, ...]:
+def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, Any]) -> tuple[SourceSpec, ...]:
+    from pipeline.sources import get_source, infer_type, load_builtin, source_types_for
+
+    load_builtin()
     if not items:
         raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
+    types = source_types_for(kind)
     out: list[SourceSpec] = []
     for i, item in enumerate(items):
-        t = _Table(path, f"sources[{i}]", item, {"path", "type", "matrix"})
-        pattern = t.get("path", str)
-        typ = t.get("type", str, None, SOURCE_TYPES) or _guess_type(path, i, pattern)
+        head = Table(path, f"sources[{i}]", item, set(item) if isinstance(item, dict) else set())
+        pattern = head.get("path", str)
+        typ = head.get("type", str, None) or infer_type(pattern, kind)
+        if typ is None:
+            raise ManifestError(path, f"sources[{i}].type", f"cannot infer the type of {pattern!r}; set one of {types}")
+        if typ not in types:
+            raise ManifestError(path, f"sources[{i}].type", f"{typ!r} is not one of {types} (source types of kind {kind!r})")
+        cls = get_source(typ)
+        t = Table(path, f"sources[{i}]", item, {"path", "type", *cls.options})
+        opts = {k: t.data[k] for k in cls.options if k in t.data}
+        matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))
         full = pattern if Path(pattern).is_absolute() else str(path.parent / pattern)
-        matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
+        matches = sorted(glob.glob(full, recursive=True)) if glob.has_magic(full) else [full]
         if not matches:
             raise ManifestError(path, f"sources[{i}].path", f"no file matches {pattern!r} (looked for {full})")
         for m in matches:
-            if not Path(m).is_file():
+            if not Path(m).exists():
                 raise ManifestError(path, f"sources[{i}].path", f"file not found: {m}")
-            out.append(SourceSpec(Path(m).resolve(), typ, t.get("matrix", str, matrix)))
+            files = cls.expand(Path(m).resolve())
+            if not files:
+                raise ManifestError(path, f"sources[{i}].path", f"no input file in {m}")
+            for f in files:
+                if not f.is_file():
+                    raise ManifestError(path, f"sources[{i}].path", f"file not found: {f}")
+                out.append(SourceSpec(f, typ, matrix, tuple(sorted(opts.items()))))
     return tuple(out)
-
-
-def _guess_type(path: Path, i: int, pattern: str) -> str:
-    if pattern.endswith(".h5ad"):
-        return "h5ad"
-    if pattern.endswith((".h5", ".hdf5")):
-        return "h5csr"
-    raise ManifestError(path, f"sources[{i}].type", f"cannot guess the type of {pattern!r}; set one of {SOURCE_TYPES}")

@@ -18,9 +18,7 @@ chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,9 +28,10 @@ import numpy as np
 
 from loaders import format as fmt
 from pipeline.errors import SourceError
+from pipeline.kinds.base import PackResult, ShardPlan
 from pipeline.manifest import SourceSpec
-from pipeline.plan import ShardPlan
 from pipeline.scan import ScannedSource
+from pipeline.shardfile import finish_shard
 from pipeline.sources import open_source
 from pipeline.spill import (
     ENTRY_ARRAYS,
@@ -46,7 +45,7 @@ from pipeline.spill import (
     gather_rows,
     memory_piece,
 )
-from pipeline.writers import Codec, get_writer
+from pipeline.writers import Codec
 
 FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
 SCATTER_BYTES = 64 << 20  # raw bytes of a source read by one scatter task
@@ -58,10 +57,12 @@ class PackConfig:
     spill: Path
     encoding: str
     codec: Codec
-    counts: bool  # values are raw counts: negative entries are an error
-    obsm: tuple[str, ...]
+    counts: bool  # matrix kinds: values are raw counts, negative entries are an error
+    obsm: tuple[str, ...]  # matrix kinds: embeddings carried along
     fields: tuple[fmt.FieldSpec, ...]
     block_rows: int
+    tables: tuple[str, ...] = ()  # the schema's shard tables
+    samples: tuple[str, ...] = ()  # sample types whose units each shard entry counts
     fuse_bytes: int = FUSE_BYTES  # read at build time (see budget()), so a test can lower them
     scatter_bytes: int = SCATTER_BYTES
 
@@ -139,14 +140,14 @@ def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarra
 
 
 def pack_source(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
-                cfg: PackConfig) -> list[tuple[int, fmt.ShardEntry]]:
+                cfg: PackConfig) -> list[PackResult]:
     """Read a source whose planned rows fit in memory and pack all its shards: no spill files."""
     pieces: dict[int, list[Piece]] = {t.number: [] for t, _ in shards}
     ranges: dict[int, list[np.ndarray]] = {t.number: [] for t, _ in shards}
     for number, seg in _segments(spec, n_rows, route([t for t, _ in shards]), 0, n_rows, cfg):
         pieces[number].append(memory_piece(seg))
         ranges[number].append(seg[RANGE])
-    return [(t.number, write_shard(t.number, plan, pieces.pop(t.number), cfg, np.concatenate(ranges.pop(t.number))))
+    return [write_shard(t.number, plan, pieces.pop(t.number), cfg, np.concatenate(ranges.pop(t.number)))
             for t, plan in shards]
 
 
@@ -174,7 +175,7 @@ def _spill_file(spill: Path, number: int, task: int, name: str) -> Path:
     return spill / f"{number:06d}-{task:05d}.{name}.bin"
 
 
-def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> fmt.ShardEntry:
+def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> PackResult:
     """Pack a shard from the spill files its source's scatter tasks wrote (in task order)."""
     names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, *(f"{OBSM}{k}" for k in cfg.obsm)]
     pieces: list[Piece] = []
@@ -188,8 +189,7 @@ def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> fmt.
 
 
 def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], todo: Sequence[int],
-               cfg: PackConfig) -> tuple[list[Callable[[], list[tuple[int, fmt.ShardEntry]]]],
-                                         list[Callable[[], tuple[int, fmt.ShardEntry]]]]:
+               cfg: PackConfig) -> tuple[list[Callable[[], list[PackResult]]], list[Callable[[], list[PackResult]]]]:
     """Tasks of the two phases: (1) read every source once, (2) pack the shards of spilled sources.
 
     A source whose planned rows fit `cfg.fuse_bytes` is one phase-1 task that also packs its shards (no
@@ -202,8 +202,8 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
         sh = shards[i]
         nnz = int(scanned[sh.source].meta.row_nnz[sh.rows].sum())
         by_source.setdefault(sh.source, []).append((Target(i, sh.rows, nnz), sh))
-    read: list[tuple[int, Callable[[], list[tuple[int, fmt.ShardEntry]]]]] = []
-    pack: list[tuple[int, Callable[[], tuple[int, fmt.ShardEntry]]]] = []
+    read: list[tuple[int, Callable[[], list[PackResult]]]] = []
+    pack: list[tuple[int, Callable[[], list[PackResult]]]] = []
     for s, items in by_source.items():
         spec, n_rows = scanned[s].spec, scanned[s].meta.n_rows
         size = sum(raw_bytes(t, cfg) for t, _ in items)
@@ -225,68 +225,17 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
     return ([t for _, t in sorted(read, key=lambda x: -x[0])], [t for _, t in sorted(pack, key=lambda x: -x[0])])
 
 
-def _scatter(*args: Any) -> list[tuple[int, fmt.ShardEntry]]:
+def _scatter(*args: Any) -> list[PackResult]:
     scatter_range(*args)
     return []
 
 
-def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> tuple[int, fmt.ShardEntry]:
-    return t.number, pack_shard(t, shard, tasks, cfg)
-
-
-def fsync_tree(path: Path) -> None:
-    for p in [path] if path.is_file() else sorted(path.rglob("*")):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def make_durable(folder: Path, written: list[Path]) -> None:
-    """Flush new shards to disk before the index may point at them.
-
-    One syncfs(2) of the output's file system costs about as much as a single fsync; fsyncing each of the
-    ~30 files of every zarr shard cost 0.1-0.3 s per shard here. Falls back to per-file fsync off Linux.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            if libc.syncfs(fd) == 0:
-                return
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError):
-        pass
-    for p in written:
-        fsync_tree(p)
-
-
-def write_columns(columns: Mapping[str, Any], final: Path, cfg: PackConfig) -> tuple[str, int]:
-    """Write atomically (temp name, hash, rename); returns (sha256, stored bytes). The build makes the new
-    files durable (make_durable) before it commits the index that names them."""
-    if final.exists():  # same name = same plan key = same bytes (a crash after rename, before commit)
-        return fmt.content_hash(final), fmt.stored_bytes(final)
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
-    try:
-        get_writer(cfg.encoding, cfg.codec).write(tmp, columns)  # type: ignore[arg-type]
-        digest, stored = fmt.content_hash(tmp), fmt.stored_bytes(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
-        raise
-    return digest, stored
+def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[PackResult]:
+    return [pack_shard(t, shard, tasks, cfg)]
 
 
 def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackConfig,
-                index_ranges: np.ndarray) -> fmt.ShardEntry:
+                index_ranges: np.ndarray) -> PackResult:
     """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from pieces."""
     try:
         import numcodecs.blosc
@@ -297,14 +246,4 @@ def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackCon
     matrix = ShardRows(pieces, shard.n, cfg.fields[0].shape[0], cfg.obsm_widths, f"shard {number} ({shard.file})",
                        index_ranges)
     planned = {k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v for k, v in shard.columns.items()}
-    columns: dict[str, Any] = {**planned, **matrix.columns()}
-    n = fmt.validate_columns(columns, cfg.fields, name=shard.file)
-    suffix = get_writer(cfg.encoding, cfg.codec).suffix  # type: ignore[arg-type]
-    final = cfg.out / fmt.SHARDS_DIR / (shard.file + suffix)
-    digest, stored = write_columns(columns, final, cfg)
-    return fmt.ShardEntry(
-        file=final.name, split=shard.split, records=n, primary=int(columns[fmt.PRIMARY].sum()),
-        pairs=int(columns[fmt.PAIRS].shape[0]), sentences=int(columns[fmt.SENTENCES_PERT].shape[0]),
-        bytes=stored, raw_bytes=int(sum(a.nbytes for a in columns.values())), sha256=digest,
-        plan_key=shard.key, source=shard.source,
-    )
+    return PackResult(number, finish_shard({**planned, **matrix.columns()}, shard, cfg))

@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 from pipeline.errors import SourceError
 from pipeline.manifest import Manifest, SourceSpec
@@ -31,10 +30,13 @@ class Fingerprint:
 
 @dataclass(frozen=True)
 class ScannedSource:
+    """A source after the scan. ``meta``/``obs``: what its kind's scan read (matrix metadata and obs
+    columns for perturbation; the kind's own record list otherwise)."""
+
     ordinal: int  # position in the manifest's resolved source list
     spec: SourceSpec
     pending: Fingerprint | Future[Fingerprint]  # a Future while the content hash is computed in the background
-    meta: SourceMeta
+    meta: SourceMeta | Any
     obs: dict[str, Categorical]  # logical field name -> categorical (cell_type may be the file stem)
 
     @property
@@ -63,20 +65,20 @@ def fingerprint(path: Path, cache: Mapping[str, Mapping[str, object]] | None = N
 def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
                 cache: Mapping[str, Mapping[str, object]] | None = None,
                 hasher: Executor | None = None) -> ScannedSource:
-    fields = manifest.fields
+    fields = manifest.config.fields
     columns = [fields.column(f) for f in fields.obs_fields]
-    optional = [fields.cell_type] if spec.type == "h5csr" else []
     with open_source(spec.type, spec.path, spec.matrix) as src:
+        optional = [fields.column(f) for f in src.fillable_obs if f in fields.obs_fields]
         meta = src.meta(columns, optional=optional)
-    obs: dict[str, Categorical] = {}
-    for logical, col in zip(fields.obs_fields, columns, strict=True):
-        if col in meta.obs:
-            obs[logical] = meta.obs[col]
-        elif logical == "cell_type" and spec.type == "h5csr":
-            # cell-load convention: a file without a cell type column holds one cell line, named by its stem
-            obs[logical] = Categorical(np.zeros(meta.n_rows, np.int32), (spec.path.stem,))
-        else:
-            raise SourceError(spec.path, f"missing obs column {col!r} (field {logical})")
+        obs: dict[str, Categorical] = {}
+        for logical, col in zip(fields.obs_fields, columns, strict=True):
+            filled = None if col in meta.obs else src.fill_obs(logical, meta.n_rows)
+            if col in meta.obs:
+                obs[logical] = meta.obs[col]
+            elif filled is not None:  # e.g. cell-load's cell type from the file stem (the source's rule)
+                obs[logical] = filled
+            else:
+                raise SourceError(spec.path, f"missing obs column {col!r} (field {logical})")
     for key in fields.obsm:
         if key not in meta.obsm:
             raise SourceError(spec.path, f"missing obsm key {key!r} (has: {sorted(meta.obsm)})")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
+
+from loaders import kernels
 
 ENTRY_ARRAYS = {"data": np.dtype(np.float32), "indices": np.dtype(np.int32)}  # one value per stored entry
 ROW_ARRAYS = {"lengths": np.dtype(np.int64), "pos": np.dtype(np.int64)}  # one value per row
@@ -88,16 +89,8 @@ class Scratch:
 
 def gather_rows(ptr: np.ndarray, indices: np.ndarray, data: np.ndarray, order: np.ndarray,
                 out_indices: np.ndarray, out_data: np.ndarray) -> None:
-    """Rows `order` of the CSR (ptr, indices, data), concatenated into the given buffers."""
-    try:
-        from scipy.sparse._sparsetools import csr_row_index  # writes into our buffers: no allocation
-    except ImportError:  # pragma: no cover - private scipy API moved: the public (allocating) way
-        n_cols = int(indices.max(initial=0)) + 1
-        mat = sp.csr_matrix((data, indices, ptr), shape=(ptr.size - 1, n_cols))[order]
-        out_indices[...], out_data[...] = mat.indices, mat.data
-        return
-    csr_row_index(order.size, order.astype(np.int32, copy=False), ptr.astype(np.int32, copy=False), indices, data,
-                  out_indices, out_data)
+    """Rows `order` of the CSR (ptr, indices, data), concatenated into the given buffers (loaders.kernels)."""
+    kernels.row_gather(ptr.astype(indices.dtype, copy=False), indices, data, order, out_indices, out_data)
 
 
 class ShardRows:

@@ -24,16 +24,18 @@ from loaders.format import (
     SENTENCES_CTRL,
     SENTENCES_PERT,
     SHARDS_DIR,
-    TABLES,
+    ConditionsRef,
     FieldSpec,
+    Index,
     ShardEntry,
     X,
     content_hash,
-    index_document,
-    stored_bytes,
     write_index,
+    stored_bytes,
 )
 from pipeline.writers import Codec, get_writer
+
+TABLES = (PAIRS, SENTENCES_PERT, SENTENCES_CTRL)
 
 OBS_FIELDS = ("perturbation", "cell_type", "batch", "donor")
 N_PERTS = 12  # perturbation code 0 is the control
@@ -161,11 +163,12 @@ def make_dataset(root: str | Path, n_shards: int = 6, cells_per_shard: int = 200
         cols_map[SENTENCES_PERT] = sent_p
         cols_map[SENTENCES_CTRL] = rng.choice(controls, size=sent_p.shape).astype(np.int32)
         name = f"shard-{i:05d}.zarr"
-        writer.write(root / SHARDS_DIR / name, cols_map)
+        writer.write(root / SHARDS_DIR / name, cols_map, TABLES)
         shards.append(cols_map)
         path = root / SHARDS_DIR / name
-        entries.append(ShardEntry(file=name, split=shard_splits[i], records=n_all, primary=n_prim,
-                                  pairs=int(cols_map[PAIRS].shape[0]), sentences=int(sent_p.shape[0]),
+        entries.append(ShardEntry(file=name, split=shard_splits[i], records=n_all,
+                                  units={"cells": n_prim, "pairs": int(cols_map[PAIRS].shape[0]),
+                                         "sentences": int(sent_p.shape[0])},
                                   bytes=stored_bytes(path), raw_bytes=sum(a.nbytes for a in cols_map.values()),
                                   sha256=content_hash(path), plan_key=f"fixture/{i}", source=0))
 
@@ -178,8 +181,8 @@ def make_dataset(root: str | Path, n_shards: int = 6, cells_per_shard: int = 200
     vocab = {"perturbation": ["control"] + [f"GENE{i}" for i in range(1, N_PERTS + 1)],
              "cell_type": ["T", "B", "NK"], "batch": [f"plate{i}" for i in range(4)],
              "donor": [f"d{i}" for i in range(5)]}
-    doc = index_document(name="fixture", kind="perturbation", encoding="zarr", fields=fields, tables=list(TABLES),
-                         shards=entries, vocabularies=vocab, obs_fields=list(OBS_FIELDS),
-                         conditions={"file": CONDITIONS_FILE, "dim": COND_DIM, "rows": N_PERTS + 1})
-    write_index(root, doc)
+    write_index(Index(root=root, name="fixture", kind="perturbation", encoding="zarr", fields=fields,
+                      tables=list(TABLES), shards=entries, samples=["cells", "pairs", "sentences"],
+                      vocabularies=vocab, obs_fields=list(OBS_FIELDS),
+                      conditions=ConditionsRef(file=CONDITIONS_FILE, rows=N_PERTS + 1, dim=COND_DIM)))
     return Fixture(root=root, n_genes=n_genes, shards=shards, splits=shard_splits, vectors=vectors)

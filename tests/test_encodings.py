@@ -25,6 +25,8 @@ from pipeline.writers.tar_writer import BLOCK_RECORDS, TarShardWriter
 from tests.pipeline_helpers import read_all, write_manifest
 
 N_GENES = 50
+VOXELS, COORDS, VALUES = "voxels", "coords", "values"  # a spike-like and a CT-like field
+TABLES = (fmt.PAIRS, fmt.SENTENCES_PERT, fmt.SENTENCES_CTRL)
 FIELDS = (
     fmt.FieldSpec(fmt.X, "csr", "float32", (N_GENES,)),
     fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
@@ -32,11 +34,11 @@ FIELDS = (
     fmt.FieldSpec(fmt.COND_ID, "dense", "int32"),
     fmt.FieldSpec("obs/perturbation", "dense", "int32"),
     fmt.FieldSpec("obsm/X_pca", "dense", "float32", (5,)),
-    fmt.FieldSpec(fmt.VOXELS, "dense", "uint8", (4, 8, 8)),
-    fmt.FieldSpec(fmt.COORDS, "ragged", "uint16", (3,)),
-    fmt.FieldSpec(fmt.VALUES, "ragged", "float32"),
+    fmt.FieldSpec(VOXELS, "dense", "uint8", (4, 8, 8)),
+    fmt.FieldSpec(COORDS, "ragged", "uint16", (3,)),
+    fmt.FieldSpec(VALUES, "ragged", "float32"),
 )
-KEYS = fmt.shard_keys(FIELDS, fmt.TABLES)
+KEYS = fmt.shard_keys(FIELDS, TABLES)
 BIG = 2 * BLOCK_RECORDS + 17  # three tar blocks, the last one partial
 
 
@@ -58,7 +60,7 @@ def make_columns(n: int, seed: int = 0) -> dict[str, np.ndarray]:
         fmt.SAMPLE_ID: rng.permutation(n).astype(np.int64), fmt.PRIMARY: rng.random(n) < 0.8,
         fmt.COND_ID: rng.integers(0, 4, n).astype(np.int32), "obs/perturbation": rng.integers(0, 9, n).astype(np.int32),
         "obsm/X_pca": rng.standard_normal((n, 5)).astype(np.float32),
-        fmt.VOXELS: rng.integers(0, 256, (n, 4, 8, 8)).astype(np.uint8),
+        VOXELS: rng.integers(0, 256, (n, 4, 8, 8)).astype(np.uint8),
         "coords/offsets": offsets, "coords/values": rng.integers(0, 512, (offsets[-1], 3)).astype(np.uint16),
         "values/offsets": offsets.copy(), "values/values": rng.random(offsets[-1], dtype=np.float32),
         fmt.PAIRS: pairs, fmt.SENTENCES_PERT: sentences, fmt.SENTENCES_CTRL: sentences[:, ::-1].copy(),
@@ -84,7 +86,7 @@ class ShardEncodingConformance:
     def write(self, folder: Path, columns: dict[str, np.ndarray], name: str = "shard") -> Path:
         writer = get_writer(self.encoding, Codec())
         path = folder / f"{name}{writer.suffix}"
-        writer.write(path, columns)
+        writer.write(path, columns, TABLES)
         return path
 
     @pytest.mark.parametrize("n", [0, 1, 100, BIG])
@@ -96,7 +98,7 @@ class ShardEncodingConformance:
 
     def test_subset_of_keys(self, tmp_path: Path) -> None:
         cols = make_columns(BIG)
-        keys = ["X/indptr", "coords/values", fmt.VOXELS, fmt.PAIRS]
+        keys = ["X/indptr", "coords/values", VOXELS, fmt.PAIRS]
         assert_same_columns(read_shard(self.write(tmp_path, cols), self.encoding, keys), {k: cols[k] for k in keys})
 
     def test_same_columns_same_bytes(self, tmp_path: Path) -> None:
@@ -143,7 +145,7 @@ class TestTar(ShardEncodingConformance):
     def test_small_blocks(self, tmp_path: Path) -> None:
         cols = make_columns(50)
         path = tmp_path / "s.tar"
-        TarShardWriter(Codec(), block_records=7).write(path, cols)
+        TarShardWriter(Codec(), block_records=7).write(path, cols, TABLES)
         assert_same_columns(read_shard(path, "tar", KEYS), cols)
 
     def test_members_are_plain_sorted_and_deterministic(self, tmp_path: Path) -> None:
@@ -170,11 +172,11 @@ class TestTar(ShardEncodingConformance):
         blocks = samples[1:-1]
         for s in samples[1:]:
             assert all(isinstance(v, np.ndarray) for k, v in s.items() if not k.startswith("__"))
-        np.testing.assert_array_equal(np.concatenate([b["voxels.npy"] for b in blocks]), cols[fmt.VOXELS])
+        np.testing.assert_array_equal(np.concatenate([b["voxels.npy"] for b in blocks]), cols[VOXELS])
         np.testing.assert_array_equal(np.concatenate([b["x_data.npy"] for b in blocks]), cols["X/data"])
         assert [len(b["x_indptr.npy"]) - 1 for b in blocks] == [BLOCK_RECORDS, BLOCK_RECORDS, 17]
         assert all(b["x_indptr.npy"][0] == 0 for b in blocks)
-        assert {fields[k] for k in samples[-1] if not k.startswith("__")} == set(fmt.TABLES)
+        assert {fields[k] for k in samples[-1] if not k.startswith("__")} == set(TABLES)
 
     def _rewrite(self, path: Path, edit: dict[str, bytes | None], extra: tuple[str, bytes] | None = None) -> None:
         """Rebuild the tar with some members replaced (bytes) or dropped (None), keeping headers valid."""
@@ -259,8 +261,8 @@ def test_tar_and_zarr_builds_hold_the_same_columns(built: dict[str, Path]) -> No
     assert len(zarr_shards) == len(tar_shards) > 2
     assert zi.vocabularies == ti.vocabularies and zi.fields == ti.fields
     for (ze, zc), (te, tc) in zip(zarr_shards, tar_shards, strict=True):
-        assert (ze.split, ze.records, ze.primary, ze.pairs, ze.sentences) == \
-               (te.split, te.records, te.primary, te.pairs, te.sentences)
+        assert (ze.split, ze.records, dict(ze.units)) == \
+               (te.split, te.records, dict(te.units))
         assert_same_columns(tc, zc)
     vectors = [read_shard(i.root / i.conditions["file"], i.encoding, ["vectors"])["vectors"] for i in (zi, ti)]
     np.testing.assert_array_equal(*vectors)

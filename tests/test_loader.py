@@ -269,6 +269,7 @@ def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
 def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
     from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
     from loaders.device import assemble, unpack_batch
+    from loaders.format import FieldSpec
 
     rng = np.random.default_rng(0)
     m, g = 37, 101
@@ -278,14 +279,16 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
     indptr = np.zeros(m + 1, np.int64)
     np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
     # two "shards" (the same rows), back to back, gathered in a shuffled order
-    arena = Arena.allocate([0, 1], [m, m], [rows.size, rows.size], [], {}, np.dtype(np.float32), g, BufferPool())
-    for i, off in enumerate(arena.nnz_offsets[:2]):
-        arena.cols[off:off + rows.size], arena.vals[off:off + rows.size] = cols, dense[rows, cols]
-        arena.set_rows(i, indptr)
+    spec = FieldSpec("X", "csr", "float32", (g,))
+    arena = Arena.allocate([0, 1], [m, m], {"X/indptr": [rows.size, rows.size]}, [spec], BufferPool())
+    for i, off in enumerate(arena.entry_offsets["X/indptr"][:2]):
+        arena.columns["X/indices"][off:off + rows.size] = cols
+        arena.columns["X/data"][off:off + rows.size] = dense[rows, cols]
+        arena.set_pointers(i, "X/indptr", indptr)
     arena.seal()
     order = rng.permutation(2 * m)
     payload = Payload(arrays={"sample_id": np.arange(2 * m, dtype=np.int64)},
-                      xs={"X": Rows([arena], None, order).gather((2 * m, g))})
+                      xs={"X": Rows([arena], None, order).csr("X", (2 * m, g))})
     want = np.concatenate([dense, dense])[order]
     for batch in (to_tensors(payload, output), unpack_batch(to_shared(payload, output))):
         x = assemble(batch, densify_x=output != "sparse")["X"]

@@ -184,7 +184,7 @@ def test_group_without_batch_control_falls_back_and_is_counted(tmp_path: Path) -
     res = build(write_manifest(tmp_path / "m.toml"), tmp_path / "out", jobs=1, progress=False)
     stats = res.index["stats"]["pairing"]
     assert stats["pairs_cell_type"] + stats["pairs_split"] + stats["pairs_source"] > 0
-    assert summary(tmp_path / "out")["pairing"] == stats
+    assert summary(tmp_path / "out")["details"]["pairing"] == stats
 
 
 def test_cli_build_inspect_verify(built: tuple[Path, list[Path], Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -84,6 +84,10 @@ class SampleType(ABC):
         """Local rows of this shard's units, int64 ``[U, width]``, in unit order (``columns``: the shard's
         columns as stored; at least the fields and tables this type reads)."""
 
+    def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:  # noqa: B027 - optional hook
+        """Checks beyond the schema's (``validate_columns``) before a shard is served; raise FormatError
+        naming ``name`` (the shard)."""
+
     def count(self, columns: Mapping[str, np.ndarray]) -> int:
         """Units in a shard (what ``ShardEntry.units[name]`` records)."""
         return int(self.units(columns).shape[0])

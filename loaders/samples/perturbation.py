@@ -2,18 +2,22 @@
 
 Their units: a primary cell (duplicated controls are stored for pairing but not counted), a row of the
 ``pairs`` table (control, perturbed), a row of the ``sentences`` tables (L perturbed cells of one group, then
-L matched controls).
+L matched controls). A batch carries ``X`` (dense float32 after transport), the cells' ``sample_id``,
+``cond_id`` and obs codes (int64: what embeddings and losses index with), the condition vectors ``cond`` when
+the dataset has a condition table, and the ``obsm/<key>`` embeddings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loaders.format import (
     COND_ID,
+    CONDITION_VECTORS,
     OBS_PREFIX,
     OBSM_PREFIX,
     PAIRS,
@@ -21,14 +25,15 @@ from loaders.format import (
     SAMPLE_ID,
     SENTENCES_CTRL,
     SENTENCES_PERT,
+    FormatError,
     Index,
     X,
 )
+from loaders.payload import Payload
 from loaders.samples.base import SampleType, register_sample_type
 
 if TYPE_CHECKING:
-    from loaders.gather import BatchRows
-    from loaders.payload import Payload
+    from loaders.gather import BatchRows, Rows
 
 
 def primary_rows(columns: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -40,15 +45,71 @@ def primary_rows(columns: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 class _CellSamples(SampleType):
-    """Shared by the three single-cell sample types."""
+    """What the three single-cell sample types share: the fields, the condition table, the metadata."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.n_cols, self.obs_fields, self.obsm_keys = 0, [], []  # type: ignore[var-annotated]
+        self.conditions_path: str | None = None
+        self.n_cond: int | None = None
+        self.encoding, self.has_cond = "zarr", False
+        self._vectors: np.ndarray | None = None
+
+    @staticmethod
+    def obs_of(index: Index) -> list[str]:
+        """obs fields in condition-vector order (or, for an index that does not list them, by name)."""
+        names = [f.name for f in index.fields]
+        return list(index.obs_fields) or [n[len(OBS_PREFIX):] for n in names if n.startswith(OBS_PREFIX)]
 
     def fields(self, index: Index) -> list[str]:
         names = {f.name for f in index.fields}
-        wanted = [X, SAMPLE_ID, PRIMARY, COND_ID, *(OBS_PREFIX + f for f in index.obs_fields)]
-        return [n for n in wanted if n in names or n == X] + sorted(n for n in names if n.startswith(OBSM_PREFIX))
+        wanted = [X, SAMPLE_ID, PRIMARY, COND_ID, *(OBS_PREFIX + f for f in self.obs_of(index))]
+        return [n for n in wanted if n in names or n in (X, SAMPLE_ID)] + \
+            sorted(n for n in names if n.startswith(OBSM_PREFIX))
 
-    def assemble(self, batch: BatchRows) -> Payload:  # TODO(loader helper): move dataset.make_batch here
-        raise NotImplementedError
+    def bind(self, index: Index) -> None:
+        names = {f.name for f in index.fields}
+        self.n_cols = index.field(X).shape[0]
+        self.obs_fields = [f for f in self.obs_of(index) if OBS_PREFIX + f in names]
+        self.obsm_keys = sorted(n for n in names if n.startswith(OBSM_PREFIX))
+        self.has_cond = COND_ID in names
+        cond = index.conditions
+        self.conditions_path = str(index.root / cond.file) if cond is not None and cond.file else None
+        self.n_cond = cond.rows if cond is not None and cond.rows else None
+        self.encoding = index.encoding
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_vectors": None}  # reloaded lazily in each process
+
+    def vectors(self) -> np.ndarray | None:
+        """The condition table's vectors (float32 [rows, dim]), loaded once per process."""
+        if self._vectors is None and self.conditions_path is not None:
+            from loaders.shardio import read_shard
+
+            # a zarr group (a folder) per the contract; tar-encoded builds write it in their own encoding
+            encoding = "zarr" if Path(self.conditions_path).is_dir() else self.encoding
+            try:
+                got = read_shard(self.conditions_path, encoding, [CONDITION_VECTORS])[CONDITION_VECTORS]
+            except FormatError as e:
+                raise FormatError(f"condition table: {e}") from None
+            self._vectors = np.asarray(got, dtype=np.float32)
+        return self._vectors
+
+    def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:
+        cid = columns.get(COND_ID)
+        if self.n_cond is not None and cid is not None and cid.size and cid.max(initial=0) >= self.n_cond:
+            raise FormatError(f"{name}: cond_id beyond the condition table's {self.n_cond} rows")
+
+    def meta(self, p: Payload, rows: Rows) -> None:
+        """cond_id, cond vectors and obs codes of ``rows`` (int64)."""
+        if self.has_cond:
+            cid = rows.take(COND_ID).astype(np.int64)
+            p.arrays["cond_id"] = cid
+            vectors = self.vectors()
+            if vectors is not None:
+                p.arrays["cond"] = np.take(vectors, cid, axis=0)
+        for f in self.obs_fields:
+            p.arrays[f] = rows.take(OBS_PREFIX + f).astype(np.int64)
 
 
 @register_sample_type
@@ -57,6 +118,15 @@ class Cells(_CellSamples):
 
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
         return primary_rows(columns)[:, None]
+
+    def assemble(self, batch: BatchRows) -> Payload:
+        rows, b, p = batch.rows(0), batch.size, Payload()
+        p.xs["X"] = rows.csr(X, (b, self.n_cols))
+        p.arrays["sample_id"] = rows.take(SAMPLE_ID)
+        self.meta(p, rows)
+        for k in self.obsm_keys:
+            p.arrays[k] = rows.take(k)
+        return p
 
 
 @register_sample_type
@@ -67,6 +137,17 @@ class Pairs(_CellSamples):
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
         return columns[PAIRS].astype(np.int64).reshape(-1, 2)
 
+    def assemble(self, batch: BatchRows) -> Payload:
+        ctrl, pert, b, p = batch.rows(0), batch.rows(1), batch.size, Payload()
+        p.xs["x_ctrl"] = ctrl.csr(X, (b, self.n_cols))
+        p.xs["x_pert"] = pert.csr(X, (b, self.n_cols))
+        p.arrays["ctrl_id"] = ctrl.take(SAMPLE_ID)
+        p.arrays["pert_id"] = pert.take(SAMPLE_ID)
+        self.meta(p, pert)
+        for k in self.obsm_keys:
+            p.arrays[k] = pert.take(k)
+        return p
+
 
 @register_sample_type
 class Sentences(_CellSamples):
@@ -75,3 +156,21 @@ class Sentences(_CellSamples):
 
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
         return np.concatenate([columns[SENTENCES_PERT], columns[SENTENCES_CTRL]], axis=1).astype(np.int64)
+
+    def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:
+        super().check_columns(columns, name)
+        if columns[SENTENCES_PERT].shape != columns[SENTENCES_CTRL].shape:
+            raise FormatError(f"{name}: sentences/pert and sentences/ctrl differ in shape")
+
+    def assemble(self, batch: BatchRows) -> Payload:
+        b, p = batch.size, Payload()
+        length = batch.units.shape[1] // 2
+        pert, ctrl = batch.rows(slice(0, length)), batch.rows(slice(length, 2 * length))
+        p.xs["x_pert"] = pert.csr(X, (b, length, self.n_cols))
+        p.xs["x_ctrl"] = ctrl.csr(X, (b, length, self.n_cols))
+        p.arrays["pert_id"] = pert.take(SAMPLE_ID).reshape(b, length)
+        p.arrays["ctrl_id"] = ctrl.take(SAMPLE_ID).reshape(b, length)
+        self.meta(p, batch.rows(0))
+        for k in self.obsm_keys:
+            p.arrays[k] = pert.take(k).reshape(b, length, -1)
+        return p

@@ -11,11 +11,11 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from loaders import format as fmt
+from pipeline.kinds.base import ShardPlan
 from pipeline.manifest import Manifest
 from pipeline.plan.cells import CellTable, build_cell_table
 from pipeline.plan.conditions import ConditionTable, build_conditions, load_features
@@ -24,26 +24,6 @@ from pipeline.plan.splits import SPLIT_NAMES, assign_splits, source_rng
 from pipeline.scan import ScannedSource
 
 __all__ = ["Park", "Plan", "ShardPlan", "make_plan", "source_key"]
-
-
-@dataclass
-class ShardPlan:
-    split: str
-    source: int
-    part: int  # shard number within its (source, split)
-    rows: np.ndarray  # int64 source rows, in shard order (pre-shuffled)
-    # every column except the matrix and obsm, which pack reads from the source; a column may be parked in
-    # a .npy file (a Path) between planning and packing, see make_plan's `park`
-    columns: dict[str, np.ndarray | Path]
-    key: str = ""
-
-    @property
-    def file(self) -> str:
-        return f"{self.split}-{self.source:03d}-{self.part:03d}-{self.key[:16]}"
-
-    @property
-    def n(self) -> int:
-        return int(self.rows.size)
 
 
 Park = Callable[[ShardPlan], None]
@@ -75,8 +55,8 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     """Shards, pairs and sentences of one source; `idx` are its rows in the cell table. Each shard is keyed
     and handed to `park` as soon as it is planned (see make_plan)."""
     seed, s = manifest.seed, src.ordinal
-    fields = manifest.fields.obs_fields
-    obsm_width = sum(int(np.prod(src.meta.obsm[k][0][1:])) for k in manifest.fields.obsm)
+    fields = manifest.config.fields.obs_fields
+    obsm_width = sum(int(np.prod(src.meta.obsm[k][0][1:])) for k in manifest.config.fields.obsm)
     cap_bytes = manifest.shard_size_mb * (1 << 20)
     sp = split[idx]
     home = np.zeros(idx.size, np.int64)
@@ -94,14 +74,14 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     codes = {f: cells.codes[f][idx] for f in fields}
     batch = codes["batch"] if "batch" in codes else np.zeros(idx.size, np.int32)
     ctx = MatchContext(home, sp, codes["cell_type"],
-                       batch if manifest.pairing.strategy == "batch" else np.zeros_like(batch),
+                       batch if manifest.config.pairing.strategy == "batch" else np.zeros_like(batch),
                        cells.is_control[idx])
     pools = ControlPools(ctx)
-    pairs, pair_level = make_pairs(ctx, cond.cond_id[idx], manifest.pairing.max_pairs_per_condition,
+    pairs, pair_level = make_pairs(ctx, cond.cond_id[idx], manifest.config.pairing.max_pairs_per_condition,
                                    source_rng(seed, s, 20), pools)
     stats = {f"pairs_{lv}": int((pair_level == i).sum()) for i, lv in enumerate(LEVELS)}
     slot_levels = np.zeros(len(LEVELS), np.int64)
-    size = manifest.pairing.sentence_size
+    size = manifest.config.pairing.sentence_size
     # One stable sort per table instead of a mask over every cell per shard (quadratic in shards): each
     # shard's cells and pairs are contiguous slices, in the order the masks gave.
     by_home, cell_bounds = _slices(home, len(parts))
@@ -155,8 +135,8 @@ def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
     """Hash of everything a shard's bytes depend on: source content, config, format version, planned columns."""
     h = hashlib.sha256()
     config = {"format": fmt.SHARD_VERSION, "encoding": manifest.format, "codec": [manifest.codec, manifest.codec_level],
-              "source": src.fingerprint.sha256, "matrix": src.spec.matrix, "values": manifest.fields.values,
-              "obsm": list(manifest.fields.obsm)}
+              "source": src.fingerprint.sha256, "matrix": src.spec.matrix, "values": manifest.config.fields.values,
+              "obsm": list(manifest.config.fields.obsm)}
     h.update(json.dumps(config, sort_keys=True).encode())
     for name, a in [("rows", shard.rows), *sorted(shard.columns.items())]:
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
@@ -183,11 +163,11 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
     always rebuilt, since any source can change them and with them every other source's codes."""
     cells = build_cell_table(manifest, scanned)
     split = assign_splits(cells, manifest)
-    fields = manifest.fields.obs_fields
+    fields = manifest.config.fields.obs_fields
     features = None
-    if manifest.fields.perturbation_features is not None:
-        features = load_features(manifest.fields.perturbation_features, cells.vocabularies["perturbation"],
-                                 manifest.fields.control)
+    if manifest.config.fields.perturbation_features is not None:
+        features = load_features(manifest.config.fields.perturbation_features, cells.vocabularies["perturbation"],
+                                 manifest.config.fields.control)
     cond = build_conditions(cells.codes, fields, cells.vocabularies, features)
     tables = hashlib.sha256(json.dumps(cells.vocabularies, sort_keys=True).encode())
     tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())

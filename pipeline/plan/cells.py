@@ -46,12 +46,12 @@ def _labels(cat: Categorical) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> CellTable:
-    fields = manifest.fields.obs_fields
+    fields = manifest.config.fields.obs_fields
     per_source = [{f: _labels(s.obs[f]) for f in fields} for s in scanned]
     vocab: dict[str, list[str]] = {}
     for f in fields:
         vocab[f] = sorted(set().union(*(set(p[f][0].tolist()) for p in per_source)))
-    controls = set(manifest.fields.control)
+    controls = set(manifest.config.fields.control)
     control_codes = np.array(sorted(vocab["perturbation"].index(c) for c in controls if c in vocab["perturbation"]))
 
     src_l, row_l, sid_l, ctrl_l = [], [], [], []
@@ -75,7 +75,7 @@ def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> Ce
         if not is_ctrl.any():
             found = ", ".join(p["perturbation"][0][:5].tolist())
             raise SourceError(s.spec.path, f"no control cells: none of the control labels {sorted(controls)} occur "
-                              f"in obs column {manifest.fields.perturbation!r} (labels include: {found})")
+                              f"in obs column {manifest.config.fields.perturbation!r} (labels include: {found})")
         rows = np.flatnonzero(keep)
         src_l.append(np.full(rows.size, s.ordinal, np.int32))
         row_l.append(rows.astype(np.int64))

@@ -41,7 +41,7 @@ def _random_per_cell(cells: CellTable, seed: int, val: float, test: float) -> np
 
 
 def held_out_cell_types(names: Sequence[str], manifest: Manifest) -> dict[str, int]:
-    sp = manifest.split
+    sp = manifest.config.split
     if sp.val_cell_types is not None or sp.test_cell_types is not None:
         out = {**{c: VAL for c in sp.val_cell_types or ()}, **{c: TEST for c in sp.test_cell_types or ()}}
         unknown = sorted(set(out) - set(names))
@@ -58,7 +58,7 @@ def held_out_cell_types(names: Sequence[str], manifest: Manifest) -> dict[str, i
 
 
 def assign_splits(cells: CellTable, manifest: Manifest) -> np.ndarray:
-    sp = manifest.split
+    sp = manifest.config.split
     if sp.mode == "random":
         return _random_per_cell(cells, manifest.seed, sp.val_fraction, sp.test_fraction)
     ct_names = cells.vocabularies["cell_type"]

@@ -1,35 +1,60 @@
-"""Input kinds the pipeline can shard, looked up by the `kind` a manifest names."""
+"""Input file types, looked up by the manifest's ``[[sources]] type`` (or inferred from the file suffix
+among the types that feed the manifest's kind). Built-in types register on import; plug-ins register with
+:func:`register_source` in their own module, listed in the manifest's ``[dataset] plugins``."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from pipeline.sources.base import Categorical, Source, SourceMeta
-from pipeline.sources.h5ad import H5adSource
-from pipeline.sources.h5csr import H5CsrSource
+from pipeline.sources.base import (
+    SOURCES,
+    Categorical,
+    MatrixSource,
+    Source,
+    SourceMeta,
+    get_source,
+    infer_type,
+    register_source,
+    source_types_for,
+)
 from pipeline.sources.validate import CsrParts, validate_block, validate_dense, validate_indptr
 
-SOURCES: dict[str, type[Source]] = {"h5ad": H5adSource, "h5csr": H5CsrSource}
+BUILTIN = ("pipeline.sources.h5ad", "pipeline.sources.h5csr", "pipeline.sources.dat", "pipeline.sources.npy")
 
 
-def open_source(kind: str, path: str | Path, matrix: str = "X", *, counts: bool = False) -> Source:
-    """Build a source without touching the file: opening is lazy so sources can be planned and shipped cheaply."""
-    try:
-        cls = SOURCES[kind]
-    except KeyError:
-        raise ValueError(f"unknown source kind {kind!r} (known: {', '.join(sorted(SOURCES))})") from None
-    return cls(path, matrix, counts=counts)  # type: ignore[call-arg]  # every registered source takes counts
+def load_builtin() -> None:
+    """Import the built-in source modules (each registers itself); a missing optional one is skipped."""
+    for name in BUILTIN:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+
+
+def open_source(type_name: str, path: str | Path, matrix: str = "X", *, counts: bool = False) -> MatrixSource:
+    """A matrix source without touching the file: opening is lazy so sources can be planned and shipped cheaply."""
+    load_builtin()
+    cls = get_source(type_name)
+    if not issubclass(cls, MatrixSource):
+        raise ValueError(f"source type {type_name!r} is not a matrix source")
+    return cls(path, matrix, counts=counts)
 
 
 __all__ = [
     "SOURCES",
     "Categorical",
     "CsrParts",
-    "H5CsrSource",
-    "H5adSource",
+    "MatrixSource",
     "Source",
     "SourceMeta",
+    "get_source",
+    "infer_type",
+    "load_builtin",
     "open_source",
+    "register_source",
+    "source_types_for",
     "validate_block",
     "validate_dense",
     "validate_indptr",

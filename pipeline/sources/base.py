@@ -32,17 +32,56 @@ class SourceMeta:
 
 
 class Source(ABC):
-    """One input file. Opened lazily, read in row blocks; never loads the whole matrix."""
+    """One input file of a registered *source type*. Opened lazily; never loads more than a bounded block.
 
-    kind: ClassVar[str]
+    A source class declares what the registry needs to pick it without copied lists: its ``type`` (the
+    manifest's ``[[sources]] type``), the dataset ``kinds`` it feeds, the file ``suffixes`` it claims (a
+    manifest that names no type gets the one source type of its kind claiming the file's suffix), the extra
+    ``[[sources]]`` keys it accepts (``options``) and the record fields it produces (``produces``, for docs and
+    error messages). How records are read is the business of the interface its kinds use
+    (:class:`MatrixSource` for perturbation; a record kind defines its own).
+    """
 
-    def __init__(self, path: str | Path, matrix: str = "X") -> None:
+    type: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]] = ()
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[tuple[str, ...]] = ()
+    produces: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, path: str | Path, **options: object) -> None:
         self.path = Path(path)
+
+    @classmethod
+    def expand(cls, path: Path) -> list[Path]:
+        """The input files a manifest path match stands for (a folder may stand for the files in it)."""
+        return [path]
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release file handles (sources may keep a file open between reads)."""
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MatrixSource(Source):
+    """A cell x gene matrix with obs annotations (h5ad, H5-CSR): metadata first, then rows in blocks."""
+
+    fillable_obs: ClassVar[tuple[str, ...]] = ()  # logical obs fields the source can supply itself
+
+    def __init__(self, path: str | Path, matrix: str = "X", **options: object) -> None:
+        super().__init__(path)
         self.matrix = matrix
 
     @abstractmethod
     def meta(self, obs_columns: Sequence[str], optional: Sequence[str] = ()) -> SourceMeta:
         """Read only metadata. Missing columns in `obs_columns` raise SourceError unless listed in `optional`."""
+
+    def fill_obs(self, logical: str, n_rows: int) -> Categorical | None:
+        """A value for a logical obs field the file lacks (one of ``fillable_obs``), else None."""
+        return None
 
     @abstractmethod
     def read_rows(self, start: int, stop: int) -> sp.csr_matrix:
@@ -52,11 +91,31 @@ class Source(ABC):
     def read_obsm(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of obsm[key] as a dense float32 array."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release file handles (sources may keep an h5py.File open between reads)."""
 
-    def __enter__(self) -> Source:
-        return self
+SOURCES: dict[str, type[Source]] = {}
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+
+def register_source(cls: type[Source]) -> type[Source]:
+    """Class decorator: make ``cls`` available as ``[[sources]] type = cls.type``."""
+    if not getattr(cls, "type", None):
+        raise TypeError(f"{cls.__name__} has no source type")
+    SOURCES[cls.type] = cls
+    return cls
+
+
+def get_source(type_name: str) -> type[Source]:
+    try:
+        return SOURCES[type_name]
+    except KeyError:
+        raise ValueError(f"unknown source type {type_name!r} (registered: {', '.join(sorted(SOURCES))})") from None
+
+
+def source_types_for(kind: str) -> list[str]:
+    """The registered source types that feed dataset kind ``kind``."""
+    return sorted(t for t, cls in SOURCES.items() if kind in cls.kinds)
+
+
+def infer_type(path: str, kind: str) -> str | None:
+    """The one source type of ``kind`` claiming ``path``'s suffix, or None (none or several claim it)."""
+    hits = [t for t in source_types_for(kind) if str(path).lower().endswith(SOURCES[t].suffixes)]
+    return hits[0] if len(hits) == 1 else None

@@ -17,7 +17,7 @@ from typing import ClassVar
 import h5py
 import numpy as np
 
-from pipeline.sources.base import Categorical
+from pipeline.sources.base import Categorical, register_source
 from pipeline.sources.h5csr import (
     H5Source,
     attr_str,
@@ -35,8 +35,10 @@ def read_elem(elem: object) -> object:
 
     return _read_elem(elem)
 
+@register_source
 class H5adSource(H5Source):
-    kind: ClassVar[str] = "h5ad"
+    type: ClassVar[str] = "h5ad"
+    suffixes: ClassVar[tuple[str, ...]] = (".h5ad",)
 
     def _var_names(self, var_path: str) -> tuple[str, ...] | None:
         var = self._node(var_path)

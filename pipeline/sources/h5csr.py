@@ -21,7 +21,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from pipeline.errors import SourceError
-from pipeline.sources.base import Categorical, Source, SourceMeta
+from pipeline.sources.base import Categorical, MatrixSource, SourceMeta, register_source
 from pipeline.sources.validate import CsrParts, validate_block, validate_dense, validate_indptr
 
 # What h5py / HDF5 / anndata raise on damaged content after the file opened fine.
@@ -100,14 +100,16 @@ class Layout:
     field: str = ""
 
 
-class H5Source(Source):
+class H5Source(MatrixSource):
     """Row blocks, obsm and structural checks for any HDF5 file whose matrix is a CSR group or a dense dataset.
 
     Subclasses only say how obs columns and var names are encoded. The h5py handle is opened on first use,
     reopened after a fork and dropped when pickled, so a planner can hand sources to worker processes.
     """
 
-    kind: ClassVar[str] = ""
+    kinds: ClassVar[tuple[str, ...]] = ("perturbation",)
+    options: ClassVar[tuple[str, ...]] = ("matrix",)
+    produces: ClassVar[tuple[str, ...]] = ("X", "obs/*", "obsm/*")
 
     def __init__(self, path: str | Path, matrix: str = "X", *, counts: bool = False) -> None:
         super().__init__(path, matrix)
@@ -370,10 +372,19 @@ def read_plain_strings(node: h5py.Group | h5py.Dataset) -> tuple[str, ...]:
     return tuple(decode_strings(node[()]))
 
 
+@register_source
 class H5CsrSource(H5Source):
     """STATE / cell-load style files: anndata-like layout written by hand, so nothing can be assumed about attrs."""
 
-    kind: ClassVar[str] = "h5csr"
+    type: ClassVar[str] = "h5csr"
+    suffixes: ClassVar[tuple[str, ...]] = (".h5", ".hdf5")
+    fillable_obs: ClassVar[tuple[str, ...]] = ("cell_type",)
+
+    def fill_obs(self, logical: str, n_rows: int) -> Categorical | None:
+        """cell-load convention: a file without a cell type column holds one cell line, named by its stem."""
+        if logical == "cell_type":
+            return Categorical(np.zeros(n_rows, np.int32), (self.path.stem,))
+        return None
 
     def _var_names(self, var_path: str) -> tuple[str, ...] | None:
         var = self._node(var_path)

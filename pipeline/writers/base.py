@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -36,8 +36,9 @@ class ShardWriter(ABC):
         self.codec = codec
 
     @abstractmethod
-    def write(self, path: Path, columns: Mapping[str, np.ndarray]) -> None:
-        """Write every column to `path` (which does not exist yet). Same columns -> same bytes."""
+    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = ()) -> None:
+        """Write every column to `path` (which does not exist yet). Same columns -> same bytes. `tables`:
+        the keys that are shard tables (rows of local row ids, not one entry per record)."""
 
 
 WRITERS: dict[str, type[ShardWriter]] = {}

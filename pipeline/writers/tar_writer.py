@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +43,14 @@ class TarShardWriter(ShardWriter):
             raise ValueError(f"block_records must be >= 1, got {block_records}")
         self.block_records = block_records
 
-    def write(self, path: Path, columns: Mapping[str, np.ndarray]) -> None:
+    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = ()) -> None:
         cols = {k: np.ascontiguousarray(v) for k, v in columns.items()}  # np.save of a Fortran array differs
         for k, a in cols.items():
             if a.dtype.hasobject or a.ndim == 0:
                 raise ValueError(f"column {k!r}: tar shards hold numeric arrays of rank >= 1, got {a.dtype}{a.shape}")
-        tables = sorted(k for k in cols if k in fmt.TABLES)
-        records = sorted(k for k in cols if k not in fmt.TABLES)
+        table_keys = set(tables)
+        tables = sorted(k for k in cols if k in table_keys)
+        records = sorted(k for k in cols if k not in table_keys)
         groups = pointer_groups(records)
         n = _record_count(cols, records, groups)
         blocks = max(1, -(-n // self.block_records)) if records else 0

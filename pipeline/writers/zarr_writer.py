@@ -7,7 +7,7 @@ never assembled in memory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ class ZarrShardWriter(ShardWriter):
     encoding = "zarr"
     suffix = ".zarr"
 
-    def write(self, path: Path, columns: Mapping[str, Any]) -> None:
+    def write(self, path: Path, columns: Mapping[str, Any], tables: Collection[str] = ()) -> None:
         import zarr
 
         group = zarr.open_group(zarr.storage.LocalStore(str(path)), mode="w-", zarr_format=3)

@@ -1,0 +1,118 @@
+"""A batch before transport: numpy arrays, plus *deferred* items finished in numpy or on the device.
+
+A deferred item is work that is cheaper on the device than on the host, or that makes the host-to-device
+copy smaller when done after it: densifying gathered CSR rows (a 10%-dense batch crosses PCIe at ~1/5 of
+its dense size), unpacking bit-packed spike windows (1/32 of float32 frames). Each is an *op*: it ships
+named numpy parts plus JSON-able meta, has a numpy finisher (here, torch-free: used on the CPU and by
+DataLoader workers asked for finished batches) and a torch finisher registered in :mod:`loaders.device`
+under the same name; both must give equal results (tested per op).
+
+Registry in the style of numcodecs: :func:`register_op` / :func:`get_op`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from loaders import kernels
+
+NumpyFinish = Callable[[Mapping[str, np.ndarray], Mapping[str, Any], "np.ndarray | None"], np.ndarray]
+
+
+class Deferred(ABC):
+    """One deferred value of a batch (see module docstring)."""
+
+    op: ClassVar[str]
+
+    @abstractmethod
+    def parts(self) -> dict[str, np.ndarray]:
+        """The arrays shipped to the consumer (name -> array)."""
+
+    @abstractmethod
+    def meta(self) -> dict[str, Any]:
+        """JSON-able parameters the finishers need (shapes, offsets)."""
+
+    @abstractmethod
+    def out_shape(self) -> tuple[int, ...]:
+        """Shape of the finished value."""
+
+    out_dtype: ClassVar[np.dtype] = np.dtype(np.float32)
+
+    def finish(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The finished value in numpy (into ``out``, a flat zero-filled buffer of the right size, if given)."""
+        return get_op(self.op)(self.parts(), self.meta(), out)
+
+
+OPS: dict[str, NumpyFinish] = {}
+
+
+def register_op(name: str) -> Callable[[NumpyFinish], NumpyFinish]:
+    """Register the numpy finisher of op ``name`` (its torch finisher: ``loaders.device.register_torch_op``)."""
+
+    def deco(fn: NumpyFinish) -> NumpyFinish:
+        OPS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_op(name: str) -> NumpyFinish:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown deferred op {name!r} (registered: {sorted(OPS)})") from None
+
+
+# -- CSR rows -> dense ----------------------------------------------------------------------------------
+CSR_OP = "csr_dense"
+
+
+@dataclass
+class Gathered(Deferred):
+    """CSR rows of a batch (copies: valid after their window is recycled); dense float32 ``shape`` when
+    finished (rows flattened over leading dims; ``shape[-1]`` is the column count)."""
+
+    op: ClassVar[str] = CSR_OP
+    indptr: np.ndarray  # [m+1], the dtype of ``indices``
+    indices: np.ndarray  # [nnz]
+    data: np.ndarray  # [nnz]
+    shape: tuple[int, ...]
+
+    def parts(self) -> dict[str, np.ndarray]:
+        crow, cols, vals = self.csr()
+        return {"crow": crow, "cols": cols, "vals": vals}
+
+    def meta(self) -> dict[str, Any]:
+        return {"shape": [int(s) for s in self.shape]}
+
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.shape)
+
+    def dense(self, out: np.ndarray | None = None) -> np.ndarray:
+        return kernels.densify(self.indptr, self.indices, self.data, int(self.shape[-1]), out).reshape(self.shape)
+
+    def finish(self, out: np.ndarray | None = None) -> np.ndarray:
+        return self.dense(out)
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(crow int64 [m+1], cols int32 [nnz], vals [nnz])``."""
+        return (self.indptr.astype(np.int64), self.indices.astype(np.int32, copy=False), self.data)
+
+
+@register_op(CSR_OP)
+def _csr_dense(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None) -> np.ndarray:
+    shape = tuple(int(s) for s in meta["shape"])
+    return kernels.densify(parts["crow"], parts["cols"], parts["vals"], shape[-1], out).reshape(shape)
+
+
+@dataclass
+class Payload:
+    """A batch before transport: numpy arrays plus deferred items (finished by the transport)."""
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    xs: dict[str, Deferred] = field(default_factory=dict)

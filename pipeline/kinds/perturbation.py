@@ -1,0 +1,122 @@
+"""The ``perturbation`` kind: single-cell perturbation screens (scPerturb h5ad, STATE / cell-load H5-CSR).
+
+Its planner is :mod:`pipeline.plan` (cell table, splits, condition table, control pairing, sentences) and
+its pack is :mod:`pipeline.pack` (every source read once in row blocks, rows routed to their shards). This
+module is the glue that makes them a kind: the manifest sections, the schema, what the index and ``inspect``
+say, and the referential checks ``verify`` adds (pairs join a control to a perturbed cell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loaders import format as fmt
+from pipeline.kinds.base import Kind, KindPlan, PlanContext, Task, register_kind
+from pipeline.kinds.perturbation_config import PerturbationConfig, parse_sections
+
+if TYPE_CHECKING:
+    from pipeline.manifest import Manifest
+    from pipeline.pack import PackConfig
+    from pipeline.scan import ScannedSource
+
+TABLES = (fmt.PAIRS, fmt.SENTENCES_PERT, fmt.SENTENCES_CTRL)
+
+
+@register_kind
+class PerturbationKind(Kind):
+    name = "perturbation"
+    sections = ("fields", "pairing", "split")
+    samples = ("cells", "pairs", "sentences")
+    parked = TABLES  # planned columns big enough to wait in spill files until their shard is packed
+
+    def parse(self, path: Path, sections: Mapping[str, Any]) -> PerturbationConfig:
+        return parse_sections(path, sections)
+
+    def source_defaults(self, config: PerturbationConfig) -> dict[str, Any]:
+        return {"matrix": config.fields.matrix}
+
+    def input_files(self, manifest: Manifest) -> list[Path]:
+        features = manifest.config.fields.perturbation_features
+        return [features] if features is not None else []
+
+    def scan(self, manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None,
+             hasher: Executor | None) -> list[ScannedSource]:
+        from pipeline.scan import scan
+
+        return scan(manifest, cache, hasher)
+
+    def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
+        from pipeline.plan import make_plan
+
+        plan = make_plan(manifest, scanned, park=ctx.park, known=ctx.known, salt=ctx.salt)
+        cfg = manifest.config
+        vocab = plan.cells.vocabularies
+        cond = plan.conditions
+        return KindPlan(
+            shards=plan.shards, fields=self.schema(manifest, scanned, vocab, int(cond.vectors.shape[0])),
+            tables=TABLES, conditions={fmt.CONDITION_VECTORS: cond.vectors, fmt.CONDITION_CODES: cond.codes},
+            condition_segments=list(cond.segments),
+            vocabularies=vocab, obs_fields=list(cfg.fields.obs_fields),
+            control_labels=[c for c in cfg.fields.control if c in vocab["perturbation"]],
+            section={"pairing": {"strategy": cfg.pairing.strategy, "sentence_size": cfg.pairing.sentence_size,
+                                 "max_pairs_per_condition": cfg.pairing.max_pairs_per_condition},
+                     "split": {"mode": cfg.split.mode, "val_fraction": cfg.split.val_fraction,
+                               "test_fraction": cfg.split.test_fraction},
+                     "var_names": list(scanned[0].meta.var_names)},
+            stats={**plan.stats, "source_rows": int(sum(s.meta.n_rows for s in scanned)), "cells": len(plan.cells)},
+            primary_records=len(plan.cells), source_keys=plan.source_keys, source_stats=plan.source_stats)
+
+    def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource], vocab: Mapping[str, list[str]],
+               n_cond: int) -> tuple[fmt.FieldSpec, ...]:
+        first, cfg = scanned[0].meta, manifest.config
+        out = [fmt.FieldSpec(fmt.X, "csr", "float32", (first.n_cols,)),
+               fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
+               fmt.FieldSpec(fmt.PRIMARY, "dense", "bool"),
+               fmt.FieldSpec(fmt.COND_ID, "dense", "int32", bound=n_cond)]
+        out += [fmt.FieldSpec(fmt.OBS_PREFIX + f, "dense", "int32", bound=len(vocab[f])) for f in cfg.fields.obs_fields]
+        out += [fmt.FieldSpec(fmt.OBSM_PREFIX + k, "dense", "float32", tuple(first.obsm[k][0][1:]))
+                for k in cfg.fields.obsm]
+        return tuple(out)
+
+    def pack_tasks(self, manifest: Manifest, plan: KindPlan, scanned: Sequence[ScannedSource], todo: Sequence[int],
+                   cfg: PackConfig) -> tuple[list[Task], list[Task]]:
+        from pipeline.pack import pack_tasks
+
+        return pack_tasks(plan.shards, scanned, todo, cfg)  # type: ignore[return-value]
+
+    def pack_options(self, manifest: Manifest) -> dict[str, Any]:
+        """The matrix-specific settings of the pack."""
+        return {"counts": manifest.config.fields.values == "counts", "obsm": manifest.config.fields.obsm}
+
+    def check_shard(self, index: fmt.Index, columns: Mapping[str, np.ndarray]) -> list[str]:
+        problems = []
+        pert_vocab = index.vocabularies.get("perturbation", [])
+        codes = columns.get(fmt.OBS_PREFIX + "perturbation", np.zeros(0, np.int32))
+        is_ctrl = np.isin(codes, [pert_vocab.index(c) for c in index.control_labels if c in pert_vocab])
+        pairs = columns.get(fmt.PAIRS, np.zeros((0, 2), np.int32))
+        if pairs.size and not (is_ctrl[pairs[:, 0]].all() and not is_ctrl[pairs[:, 1]].any()):
+            problems.append("a pair does not join a control to a perturbed cell")
+        ctrl = columns.get(fmt.SENTENCES_CTRL, np.zeros((0, 1), np.int32))
+        if ctrl.size and not is_ctrl[ctrl].all():
+            problems.append("a control sentence holds a perturbed cell")
+        return problems
+
+    def describe(self, index: fmt.Index) -> dict[str, Any]:
+        stats = index.stats
+        return {"genes": index.field(fmt.X).shape[0] if index.has_field(fmt.X) else None,
+                "conditions": index.conditions.rows if index.conditions is not None else None,
+                "pairing": stats.get("pairing", {}), "dropped": stats.get("dropped", {}),
+                "source_rows": stats.get("source_rows")}
+
+    def describe_lines(self, summary: Mapping[str, Any]) -> list[str]:
+        lines = [f"  genes: {summary.get('genes')}, conditions: {summary.get('conditions')}, "
+                 f"source rows: {summary.get('source_rows')}"]
+        lines.append("  pairing: " + ", ".join(f"{k}={v}" for k, v in summary.get("pairing", {}).items()))
+        if summary.get("dropped"):
+            lines.append("  dropped: " + ", ".join(f"{k}={v}" for k, v in summary["dropped"].items()))
+        return lines
