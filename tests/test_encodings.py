@@ -264,5 +264,5 @@ def test_tar_and_zarr_builds_hold_the_same_columns(built: dict[str, Path]) -> No
         assert (ze.split, ze.records, dict(ze.units)) == \
                (te.split, te.records, dict(te.units))
         assert_same_columns(tc, zc)
-    vectors = [read_shard(i.root / i.conditions["file"], i.encoding, ["vectors"])["vectors"] for i in (zi, ti)]
+    vectors = [read_shard(i.root / i.conditions.file, i.encoding, ["vectors"])["vectors"] for i in (zi, ti)]
     np.testing.assert_array_equal(*vectors)

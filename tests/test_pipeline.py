@@ -276,9 +276,9 @@ def test_perturbation_features_fill_the_condition_vectors(tmp_path: Path) -> Non
                                                      'values = "counts"\nperturbation_features = "feats.npz"'))
     build(manifest, tmp_path / "out", jobs=1, progress=False)
     index, shards = read_all(tmp_path / "out")
-    seg = index.conditions["segments"][0]
+    seg = index.conditions.segments[0]
     assert seg["field"] == "perturbation" and seg["encoding"] == "features" and seg["size"] == 3
-    vectors = zarr.open_group(str(tmp_path / "out" / index.conditions["file"]), mode="r")["vectors"][...]
+    vectors = zarr.open_group(str(tmp_path / "out" / index.conditions.file), mode="r")["vectors"][...]
     for _, cols in shards:
         label = _decode(index, cols, "perturbation")
         got = vectors[cols[fmt.COND_ID], :3]

@@ -125,9 +125,10 @@ def get_sample_type(name: str, **options: Any) -> SampleType:
     return cls(**options)
 
 
-def from_config(config: Mapping[str, Any]) -> SampleType:
-    """Rebuild a sample type from :meth:`SampleType.get_config` (importing its module if it is a plug-in)."""
-    config = dict(config)
+def from_config(config: Mapping[str, Any] | str) -> SampleType:
+    """Rebuild a sample type from :meth:`SampleType.get_config` (importing its module if it is a plug-in);
+    a bare name means the type with its default options."""
+    config = {"name": config} if isinstance(config, str) else dict(config)
     name, module = str(config.pop("name")), config.pop("module", None)
     if name not in SAMPLE_TYPES and module:
         importlib.import_module(str(module))

@@ -18,9 +18,11 @@ from pipeline.sources.base import (
     register_source,
     source_types_for,
 )
+from pipeline.sources.h5ad import H5adSource
+from pipeline.sources.h5csr import H5CsrSource
 from pipeline.sources.validate import CsrParts, validate_block, validate_dense, validate_indptr
 
-BUILTIN = ("pipeline.sources.h5ad", "pipeline.sources.h5csr", "pipeline.sources.dat", "pipeline.sources.npy")
+BUILTIN = ("pipeline.sources.dat", "pipeline.sources.npy")  # h5ad, h5csr: imported above
 
 
 def load_builtin() -> None:
@@ -46,6 +48,8 @@ __all__ = [
     "SOURCES",
     "Categorical",
     "CsrParts",
+    "H5CsrSource",
+    "H5adSource",
     "MatrixSource",
     "Source",
     "SourceMeta",
