@@ -9,18 +9,22 @@ float32 ``[N, C]`` (channels in the order asked for), ``offsets`` int64 ``[B + 1
 Augmentation is split so it can run on the device without a host round trip and still equal the CPU
 result: :func:`draw_augment` draws the few numbers per sample on the host (a sub-cube origin, three flip
 bits), seeded by ``(seed, epoch, sample_id)`` so a volume's augmentation does not depend on which batch or
-worker it lands in; :func:`augment_numpy` and :func:`augment_torch` apply them with the same integer
-arithmetic. A crop keeps the points inside ``[origin, origin + extent)`` and shifts them to start at 0 (an
-axis shorter than the crop is kept whole); a flip maps ``c -> extent - 1 - c``.
+worker it lands in. The crop (:func:`crop_rows`: keep the points inside ``[origin, origin + extent)``; an
+axis shorter than the crop is kept whole) runs on the host, where it shrinks what is shipped; the shift to 0,
+the flips (``c -> extent - 1 - c``) and the collation into int32 ``[N, 4]`` are the deferred op
+``ct_coords`` (:class:`CtCoords`), finished in numpy here or in torch on the device
+(:mod:`loaders.ct_torch`) with the same integer arithmetic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+
+from loaders.payload import Deferred, register_op
 
 BATCH_DIMS = ("first", "last")
 
@@ -59,12 +63,6 @@ class Augment:
     extent: np.ndarray  # its size (the volume's shape when not cropping)
     flip: np.ndarray  # bool: mirror this axis
 
-    def as_torch(self, device: Any = None) -> tuple[Any, Any, Any]:
-        import torch
-
-        return (torch.as_tensor(self.origin, device=device), torch.as_tensor(self.extent, device=device),
-                torch.as_tensor(self.flip, device=device))
-
 
 def draw_augment(shapes: np.ndarray, sample_ids: np.ndarray, seed: int, epoch: int,
                  crop: Sequence[int] | None = None, flip: Sequence[bool] = (False, False, False)) -> Augment:
@@ -83,37 +81,63 @@ def draw_augment(shapes: np.ndarray, sample_ids: np.ndarray, seed: int, epoch: i
     return Augment(origin, extent, flips)
 
 
-def augment_numpy(coords: np.ndarray, feats: np.ndarray, offsets: np.ndarray, aug: Augment,
-                  batch_dim: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Crop and flip collated ``coords``/``feats`` (see :func:`collate`) with ``aug``; rows stay in order."""
-    bcol, xyz = (0, slice(1, 4)) if batch_dim == "first" else (3, slice(0, 3))
-    b = coords[:, bcol].astype(np.int64)
-    rel = coords[:, xyz].astype(np.int64) - aug.origin[b]
-    ext = aug.extent[b]
-    keep = np.all((rel >= 0) & (rel < ext), axis=1)
-    rel = np.where(aug.flip[b], ext - 1 - rel, rel)
-    out = coords[keep].copy()
-    out[:, xyz] = rel[keep]
+def crop_rows(xyz: np.ndarray, offsets: np.ndarray, aug: Augment) -> tuple[np.ndarray, np.ndarray]:
+    """``(keep bool [N], new offsets [B+1])``: the rows inside each sample's sub-cube (done on the host, before
+    transport: a crop makes the batch smaller, so it should cross to the device smaller)."""
+    b = batch_column(offsets)
+    rel = xyz.astype(np.int64) - aug.origin[b]
+    keep = np.all((rel >= 0) & (rel < aug.extent[b]), axis=1)
     counts = np.bincount(b[keep], minlength=aug.origin.shape[0])
     off = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=off[1:])
-    return out, feats[keep], off
+    return keep, off
 
 
-def augment_torch(coords: Any, feats: Any, offsets: Any, aug: Augment, batch_dim: str = "first") -> tuple[Any, Any, Any]:
-    """:func:`augment_numpy` on torch tensors, on their device (the same integers, so the same result)."""
-    import torch
+def finish_coords(xyz: np.ndarray, offsets: np.ndarray, origin: np.ndarray, extent: np.ndarray, flip: np.ndarray,
+                  batch_dim: str = "first", out: np.ndarray | None = None) -> np.ndarray:
+    """int32 ``[N, 4]`` coordinates: the batch column plus ``xyz - origin``, mirrored where ``flip``."""
+    off = np.asarray(offsets, dtype=np.int64)
+    b = batch_column(off)
+    rel = xyz.astype(np.int32) - origin.astype(np.int32)[b]
+    ext = extent.astype(np.int32)[b]
+    rel = np.where(np.asarray(flip, dtype=bool)[b], ext - 1 - rel, rel)
+    coords = np.empty((b.size, 4), dtype=np.int32) if out is None else out.reshape(b.size, 4)
+    bcol, cols = (0, slice(1, 4)) if batch_dim == "first" else (3, slice(0, 3))
+    coords[:, bcol] = b
+    coords[:, cols] = rel
+    return coords
 
-    origin, extent, flip = aug.as_torch(coords.device)
-    bcol, xyz = (0, slice(1, 4)) if batch_dim == "first" else (3, slice(0, 3))
-    b = coords[:, bcol].long()
-    rel = coords[:, xyz].long() - origin[b]
-    ext = extent[b]
-    keep = ((rel >= 0) & (rel < ext)).all(dim=1)
-    rel = torch.where(flip[b], ext - 1 - rel, rel)
-    out = coords[keep].clone()
-    out[:, xyz] = rel[keep].to(coords.dtype)
-    counts = torch.bincount(b[keep], minlength=origin.shape[0])
-    off = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=coords.device)
-    torch.cumsum(counts, 0, out=off[1:])
-    return out, feats[keep], off
+
+COORDS_OP = "ct_coords"
+
+
+@dataclass
+class CtCoords(Deferred):
+    """A batch's coordinates before collation: stored uint16 ``xyz`` (6 bytes a point instead of 16 for int32
+    ``[N, 4]``), offsets and the per-sample shift/flip. Finished (numpy here, torch in :mod:`loaders.ct_torch`)
+    into int32 ``[N, 4]``; on CUDA that happens on the GPU, after the smaller copy."""
+
+    op: ClassVar[str] = COORDS_OP
+    out_dtype: ClassVar[np.dtype] = np.dtype(np.int32)
+    xyz: np.ndarray
+    offsets: np.ndarray
+    origin: np.ndarray
+    extent: np.ndarray
+    flip: np.ndarray
+    batch_dim: str = "first"
+
+    def parts(self) -> dict[str, np.ndarray]:
+        return {"xyz": self.xyz, "offsets": self.offsets, "origin": self.origin, "extent": self.extent,
+                "flip": self.flip}
+
+    def meta(self) -> dict[str, Any]:
+        return {"batch_dim": self.batch_dim}
+
+    def out_shape(self) -> tuple[int, ...]:
+        return (int(self.xyz.shape[0]), 4)
+
+
+@register_op(COORDS_OP, torch_module="loaders.ct_torch")
+def _finish_coords(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None) -> np.ndarray:
+    return finish_coords(parts["xyz"], parts["offsets"], parts["origin"], parts["extent"], parts["flip"],
+                         str(meta["batch_dim"]), out)

@@ -17,6 +17,7 @@ if any were shipped, are densified on the CPU.
 
 from __future__ import annotations
 
+import importlib
 import queue
 import threading
 from collections import deque
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from loaders.collate import LAYOUT, META, PACKED, sparse
-from loaders.payload import CSR_OP, get_op
+from loaders.payload import CSR_OP, TORCH_MODULES, get_op
 
 Batch = dict[str, Any]
 T = TypeVar("T")
@@ -120,6 +121,8 @@ def finish(op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) 
     """A shipped deferred item finished where its parts are: numpy on the CPU (no intra-op torch threads),
     the registered torch finisher on a device."""
     first = next(iter(parts.values()))
+    if op not in TORCH_OPS and op in TORCH_MODULES:
+        importlib.import_module(TORCH_MODULES[op])
     if first.device.type == "cpu" or op not in TORCH_OPS:
         if op not in TORCH_OPS and first.device.type != "cpu":
             raise ValueError(f"deferred op {op!r} has no torch finisher (register one with register_torch_op)")

@@ -49,13 +49,18 @@ class Deferred(ABC):
 
 
 OPS: dict[str, NumpyFinish] = {}
+TORCH_MODULES: dict[str, str] = {}  # op -> module that registers its torch finisher (imported on first use)
 
 
-def register_op(name: str) -> Callable[[NumpyFinish], NumpyFinish]:
-    """Register the numpy finisher of op ``name`` (its torch finisher: ``loaders.device.register_torch_op``)."""
+def register_op(name: str, torch_module: str | None = None) -> Callable[[NumpyFinish], NumpyFinish]:
+    """Register the numpy finisher of op ``name``. Its torch finisher is registered with
+    ``loaders.device.register_torch_op`` in ``torch_module``, which the device layer imports when it first
+    meets the op (so this module, and the decoder process, never import torch)."""
 
     def deco(fn: NumpyFinish) -> NumpyFinish:
         OPS[name] = fn
+        if torch_module:
+            TORCH_MODULES[name] = torch_module
         return fn
 
     return deco
