@@ -30,8 +30,8 @@ from loaders.format import (
     ShardEntry,
     X,
     content_hash,
-    write_index,
     stored_bytes,
+    write_index,
 )
 from pipeline.writers import Codec, get_writer
 

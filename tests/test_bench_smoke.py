@@ -56,7 +56,8 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
     assert main["n_cells"] == 3000 and main["n_genes"] == 100 and _positive(main["nnz"])
     assert res["config"]["mode"].startswith("quick")
 
-    # Other components may be mid-change: a failure must be reported (a note, an error), never malformed.
+    # Baselines may fail on a machine without them (reported as a note); our own loader and builds must work:
+    # a loader or a build that raises fails this test.
     loader = res["loader"]["results"]
     methods = {r["method"] for r in loader}
     assert {"scipy in-memory gather+densify", "h5py CSR row gather", "anndata backed"} <= methods
@@ -64,23 +65,22 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
         assert _positive(r["peak_rss_mb"]) and r["ttfb_s"] >= 0, r["method"]
         assert r["note"].startswith("FAILED") or (_positive(r["cells_per_s"]) and _positive(r["mb_per_s"])), r
     ours = [r for r in loader if r["method"].startswith("shards")]
-    if ours:
-        assert {r["params"]["sample"] for r in ours} == {"cells", "pairs", "sentences"}
-    else:
-        assert res["loader"].get("skipped") or res["notes"]
+    assert {r["params"]["sample"] for r in ours} == {"cells", "pairs", "sentences"}
+    for r in ours:
+        assert not r["note"].startswith("FAILED") and _positive(r["cells_per_s"]), r
 
     pipe = res["pipeline"]
-    if not pipe.get("skipped"):
-        for codec in ("blosc-lz4", "blosc-zstd"):
-            assert _positive(pipe["codec_limit"][codec]["cells_per_s"])
-        assert [b["n_cells"] for b in pipe["sweep"]] == [1500, 3000]
-        inc = pipe["incremental"]
-        builds = [*pipe["sweep"], *pipe["jobs"], pipe["zstd"], inc["full"], inc.get("changed"), inc.get("nochange")]
-        for b in filter(None, builds):
-            assert _positive(b["wall_s"]) and _positive(b["peak_rss_mb"])
-            assert (b["rc"] == 0 and _positive(b["cells_per_s"])) or b["error"], b
-        assert {b["jobs"] for b in pipe["jobs"]} == {1}
-        assert inc["files"] == 8 and (inc["full"]["rc"] != 0 or _positive(inc["nochange"]["wall_s"]))
+    assert not pipe.get("skipped"), pipe
+    for codec in ("blosc-lz4", "blosc-zstd"):
+        assert _positive(pipe["codec_limit"][codec]["cells_per_s"])
+    assert [b["n_cells"] for b in pipe["sweep"]] == [1500, 3000]
+    inc = pipe["incremental"]
+    builds = [*pipe["sweep"], *pipe["jobs"], pipe["zstd"], inc["full"], inc.get("changed"), inc.get("nochange")]
+    for b in filter(None, builds):
+        assert _positive(b["wall_s"]) and _positive(b["peak_rss_mb"])
+        assert b["rc"] == 0 and _positive(b["cells_per_s"]) and not b.get("error"), b
+    assert {b["jobs"] for b in pipe["jobs"]} == {1}
+    assert inc["files"] == 8 and _positive(inc["nochange"]["wall_s"])
 
     assert len(res["targets"]) == 9
     for t in res["targets"]:

@@ -143,5 +143,6 @@ def test_every_registered_sample_type_has_a_conformance_subclass() -> None:
     kind_names()  # imports the built-in kinds and with them their sample types
     text = "\n".join(p.read_text() for p in HERE.glob("test_*.py"))
     covered = set(re.findall(r'^class \w+\([\w.]*(?:SampleTypeTests|_Perturbation)\):\n    name = "(\w+)"', text, re.M))
-    missing = sorted(set(SAMPLE_TYPES) - covered)
+    ours = {n for n, c in SAMPLE_TYPES.items() if c.__module__.startswith(("loaders.", "tests."))}
+    missing = sorted(ours - covered)
     assert not missing, f"sample types without a SampleTypeTests subclass: {missing}"
