@@ -195,6 +195,7 @@ class Decoder:
         self._next_id = 0
         self._ready: bool | None = None
         self._closed = False
+        self._scale = 1.0
         self._post({"kind": "start", "spec": spec, "threads": threads})
 
     def ready(self) -> bool:
@@ -247,7 +248,7 @@ class Decoder:
         with self._lock:
             if self._ready is None:
                 self._take_ready()
-            need = hint
+            need = int(hint * self._scale)  # learnt: what windows needed relative to their hint
             for _ in range(3):
                 slab = self._slab(need)
                 self._post({"kind": "window", "slab": slab.id, "epoch": int(epoch), "w": int(w)})
@@ -259,6 +260,7 @@ class Decoder:
                 self._give_back(slab)
                 if reply["kind"] == "need":
                     need = int(reply["bytes"])
+                    self._scale = max(self._scale, need / max(hint, 1))  # next windows ask for enough at once
                     continue
                 if reply["kind"] == "error":
                     raise (FormatError if reply.get("format") else DecoderError)(reply["message"])

@@ -7,6 +7,7 @@ A rebuild whose inputs are unchanged (see `unchanged`) stops after a few stat ca
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -157,7 +158,8 @@ def _source_doc(s: ScannedSource) -> dict[str, Any]:
 
 
 def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | None = None,
-          backend: str = "threading", scheduler: str | None = None, progress: bool = True) -> BuildResult:
+          backend: str = "threading", scheduler: str | None = None, progress: bool = True,
+          encoding: str | None = None) -> BuildResult:
     """Build or incrementally rebuild OUT from a manifest, through the manifest's kind (pipeline.kinds).
 
     `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing, file I/O)
@@ -165,6 +167,8 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
     hold its own copy of its tasks' plan."""
     t0 = time.perf_counter()
     manifest = load_manifest(manifest_path)
+    if encoding is not None and encoding != manifest.format:  # e.g. `--format tar` for a zarr manifest
+        manifest = dataclasses.replace(manifest, format=encoding)
     kind = get_kind(manifest.kind)
     out = Path(out) if out is not None else Path("shards") / manifest.name
     jobs = jobs or os.cpu_count() or 1

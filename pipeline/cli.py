@@ -25,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="threading (default: no worker start-up, one copy of the plan), loky processes, dask, ray")
     b.add_argument("--scheduler", default=None, help="dask scheduler / ray cluster address")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.add_argument("--format", choices=["zarr", "tar"], default=None, help="override the manifest's [dataset] format")
     v = sub.add_parser("verify", help="re-hash and check every shard; exit 0 iff the dataset is sound")
     v.add_argument("dir", type=Path)
     v.add_argument("--no-hash", action="store_true", help="skip content hashes (schema, counts, references only)")
@@ -45,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pipeline.verify import format_summary, summary
 
             res = build(args.manifest, args.out, args.jobs, args.backend, args.scheduler,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, encoding=args.format)
             print(f"built {res.out}: {len(res.written)} shards written, {len(res.reused)} reused "
                   f"in {res.seconds['total']:.1f}s")
             print(format_summary(summary(res.out)))

@@ -331,7 +331,28 @@ def write_h5csr(
     return path
 
 
+OTHER_MODALITIES = ("pipeline.demo_spike:write_spike_demo", "pipeline.demo_ct:write_ct_demo")
+
+
 def write_demo(root: str | Path) -> list[Path]:
+    """The demo corpus every data_manifests/demo*.toml reads: perturbation files (below), then each other
+    modality's demo writer (spike: a GoPro-style tree; CT: chest-like volumes)."""
+    import importlib
+
+    paths = write_perturbation_demo(root)
+    for ref in OTHER_MODALITIES:
+        module, func = ref.split(":")
+        try:
+            writer = getattr(importlib.import_module(module), func)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        paths += writer(root)
+    return paths
+
+
+def write_perturbation_demo(root: str | Path) -> list[Path]:
     """A small mixed corpus: three scPerturb screens (CSR, dense X, legacy layout) and two STATE cell lines."""
     root = Path(root)
     perturb, state = root / "perturb", root / "state"

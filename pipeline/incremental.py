@@ -59,7 +59,8 @@ def inputs_digest(manifest: Manifest, kind: Kind, sources: Sequence[tuple[str, s
     manifest order, the kind's other input files' bytes (e.g. a perturbation feature table), the plug-in
     modules' code, and the code (`code_digest`)."""
     extra = [hashlib.sha256(p.read_bytes()).hexdigest() for p in kind.input_files(manifest)]
-    doc = {"manifest": [str(manifest.path), manifest.sha256], "sources": [list(s) for s in sources],
+    doc = {"manifest": [str(manifest.path), manifest.sha256], "encoding": manifest.format,
+           "sources": [list(s) for s in sources],
            "inputs": extra, "plugins": _plugin_digest(manifest.plugins, kind),
            "code": code_digest(), "shardsmith": __version__, "format": [fmt.SHARD_VERSION, fmt.INDEX_VERSION]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -371,7 +371,7 @@ def test_legacy_file_reads_back_with_anndata(tmp_path: Path) -> None:
 
 
 def test_write_demo_corpus(tmp_path: Path) -> None:
-    paths = demo.write_demo(tmp_path)
+    paths = demo.write_perturbation_demo(tmp_path)
     assert [p.relative_to(tmp_path).as_posix() for p in paths] == [
         "perturb/screen_a.h5ad",
         "perturb/screen_b.h5ad",
