@@ -18,10 +18,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+DEMOS ?= demo demo_spike demo_ct
+JOBSFLAG = $(if $(JOBS),--jobs $(JOBS),)
+
+# every demo manifest, built as zarr and as tar, then verified
 shards: $(STAMP)
 	$(PY) -m pipeline demo data/demo
-	$(PY) -m pipeline build data_manifests/demo.toml --out shards/demo-perturb $(if $(JOBS),--jobs $(JOBS),)
-	$(PY) -m pipeline verify shards/demo-perturb
+	set -e; for m in $(DEMOS); do for f in zarr tar; do \
+	  $(PY) -m pipeline build data_manifests/$$m.toml --out shards/$$m-$$f --format $$f --no-progress $(JOBSFLAG); \
+	  $(PY) -m pipeline verify shards/$$m-$$f; \
+	done; done
 
 test: $(STAMP)
 	$(PY) -m pytest -q

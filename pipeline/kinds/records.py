@@ -94,6 +94,11 @@ class RecordKind(Kind):
         """The kind's settings as stored in ``index.json`` (``sections[kind]``)."""
         return {}
 
+    def prepare(self, manifest: Manifest, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
+        """All (source ordinal, record) pairs before planning: a hook for dataset-wide facts (e.g. a
+        sequence vocabulary added to each record's ``info``). The default keeps them as they are."""
+        return records
+
     # -- the inherited machinery ---------------------------------------------------------------------
     def scan(self, manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None,
              hasher: Executor | None) -> list[ScannedSource]:
@@ -107,7 +112,7 @@ class RecordKind(Kind):
         return out
 
     def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
-        flat = [(s.ordinal, r) for s in scanned for r in s.meta]
+        flat = self.prepare(manifest, [(s.ordinal, r) for s in scanned for r in s.meta])
         val, test = self.fractions(manifest.config)
         cap = manifest.shard_size_mb * (1 << 20)
         by_split: dict[str, list[int]] = {n: [] for n in SPLIT_NAMES}

@@ -1,0 +1,184 @@
+"""The ``spike`` sample type: spike-camera windows made into voxel grids at load time (no torch here).
+
+Shards store each record's spike window bit-packed (``spikes`` uint8 ``[T, H, ceil(W/8)]``, 1 bit per pixel,
+LSB first along W, rows in the canonical orientation), optional paired images uint8 ``[C, H', W']`` and the
+record's ``sequence`` and ``frame``. A unit is a clip: ``clip_len`` consecutive records of one sequence (the
+``clips`` table the planner built), or one record when the dataset was built with ``clip_len = 1``.
+
+A batch: ``voxel`` float32 ``[B, clip_len, num_bins, h, w]`` (frames summed per bin, cropped), the images
+float32 in [0, 1] ``[B, clip_len, C, h', w']`` cropped at the matching place (scaled by image/spike size),
+``sample_id``/``sequence``/``frame`` ``[B, clip_len]`` and ``crop`` ``[B, 2]`` (top, left in spike pixels).
+The crop is drawn from ``(seed, epoch, unit id)``: reproducible and resumable. The voxel grid is a *deferred*
+op: with ``device="cuda"`` the packed bits cross to the GPU and are unpacked, cropped and binned there
+(``loaders.spike_torch``); otherwise numpy does the same here, with equal results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from loaders.format import SAMPLE_ID, FormatError, Index
+from loaders.payload import Deferred, Payload, register_op
+from loaders.samples.base import SampleType, register_sample_type
+
+if TYPE_CHECKING:
+    from loaders.gather import BatchRows
+
+SPIKES, SEQUENCE, FRAME, CLIPS = "spikes", "sequence", "frame", "clips"
+VOXEL_OP = "spike_voxel"
+
+
+def crop_offsets(seed: int, epoch: int, unit_ids: np.ndarray, size: tuple[int, int],
+                 crop: tuple[int, int] | None) -> np.ndarray:
+    """int64 ``[B, 2]`` (top, left) per unit, drawn from ``(seed, epoch, unit id)``; zeros without a crop."""
+    out = np.zeros((unit_ids.size, 2), np.int64)
+    if crop is None:
+        return out
+    for i, uid in enumerate(unit_ids.tolist()):  # a handful of units per batch
+        rng = np.random.default_rng([seed, epoch, int(uid)])
+        out[i] = rng.integers(0, size[0] - crop[0] + 1), rng.integers(0, size[1] - crop[1] + 1)
+    return out
+
+
+def voxel_numpy(bits: np.ndarray, offsets: np.ndarray, width: int, num_bins: int, crop: tuple[int, int] | None,
+                clip_len: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Packed windows ``[B*L, T, H, Wb]`` -> float32 voxels ``[B, L, num_bins, h, w]``: per unit, the crop's
+    bytes are unpacked (only those), then frames are summed in ``num_bins`` consecutive groups."""
+    m, t, height = bits.shape[0], bits.shape[1], bits.shape[2]
+    h, w = crop if crop is not None else (height, width)
+    b = m // max(clip_len, 1)
+    res = np.zeros((b, clip_len, num_bins, h, w), np.float32) if out is None else out.reshape(b, clip_len, num_bins, h, w)
+    for i in range(b):
+        y, x = int(offsets[i, 0]), int(offsets[i, 1])
+        sub = bits[i * clip_len:(i + 1) * clip_len, :, y:y + h, x // 8:-(-(x + w) // 8)]
+        frames = np.unpackbits(sub, axis=-1, bitorder="little")[..., x % 8:x % 8 + w]
+        res[i] = frames.reshape(clip_len, num_bins, t // num_bins, h, w).sum(axis=2, dtype=np.float32)
+    return res
+
+
+@register_op(VOXEL_OP, torch_module="loaders.spike_torch")
+def _voxel_op(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None) -> np.ndarray:
+    crop = tuple(meta["crop"]) if meta["crop"] is not None else None
+    return voxel_numpy(parts["bits"], parts["offsets"], int(meta["width"]), int(meta["num_bins"]), crop,  # type: ignore[arg-type]
+                       int(meta["clip_len"]), out)
+
+
+@dataclass
+class Voxels(Deferred):
+    op: ClassVar[str] = VOXEL_OP
+    bits: np.ndarray
+    offsets: np.ndarray
+    width: int
+    num_bins: int
+    crop: tuple[int, int] | None
+    clip_len: int
+
+    def parts(self) -> dict[str, np.ndarray]:
+        return {"bits": self.bits, "offsets": self.offsets}
+
+    def meta(self) -> dict[str, Any]:
+        return {"width": self.width, "num_bins": self.num_bins, "crop": None if self.crop is None else list(self.crop),
+                "clip_len": self.clip_len}
+
+    def out_shape(self) -> tuple[int, ...]:
+        h, w = self.crop if self.crop is not None else (self.bits.shape[2], self.width)
+        return (self.bits.shape[0] // self.clip_len, self.clip_len, self.num_bins, h, w)
+
+
+@register_sample_type
+class Spike(SampleType):
+    name = "spike"
+
+    def __init__(self, num_bins: int | None = None, clip_len: int | None = None,
+                 crop: tuple[int, int] | list[int] | None = None, images: list[str] | tuple[str, ...] | None = None,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self.num_bins = None if num_bins is None else int(num_bins)
+        self.clip_len = None if clip_len is None else int(clip_len)
+        self.crop = None if crop is None else (int(crop[0]), int(crop[1]))
+        self.images = None if images is None else list(images)
+        if (self.num_bins is not None and self.num_bins < 1) or (self.clip_len is not None and self.clip_len < 1):
+            raise ValueError("num_bins and clip_len must be >= 1")
+        if self.crop is not None and min(self.crop) < 1:
+            raise ValueError(f"crop must be (h, w) with h, w >= 1, got {crop}")
+
+    def options(self) -> dict[str, Any]:
+        return {"num_bins": self.num_bins, "clip_len": self.clip_len,
+                "crop": None if self.crop is None else list(self.crop), "images": self.images}
+
+    def fields(self, index: Index) -> list[str]:
+        stored = list(index.section("spike").get("images", []))
+        images = stored if self.images is None else self.images
+        return [SAMPLE_ID, SPIKES, SEQUENCE, FRAME, *images]
+
+    def check(self, index: Index) -> None:
+        sec = index.section("spike")
+        built = int(sec.get("clip_len", 1))
+        if self.clip_len is not None and self.clip_len != built:
+            raise ValueError(f"{index.root} was built with [spike] clip_len = {built}; clips are a shard table, so "
+                             f"clip_len={self.clip_len} needs a rebuild with [spike] clip_len = {self.clip_len}")
+        missing = [i for i in (self.images or []) if i not in sec.get("images", [])]
+        if missing:
+            raise ValueError(f"{index.root} stores images {sec.get('images', [])}, not {missing}")
+        frames, bins = int(index.field(SPIKES).shape[0]), self.num_bins or int(sec.get("num_bins", 1))
+        if frames % bins:
+            raise ValueError(f"num_bins={bins} does not divide the {frames} stored frames of {index.root} "
+                             f"(choose a divisor of {frames})")
+        height, width = int(sec["height"]), int(sec["width"])
+        if self.crop is not None and (self.crop[0] > height or self.crop[1] > width):
+            raise ValueError(f"crop {self.crop} is larger than the {height}x{width} spike frames")
+        super().check(index)
+
+    @property
+    def tables(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (CLIPS,) if (self._built_clip or 1) > 1 else ()
+
+    _built_clip: int | None = None
+
+    def bind(self, index: Index) -> None:
+        sec = index.section("spike")
+        self._built_clip = int(sec.get("clip_len", 1))
+        self.num_bins = self.num_bins or int(sec.get("num_bins", 1))
+        self.clip_len = self._built_clip
+        self.size = (int(sec["height"]), int(sec["width"]))
+        self.image_names = [f for f in self.fields(index)[4:]]
+
+    def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        if CLIPS in columns:
+            return columns[CLIPS].astype(np.int64)
+        return np.arange(columns[SAMPLE_ID].shape[0], dtype=np.int64)[:, None]
+
+    def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:
+        clips = columns.get(CLIPS)
+        if clips is not None and clips.size:
+            seq = columns[SEQUENCE][clips]
+            if not (seq == seq[:, :1]).all():
+                raise FormatError(f"{name}: a clip crosses sequences")
+
+    def assemble(self, batch: BatchRows) -> Payload:
+        rows, b, length = batch.rows(), batch.size, batch.units.shape[1]
+        offsets = crop_offsets(batch.seed, batch.epoch, batch.unit_ids, self.size, self.crop)
+        p = Payload()
+        p.xs["voxel"] = Voxels(rows.take(SPIKES), offsets, self.size[1], int(self.num_bins or 1), self.crop, length)
+        for key in (SAMPLE_ID, SEQUENCE, FRAME):
+            p.arrays[key] = rows.take(key).astype(np.int64).reshape(b, length)
+        p.arrays["crop"] = offsets
+        for name in self.image_names:
+            p.arrays[name] = self._images(rows.take(name), offsets, b, length)
+        return p
+
+    def _images(self, img: np.ndarray, offsets: np.ndarray, b: int, length: int) -> np.ndarray:
+        """Images ``[B*L, C, H', W']`` cropped where the spikes were (scaled), as float32 in [0, 1]."""
+        if self.crop is None:
+            return (img.astype(np.float32) / 255.0).reshape(b, length, *img.shape[1:])
+        sy, sx = img.shape[2] / self.size[0], img.shape[3] / self.size[1]
+        h, w = round(self.crop[0] * sy), round(self.crop[1] * sx)
+        out = np.empty((b, length, img.shape[1], h, w), np.float32)
+        for i in range(b):
+            y, x = round(int(offsets[i, 0]) * sy), round(int(offsets[i, 1]) * sx)
+            out[i] = img[i * length:(i + 1) * length, :, y:y + h, x:x + w] / np.float32(255.0)
+        return out

@@ -1,0 +1,214 @@
+"""The ``spike`` kind: spike-camera ``.dat`` streams -> bit-packed spike windows (+ paired images) per record.
+
+One record = one spike window: the central ``frames`` frames of one ``.dat`` (from ``(T - frames) // 2``),
+stored bit-packed as the camera writes them (1/8 of a byte per pixel; the loader makes voxel grids, clips and
+crops), with its sequence and frame, and the paired images of a GoPro-style layout
+(``<root>/<split>/<sequence>/{spike,blur,sharp}/<frame>.*``). Splits come from the layout's ``train/``/``test/``
+folders when present, else from the manifest's fractions drawn per sequence: frames of one sequence never
+cross splits. Clips (``clip_len`` consecutive frames of one sequence, stride 1) are a shard table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loaders import format as fmt
+from loaders.samples.spike import CLIPS, FRAME, SEQUENCE, SPIKES
+from pipeline.errors import ManifestError
+from pipeline.kinds.base import KindPlan, PlanContext, register_kind
+from pipeline.kinds.records import Record, RecordKind, SkipRecord
+from pipeline.manifest import Table
+from pipeline.sources.dat import PACKINGS, count_frames, pack_frames, read_frames
+
+if TYPE_CHECKING:
+    from pipeline.manifest import Manifest, SourceSpec
+    from pipeline.scan import ScannedSource
+
+LAYOUTS = ("files", "gopro")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+SPLIT_FOLDERS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpikeConfig:
+    height: int
+    width: int
+    packing: str = "bits"
+    flip_rows: bool = True
+    frames: int | None = 40  # None: all
+    num_bins: int = 5
+    layout: str = "files"
+    images: tuple[str, ...] = ()
+    clip_len: int = 1
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+
+
+def _frame_key(stem: str) -> tuple[int, str]:
+    return (int(stem), stem) if stem.isdigit() else (-1, stem)
+
+
+@register_kind
+class SpikeKind(RecordKind):
+    name = "spike"
+    sections = ("spike", "split")
+    samples = ("spike",)
+    _shapes: dict[str, tuple[int, ...]] = {}
+
+    def parse(self, path: Path, sections: Mapping[str, Any]) -> SpikeConfig:
+        t = Table(path, "spike", sections.get("spike") or {}, {"height", "width", "packing", "flip_rows", "frames",
+                                                             "num_bins", "layout", "images", "clip_len"})
+        sp = Table(path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction"})
+        frames = t.get("frames", (int, str), 40)
+        if frames != "all" and (not isinstance(frames, int) or frames < 1):
+            raise ManifestError(path, "spike.frames", f"must be a positive integer or \"all\", got {frames!r}")
+        cfg = SpikeConfig(height=t.get("height", int), width=t.get("width", int),
+                          packing=t.get("packing", str, "bits", PACKINGS), flip_rows=t.get("flip_rows", bool, True),
+                          frames=None if frames == "all" else frames, num_bins=t.get("num_bins", int, 5),
+                          layout=t.get("layout", str, "files", LAYOUTS), images=t.strings("images", ()) or (),
+                          clip_len=t.get("clip_len", int, 1),
+                          val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
+                          test_fraction=float(sp.get("test_fraction", (int, float), 0.1)))
+        for key in ("height", "width", "num_bins", "clip_len"):
+            if getattr(cfg, key) < 1:
+                raise ManifestError(path, f"spike.{key}", "must be >= 1")
+        if cfg.frames is not None and cfg.frames % cfg.num_bins:
+            raise ManifestError(path, "spike.num_bins", f"{cfg.num_bins} does not divide frames = {cfg.frames}")
+        if cfg.images and cfg.layout != "gopro":
+            raise ManifestError(path, "spike.images", "paired images need layout = \"gopro\"")
+        if cfg.images:
+            try:
+                import PIL.Image  # noqa: F401
+            except ImportError:
+                raise ManifestError(path, "spike.images", "reading images needs Pillow: "
+                                    "pip install 'shardsmith[images]'") from None
+        return cfg
+
+    def fractions(self, config: SpikeConfig) -> tuple[float, float]:
+        return config.val_fraction, config.test_fraction
+
+    def scan_source(self, manifest: Manifest, spec: SourceSpec) -> list[Record]:
+        cfg: SpikeConfig = manifest.config
+        total = count_frames(spec.path, cfg.height, cfg.width, cfg.packing)
+        keep = total if cfg.frames is None else cfg.frames
+        info: dict[str, Any] = {"frames": total, "start": max(0, (total - keep) // 2), "frame_no": 0}
+        if cfg.layout == "files":
+            return [Record(0, spec.path.stem, (0,), nbytes=keep * cfg.height * cfg.width // 8, info=info)]
+        parts = spec.path.parts
+        if len(parts) < 4 or parts[-2] != "spike":
+            from pipeline.errors import SourceError
+
+            raise SourceError(spec.path, "layout = \"gopro\" expects <root>/<split>/<sequence>/spike/<frame>.dat")
+        seq_dir, split = spec.path.parent.parent, SPLIT_FOLDERS.get(parts[-4].lower())
+        group = f"{parts[-4]}/{parts[-3]}" if split else parts[-3]
+        key = _frame_key(spec.path.stem)
+        info["frame_no"] = key[0]
+        info["images"] = {name: next((str(p) for s in IMAGE_SUFFIXES
+                                      if (p := seq_dir / name / f"{spec.path.stem}{s}").is_file()), None)
+                          for name in cfg.images}
+        return [Record(0, group, key, split=split, nbytes=keep * cfg.height * cfg.width // 8, info=info)]
+
+    def prepare(self, manifest: Manifest, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
+        vocab = {g: i for i, g in enumerate(sorted({r.group for _, r in records}))}
+        out = []
+        for src, r in records:  # frame numbers: the file's number, or its position in its sequence
+            out.append((src, dataclasses.replace(r, info={**r.info, "seq": vocab[r.group]})))
+        return out
+
+    def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
+        plan = super().plan(manifest, scanned, ctx)
+        plan.vocabularies = {SEQUENCE: sorted({r.group for s in scanned for r in s.meta})}
+        return plan
+
+    def _frames(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> int:
+        cfg: SpikeConfig = manifest.config
+        if cfg.frames is not None:
+            return cfg.frames
+        return int(scanned[0].meta[0].info["frames"])
+
+    def _image_shapes(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> dict[str, tuple[int, ...]]:
+        import PIL.Image
+
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name in manifest.config.images:
+            first = next((r.info["images"][name] for s in scanned for r in s.meta if r.info["images"].get(name)), None)
+            if first is None:
+                raise ManifestError(manifest.path, "spike.images", f"no {name!r} image found next to any spike file")
+            with PIL.Image.open(first) as im:
+                shapes[name] = (1 if im.mode in ("L", "1", "I;16") else 3, im.height, im.width)
+        return shapes
+
+    def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
+        cfg: SpikeConfig = manifest.config
+        n_seq = len({r.group for s in scanned for r in s.meta})
+        fields = [fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
+                  fmt.FieldSpec(SPIKES, "dense", "uint8", (self._frames(manifest, scanned), cfg.height,
+                                                           -(-cfg.width // 8))),
+                  fmt.FieldSpec(SEQUENCE, "dense", "int32", bound=n_seq), fmt.FieldSpec(FRAME, "dense", "int32")]
+        fields += [fmt.FieldSpec(n, "dense", "uint8", s) for n, s in self._image_shapes(manifest, scanned).items()]
+        self._shapes = {f.name: f.shape for f in fields}  # what read_record checks each record against
+        return tuple(fields)
+
+    def tables(self, manifest: Manifest) -> tuple[str, ...]:
+        return (CLIPS,) if manifest.config.clip_len > 1 else ()
+
+    def read_record(self, manifest: Manifest, spec: SourceSpec, record: Record) -> tuple[dict[str, np.ndarray], Any]:
+        cfg: SpikeConfig = manifest.config
+        keep = cfg.frames if cfg.frames is not None else int(record.info["frames"])
+        if record.info["frames"] < keep:
+            raise SkipRecord("fewer frames than [spike] frames", f"{record.info['frames']} < {keep}")
+        if cfg.frames is None and keep != self._shapes.get(SPIKES, (keep,))[0]:
+            raise SkipRecord("frame count differs from the dataset's (frames = \"all\")")
+        frames = read_frames(spec.path, cfg.height, cfg.width, cfg.packing, cfg.flip_rows, record.info["start"], keep)
+        out: dict[str, np.ndarray] = {SPIKES: pack_frames(frames), SEQUENCE: np.int32(record.info["seq"]),
+                                      FRAME: np.int32(record.info["frame_no"])}
+        for name in cfg.images:
+            path = record.info["images"].get(name)
+            if path is None:
+                raise SkipRecord(f"no {name} image for the spike frame", str(spec.path))
+            out[name] = _read_image(Path(path))
+            if out[name].shape != self._shapes[name]:
+                raise SkipRecord(f"{name} image size differs from the dataset's", f"{path}: {out[name].shape}")
+        return out, {"sequence": record.group, "frame": record.info["frame_no"], "file": spec.path.name}
+
+    def shard_tables(self, manifest: Manifest, records: Sequence[Record]) -> dict[str, np.ndarray]:
+        """Clips: every run of ``clip_len`` records of one sequence with consecutive frame numbers (stride 1)."""
+        length, n = manifest.config.clip_len, len(records)
+        if length <= 1:
+            return {}
+        seq = np.array([r.info["seq"] for r in records], np.int64)
+        frame = np.array([r.info["frame_no"] for r in records], np.int64)
+        step = (seq[1:] == seq[:-1]) & (frame[1:] == frame[:-1] + 1)
+        ok = np.ones(max(n - length + 1, 0), bool)
+        for j in range(length - 1):
+            ok &= step[j:j + ok.size]
+        starts = np.flatnonzero(ok)
+        return {CLIPS: (starts[:, None] + np.arange(length)).astype(np.int32).reshape(-1, length)}
+
+    def section(self, manifest: Manifest) -> dict[str, Any]:
+        cfg: SpikeConfig = manifest.config
+        return {"height": cfg.height, "width": cfg.width, "packing": cfg.packing, "flip_rows": cfg.flip_rows,
+                "frames": cfg.frames, "num_bins": cfg.num_bins, "layout": cfg.layout, "images": list(cfg.images),
+                "clip_len": cfg.clip_len, "bits": "1 bit per pixel, LSB first along width, rows top to bottom"}
+
+    def describe(self, index: fmt.Index) -> dict[str, Any]:
+        sec = index.section()
+        return {"resolution": f"{sec.get('height')}x{sec.get('width')}", "frames": index.field(SPIKES).shape[0],
+                "num_bins": sec.get("num_bins"), "clip_len": sec.get("clip_len"), "images": sec.get("images"),
+                "sequences": len(index.vocabularies.get(SEQUENCE, []))}
+
+
+def _read_image(path: Path) -> np.ndarray:
+    import PIL.Image
+
+    try:
+        with PIL.Image.open(path) as im:
+            a = np.asarray(im.convert("L" if im.mode in ("L", "1", "I;16") else "RGB"))
+    except OSError as e:
+        raise SkipRecord("unreadable image", f"{path}: {e}") from None
+    return a[None] if a.ndim == 2 else np.ascontiguousarray(a.transpose(2, 0, 1))
