@@ -71,6 +71,12 @@ class Rows:
         assert self.group is not None
         return [(a, sel) for i, a in enumerate(self.arenas) if (sel := np.flatnonzero(self.group == i)).size]
 
+    def pairs(self) -> list[tuple[Arena, int]]:
+        """(arena, row) of every row, in order: for per-row slicing a sample type does itself (e.g. crops)."""
+        if self.group is None:
+            return [(self.arenas[0], r) for r in self.rows.tolist()]
+        return [(self.arenas[g], r) for g, r in zip(self.group.tolist(), self.rows.tolist(), strict=True)]
+
     def take(self, name: str) -> np.ndarray:
         """A dense field's values for the rows."""
         if self.group is None:

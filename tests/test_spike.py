@@ -15,7 +15,7 @@ import torch
 
 from loaders import ShardDataset, ShardLoader
 from loaders.format import read_index
-from loaders.samples.spike import voxel_numpy
+from loaders.samples.spike import crop_bits, voxel_numpy
 from loaders.spike_torch import voxel_torch
 from pipeline.build import build
 from pipeline.demo_spike import FRAMES, HEIGHT, WIDTH, write_spike_demo
@@ -82,16 +82,17 @@ def test_a_size_that_is_not_whole_frames_names_the_other_packing(tmp_path: Path)
         count_frames(path, 396, 640, "bits")
 
 
-@pytest.mark.parametrize("crop", [None, (17, 21), (64, 96)])
+@pytest.mark.parametrize("crop", [None, (17, 21), (64, 96), (5, 90)])
 def test_numpy_and_torch_voxels_are_equal(crop: tuple[int, int] | None) -> None:
     rng = np.random.default_rng(2)
-    bits = rng.integers(0, 256, (6, 40, 64, 12), dtype=np.uint8)  # B=3 clips of 2
+    full = rng.integers(0, 256, (6, 40, 64, 12), dtype=np.uint8)  # B=3 clips of 2
     h, w = crop or (64, 96)
     offsets = np.stack([rng.integers(0, 64 - h + 1, 3), rng.integers(0, 96 - w + 1, 3)], axis=1)
-    a = voxel_numpy(bits, offsets, 96, 5, crop, 2)
-    b = voxel_torch(torch.from_numpy(bits), torch.from_numpy(offsets), 96, 5, crop, 2).numpy()
+    bits, left = crop_bits(list(full), offsets, crop, 2)
+    a = voxel_numpy(bits, left, w, 5, 2)
+    b = voxel_torch(torch.from_numpy(bits), torch.from_numpy(left), w, 5, 2).numpy()
     np.testing.assert_array_equal(a, b)
-    frames = np.unpackbits(bits, axis=-1, bitorder="little")  # independent of the crop-first unpack
+    frames = np.unpackbits(full, axis=-1, bitorder="little")  # independent: unpack all, then crop
     want = frames.reshape(3, 2, 5, 8, 64, 96).sum(3)
     for i, (y, x) in enumerate(offsets.tolist()):
         np.testing.assert_array_equal(a[i], want[i, :, :, y:y + h, x:x + w])

@@ -1,0 +1,224 @@
+"""Spike figures for ``make bench``: our loader vs a Spike-Zoo/SpikeCV-style per-item loader, bytes on disk,
+build records/s and peak RSS.
+
+    from benchmarks.spike_bench import run_spike_bench
+    result = run_spike_bench(data_dir, work_dir)   # -> dict; result["table"] is markdown
+    python -m benchmarks.spike_bench --data-dir bench_data --work-dir bench_data/work/spike
+
+Data (generated once, cached under ``data_dir``): ``sequences`` x ``frames_per_sequence`` ``.dat`` files of
+250 x 400 pixels (Vidar: bit-packed, rows flipped), ``file_frames`` frames each, 20% spike rate, in a GoPro-style
+tree (no images), spikes from an integrate-and-fire model of a drifting pattern (``pipeline.demo_spike``), as a
+spike camera makes them. Each record keeps the central ``window`` frames.
+
+Loader methods, measured in ONE process, interleaved (A, B, A, B; ``repeats`` windows of ``seconds``), median:
+
+* ``per-item``: what Spike-Zoo / SpikeCV dataset classes do in ``__getitem__``: read the whole ``.dat``,
+  unpack every frame, flip rows, keep the central window, sum into ``num_bins`` voxel bins (float32), random
+  crop; a ``torch.utils.data.DataLoader`` (same batch size and ``num_workers``) collates;
+* ``shardsmith``: ``ShardDataset(sample="spike", num_bins, crop)`` over the built shards (zarr, blosc-lz4).
+
+Both give float32 voxels ``[B, num_bins, h, w]`` (ours ``[B, 1, num_bins, h, w]``: clips of one frame).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.ct_bench import build as build_child
+from benchmarks.ct_bench import du
+from pipeline.demo_spike import integrate_and_fire, scene, vidar_bytes
+
+
+@dataclass(frozen=True)
+class SpikeBenchConfig:
+    height: int = 250
+    width: int = 400
+    sequences: int = 20
+    frames_per_sequence: int = 10  # records = sequences x frames_per_sequence (>= 200)
+    file_frames: int = 64  # frames in each .dat (the per-item baseline reads them all)
+    window: int = 40
+    num_bins: int = 5
+    crop: tuple[int, int] = (128, 128)
+    batch_size: int = 8
+    num_workers: int = 0
+    seconds: float = 2.0
+    repeats: int = 3
+    build_jobs: int = 2
+    clip_cache: int = 5  # a per-clip voxel cache of clips of this many frames (stride 1) stores each frame this often
+
+
+def corpus(data_dir: Path, cfg: SpikeBenchConfig) -> Path:
+    root = data_dir / f"spike_{cfg.height}x{cfg.width}_{cfg.sequences}x{cfg.frames_per_sequence}_{cfg.file_frames}"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    for s in range(cfg.sequences):
+        folder = root / "train" / f"seq{s:03d}" / "spike"
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in range(cfg.frames_per_sequence):  # an integrate-and-fire camera watching a drifting pattern
+            t = f * cfg.file_frames + np.arange(cfg.file_frames)
+            spikes = integrate_and_fire(scene(t, cfg.height, cfg.width, seed=s), seed=s * 1000 + f)
+            (folder / f"{f:06d}.dat").write_bytes(vidar_bytes(spikes))
+    done.write_text("ok")
+    return root
+
+
+def manifest(path: Path, tree: Path, cfg: SpikeBenchConfig) -> Path:
+    path.write_text(f"""[dataset]
+name = "bench-spike"
+kind = "spike"
+format = "zarr"
+seed = 0
+shard_size_mb = 64
+
+[[sources]]
+path = "{tree}"
+type = "dat"
+
+[spike]
+height = {cfg.height}
+width = {cfg.width}
+frames = {cfg.window}
+num_bins = {cfg.num_bins}
+layout = "gopro"
+""")
+    return path
+
+
+class PerItemSpikes:
+    """The usual spike dataset class: everything per item, per epoch, in Python/numpy."""
+
+    def __init__(self, files: list[Path], cfg: SpikeBenchConfig, seed: int = 0) -> None:
+        self.files, self.cfg, self.rng = files, cfg, np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        c = self.cfg
+        raw = np.fromfile(self.files[i], np.uint8)  # the whole file
+        frames = np.unpackbits(raw.reshape(-1, c.height * c.width // 8), axis=1, bitorder="little")
+        frames = frames.reshape(-1, c.height, c.width)[:, ::-1]
+        start = (frames.shape[0] - c.window) // 2
+        win = frames[start:start + c.window].astype(np.float32)
+        vox = win.reshape(c.num_bins, -1, c.height, c.width).sum(1)
+        y, x = self.rng.integers(0, c.height - c.crop[0] + 1), self.rng.integers(0, c.width - c.crop[1] + 1)
+        return np.ascontiguousarray(vox[:, y:y + c.crop[0], x:x + c.crop[1]])
+
+
+class Chain:
+    """Endless batches over epochs; ``next()`` returns the batch's sample count."""
+
+    def __init__(self, make: Callable[[int], Iterator[Any]]) -> None:
+        self.make, self.epoch = make, 0
+        self.it = make(0)
+
+    def next(self) -> int:
+        while True:
+            try:
+                b = next(self.it)
+            except StopIteration:
+                self.epoch += 1
+                self.it = self.make(self.epoch)
+                continue
+            v = b["voxel"] if isinstance(b, dict) else b
+            return int(v.shape[0])
+
+
+def interleaved(methods: dict[str, Chain], seconds: float, repeats: int) -> dict[str, dict[str, Any]]:
+    for c in methods.values():
+        c.next()
+    runs: dict[str, list[float]] = {m: [] for m in methods}
+    for _ in range(repeats):
+        for m, c in methods.items():
+            n, t0 = 0, time.perf_counter()
+            while (dt := time.perf_counter() - t0) < seconds:
+                n += c.next()
+            runs[m].append(n / dt)
+    return {m: {"samples_per_s": statistics.median(r), "windows": r} for m, r in runs.items()}
+
+
+def run_spike_bench(data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchConfig = SpikeBenchConfig()
+                    ) -> dict[str, Any]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from loaders import ShardDataset, ShardLoader
+
+    data_dir, work = Path(data_dir), Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    tree = corpus(data_dir, cfg)
+    files = sorted(tree.rglob("*.dat"))
+    result: dict[str, Any] = {"config": asdict(cfg), "records": len(files)}
+    b = build_child(manifest(work / "spike.toml", tree, cfg), work / "shards", cfg.build_jobs)
+    b["records_per_s"] = len(files) / b["build_seconds"]
+    result["build"] = b
+    ds = ShardDataset(work / "shards", split="train", sample="spike", batch_size=cfg.batch_size,
+                      num_bins=cfg.num_bins, crop=cfg.crop, seed=0)
+    ours = ShardLoader(ds, num_workers=cfg.num_workers)
+
+    def ours_epoch(e: int) -> Iterator[Any]:
+        ours.set_epoch(e)
+        return iter(ours)
+
+    base = DataLoader(PerItemSpikes(files, cfg), batch_size=cfg.batch_size, shuffle=True,
+                      num_workers=cfg.num_workers, generator=torch.Generator().manual_seed(0))
+    loader = interleaved({"shardsmith": Chain(ours_epoch), "per-item": Chain(lambda e: iter(base))},
+                         cfg.seconds, cfg.repeats)
+    loader["shardsmith"]["over_per_item"] = loader["shardsmith"]["samples_per_s"] / loader["per-item"]["samples_per_s"]
+    result["loader"] = loader
+    voxel_bytes = len(files) * cfg.num_bins * cfg.height * cfg.width  # uint8 voxel grids of the same windows
+    result["bytes"] = {"dat": du(files), "voxel_uint8": voxel_bytes, "voxel_float32": 4 * voxel_bytes,
+                       "clip_cache_uint8": voxel_bytes * cfg.clip_cache, "shards": du(work / "shards")}
+    result["table"] = table(result, cfg)
+    return result
+
+
+def table(r: dict[str, Any], cfg: SpikeBenchConfig) -> str:
+    lo, by, b = r["loader"], r["bytes"], r["build"]
+    ratio = lo["shardsmith"]["over_per_item"]
+    lines = [f"Spike loader, {r['records']} records of {cfg.height}x{cfg.width}, {cfg.window} of {cfg.file_frames} "
+             f"frames kept, {cfg.num_bins} bins, crop {cfg.crop[0]}x{cfg.crop[1]}, batch {cfg.batch_size}, "
+             f"num_workers={cfg.num_workers}; median of {cfg.repeats} interleaved {cfg.seconds:g} s windows:", "",
+             "| method | samples/s |", "|---|---:|"]
+    lines += [f"| {m} | {x['samples_per_s']:.1f} |" for m, x in lo.items()]
+    lines += ["", f"shardsmith / per-item: **{ratio:.1f}x** (target >= 10x: {'met' if ratio >= 10 else 'missed'})",
+              "", "| on disk | MB | shards / this |", "|---|---:|---:|"]
+    for k, label in (("dat", "raw .dat files (whole streams)"), ("voxel_uint8", "uint8 voxel grids of the windows"),
+                     ("voxel_float32", "float32 voxel grids of the windows"),
+                     ("clip_cache_uint8", f"uint8 voxel caches of {cfg.clip_cache}-frame clips (stride 1)"),
+                     ("shards", "shardsmith shards (bit-packed windows)")):
+        lines.append(f"| {label} | {by[k] / 1e6:.1f} | {by['shards'] / by[k]:.3f} |")
+    frac = by["shards"] / by["voxel_uint8"]
+    lines += ["", f"shards / uint8 voxel grids: **{frac:.3f}** (target <= 0.25: {'met' if frac <= 0.25 else 'missed'})",
+              "", f"Build (`--jobs {cfg.build_jobs}`): {b['records_per_s']:.1f} records/s on the build's own timer "
+              f"({b['seconds']:.1f} s wall with the interpreter's start), peak RSS of the process tree "
+              f"{b['peak_rss_mib']:.0f} MiB."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data-dir", default="bench_data")
+    ap.add_argument("--work-dir", default="bench_data/work/spike")
+    ap.add_argument("--seconds", type=float, default=SpikeBenchConfig.seconds)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args(argv)
+    r = run_spike_bench(a.data_dir, a.work_dir, SpikeBenchConfig(seconds=a.seconds))
+    print(r["table"])
+    if a.json:
+        Path(a.json).write_text(json.dumps(r, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
