@@ -239,6 +239,10 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
             else:
                 L.append(f"| num_workers={r['num_workers']} | {r['cells_per_s']:,.0f} | {r['ttfb_s']:.3f} | "
                          f"{_fmt(r['gpu_wait_ms_median'], 2)} | {_fmt(r['gpu_wait_ms_p95'], 2)} |")
+    for key, title in (("spike", "Spike"), ("ct", "CT")):
+        sec = res.get(key) or {}
+        L += ["", f"## {title}", ""]
+        L.append(sec["table"] if "table" in sec else f"Not measured: {sec.get('skipped') or sec.get('error')}.")
     if res.get("notes"):
         L += ["", "## Notes", "", *[f"- {n}" for n in res["notes"]]]
     return "\n".join(L) + "\n"

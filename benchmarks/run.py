@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     ap.add_argument("--build-jobs", type=int, help="--jobs of the sweep, zstd and incremental builds (default 2)")
     ap.add_argument("--jobs-compare", help="comma-separated --jobs values timed on the main dataset (default 1,2)")
     ap.add_argument("--keep-shards", action="store_true", help="keep the built shards under DATA_DIR/work/")
-    ap.add_argument("--skip", default="", help="comma list of: pipeline, loader, baselines, scdataset, gpu")
+    ap.add_argument("--skip", default="", help="comma list of: pipeline, loader, baselines, scdataset, gpu, spike, ct")
     a = ap.parse_args(argv)
     cfg = PRESETS[a.mode or "quick"]
     over: dict[str, Any] = {k: v for k, v in {
@@ -245,6 +245,33 @@ def loader_section(cfg: Config, main: SynthDataset, roots: dict[str, Path], work
     return out
 
 
+def modality_section(name: str, cfg: Config, data_dir: Path, work: Path, skip: set[str],
+                     notes: list[str]) -> dict[str, Any]:
+    """The spike or CT figures (benchmarks/spike_bench.py, ct_bench.py), measured in this process; quick mode
+    uses tiny corpora (the harness is exercised, the figures are not meaningful)."""
+    if name in skip:
+        return {"skipped": f"--skip {name}"}
+    print(f"[bench] {name}", flush=True)
+    try:
+        if name == "spike":
+            from benchmarks.spike_bench import SpikeBenchConfig, run_spike_bench
+
+            sc = SpikeBenchConfig() if cfg.mode == "full" else SpikeBenchConfig(
+                height=64, width=96, sequences=2, frames_per_sequence=4, file_frames=48, window=40, crop=(32, 32),
+                batch_size=2, seconds=0.05, repeats=1, build_jobs=1)
+            return run_spike_bench(data_dir, work / "spike", sc)
+        from benchmarks.ct_bench import CtBenchConfig, run_ct_bench
+
+        cc = CtBenchConfig() if cfg.mode == "full" else CtBenchConfig(
+            loader_shape=(64, 64, 24), loader_volumes=3, build_shape=(64, 64, 32), build_volumes=2, seconds=0.05,
+            repeats=1, build_jobs=1)
+        return run_ct_bench(data_dir, work / "ct", cc)
+    except Exception as e:  # reported; the smoke test fails on it
+        traceback.print_exc()
+        notes.append(f"{name} benchmark failed: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, a = parse_args(argv)
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
@@ -285,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "workers": list(cfg.workers), "shards_root": str(root) if root else "",
                                 "warm_paths": [str(root)] if root else []}, work, cfg.task_timeout_s)
         res["gpu"] = doc.get("gpu") or {"status": f"failed: {doc.get('error')}"}
+    res["spike"] = modality_section("spike", cfg, data_dir, work, skip, notes)
+    res["ct"] = modality_section("ct", cfg, data_dir, work, skip, notes)
     if not a.keep_shards:
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)

@@ -23,7 +23,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,14 +32,14 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders import decoder, order
+from loaders import budget, decoder, order
 from loaders.collate import Arena, BufferPool, Payload, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
 from loaders.format import read_index
 from loaders.gather import BatchRows
 from loaders.samples import get_sample_type
-from loaders.schedule import Segment, WindowSchedule, batch_segments
+from loaders.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
 from loaders.window import WindowReader
 
 
@@ -107,6 +107,7 @@ class ShardDataset(IterableDataset):
         self._decoder_state: tuple[int, Decoder] | None = None  # (pid, this process's decoder process)
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
+        self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
 
     # -- sizes and iteration state ---------------------------------------------------------------
     @property
@@ -117,9 +118,34 @@ class ShardDataset(IterableDataset):
     def units_per_rank(self) -> int:
         return order.rank_size(self.n_units, self.world_size, self.pad)
 
-    def num_batches(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
+    def num_batches(self, epoch: int | None = None) -> int:
+        """Batches per epoch on this rank (the same on every rank). With a sample type that batches by cost
+        budget (``max_points_per_batch`` of ``ct``) the count depends on the epoch's order."""
+        bounds = self._budget_bounds(self._iteration()[0] if epoch is None else epoch)
+        if bounds is not None:
+            return int(bounds.size) - 1
         return order.num_batches(self.units_per_rank(), self.batch_size, self.drop_last)
+
+    def _budget_bounds(self, epoch: int) -> np.ndarray | None:
+        """This rank's batch bounds (global positions) when the sample type batches by a cost budget
+        (a ``budget`` attribute and ``unit_costs(entries)``), else None: the fixed-size path."""
+        cap = getattr(self.sample_type, "budget", None)
+        if cap is None:
+            return None
+        if self._budget is None or self._budget[0] != epoch:
+            costs = budget.epoch_costs(self.counts, self.sample_type.unit_costs(self.entries),  # type: ignore[attr-defined]
+                                       self.seed, epoch, self.window, self.shuffle)
+            plan = budget.budget_bounds(costs, cap, self.world_size, self.pad)
+            self._budget = (epoch, budget.rank_batches(plan, self.rank, self.world_size))
+        return self._budget[1]
+
+    def _plans(self, epoch: int, wstarts: np.ndarray) -> Callable[[int], Plan]:
+        """Batch ``j`` -> its :data:`~loaders.schedule.Plan` (segments of windows) for ``epoch``."""
+        bounds, rb = wstarts.tolist(), self._budget_bounds(epoch)
+        if rb is not None:
+            return lambda j: range_segments(bounds, int(rb[j]), int(rb[j + 1]))
+        per_rank, rank, bs = self.units_per_rank(), self.rank, self.batch_size
+        return lambda j: batch_segments(bounds, per_rank, rank, bs, j)
 
     def __len__(self) -> int:
         return self.num_batches()
@@ -192,7 +218,7 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
         epoch, start = self._iteration()
-        batches = order.worker_batches(self.num_batches(), worker, n_workers, start)
+        batches = order.worker_batches(self.num_batches(epoch), worker, n_workers, start)
         if len(batches):
             yield from self._serve(epoch, batches, worker, n_workers)
 
@@ -229,11 +255,11 @@ class ShardDataset(IterableDataset):
         window_pool, shard_pool = self._executors()
         if window_pool is None or (get_worker_info() is not None and self._shared is None):
             return
-        first = order.worker_batches(self.num_batches(), worker, n_workers, 0)
+        first = order.worker_batches(self.num_batches(epoch), worker, n_workers, 0)
         if not len(first):
             return
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
-        w = batch_segments(wstarts.tolist(), self.units_per_rank(), self.rank, self.batch_size, first[0])[1][0]
+        w = self._plans(epoch, wstarts)(first[0])[1][0]
         with self._ahead_lock:
             old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w,
                                                                             shard_pool))
@@ -254,10 +280,10 @@ class ShardDataset(IterableDataset):
     def _produce(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, Any]]:
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         finish = to_shared if get_worker_info() is not None else to_tensors
-        bounds, per_rank = wstarts.tolist(), self.units_per_rank()
+        plan_of: Callable[[int], Plan] = self._plans(epoch, wstarts)
         window_pool, shard_pool = self._executors()
         loaded = self._adopt(epoch)
-        schedule = WindowSchedule(batch_segments(bounds, per_rank, self.rank, self.batch_size, j) for j in batches)
+        schedule = WindowSchedule(plan_of(j) for j in batches)
         speculated = False
 
         def request(w: int) -> None:

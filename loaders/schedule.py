@@ -24,7 +24,18 @@ def batch_segments(bounds: Sequence[int], per_rank: int, rank: int, batch_size: 
     segment in the common case and never more than a few."""
     total = int(bounds[-1])
     lo = j * batch_size
-    left, g = min(lo + batch_size, per_rank) - lo, (lo + rank * per_rank) % max(total, 1)
+    return _walk(bounds, (lo + rank * per_rank) % max(total, 1), min(lo + batch_size, per_rank) - lo)
+
+
+def range_segments(bounds: Sequence[int], start: int, stop: int) -> Plan:
+    """Global positions ``[start, stop)`` (wrapping modulo the total: padding) as runs inside one window each:
+    a batch of variable size, as :mod:`loaders.budget` plans them."""
+    return _walk(bounds, start % max(int(bounds[-1]), 1), stop - start)
+
+
+def _walk(bounds: Sequence[int], g: int, left: int) -> Plan:
+    """``left`` positions from global position ``g`` on, cut at window ends (and wrapped at the total)."""
+    total = int(bounds[-1])
     segments: list[Segment] = []
     while left > 0:
         w = bisect.bisect_right(bounds, g) - 1

@@ -88,8 +88,13 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
         assert t["value"] is None or t["value"] > 0, t
     assert res["gpu"]["status"]
 
+    for key in ("spike", "ct"):  # the modality figures ran (tiny in quick mode) and produced their table
+        assert "table" in res[key] and not res[key].get("error"), res[key]
+    assert res["spike"]["loader"]["shardsmith"]["samples_per_s"] > 0 and res["spike"]["bytes"]["shards"] > 0
+    assert res["ct"]["loader"]["shardsmith"]["volumes_per_s"] > 0
+
     md = (out / "BENCHMARKS.md").read_text()
-    for heading in ("## Machine", "## Data", "## Targets", "## Loader", "## Pipeline", "## GPU"):
+    for heading in ("## Machine", "## Data", "## Targets", "## Loader", "## Pipeline", "## GPU", "## Spike", "## CT"):
         assert heading in md
     assert res["plots"], "no plot written"
     for rel in res["plots"].values():

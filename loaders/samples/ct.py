@@ -47,10 +47,14 @@ POINTS = "points"  # the key of a record's point count in that metadata
 
 
 def _triple(name: str, v: Any, kind: type) -> tuple[Any, Any, Any]:
-    if isinstance(v, kind) and not isinstance(v, bool) or (kind is bool and isinstance(v, bool)):
+    """``v`` as (x, y, z): one value for every axis, or three. ``kind`` is int or bool (never both)."""
+
+    def ok(x: Any) -> bool:
+        return isinstance(x, bool) if kind is bool else isinstance(x, int) and not isinstance(x, bool)
+
+    if ok(v):
         return (v, v, v)
-    if isinstance(v, Sequence) and not isinstance(v, str) and len(v) == 3 and all(
-            isinstance(x, kind) and (kind is bool or not isinstance(x, bool)) for x in v):
+    if isinstance(v, Sequence) and not isinstance(v, str) and len(v) == 3 and all(ok(x) for x in v):
         return (v[0], v[1], v[2])
     raise ValueError(f"sample 'ct': {name} must be one {kind.__name__} or three (x, y, z), got {v!r}")
 
@@ -135,18 +139,33 @@ class CtVolumes(SampleType):
         rows = batch.rows(0)
         sample_id = rows.take(SAMPLE_ID)
         shapes = rows.take(SHAPE).astype(np.int64)
-        coords = rows.ragged(COORDS)
-        xyz, off = coords.values, coords.offsets
-        feats = [rows.ragged(f).values for f in self._feats]
-        aug = draw_augment(shapes, batch.unit_ids if sample_id is None else sample_id, batch.seed, batch.epoch,
-                           self.crop, self.flip)
+        parts = _ragged_parts(batch, COORDS)
+        off = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.shape[0] for p in parts], out=off[1:])
+        xyz = np.concatenate(parts) if parts else np.zeros((0, 3), np.uint16)
+        feats = np.empty((xyz.shape[0], len(self._feats)), dtype=np.float32)
+        for c, name in enumerate(self._feats):
+            for i, p in enumerate(_ragged_parts(batch, name)):
+                feats[off[i]:off[i + 1], c] = p
+        aug = draw_augment(shapes, sample_id, batch.seed, batch.epoch, self.crop, self.flip)
         if self.crop is not None:
-            keep, off = crop_rows(xyz, coords.offsets, aug)
-            xyz, feats = xyz[keep], [f[keep] for f in feats]
-        out = np.empty((xyz.shape[0], len(feats)), dtype=np.float32)
-        for i, f in enumerate(feats):
-            out[:, i] = f
-        return Payload(arrays={"feats": out, "offsets": off, "sample_id": sample_id,
+            keep, off = crop_rows(xyz, off, aug)
+            xyz, feats = xyz[keep], feats[keep]
+        return Payload(arrays={"feats": feats, "offsets": off, "sample_id": sample_id,
                                "shape": aug.extent.astype(np.int32)},
-                       xs={"coords": CtCoords(np.ascontiguousarray(xyz), off, aug.origin, aug.extent,
-                                              aug.flip, self.batch_dim)})
+                       xs={"coords": CtCoords(xyz, off, aug.origin, aug.extent, aug.flip, self.batch_dim)})
+
+
+def _ragged_parts(batch: BatchRows, name: str) -> list[np.ndarray]:
+    """Each unit's list of ragged field ``name`` as a view into its arena, in batch order.
+
+    A CT batch is a few volumes of 1e5-1e6 points each: slicing per volume and one concatenate is a single
+    memcpy, where the generic row gather (``Rows.ragged``) builds an int64 index per point (3x slower here)."""
+    units = batch.units[:, 0]
+    out = []
+    for i in range(units.size):
+        arena = batch.arenas[0 if batch.group is None else int(batch.group[i])]
+        ptr, values = arena.columns[f"{name}/offsets"], arena.columns[f"{name}/values"]
+        r = int(units[i])
+        out.append(values[int(ptr[r]):int(ptr[r + 1])])
+    return out
