@@ -27,7 +27,8 @@ from loaders.device import DeviceFeeder
 
 STATE_VERSION = 1
 # settings that define which units land in which batch: resuming requires them unchanged
-ORDER_KEYS = ("world_size", "batch_size", "seed", "sample", "split", "window", "shuffle", "pad", "drop_last", "units")
+ORDER_KEYS = ("world_size", "batch_size", "seed", "sample", "split", "window", "shuffle", "pad", "drop_last", "units",
+              "sample_config")  # the sample type's options (e.g. a CT batch budget) decide batches too
 
 
 class ShardLoader:
@@ -82,8 +83,9 @@ class ShardLoader:
         return self._done
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (a resumed epoch yields fewer)."""
-        return self.dataset.num_batches()
+        """Batches per epoch on this rank (a resumed epoch yields fewer); with a batch budget (sample "ct",
+        ``max_points_per_batch``) the count is this loader's epoch's."""
+        return self.dataset.num_batches(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
         if epoch < 0:
@@ -123,7 +125,7 @@ class ShardLoader:
             "version": STATE_VERSION, "epoch": self._epoch, "batches_done": self._done, "rank": ds.rank,
             "num_batches": len(self), "world_size": ds.world_size, "batch_size": ds.batch_size, "seed": ds.seed,
             "sample": ds.sample, "split": ds.split, "window": ds.window, "shuffle": ds.shuffle, "pad": ds.pad,
-            "drop_last": ds.drop_last, "units": ds.n_units,
+            "drop_last": ds.drop_last, "units": ds.n_units, "sample_config": ds.sample_type.get_config(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from loaders.format import Index
+from loaders.format import Index, ShardEntry
 
 if TYPE_CHECKING:
     from loaders.gather import BatchRows
@@ -40,6 +40,7 @@ class SampleType(ABC):
 
     name: ClassVar[str]
     tables: ClassVar[tuple[str, ...]] = ()  # shard tables it reads (units of most types refer to them)
+    budget: int | None = None  # set: batches hold units up to this total cost (unit_costs) instead of batch_size
 
     def __init__(self, **options: Any) -> None:
         if options:
@@ -87,6 +88,10 @@ class SampleType(ABC):
     def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:  # noqa: B027 - optional hook
         """Checks beyond the schema's (``validate_columns``) before a shard is served; raise FormatError
         naming ``name`` (the shard)."""
+
+    def unit_costs(self, entries: Sequence[ShardEntry]) -> list[np.ndarray]:
+        """With a :attr:`budget`: each unit's cost, per shard, from ``index.json`` alone (e.g. CT points)."""
+        raise NotImplementedError(f"sample type {self.name!r} has no unit costs (budget batching)")
 
     def count(self, columns: Mapping[str, np.ndarray]) -> int:
         """Units in a shard (what ``ShardEntry.units[name]`` records)."""
