@@ -101,6 +101,7 @@ class Arena:
     unit_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 [U]: stable unit ids
     on_release: Callable[[], None] | None = None  # set when the buffers are not the pool's (a decoder slab)
     narrow: dict[str, np.ndarray] = field(default_factory=dict)  # csr indptr in the indices' dtype (seal)
+    stacks: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)  # see stacked()
 
     @staticmethod
     def allocate(shards: Sequence[int], rows: Sequence[int], entries: Mapping[str, Sequence[int]],
@@ -149,6 +150,18 @@ class Arena:
             nnz = int(ptr[-1]) if ptr.size else 0
             self.narrow[name] = ptr.astype(np.int32) if nnz < 2**31 - 1 else ptr
 
+    def stacked(self, names: tuple[str, ...]) -> np.ndarray:
+        """int64 ``[len(names), R]``: the 1-D dense fields ``names`` side by side, built once per window in
+        each process that asks. A batch then gets all of them with ONE ``take`` (per-field takes plus int64
+        casts cost ~12 us of a ~110 us cells batch in Python overhead alone)."""
+        got = self.stacks.get(names)
+        if got is None:
+            got = np.empty((len(names), self.n_rows), np.int64)
+            for i, name in enumerate(names):
+                got[i] = self.columns[name].reshape(self.n_rows)  # a field of shape () only
+            self.stacks[names] = got
+        return got
+
     def set_units(self, per_shard: Sequence[np.ndarray], width: int, first_ids: Sequence[int]) -> None:
         """Units of every shard (local rows ``[U_i, width]``), made arena rows; ``first_ids[i]``: the stable id
         of shard i's first unit (units are numbered through the split's shards in index order)."""
@@ -167,7 +180,7 @@ class Arena:
 
     def release(self, pool: BufferPool) -> None:
         """Hand the big buffers back (the arena must not be used afterwards)."""
-        self.narrow = {}
+        self.narrow, self.stacks = {}, {}
         if self.on_release is not None:
             self.on_release()
         else:

@@ -19,7 +19,12 @@ from loaders.payload import Gathered
 
 
 def take_dense(arena: Arena, name: str, rows: np.ndarray) -> np.ndarray:
-    return np.take(arena.columns[name], rows, axis=0)
+    return arena.columns[name].take(rows, axis=0)
+
+
+def take_ints(arena: Arena, names: tuple[str, ...], rows: np.ndarray) -> np.ndarray:
+    """int64 ``[len(names), m]``: several 1-D integer dense fields of ``rows`` in one gather."""
+    return arena.stacked(names).take(rows, axis=1)
 
 
 def take_csr(arena: Arena, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -85,6 +90,18 @@ class Rows:
         out = np.empty((self.rows.size, *first.shape[1:]), first.dtype)
         for arena, sel in self._groups():
             out[sel] = take_dense(arena, name, self.rows[sel])
+        return out
+
+    def ints(self, names: Sequence[str]) -> np.ndarray:
+        """int64 ``[len(names), m]``: 1-D integer dense fields (codes, ids) of the rows in ONE gather; row
+        ``i`` is field ``names[i]`` as int64 (what embeddings and losses index with). Prefer it to one
+        :meth:`take` + cast per field on a hot path."""
+        key = tuple(names)
+        if self.group is None:
+            return take_ints(self.arenas[0], key, self.rows)
+        out = np.empty((len(key), self.rows.size), np.int64)
+        for arena, sel in self._groups():
+            out[:, sel] = take_ints(arena, key, self.rows[sel])
         return out
 
     def csr(self, name: str, shape: tuple[int, ...]) -> Gathered:

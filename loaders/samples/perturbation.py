@@ -54,6 +54,8 @@ class _CellSamples(SampleType):
         self.n_cond: int | None = None
         self.encoding, self.has_cond = "zarr", False
         self._vectors: np.ndarray | None = None
+        self.int_keys: tuple[str, ...] = ()
+        self.int_names: tuple[str, ...] = ()
 
     @staticmethod
     def obs_of(index: Index) -> list[str]:
@@ -73,6 +75,9 @@ class _CellSamples(SampleType):
         self.obs_fields = [f for f in self.obs_of(index) if OBS_PREFIX + f in names]
         self.obsm_keys = sorted(n for n in names if n.startswith(OBSM_PREFIX))
         self.has_cond = COND_ID in names
+        # batch key -> field of the int64 metadata, gathered together (Rows.ints)
+        self.int_keys = (("cond_id",) if self.has_cond else ()) + tuple(self.obs_fields)
+        self.int_names = ((COND_ID,) if self.has_cond else ()) + tuple(OBS_PREFIX + f for f in self.obs_fields)
         cond = index.conditions
         self.conditions_path = str(index.root / cond.file) if cond is not None and cond.file else None
         self.n_cond = cond.rows if cond is not None and cond.rows else None
@@ -101,15 +106,16 @@ class _CellSamples(SampleType):
             raise FormatError(f"{name}: cond_id beyond the condition table's {self.n_cond} rows")
 
     def meta(self, p: Payload, rows: Rows) -> None:
-        """cond_id, cond vectors and obs codes of ``rows`` (int64)."""
+        """cond_id, cond vectors and obs codes of ``rows`` (int64, all gathered at once: ``Rows.ints``)."""
+        if not self.int_keys:
+            return
+        ints = rows.ints(self.int_names)
+        for i, k in enumerate(self.int_keys):
+            p.arrays[k] = ints[i]
         if self.has_cond:
-            cid = rows.take(COND_ID).astype(np.int64)
-            p.arrays["cond_id"] = cid
             vectors = self.vectors()
             if vectors is not None:
-                p.arrays["cond"] = np.take(vectors, cid, axis=0)
-        for f in self.obs_fields:
-            p.arrays[f] = rows.take(OBS_PREFIX + f).astype(np.int64)
+                p.arrays["cond"] = vectors.take(ints[0], axis=0)
 
 
 @register_sample_type
