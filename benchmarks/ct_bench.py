@@ -16,7 +16,9 @@ Two corpora, both synthetic chest CTs (pipeline.demo_ct, cached by parameters un
   - ``npz cache``: one ``np.savez_compressed`` of (coords, hu, window) per volume, loaded per item and
     collated (the usual "preprocess once" cache);
   - ``shardsmith``: ``ShardDataset(sample="ct")`` over the built shards (zarr), the same batch size.
-  All four produce the same coords/feats layout (int32 [N,4], float32 [N,C], offsets).
+  All four produce the same coords/feats layout (int32 [N,4], float32 [N,C], offsets). Before timing,
+  :func:`check_parity` compares the shards with the per-item computation (voxels kept, points stored; the
+  very same points for a volume under the cap) and fails the bench if they differ.
 * the **build** figure builds ``build_volumes`` volumes of ``build_shape`` (default 4 of 512^3, one shard
   each, so ``--jobs`` tasks run at once) with ``shardsmith build --jobs build_jobs`` in a child process:
   volumes/s and the process tree's peak RSS (sampled; it includes the memory-mapped volumes' pages).
@@ -80,12 +82,14 @@ def baseline_item(path: Path, body_mask: bool = True, max_points: int | None = N
             m[..., k] = ndimage.binary_fill_holes(m[..., k])
         keep &= m
     idx = np.nonzero(keep)
+    kept = idx[0].size
     if max_points is not None and idx[0].size > max_points:
         sel = np.sort(np.random.default_rng(0).choice(idx[0].size, max_points, replace=False))
         idx = tuple(i[sel] for i in idx)
     vals = hu[idx]
     return {"coords": np.stack(idx, axis=1).astype(np.uint16), "hu": vals,
-            "window": np.clip((vals - np.float32(lo)) / np.float32(WIDTH), 0, 1).astype(np.float16)}
+            "window": np.clip((vals - np.float32(lo)) / np.float32(WIDTH), 0, 1).astype(np.float16),
+            "kept": np.asarray(kept, dtype=np.int64)}
 
 
 def _batches(items: Callable[[int], dict[str, np.ndarray]], n: int, batch_size: int,
@@ -111,9 +115,39 @@ def write_npz_cache(volumes: list[Path], out: Path, max_points: int) -> list[Pat
     return paths
 
 
-def npz_item(path: Path) -> dict[str, np.ndarray]:
+def check_parity(cache: list[Path], shards: Path) -> dict[str, int]:
+    """The methods must deliver the same data, or the speed ratio means nothing: per volume, the npz cache
+    (the per-item computation, saved) and the shards agree on the voxels kept before the cap and the points
+    stored; an uncapped volume's coordinates and features are equal. RuntimeError naming the volume if not."""
+    from loaders.dataset import ShardDataset
+    from loaders.format import read_index
+
+    index = read_index(shards)
+    recs = {r["file"]: r for rs in index.section("ct")["records"].values() for r in rs}
+    got = {}
+    for b in ShardDataset(shards, split="train", sample="ct", batch_size=1, shuffle=False, decode_process=False):
+        got[Path(index.sources[int(b["sample_id"][0])]["path"]).name] = (b["coords"][:, 1:].numpy(), b["feats"].numpy())
+    exact = 0
+    for p in cache:
+        name, z = f"{p.stem}.npy", npz_item(p, with_kept=True)
+        r = recs.get(name)
+        if r is None or name not in got:
+            raise RuntimeError(f"parity: {name} is in the npz cache but not in the shards")
+        if (int(z["kept"]) != int(r["kept"]) or z["coords"].shape[0] != int(r["points"])
+                or got[name][0].shape[0] != int(r["points"])):
+            raise RuntimeError(f"parity: {name}: per-item keeps {int(z['kept'])} voxels, stores {len(z['coords'])}; "
+                               f"shards {r['kept']}, {r['points']}")
+        if int(r["kept"]) == int(r["points"]):  # no cap drawn: the very same points
+            feats = np.stack([z["hu"].astype(np.float32), z["window"].astype(np.float32)], axis=1)
+            if not (np.array_equal(got[name][0], z["coords"]) and np.array_equal(got[name][1], feats)):
+                raise RuntimeError(f"parity: {name}: shards and per-item give different points")
+            exact += 1
+    return {"volumes": len(cache), "compared_exactly": exact}
+
+
+def npz_item(path: Path, with_kept: bool = False) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in ("coords", "hu", "window")}
+        return {k: z[k] for k in ("coords", "hu", "window", *(("kept",) if with_kept else ()))}
 
 
 # -- measurement ---------------------------------------------------------------------------------------------
@@ -253,7 +287,7 @@ def shard_chain(root: Path, batch_size: int) -> Chain:
 
 
 def run_ct_bench(data_dir: str | Path, work_dir: str | Path, cfg: CtBenchConfig = CtBenchConfig()) -> dict[str, Any]:
-    data_dir, work = Path(data_dir), Path(work_dir)
+    data_dir, work = Path(data_dir).resolve(), Path(work_dir).resolve()  # manifests resolve paths from their folder
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"config": asdict(cfg)}
     vols = corpus(data_dir, cfg.loader_shape, cfg.loader_volumes)
@@ -263,6 +297,7 @@ def run_ct_bench(data_dir: str | Path, work_dir: str | Path, cfg: CtBenchConfig 
     t0 = time.perf_counter()
     cache = write_npz_cache(vols, work / "npz_cache", cfg.max_points)
     result["npz_cache_build_s"] = time.perf_counter() - t0
+    result["parity"] = check_parity(cache, work / "shards_loader")
     bs, n, cap = cfg.batch_size, len(vols), cfg.max_points
     methods = {
         "shardsmith": shard_chain(work / "shards_loader", bs),

@@ -196,6 +196,31 @@ def test_budget_batches_through_the_dataset(built: Path) -> None:
         ShardDataset(built, sample="ct", max_points_per_batch=10)
 
 
+def test_budget_plan_follows_the_served_order(built: Path) -> None:
+    """The plan is made from index.json's point counts in the epoch's shuffled order; the batches served must
+    be that order, cut greedily (world 1: no splits), with the real points of every batch within the budget.
+    A plan made from another order or epoch than the one served would break one of these."""
+    index = fmt.read_index(built)
+    points_of = {r["file"]: r["points"] for rs in index.section("ct")["records"].values() for r in rs}
+    points = {i: points_of[Path(s["path"]).name] for i, s in enumerate(index.sources)
+              if Path(s["path"]).name in points_of}
+    cap = max(points.values()) + min(points.values())  # some pairs fit, some do not
+    for seed in range(4):
+        for epoch in range(2):
+            one = ShardDataset(built, sample="ct", batch_size=1, seed=seed, decode_process=False)
+            one.set_epoch(epoch)
+            order_ids = [i for b in one for i in b["sample_id"].tolist()]
+            ds = ShardDataset(built, sample="ct", max_points_per_batch=cap, seed=seed, decode_process=False)
+            ds.set_epoch(epoch)
+            batches = list(ds)
+            ids = [b["sample_id"].tolist() for b in batches]
+            assert [i for b in ids for i in b] == order_ids and len(batches) == len(ds)
+            for k, (b, sids) in enumerate(zip(batches, ids, strict=True)):
+                assert int(b["offsets"][-1]) == b["coords"].shape[0] == sum(points[i] for i in sids) <= cap
+                if k + 1 < len(ids):  # greedy: the next volume would not have fitted
+                    assert sum(points[i] for i in sids) + points[ids[k + 1][0]] > cap
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_crop_flip_and_torchsparse_layout(built: Path, workers: int) -> None:
     kw: dict[str, Any] = dict(sample="ct", batch_size=2, seed=3, crop=(40, 30, 16), flip=True)

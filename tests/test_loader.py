@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import re
 import shutil
 from pathlib import Path
@@ -13,7 +14,19 @@ import pytest
 import torch
 
 from loaders import ShardDataset, ShardLoader
-from loaders.format import COND_ID, OBS_PREFIX, OBSM_PREFIX, PAIRS, PRIMARY, SAMPLE_ID, SENTENCES_CTRL, SENTENCES_PERT
+from loaders.format import (
+    COND_ID,
+    OBS_PREFIX,
+    OBSM_PREFIX,
+    PAIRS,
+    PRIMARY,
+    SAMPLE_ID,
+    SENTENCES_CTRL,
+    SENTENCES_PERT,
+    FormatError,
+    ShardEntry,
+    read_index,
+)
 from tests.shard_fixtures import OBS_FIELDS, OBSM_KEY, Fixture, make_dataset
 
 TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
@@ -230,6 +243,24 @@ def test_broken_shard_error_names_the_file(fx: Fixture, tmp_path: Path, how: str
     with pytest.raises(Exception, match=re.escape(str(shard))):
         for _ in dl:
             pass
+
+
+@pytest.mark.parametrize("decode_process", [False, True])
+def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(fx: Fixture, tmp_path: Path,
+                                                                     decode_process: bool) -> None:
+    root = tmp_path / "ds"
+    shutil.copytree(fx.root, root)
+    raw = json.loads((root / "index.json").read_text())
+    entry = next(e for e in raw["shards"] if e["split"] == "train")
+    entry["units"]["pairs"] -= 1  # the shard holds one pair more than index.json says
+    (root / "index.json").write_text(json.dumps(raw))
+    shard = read_index(root).shard_path(ShardEntry.from_json(entry))
+    ds = ShardDataset(root, sample="pairs", batch_size=16, window=1, shuffle=False, decode_process=decode_process)
+    with pytest.raises(FormatError, match=re.escape(str(shard)) + r".*pairs units.*index\.json says"):
+        for _ in ShardLoader(ds):
+            pass
+    ok = ShardDataset(root, sample="cells", batch_size=16, window=1, shuffle=False, decode_process=decode_process)
+    assert sum(len(b["sample_id"]) for b in ShardLoader(ok)) == ok.n_units  # other sample types still load
 
 
 def test_unknown_split_or_sample(fx: Fixture) -> None:
