@@ -61,12 +61,12 @@ def inputs_digest(manifest: Manifest, kind: Kind, sources: Sequence[tuple[str, s
     extra = [hashlib.sha256(p.read_bytes()).hexdigest() for p in kind.input_files(manifest)]
     doc = {"manifest": [str(manifest.path), manifest.sha256], "encoding": manifest.format,
            "sources": [list(s) for s in sources],
-           "inputs": extra, "plugins": _plugin_digest(manifest.plugins, kind),
+           "inputs": extra, "plugins": plugin_digest(manifest.plugins, kind),
            "code": code_digest(), "shardsmith": __version__, "format": [fmt.SHARD_VERSION, fmt.INDEX_VERSION]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _plugin_digest(modules: Sequence[str], kind: Kind) -> str:
+def plugin_digest(modules: Sequence[str], kind: Kind) -> str:
     """The source code of plug-in modules (and of the kind's own module when it lives outside the pipeline)."""
     import importlib
     import inspect

@@ -138,22 +138,26 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, Any]) -> tuple[SourceSpec, ...]:
-    from pipeline.sources import get_source, infer_type, load_builtin, source_types_for
+    from pipeline.sources import get_source, infer_type, source_types_for
 
-    load_builtin()
     if not items:
         raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
-    types = source_types_for(kind)
     out: list[SourceSpec] = []
     for i, item in enumerate(items):
         head = Table(path, f"sources[{i}]", item, set(item) if isinstance(item, dict) else set())
         pattern = head.get("path", str)
         typ = head.get("type", str, None) or infer_type(pattern, kind)
         if typ is None:
-            raise ManifestError(path, f"sources[{i}].type", f"cannot infer the type of {pattern!r}; set one of {types}")
-        if typ not in types:
-            raise ManifestError(path, f"sources[{i}].type", f"{typ!r} is not one of {types} (source types of kind {kind!r})")
-        cls = get_source(typ)
+            claims = {t: list(get_source(t).suffixes) for t in source_types_for(kind)}
+            raise ManifestError(path, f"sources[{i}].type", f"cannot infer the type of {pattern!r} from its suffix; "
+                                f"set one of the source types of kind {kind!r}: {claims}")
+        try:
+            cls = get_source(typ)
+        except ValueError:
+            cls = None
+        if cls is None or kind not in cls.kinds:
+            raise ManifestError(path, f"sources[{i}].type", f"{typ!r} is not one of {source_types_for(kind)} "
+                                f"(source types of kind {kind!r})")
         t = Table(path, f"sources[{i}]", item, {"path", "type", *cls.options})
         opts = {k: t.data[k] for k in cls.options if k in t.data}
         matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
-from loaders.samples import get_sample_type
 from loaders.shardio import read_shard
 
 
@@ -28,6 +27,8 @@ def _kind(index: fmt.Index) -> Any:
 
 def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
     """Every problem found, as a message naming the shard; an empty list means the dataset is sound."""
+    from loaders.samples import get_sample_type  # here: `build` imports this module for its summary
+
     problems: list[str] = []
     try:
         index = fmt.read_index(root)

@@ -110,6 +110,14 @@ def test_missing_file_names_the_pattern(tmp_path: Path, capsys: pytest.CaptureFi
     (lambda s: s.replace('strategy = "batch"', 'strategy = "batch"\nmystery = 1'), "pairing.mystery"),
     (lambda s: s.replace('name = "t"', ""), "dataset.name"),
     (lambda s: s + "\n[broken", "-"),
+    (lambda s: s + "\n[mystery]\nx = 1\n", "manifest.mystery"),  # not a table of [dataset], sources or the kind
+    (lambda s: s.replace("seed = 0", "seed = 0\ncolour = 1"), "dataset.colour"),
+    (lambda s: s.replace('type = "h5ad"', 'type = "npy"'), "sources[0].type"),  # feeds kind ct, not perturbation
+    (lambda s: s.replace('type = "h5ad"', 'type = "parquet"'), "sources[0].type"),  # no such source type
+    (lambda s: s.replace('type = "h5ad"', 'type = "h5ad"\nmatrixx = "X"'), "sources[0].matrixx"),
+    (lambda s: s.replace('kind = "perturbation"', 'kind = "perturbations"'), "dataset.kind"),
+    (lambda s: s.replace("[dataset]", '[dataset]\nplugins = ["tests.no_such_module"]'), "dataset.plugins"),
+    (lambda s: s.replace("shard_size_mb = 0.05", "shard_size_mb = 0"), "dataset.shard_size_mb"),
 ])
 def test_manifest_errors_name_file_and_key(tmp_path: Path, edit: Callable[[str], str], key: str) -> None:
     (tmp_path / "src").mkdir()
@@ -119,3 +127,18 @@ def test_manifest_errors_name_file_and_key(tmp_path: Path, edit: Callable[[str],
     with pytest.raises(ManifestError) as e:
         load_manifest(path)
     assert f"[{key}]" in str(e.value) and "m.toml" in str(e.value)
+
+
+def test_source_type_is_inferred_from_the_suffix_or_the_candidates_are_listed(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    write_perturb_h5ad(tmp_path / "src/a.h5ad", n_cells=50, n_genes=20, n_perts=2, seed=0)
+    path = write_manifest(tmp_path / "m.toml")
+    path.write_text(path.read_text().replace('type = "h5ad"\n', ""))
+    assert [s.type for s in load_manifest(path).sources] == ["h5ad"]  # the one perturbation source claiming .h5ad
+    (tmp_path / "src/a.h5ad").rename(tmp_path / "src/a.hdf")
+    path.write_text(path.read_text().replace("src/*.h5ad", "src/*.hdf"))
+    with pytest.raises(ManifestError) as e:
+        load_manifest(path)
+    msg = str(e.value)  # names the key, the pattern and every candidate type of the kind with its suffixes
+    assert "[sources[0].type]" in msg and "src/*.hdf" in msg and "'h5ad': ['.h5ad']" in msg and "'h5csr'" in msg
+    assert "npy" not in msg  # a source of another kind is no candidate

@@ -4,17 +4,28 @@ load end to end through the registries, for zarr and tar, with no change to libr
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import scipy.sparse as sps
 
 from loaders import ShardDataset, ShardLoader
+from loaders import format as fmt
+from loaders.shardio import read_shard
 from pipeline.build import build
 from pipeline.cli import main as cli
-from pipeline.errors import ManifestError
+from pipeline.errors import ManifestError, SourceError
+from pipeline.kinds import register_kind
+from pipeline.kinds.records import Record, RecordKind
+from pipeline.manifest import Manifest, SourceSpec
+from pipeline.scan import ScannedSource
+from pipeline.sources import Source, register_source
 from pipeline.verify import summary, verify
 from tests.plugin_toy import VOCAB, write_toy
+from tests.test_source_types import SourceTypeContract
 
 MANIFEST = """
 [dataset]
@@ -106,6 +117,9 @@ def test_inspect_cli(toy: tuple[Path, list[dict]], capsys: pytest.CaptureFixture
     assert cli(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "toyvec" in text and "marked skip=2" in text
+    index = json.loads((out / "index.json").read_text())
+    groups = ", ".join(f"{k}={v}" for k, v in index["stats"]["groups_per_split"].items())
+    assert f"records scanned: 40; groups per split: {groups}" in text
 
 
 def _tampered_index(out: Path, tmp_path: Path, edit) -> Path:  # noqa: ANN001
@@ -158,3 +172,209 @@ def test_unknown_kind_and_missing_plugin_are_manifest_errors(tmp_path: Path) -> 
                                                                                         'kind = "toyvecs"'))
     with pytest.raises(ManifestError, match=r"dataset\.kind.*toyvecs"):
         build(tmp_path / "m.toml", tmp_path / "out", progress=False)
+
+
+# -- incremental rebuilds of a record kind --------------------------------------------------------------------
+
+def _toy_tree(root: Path, n_sources: int = 2) -> list[list[dict]]:
+    (root / "src").mkdir(parents=True, exist_ok=True)
+    out = []
+    for s in range(n_sources):
+        recs = _records(s, 20, 4)
+        write_toy(root / "src" / f"{s}.toy", recs)
+        out.append(recs)
+    (root / "m.toml").write_text(MANIFEST.format(fmt="zarr", ragged="true"))
+    return out
+
+
+def test_record_kind_rebuilds_only_what_changed(tmp_path: Path) -> None:
+    recs = _toy_tree(tmp_path)
+    first = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    files = {s["file"]: s["sha256"] for s in first.index["shards"]}
+    again = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    assert again.written == [] and {s["file"]: s["sha256"] for s in again.index["shards"]} == files
+    # new values in source 1 (same records, same groups): only shards holding its records are rewritten
+    for r in recs[1]:
+        r["vec"] = [v + 1 for v in r["vec"]]
+    write_toy(tmp_path / "src" / "1.toy", recs[1])
+    third = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    src_of = {s["file"]: s["source"] for s in third.index["shards"]}
+    assert third.written and third.reused
+    assert all(src_of[f] in (1, -1) for f in third.written)  # -1: a shard mixing sources
+    assert all(src_of[f] in (0, -1) and f in files for f in third.reused)
+    assert set(files) - {s["file"] for s in third.index["shards"]} <= set(files) - set(third.reused)
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["stats"]["skipped"] == {"marked skip": 2}  # a reused shard's skips are still counted
+    assert verify(tmp_path / "out") == []
+    assert not list((tmp_path / "out" / "shards").glob(".tmp-*"))
+
+
+def test_record_shards_are_keyed_by_the_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record's values come from read_record at pack time: other code must not reuse the old shards."""
+    import pipeline.build
+    import pipeline.incremental
+
+    _toy_tree(tmp_path)
+    first = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    for module in (pipeline.build, pipeline.incremental):
+        monkeypatch.setattr(module, "code_digest", lambda: "other code")
+    again = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    assert again.reused == [] and len(again.written) == len(first.index["shards"])
+    assert not set(again.written) & {s["file"] for s in first.index["shards"]}
+
+
+def test_jobs_do_not_change_record_shards(tmp_path: Path) -> None:
+    _toy_tree(tmp_path)
+    (tmp_path / "m.toml").write_text(MANIFEST.format(fmt="tar", ragged="true"))
+    a = build(tmp_path / "m.toml", tmp_path / "a", jobs=1, progress=False)
+    b = build(tmp_path / "m.toml", tmp_path / "b", jobs=2, backend="loky", progress=False)
+    assert [(s["file"], s["sha256"]) for s in a.index["shards"]] == [(s["file"], s["sha256"]) for s in b.index["shards"]]
+
+
+def test_a_shard_whose_records_are_all_skipped_is_counted_and_verifies(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    recs = [{**r, "skip": r["group"].endswith("-0")} for r in _records(5, 12, 3)]
+    write_toy(tmp_path / "src" / "a.toy", recs)
+    (tmp_path / "m.toml").write_text(MANIFEST.format(fmt="zarr", ragged="true"))
+    build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["stats"]["skipped"] == {"marked skip": 4}
+    assert sum(s["records"] for s in index["shards"]) == 8 == index["primary_records"]
+    assert min(s["records"] for s in index["shards"]) == 0  # group g5-0 filled a shard on its own
+    assert verify(tmp_path / "out") == []
+    ids = [i for split in ("train", "test") for b in ShardDataset(tmp_path / "out", split=split, sample="toyvec",
+                                                                  batch_size=3, decode_process=False)
+           for i in b["sample_id"].tolist()]
+    assert sorted(ids) == [i for i, r in enumerate(recs) if not r["skip"]]
+
+
+# -- a record kind with a csr field and a shard table, defined in this module only ------------------------------
+
+N_COLS = 10
+
+
+@register_source
+class RowsSource(Source):
+    """``.rows`` files: JSON ``[{"group": str, "row": [N_COLS floats], "label": int, "form": str}]``."""
+
+    type = "rows"
+    kinds = ("sparserows",)
+    suffixes = (".rows",)
+    produces = ("row", "label")
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.path.read_text()))
+
+
+@register_kind
+class SparseRowsKind(RecordKind):
+    """A csr ``row`` per record (handed over as a dense row, as (indices, values) or as scipy sparse, by the
+    record's ``form``), a dense ``label`` code below 3, and a ``neighbours`` table: consecutive local rows."""
+
+    name = "sparserows"
+    samples = ()
+
+    def parse(self, path: Path, sections: Mapping[str, Any]) -> None:
+        return None
+
+    def scan_source(self, manifest: Manifest, spec: SourceSpec) -> list[Record]:
+        return [Record(i, r["group"], (i,), nbytes=40) for i, r in enumerate(RowsSource(spec.path).records())]
+
+    def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
+        return (fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"), fmt.FieldSpec("row", "csr", "float32", (N_COLS,)),
+                fmt.FieldSpec("label", "dense", "int32", bound=3))
+
+    def tables(self, manifest: Manifest) -> tuple[str, ...]:
+        return ("neighbours",)
+
+    def shard_tables(self, manifest: Manifest, records: Sequence[Record]) -> dict[str, np.ndarray]:
+        n = len(records)
+        return {"neighbours": np.stack([np.arange(n - 1), np.arange(1, n)], 1).astype(np.int32).reshape(-1, 2)}
+
+    def read_record(self, manifest: Manifest, spec: SourceSpec, record: Record) -> tuple[dict[str, Any], Any]:
+        r = RowsSource(spec.path).records()[record.index]
+        row = np.asarray(r["row"], np.float32)
+        nz = np.flatnonzero(row)
+        value = {"dense": row, "tuple": (nz, row[nz]), "scipy": sps.csr_matrix(row[None, :])}[r["form"]]
+        return {"row": value, "label": r["label"]}, None
+
+
+class TestRowsType(SourceTypeContract):
+    source_type = "rows"
+
+
+ROWS_MANIFEST = """
+[dataset]
+name = "rows"
+kind = "sparserows"
+format = "{fmt}"
+shard_size_mb = 0.0002
+plugins = ["tests.test_kinds"]
+
+[[sources]]
+path = "*.rows"
+"""
+
+
+def _rows(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    dense = rng.random((n, N_COLS)) * (rng.random((n, N_COLS)) < 0.3)
+    return [{"group": f"g{i // 3}", "row": dense[i].round(3).tolist(), "label": int(i % 3),
+             "form": ("dense", "tuple", "scipy")[i % 3]} for i in range(n)]
+
+
+@pytest.mark.parametrize("encoding", ["zarr", "tar"])
+def test_csr_fields_and_tables_of_a_record_kind(tmp_path: Path, encoding: str) -> None:
+    rows = _rows(17, 0)
+    (tmp_path / "a.rows").write_text(json.dumps(rows))
+    (tmp_path / "m.toml").write_text(ROWS_MANIFEST.format(fmt=encoding))
+    res = build(tmp_path / "m.toml", tmp_path / "out", jobs=2, progress=False)
+    assert verify(tmp_path / "out") == []
+    index = fmt.read_index(tmp_path / "out")
+    assert index.tables == ["neighbours"] and index.field("row").layout == "csr"
+    seen = {}
+    for entry in index.shards:
+        cols = read_shard(index.shard_path(entry), encoding, fmt.shard_keys(index.fields, index.tables))
+        x = sps.csr_matrix((cols["row/data"], cols["row/indices"], cols["row/indptr"]), shape=(entry.records, N_COLS))
+        for local, sid in enumerate(cols[fmt.SAMPLE_ID].tolist()):
+            seen[sid] = (x[local].toarray()[0], int(cols["label"][local]))
+        assert cols["neighbours"].shape == (max(0, entry.records - 1), 2)
+    assert sorted(seen) == list(range(len(rows))) and len(res.index["shards"]) > 2
+    for sid, (row, label) in seen.items():
+        np.testing.assert_array_equal(row, np.asarray(rows[sid]["row"], np.float32))
+        assert label == rows[sid]["label"]
+
+
+def test_verify_lists_a_table_missing_from_a_shard(tmp_path: Path) -> None:
+    import shutil
+
+    (tmp_path / "a.rows").write_text(json.dumps(_rows(9, 1)))
+    (tmp_path / "m.toml").write_text(ROWS_MANIFEST.format(fmt="zarr"))
+    build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    index = fmt.read_index(tmp_path / "out")
+    victim = index.shard_path(index.shards[0])
+    shutil.rmtree(victim / "neighbours")
+    problems = verify(tmp_path / "out", check_hashes=False)
+    assert len(problems) == 1 and str(victim) in problems[0] and "'neighbours'" in problems[0]
+
+
+def test_a_misshapen_record_value_names_the_file_record_and_field(tmp_path: Path) -> None:
+    rows = _rows(6, 2)
+    rows[4]["row"] = rows[4]["row"][:-1]  # 9 values for a csr field of 10 columns
+    rows[4]["form"] = "dense"
+    (tmp_path / "a.rows").write_text(json.dumps(rows))
+    (tmp_path / "m.toml").write_text(ROWS_MANIFEST.format(fmt="zarr"))
+    with pytest.raises(SourceError) as e:
+        build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    msg = str(e.value)
+    assert "a.rows" in msg and "record 4" in msg and "'row'" in msg and "[9]" in msg
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_a_code_outside_its_bound_fails_the_build(tmp_path: Path) -> None:
+    rows = _rows(6, 3)
+    rows[2]["label"] = 3
+    (tmp_path / "a.rows").write_text(json.dumps(rows))
+    (tmp_path / "m.toml").write_text(ROWS_MANIFEST.format(fmt="tar"))
+    with pytest.raises(fmt.FormatError, match=r"'label' has values outside \[0, 3\)"):
+        build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)

@@ -297,6 +297,20 @@ def test_the_pipeline_never_imports_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_a_no_change_rebuild_imports_no_heavy_module(built: tuple[Path, list[Path], Path]) -> None:
+    """A nightly no-change rebuild stops after a few stat calls: the registries it asks (kinds, sources) must
+    not drag in the readers' libraries nor another kind's (CT's scipy.ndimage)."""
+    import subprocess
+    import sys
+
+    out, _, manifest = built
+    heavy = ["anndata", "h5py", "pandas", "scipy", "joblib", "zarr", "pipeline.kinds.ct", "pipeline.sources.npy"]
+    code = (f"import sys; from pipeline.build import build; r = build({str(manifest)!r}, {str(out)!r}, progress=False);"
+            f" print(r.written, sorted(m for m in {heavy!r} if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[] []", res.stdout + res.stderr
+
+
 def test_spill_path_gives_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Big sources go through spill files instead of memory; the bytes must not change."""
     import pipeline.pack

@@ -159,8 +159,8 @@ def register_kind(cls: type[Kind]) -> type[Kind]:
     return cls
 
 
-def _load_builtin() -> None:
-    for name in BUILTIN:
+def _load_builtin(modules: tuple[str, ...] = BUILTIN) -> None:
+    for name in modules:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -169,7 +169,13 @@ def _load_builtin() -> None:
 
 
 def get_kind(name: str) -> Kind:
-    _load_builtin()
+    """The registered kind ``name``. A built-in kind lives in ``pipeline.kinds.<name>``: only that module is
+    imported (the others pull in their own libraries, e.g. CT's scipy.ndimage, which a perturbation build or
+    a no-change rebuild must not pay for); the rest are imported only when the name is still unknown."""
+    if name not in KINDS:
+        _load_builtin(tuple(m for m in BUILTIN if m == f"{__package__}.{name}"))
+    if name not in KINDS:
+        _load_builtin()
     try:
         return KINDS[name]
     except KeyError:

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
+from pipeline.errors import SourceError
 from pipeline.kinds.base import Kind, KindPlan, PackResult, PlanContext, ShardPlan, Task
-from pipeline.plan.splits import stable_unit
 
 if TYPE_CHECKING:
     from pipeline.manifest import Manifest, SourceSpec
@@ -94,6 +94,17 @@ class RecordKind(Kind):
         """The kind's settings as stored in ``index.json`` (``sections[kind]``)."""
         return {}
 
+    def describe(self, index: fmt.Index) -> dict[str, Any]:
+        """What ``inspect`` says of any record kind: records found by the scan and groups per split (the
+        splits' independence at a glance); subclasses add their own facts."""
+        return {"records scanned": index.stats.get("records"), "groups per split": index.stats.get("groups_per_split")}
+
+    def describe_lines(self, summary: Mapping[str, Any]) -> list[str]:
+        groups = summary.get("groups per split") or {}
+        lines = [f"  records scanned: {summary.get('records scanned')}; groups per split: "
+                 + (", ".join(f"{k}={v}" for k, v in groups.items()) or "-")]
+        return lines + [f"  {k}: {v}" for k, v in summary.items() if k not in ("records scanned", "groups per split")]
+
     def prepare(self, manifest: Manifest, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
         """All (source ordinal, record) pairs before planning: a hook for dataset-wide facts (e.g. a
         sequence vocabulary added to each record's ``info``). The default keeps them as they are."""
@@ -112,18 +123,24 @@ class RecordKind(Kind):
         return out
 
     def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
+        from pipeline.incremental import plugin_digest
+        from pipeline.plan.splits import stable_unit
+
         flat = self.prepare(manifest, [(s.ordinal, r) for s in scanned for r in s.meta])
         val, test = self.fractions(manifest.config)
         cap = manifest.shard_size_mb * (1 << 20)
         by_split: dict[str, list[int]] = {n: [] for n in SPLIT_NAMES}
-        for number, (_src, rec) in enumerate(flat):
+        for number, (src, rec) in enumerate(flat):
             split = rec.split
             if split is None:
                 u = stable_unit(manifest.seed, self.name, rec.group)
                 split = "test" if u < test else "val" if u < test + val else "train"
             if split not in by_split:
-                raise ValueError(f"record {rec.group}/{rec.index}: split {split!r} is not one of {SPLIT_NAMES}")
+                raise SourceError(scanned[src].spec.path, f"record {rec.index} (group {rec.group!r}): split {split!r} "
+                                  f"is not one of {SPLIT_NAMES}")
             by_split[split].append(number)
+        fields, tables = self.schema(manifest, scanned), self.tables(manifest)
+        code = (ctx.salt, plugin_digest(manifest.plugins, self))
         shards: list[ShardPlan] = []
         for split, numbers in by_split.items():
             numbers.sort(key=lambda k: (flat[k][1].group, flat[k][1].order, flat[k][0], flat[k][1].index))
@@ -131,22 +148,27 @@ class RecordKind(Kind):
                 rows = np.asarray(members, np.int64)
                 sources = {flat[k][0] for k in members}
                 shard = ShardPlan(split, sources.pop() if len(sources) == 1 else -1, part, rows, {})
-                shard.key = self._key(manifest, scanned, flat, rows)
+                shard.key = self._key(manifest, scanned, flat, rows, fields, tables, code)
                 shards.append(shard)
         groups = {n: len({flat[k][1].group for k in v}) for n, v in by_split.items()}
         stats = {"records": len(flat), "records_per_split": {n: len(v) for n, v in by_split.items()},
                  "groups_per_split": groups}
-        return KindPlan(shards=shards, fields=self.schema(manifest, scanned), tables=self.tables(manifest),
+        return KindPlan(shards=shards, fields=fields, tables=tables,
                         section=self.section(manifest), stats=stats, extra=flat)
 
     def _key(self, manifest: Manifest, scanned: Sequence[ScannedSource], flat: list[tuple[int, Record]],
-             rows: np.ndarray) -> str:
+             rows: np.ndarray, fields: Sequence[fmt.FieldSpec], tables: Sequence[str], code: Sequence[str]) -> str:
         """Everything a shard's bytes depend on: format, encoding, codec, the kind's settings (the manifest's
-        sections of this kind), each record's source content and identity, and the code of the kind."""
+        sections of this kind), the schema, each record's source content and identity, and the code: the
+        values come from ``read_record`` at pack time, so unlike a perturbation shard (whose planned columns
+        are hashed) only the code can vouch for them: ``code`` holds the pipeline's code digest and that of
+        the plug-in modules (the kind's own module when it lives outside the pipeline)."""
         h = hashlib.sha256()
         doc = {"format": fmt.SHARD_VERSION, "kind": self.name, "encoding": manifest.format,
                "codec": [manifest.codec, manifest.codec_level], "seed": manifest.seed,
-               "sections": {k: manifest.raw.get(k) for k in self.sections}}
+               "sections": {k: manifest.raw.get(k) for k in self.sections},
+               "fields": [f.to_json() for f in fields], "tables": list(tables),
+               "code": list(code)}
         h.update(json.dumps(doc, sort_keys=True, default=str).encode())
         for k in rows.tolist():
             src, rec = flat[k]
@@ -161,44 +183,30 @@ class RecordKind(Kind):
 
     def _pack_one(self, manifest: Manifest, shard: ShardPlan, number: int, specs: Sequence[SourceSpec],
                   flat: list[tuple[int, Record]], cfg: PackConfig) -> list[PackResult]:
+        """Read the shard's records one at a time into its columns (memory: about one shard), skipping
+        (and counting) those ``read_record`` refuses, then validate, write, hash and count units."""
+        from pipeline.kinds.columns import RecordColumns
         from pipeline.shardfile import finish_shard
 
-        values: dict[str, list[np.ndarray]] = {f.name: [] for f in cfg.fields}
+        columns = RecordColumns(cfg.fields, shard.n)
         kept: list[Record] = []
         metas: list[Any] = []
-        ids: list[int] = []
         skipped: dict[str, int] = {}
         for k in shard.rows.tolist():
             src, rec = flat[k]
             try:
-                record, meta = self.read_record(manifest, specs[src], rec)
+                values, meta = self.read_record(manifest, specs[src], rec)
             except SkipRecord as e:
                 skipped[e.reason] = skipped.get(e.reason, 0) + 1
                 log.warning("%s: record %s skipped: %s%s", specs[src].path, rec.index, e.reason,
                             f" ({e.detail})" if e.detail else "")
                 continue
-            for f in cfg.fields:
-                if f.name != fmt.SAMPLE_ID:
-                    values[f.name].append(np.asarray(record[f.name], dtype=f.dtype))
+            columns.add(k, values, specs[src].path, f"record {rec.index} (kind {self.name})")
             kept.append(rec)
             metas.append(meta)
-            ids.append(k)
-        columns: dict[str, np.ndarray] = {}
-        for f in cfg.fields:
-            if f.name == fmt.SAMPLE_ID:
-                columns[f.name] = np.asarray(ids, np.int64)
-            elif f.layout == "dense":
-                columns[f.name] = np.stack(values[f.name]) if kept else np.zeros((0, *f.shape), f.dtype)
-            elif f.layout == "ragged":
-                parts = values[f.name]
-                offsets = np.zeros(len(parts) + 1, np.int64)
-                np.cumsum([p.shape[0] for p in parts], out=offsets[1:])
-                columns[f"{f.name}/offsets"] = offsets
-                columns[f"{f.name}/values"] = np.concatenate(parts) if parts else np.zeros((0, *f.shape), f.dtype)
-            else:
-                raise ValueError(f"{self.name}: record kinds store dense and ragged fields, not {f.layout!r}")
-        columns.update(self.shard_tables(manifest, kept))
-        return [PackResult(number, finish_shard(columns, shard, cfg), skipped, metas)]
+        out = columns.finish()
+        out.update(self.shard_tables(manifest, kept))
+        return [PackResult(number, finish_shard(out, shard, cfg), skipped, metas)]
 
 
 def _cut(numbers: list[int], records: list[Record], cap: float) -> list[list[int]]:

@@ -4,10 +4,10 @@ among the types that feed the manifest's kind). Built-in types register on impor
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from pipeline.sources.base import (
+    BUILTIN,
     SOURCES,
     Categorical,
     MatrixSource,
@@ -15,6 +15,7 @@ from pipeline.sources.base import (
     SourceMeta,
     get_source,
     infer_type,
+    load_builtin,
     register_source,
     source_types_for,
 )
@@ -22,22 +23,9 @@ from pipeline.sources.h5ad import H5adSource
 from pipeline.sources.h5csr import H5CsrSource
 from pipeline.sources.validate import CsrParts, validate_block, validate_dense, validate_indptr
 
-BUILTIN = ("pipeline.sources.dat", "pipeline.sources.npy")  # h5ad, h5csr: imported above
-
-
-def load_builtin() -> None:
-    """Import the built-in source modules (each registers itself); a missing optional one is skipped."""
-    for name in BUILTIN:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-
 
 def open_source(type_name: str, path: str | Path, matrix: str = "X", *, counts: bool = False) -> MatrixSource:
     """A matrix source without touching the file: opening is lazy so sources can be planned and shipped cheaply."""
-    load_builtin()
     cls = get_source(type_name)
     if not issubclass(cls, MatrixSource):
         raise ValueError(f"source type {type_name!r} is not a matrix source")
@@ -45,6 +33,7 @@ def open_source(type_name: str, path: str | Path, matrix: str = "X", *, counts: 
 
 
 __all__ = [
+    "BUILTIN",
     "SOURCES",
     "Categorical",
     "CsrParts",

@@ -6,10 +6,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ class MatrixSource(Source):
 
 
 SOURCES: dict[str, type[Source]] = {}
+# Built-in source modules: the one for type ``t`` is ``pipeline.sources.<t>``. They register on import;
+# ``get_source`` imports only the module of the type asked for (a CT source pulls in scipy.ndimage, which a
+# perturbation build must not pay for), listing every type of a kind imports them all.
+BUILTIN = ("pipeline.sources.h5ad", "pipeline.sources.h5csr", "pipeline.sources.dat", "pipeline.sources.npy")
 
 
 def register_source(cls: type[Source]) -> type[Source]:
@@ -103,15 +109,31 @@ def register_source(cls: type[Source]) -> type[Source]:
     return cls
 
 
+def load_builtin(modules: Sequence[str] = BUILTIN) -> None:
+    """Import built-in source modules (each registers itself); a missing optional one is skipped."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+
+
 def get_source(type_name: str) -> type[Source]:
+    if type_name not in SOURCES:
+        load_builtin([m for m in BUILTIN if m == f"{__package__}.{type_name}"])
     try:
         return SOURCES[type_name]
     except KeyError:
+        load_builtin()
         raise ValueError(f"unknown source type {type_name!r} (registered: {', '.join(sorted(SOURCES))})") from None
 
 
 def source_types_for(kind: str) -> list[str]:
     """The registered source types that feed dataset kind ``kind``."""
+    load_builtin()
     return sorted(t for t, cls in SOURCES.items() if kind in cls.kinds)
 
 

@@ -12,11 +12,11 @@ cheaper than loading the whole object in backed mode.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import h5py
 import numpy as np
 
+from pipeline.lazy import LazyModule
 from pipeline.sources.base import Categorical, register_source
 from pipeline.sources.h5csr import (
     H5Source,
@@ -26,6 +26,11 @@ from pipeline.sources.h5csr import (
     read_plain_column,
     to_categorical,
 )
+
+if TYPE_CHECKING:
+    import h5py
+else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy import)
+    h5py = LazyModule("h5py")
 
 
 def read_elem(elem: object) -> object:

@@ -13,16 +13,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import h5py
 import numpy as np
-import pandas as pd
-import scipy.sparse as sp
 
 from pipeline.errors import SourceError
+from pipeline.lazy import LazyModule
 from pipeline.sources.base import Categorical, MatrixSource, SourceMeta, register_source
 from pipeline.sources.validate import CsrParts, validate_block, validate_dense, validate_indptr
+
+if TYPE_CHECKING:
+    import h5py
+    import pandas as pd
+    import scipy.sparse as sp
+else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy import)
+    h5py = LazyModule("h5py")
+    pd = LazyModule("pandas")
+    sp = LazyModule("scipy.sparse")
 
 # What h5py / HDF5 / anndata raise on damaged content after the file opened fine.
 READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError)

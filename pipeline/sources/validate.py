@@ -8,12 +8,17 @@ every block as it is read costs a few vectorised passes and points the nightly l
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import scipy.sparse as sp
 
 from pipeline.errors import SourceError
+from pipeline.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
+else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy import)
+    sp = LazyModule("scipy.sparse")
 
 
 class CsrParts(NamedTuple):
