@@ -211,6 +211,8 @@ class Spike(SampleType):
         h, w = round(self.crop[0] * sy), round(self.crop[1] * sx)
         out = np.empty((b, length, img.shape[1], h, w), np.float32)
         for i in range(b):
-            y, x = round(int(offsets[i, 0]) * sy), round(int(offsets[i, 1]) * sx)
+            # offset and size are rounded apart (x.5 rounds to even): clamp so the window stays inside
+            y = min(round(int(offsets[i, 0]) * sy), img.shape[2] - h)
+            x = min(round(int(offsets[i, 1]) * sx), img.shape[3] - w)
             out[i] = img[i * length:(i + 1) * length, :, y:y + h, x:x + w] / np.float32(255.0)
         return out
