@@ -1,9 +1,9 @@
 """`shardsmith <command>` (also `python -m pipeline ...`): global options, logging, exit codes, and quiet
 exits on a closed pipe. The subcommands themselves live in :mod:`pipeline.commands` (a registry).
 
-Exit codes (shared with every command): 0 success, 1 crash (a traceback: a bug), 2 bad input (the message
-names the file or manifest key and the fix), 3 another build holds the lock; ``verify`` exits 1 when it finds
-problems; 141 (the shell's status for SIGPIPE) when the reader of our output went away (`... | head`).
+Exit codes: those of :mod:`pipeline.errors` (0 ok, 1 crash, 2 bad input, 3 lock held; ``verify`` exits 1 when
+it finds problems), and 141 (the shell's status for SIGPIPE) when the reader of our output went away
+(`... | head`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from collections.abc import Sequence
 
 from loaders.format import FormatError
 from pipeline.commands import COMMAND_MODULES, get_command
-from pipeline.errors import ShardsmithError
+from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
 
-DESCRIPTION = ("Build shard datasets from a manifest, check and inspect them, export a split to AnnData. "
+DESCRIPTION = ("Build shard datasets from a manifest, check and inspect them. "
                "Also `python -m pipeline ...`. Exit codes: 0 ok, 1 crash, 2 bad input, 3 lock held.")
 OUR_LOGGERS = ("pipeline", "loaders")  # -v turns these to DEBUG; libraries (numcodecs, zarr, ...) stay at WARNING
-EXIT_BAD_INPUT = 2
-EXIT_BROKEN_PIPE = 128 + 13
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
