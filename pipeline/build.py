@@ -107,11 +107,11 @@ def release_freed_memory() -> None:
 
 def _backend_context(backend: str, scheduler: str | None) -> Any:
     if backend == "dask":
-        from distributed import Client  # optional extra: pip install shardsmith[dask]
+        from distributed import Client  # optional extra, checked by require_backend
 
         return Client(scheduler) if scheduler else Client(processes=True)
     if backend == "ray":
-        import ray  # optional extra: pip install shardsmith[ray]
+        import ray  # optional extra, checked by require_backend
         from ray.util.joblib import register_ray
 
         register_ray()
@@ -174,6 +174,9 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
     jobs = jobs or os.cpu_count() or 1
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (expected one of {BACKENDS})")
+    from pipeline.extras import require_backend
+
+    require_backend(backend)  # a missing extra fails here, before anything is written to `out`
     prev = previous_index(out)
     saved = read_record(out) if prev is not None else {}
     if prev is not None and unchanged(manifest, kind, out, prev, saved):
