@@ -8,12 +8,12 @@ import importlib.util
 
 from pipeline.errors import ShardsmithError
 
-# importable module -> (extra that installs it, what needs it)
-EXTRAS: dict[str, tuple[str, str]] = {
-    "distributed": ("dask", "--backend dask"),
-    "ray": ("ray", "--backend ray"),
-    "PIL": ("images", "spike datasets with paired images ([spike] images)"),
-    "lightning": ("lightning", "the Lightning DataModule"),
+# importable module -> (extra that installs it, package name, what needs it)
+EXTRAS: dict[str, tuple[str, str, str]] = {
+    "distributed": ("dask", "dask[distributed]", "--backend dask"),
+    "ray": ("ray", "ray", "--backend ray"),
+    "PIL": ("images", "Pillow", "spike datasets with paired images ([spike] images)"),
+    "lightning": ("lightning", "lightning", "the Lightning DataModule"),
 }
 BACKEND_MODULES = {"dask": "distributed", "ray": "ray"}
 
@@ -28,13 +28,13 @@ def install_command(extra: str) -> str:
 
 def require(module: str) -> None:
     """Raise MissingExtraError, naming the install command, when ``module`` cannot be imported."""
-    extra, what = EXTRAS[module]
+    extra, package, what = EXTRAS[module]
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise MissingExtraError(f"{what} needs the optional package {module!r}, which is not installed: "
+        raise MissingExtraError(f"{what} needs the optional package {package}, which is not installed: "
                                 f"{install_command(extra)} (run in the shardsmith checkout)")
 
 

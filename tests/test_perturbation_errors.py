@@ -37,7 +37,7 @@ def test_counts_on_scaled_data_names_the_key_and_the_fix(tmp_path: Path) -> None
 
 def test_a_missing_backend_extra_names_the_install_command_and_writes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(extras.EXTRAS, "not_installed_xyz", ("dask", "--backend dask"))
+    monkeypatch.setitem(extras.EXTRAS, "not_installed_xyz", ("dask", "dask[distributed]", "--backend dask"))
     monkeypatch.setitem(extras.BACKEND_MODULES, "dask", "not_installed_xyz")
     write_perturb_h5ad(tmp_path / "src" / "a.h5ad", n_cells=100, n_genes=20, n_perts=3)
     manifest = write_manifest(tmp_path / "m.toml", obsm="[]")
