@@ -125,9 +125,10 @@ def _check_covariates(path: Path, fields: Fields) -> None:
     """A covariate is an extra obs field: one named like a standard field (or twice) would be two condition
     columns with one name."""
     taken = {"perturbation", "cell_type", "batch"}  # "batch" even when unset: Fields.column maps it
-    for name in fields.covariates:
+    for key, name in [*(("covariates", c) for c in fields.covariates),
+                      *(("numeric_covariates", c) for c in fields.numeric_covariates)]:
         if name in taken:
-            raise ManifestError(path, "fields.covariates", f"{name!r} is already a field ({', '.join(sorted(taken))} "
+            raise ManifestError(path, f"fields.{key}", f"{name!r} is already a field ({', '.join(sorted(taken))} "
                                 "and the covariates before it): list each extra obs column once, none of those")
         taken.add(name)
 
