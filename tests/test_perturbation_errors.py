@@ -8,6 +8,7 @@ import anndata as ad
 import pytest
 
 from pipeline import extras
+from pipeline.backends import BackendError
 from pipeline.build import build
 from pipeline.demo import write_perturb_h5ad
 from pipeline.errors import SourceError
@@ -41,7 +42,7 @@ def test_a_missing_backend_extra_names_the_install_command_and_writes_nothing(
     monkeypatch.setitem(extras.BACKEND_MODULES, "dask", "not_installed_xyz")
     write_perturb_h5ad(tmp_path / "src" / "a.h5ad", n_cells=100, n_genes=20, n_perts=3)
     manifest = write_manifest(tmp_path / "m.toml", obsm="[]")
-    with pytest.raises(extras.MissingExtraError, match=r'--backend dask needs .* pip install -e "\.\[dask\]"'):
+    with pytest.raises(BackendError, match=r'--backend dask needs .* pip install -e "\.\[dask\]"'):
         build(manifest, tmp_path / "out", jobs=1, backend="dask", progress=False)
     assert not (tmp_path / "out").exists()
 
