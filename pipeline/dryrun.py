@@ -44,8 +44,9 @@ class PlanDifference:
 
     def lines(self) -> list[str]:
         """What the CLI prints: one line per category, then one per file to write or delete."""
-        out = [f"would write  {len(self.write):5d} shards  ~{_mb(_total(self.write))} stored "
-               f"({_mb(self.write_raw_bytes)} raw)",
+        unknown = any(v < 0 for v in self.write.values())  # no earlier build to take a compression ratio from
+        stored = "stored size unknown" if unknown else f"~{_mb(_total(self.write))} stored"
+        out = [f"would write  {len(self.write):5d} shards  {stored} ({_mb(self.write_raw_bytes)} raw)",
                f"would reuse  {len(self.reuse):5d} shards   {_mb(_total(self.reuse))}",
                f"would delete {len(self.delete):5d} shards   {_mb(_total(self.delete))}"]
         out += [f"  + {f}" for f in sorted(self.write)] + [f"  - {f}" for f in sorted(self.delete)]

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -83,9 +84,56 @@ class _Forward(logging.Handler):
         self.events.emit("warning", logger=record.name, message=record.getMessage())
 
 
-NULL = EventLog(None)
+@dataclass
+class Report:
+    """What `reported` fills in: the event log to pass to the build, and the build's result."""
+
+    events: EventLog
+    result: Any = None
 
 
-def summary_line(doc: dict[str, Any]) -> str:
-    """The summary event as one line of JSON: what a scheduler parses from the last line of stdout."""
-    return json.dumps(doc, sort_keys=False, default=str)
+@contextmanager
+def reported(log_json: str | None, out: Path | None) -> Iterator[Report]:
+    """Run a build inside: its warnings become events; at the end, success or not, the ``summary`` event is
+    logged and printed as the last line of stdout (one JSON object). An exception is logged as an ``error``
+    event with its exit code (``exit_code`` attribute, else 2 for bad input, else 1) and raised again, so the
+    CLI prints it and exits with that code."""
+    from loaders.format import FormatError
+    from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, ShardsmithError
+
+    report = Report(EventLog(log_json))
+    try:
+        with report.events.capture_warnings():
+            yield report
+    except BaseException as e:
+        code = getattr(e, "exit_code", EXIT_BAD_INPUT if isinstance(e, (ShardsmithError, FormatError)) else EXIT_CRASH)
+        if isinstance(e, KeyboardInterrupt):
+            code = 128 + 2
+        report.events.emit("error", type=type(e).__name__, message=str(e), exit_code=code)
+        _finish(report, summary_doc(None, out, code))
+        raise
+    _finish(report, summary_doc(report.result, out, EXIT_OK))
+
+
+def _finish(report: Report, doc: dict[str, Any]) -> None:
+    line = report.events.emit("summary", **doc)
+    report.events.close()
+    print(json.dumps(line, default=str), flush=True)
+
+
+def summary_doc(result: Any, out: Path | None, exit_code: int) -> dict[str, Any]:
+    """The summary's fields. `changed` is about the committed dataset: a failed build commits nothing."""
+    if result is None:
+        return {"status": "failed", "changed": False, "exit_code": exit_code, "out": str(out) if out else None}
+    doc: dict[str, Any] = {"status": "dry-run" if result.difference is not None else "ok",
+                           "changed": bool(result.changed), "exit_code": exit_code, "out": str(result.out),
+                           "written": len(result.written), "reused": len(result.reused), "removed": result.removed,
+                           "seconds": round(result.seconds.get("total", 0.0), 3)}
+    if result.difference is not None:
+        doc.update(result.difference.to_json())
+        doc.pop("files")
+    else:
+        written = set(result.written)
+        doc["bytes_written"] = sum(int(s.get("bytes", 0)) for s in result.index.get("shards", [])
+                                   if s.get("file") in written)
+    return doc
