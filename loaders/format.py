@@ -77,6 +77,8 @@ class FieldSpec:
         if self.codec is not None:  # stored as sorted items: the spec stays hashable and compares by value
             if self.layout != "dense":
                 raise FormatError(f"field {self.name!r}: only dense fields take a codec")
+            if not isinstance(self.codec, Mapping) or not isinstance(self.codec.get("id"), str):
+                raise FormatError(f"field {self.name!r}: codec must be an object with an \"id\", got {self.codec!r}")
             object.__setattr__(self, "codec", _FrozenConfig(self.codec))
         if self.layout not in LAYOUTS:
             raise FormatError(f"field {self.name!r}: unknown layout {self.layout!r} (expected one of {LAYOUTS})")
@@ -359,8 +361,10 @@ def read_index(root: str | Path) -> Index:
             primary_records=None if doc.get("primary_records") is None else int(doc["primary_records"]),
             raw=raw,
         )
-    except FormatError:
-        raise
+    except FormatError as e:  # e.g. a field's bad layout or codec: say which index.json
+        if str(path) in str(e):
+            raise
+        raise FormatError(f"{path}: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise FormatError(f"{path}: malformed index.json ({type(e).__name__}: {e})") from None
 

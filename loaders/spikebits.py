@@ -92,15 +92,17 @@ class SpikeBits(Codec):  # type: ignore[misc]
             raise ValueError(f"{CODEC_ID} encodes uint8 [records, frames, ...], got {a.dtype}{list(a.shape)}")
         n, t = a.shape[0], a.shape[1]
         r = int(np.prod(a.shape[2:], dtype=np.int64))
-        body = Zstd(level=self.level).encode(to_pixel_major(np.ascontiguousarray(a).reshape(n, t, r)))
-        return _HEADER.pack(MAGIC, STREAM_VERSION, n, t, r) + bytes(body)
+        pixels = to_pixel_major(np.ascontiguousarray(a).reshape(n, t, r))
+        body = bytes(Zstd(level=self.level).encode(pixels)) if pixels.size else b""  # nothing: no zstd frame
+        return _HEADER.pack(MAGIC, STREAM_VERSION, n, t, r) + body
 
     def decode(self, buf: Any, out: Any = None) -> Any:
         data = memoryview(np.frombuffer(buf, np.uint8) if not isinstance(buf, (bytes, bytearray)) else buf)
         n, t, r = read_header(data)
         k = -(-t // 8)
-        body = np.frombuffer(Zstd().decode(data[_HEADER.size:]), np.uint8)
-        if body.size != n * r * 8 * k:
+        size = n * r * 8 * k
+        body = np.frombuffer(Zstd().decode(data[_HEADER.size:]) if size else b"", np.uint8)
+        if body.size != size:
             raise ValueError(f"{CODEC_ID}: corrupt stream ({body.size} bytes decoded, header says {n * r * 8 * k})")
         dec = from_pixel_major(body.reshape(n, r, 8, k), t)
         return dec if out is None else ndarray_copy(dec, out)
