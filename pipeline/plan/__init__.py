@@ -22,6 +22,7 @@ from pipeline.plan.conditions import ConditionTable, build_conditions, load_feat
 from pipeline.plan.pairing import LEVELS, ControlPools, MatchContext, make_pairs, make_sentences
 from pipeline.plan.splits import SPLIT_NAMES, assign_splits, source_rng
 from pipeline.scan import ScannedSource
+from pipeline.sources.obs_names import obs_name_columns
 
 __all__ = ["Park", "Plan", "ShardPlan", "make_plan", "source_key"]
 
@@ -116,6 +117,7 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
             fmt.SAMPLE_ID: cells.sample_id[g],
             fmt.PRIMARY: is_primary,
             fmt.COND_ID: cond.cond_id[g],
+            **obs_name_columns(src, cells.row[g]),
             **{fmt.OBS_PREFIX + f: cells.codes[f][g] for f in fields},
             fmt.PAIRS: lut[pr].reshape(-1, 2),
             fmt.SENTENCES_PERT: lut[spp].reshape(-1, size),

@@ -13,6 +13,8 @@ import numpy as np
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
+    from pipeline.sources.obs_names import ObsNames
+
 
 @dataclass(frozen=True)
 class Categorical:
@@ -31,6 +33,7 @@ class SourceMeta:
     row_nnz: np.ndarray  # int64 [n_rows]: stored entries per row (n_cols for dense matrices)
     obs: dict[str, Categorical]  # the requested columns that exist
     obsm: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # key -> (shape, dtype)
+    obs_names: ObsNames | None = None  # the cell barcodes (obs index), when the source has rows of cells
 
 
 class Source(ABC):

@@ -20,6 +20,7 @@ import numpy as np
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
 from pipeline.sources.base import Categorical, MatrixSource, SourceMeta, register_source
+from pipeline.sources.obs_names import read_obs_names
 from pipeline.sources.validate import CsrParts, validate_block, validate_dense, validate_indptr
 
 if TYPE_CHECKING:
@@ -301,7 +302,8 @@ class H5Source(MatrixSource):
                         self.path, f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}"
                     )
             obsm = self._obsm_info()
-        return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm)
+            names = read_obs_names(self._node("obs"), n_rows, self.path)
+        return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm, names)
 
     # --- rows -----------------------------------------------------------------------------------
     def _check_range(self, start: int, stop: int, n_rows: int) -> None:
