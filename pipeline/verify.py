@@ -135,6 +135,7 @@ def summary(root: str | Path) -> dict[str, Any]:
         "bytes": total_bytes, "raw_bytes": raw, "compression_ratio": round(raw / total_bytes, 3) if total_bytes else None,
         "skipped": index.stats.get("skipped", {}), "sources": len(index.sources),
         "details": kind.describe(index) if kind is not None else {},
+        "warnings": kind.warnings(index) if kind is not None else [],
     }
 
 
@@ -172,4 +173,5 @@ def format_summary(s: dict[str, Any]) -> str:
         from pipeline.kinds import get_kind
 
         lines += get_kind(s["kind"]).describe_lines(s["details"])
+    lines += [f"  warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)
