@@ -49,6 +49,7 @@ X = "X"
 COND_ID = "cond_id"  # int32: row of the condition table
 OBS_PREFIX = "obs/"  # obs/<field>: int32 codes into vocabularies[<field>]
 OBSM_PREFIX = "obsm/"  # obsm/<key>: dense float32 embeddings
+OBS_NAMES = "obs_names"  # ragged uint8: each record's cell barcode (the source's obs index), UTF-8
 PAIRS = "pairs"  # int32 [P, 2]: (control row, perturbed row), local to the shard
 SENTENCES_PERT = "sentences/pert"  # int32 [S, L]: local rows of one (cell_type, perturbation, batch) group
 SENTENCES_CTRL = "sentences/ctrl"  # int32 [S, L]: matched control rows
