@@ -15,6 +15,7 @@ from pipeline.manifest import Manifest, SourceSpec
 from pipeline.sources import Categorical, SourceMeta, open_source
 
 log = logging.getLogger(__name__)
+PROBE_ROWS = 256  # rows read at scan time to check a counts matrix (every row is checked again when packed)
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,11 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
                 hasher: Executor | None = None) -> ScannedSource:
     fields = manifest.config.fields
     columns = [fields.column(f) for f in fields.obs_fields]
-    with open_source(spec.type, spec.path, spec.matrix) as src:
+    counts = fields.values == "counts"
+    with open_source(spec.type, spec.path, spec.matrix, counts=counts) as src:
         meta = src.meta(columns, optional=columns)  # a missing column is reported below, with its manifest key
+        if counts and meta.n_rows:  # normalised data under values = "counts": fail now, before any output
+            src.read_rows(0, min(meta.n_rows, PROBE_ROWS))
         obs: dict[str, Categorical] = {}
         for logical, col in zip(fields.obs_fields, columns, strict=True):
             filled = None if col in meta.obs else src.fill_obs(logical, meta.n_rows)
