@@ -108,12 +108,20 @@ def get_backend(name: str, jobs: int, scheduler: str | None = None) -> Backend:
     cls = BACKENDS[name]
     if scheduler and not cls.remote:
         raise BackendError(f"--scheduler is for the dask and ray backends, not --backend {name}")
+    from pipeline.extras import MissingExtraError, require_backend
+
+    try:
+        require_backend(name)  # before the build writes anything to its output folder
+    except MissingExtraError as e:
+        raise BackendError(f"{e}, or use --backend threading") from None
     return cls(jobs, scheduler)
 
 
 def missing_extra(backend: str, e: ImportError) -> BackendError:
+    from pipeline.extras import install_command
+
     return BackendError(f"--backend {backend} needs the {backend!r} extra, which is not installed ({e}): "
-                        f"pip install 'shardsmith[{backend}]', or use --backend threading")
+                        f"{install_command(backend)} (in the shardsmith checkout), or use --backend threading")
 
 
 class _Joblib(Backend):
