@@ -34,6 +34,7 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
         index = fmt.read_index(root)
     except fmt.FormatError as e:
         return [str(e)]
+    problems += check_digest(index)
     kind = _kind(index)
     if kind is None:
         problems.append(f"{root}: kind {index.kind!r} is not registered here (its plug-in module is not imported): "
@@ -86,6 +87,19 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
         if index.primary_records is not None and ids.size != index.primary_records:
             problems.append(f"{root}: {ids.size} primary records, the plan placed {index.primary_records}")
     return problems
+
+
+def check_digest(index: fmt.Index) -> list[str]:
+    """The index's own content (vocabularies, var_names, conditions...) against the digest stored at build."""
+    path = fmt.index_path(index.root)
+    if index.raw.get("version") == 1:
+        return []  # written before digests existed
+    stored = index.raw.get("digest")
+    if not isinstance(stored, dict):
+        return [f"{path}: no content digest (edited, or written by an older shardsmith): rebuild the dataset"]
+    now = fmt.index_digest(index.raw)
+    return [f"{path}: {key!r} differs from the digest stored at build (edited after the build?)"
+            for key in fmt.DIGEST_KEYS if stored.get(key) != now[key]]
 
 
 def _read_tables(path: Path, index: fmt.Index, problems: list[str]) -> dict[str, np.ndarray]:

@@ -81,7 +81,7 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
             raise ManifestError(path, "fields.perturbation_features", f"file not found: {fpath}")
     fields = Fields(
         perturbation=fl.get("perturbation", str, "perturbation"),
-        control=fl.strings("control", ("control",)) or ("control",),
+        control=fl.strings("control", ("control",)) or (),
         cell_type=fl.get("cell_type", str, "cell_type"),
         batch=fl.get("batch", (str, type(None)), "batch") or None,
         covariates=fl.strings("covariates", ()) or (),
@@ -91,7 +91,9 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
         perturbation_features=Path(fpath) if features is not None else None,
     )
     if not fields.control:
-        raise ManifestError(path, "fields.control", "needs at least one control label")
+        raise ManifestError(path, "fields.control", 'needs at least one control label (the perturbation label of '
+                            'control cells, e.g. control = ["non-targeting"])')
+    _check_covariates(path, fields)
     pairing = Pairing(
         strategy=pr.get("strategy", str, "batch", STRATEGIES),
         max_pairs_per_condition=pr.get("max_pairs_per_condition", int, 500),
@@ -113,4 +115,24 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
             raise ManifestError(path, f"split.{key}", "must be in [0, 1)")
     if split.val_fraction + split.test_fraction >= 1.0:
         raise ManifestError(path, "split", "val_fraction + test_fraction must be < 1")
+    _check_held_out(path, split)
     return PerturbationConfig(fields, pairing, split)
+
+
+def _check_covariates(path: Path, fields: Fields) -> None:
+    """A covariate is an extra obs field: one named like a standard field (or twice) would be two condition
+    columns with one name."""
+    taken = {"perturbation", "cell_type", "batch"}  # "batch" even when unset: Fields.column maps it
+    for name in fields.covariates:
+        if name in taken:
+            raise ManifestError(path, "fields.covariates", f"{name!r} is already a field ({', '.join(sorted(taken))} "
+                                "and the covariates before it): list each extra obs column once, none of those")
+        taken.add(name)
+
+
+def _check_held_out(path: Path, split: Split) -> None:
+    """Explicit zero-shot lists: a cell type is held out for one split only (else test silently wins)."""
+    both = sorted(set(split.val_cell_types or ()) & set(split.test_cell_types or ()))
+    if both:
+        raise ManifestError(path, "split.test_cell_types", f"{both} also in split.val_cell_types: hold each cell "
+                            "type out for val or for test, not both")

@@ -66,7 +66,8 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         if members.size == 0:
             continue
         per_cell = _bytes_per_cell(src, cells.row[idx[members]], len(fields), obsm_width)
-        n_shards = max(1, int(np.ceil(members.size * per_cell / cap_bytes)))
+        # never more shards than cells: a tiny shard_size_mb must not plan empty shards (or millions of them)
+        n_shards = min(members.size, max(1, int(np.ceil(members.size * per_cell / cap_bytes))))
         perm = source_rng(seed, s, 10 + k).permutation(members.size)
         home[members[perm]] = len(parts) + np.arange(members.size) * n_shards // members.size
         parts.extend((k, p) for p in range(n_shards))

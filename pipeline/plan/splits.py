@@ -47,6 +47,10 @@ def held_out_cell_types(names: Sequence[str], manifest: Manifest) -> dict[str, i
         unknown = sorted(set(out) - set(names))
         if unknown:
             raise ManifestError(manifest.path, "split", f"held-out cell types {unknown} not in data ({list(names)})")
+        if not out or len(out) == len(names):
+            raise ManifestError(manifest.path, "split.val_cell_types/test_cell_types",
+                                f"hold out {len(out)} of the {len(names)} cell types {list(names)}: list at least "
+                                "one, and leave at least one for train")
         return out
     ranked = sorted(names, key=lambda n: stable_unit(manifest.seed, "zeroshot", n))
     n = len(ranked)
@@ -54,6 +58,10 @@ def held_out_cell_types(names: Sequence[str], manifest: Manifest) -> dict[str, i
     n_val = min(n - 1 - n_test, max(1 if sp.val_fraction > 0 else 0, round(sp.val_fraction * n)))
     if n < 2 or n_test + n_val == 0:
         raise ManifestError(manifest.path, "split.mode", f"zeroshot needs at least 2 cell types, data has {n}")
+    if sp.val_fraction > 0 and n_val == 0:  # asked for a val split that would silently be empty
+        raise ManifestError(manifest.path, "split.val_fraction",
+                            f"zeroshot over {n} cell types {list(names)} holds {n_test} out for test and keeps one "
+                            "for train: none is left for val; set val_fraction = 0 or name split.val_cell_types")
     return {**{c: TEST for c in ranked[:n_test]}, **{c: VAL for c in ranked[n_test:n_test + n_val]}}
 
 
