@@ -30,19 +30,9 @@ from torch.utils.data import DataLoader
 from loaders.dataset import ShardDataset
 from loaders.device import DeviceFeeder
 from loaders.resume import STATE_VERSION, check_state
+from loaders.watchdog import LoaderTimeout, WorkerWatch
 
-
-class LoaderTimeout(RuntimeError):
-    """A DataLoader worker sent no batch within the loader's ``timeout`` (stopped or stuck); workers were killed."""
-
-
-def _proc_state(pid: int) -> str:
-    """A process's state as /proc says it ("T" stopped, "D" uninterruptible, ...), or "?"."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "?"
+__all__ = ["LoaderTimeout", "ShardLoader"]
 
 
 class ShardLoader:
@@ -123,16 +113,17 @@ class ShardLoader:
         # default_convert walk and a profiler record per batch, ~10% of a batch's cost here)
         direct = self._loader.num_workers == 0 and not self._loader.pin_memory
         it = iter(self.dataset) if direct else iter(self._loader)
+        watch = WorkerWatch(it, self.timeout) if self._loader.num_workers > 0 and self.timeout > 0 else None
         try:
-            for batch in self._feeder(it):
+            for batch in self._feeder(it if watch is None else iter(watch)):
                 self._done += 1
                 yield batch
-        except RuntimeError as e:
-            if "DataLoader timed out" not in str(e):
+        except (RuntimeError, OSError, EOFError) as e:  # after a kill: SIGCHLD's RuntimeError, or EOF on a fetch
+            timeout = None if watch is None else watch.timed_out(e)
+            if timeout is None:
                 raise
-            workers = self._kill_workers(it)
-            raise LoaderTimeout(f"DataLoader worker(s) {', '.join(workers) or '?'} sent no batch within "
-                                f"timeout={self.timeout:g} s (pid (state): T = stopped); all workers were killed") from e
+            self._loader._iterator = None  # persistent workers are gone too: the next epoch starts new ones
+            raise timeout from e
         finally:
             # An error or an early ``break`` leaves torch's iterator in a reference cycle (via the
             # traceback); its workers would idle until the garbage collector and a 5 s join timeout
@@ -143,24 +134,6 @@ class ShardLoader:
             close = getattr(it, "close", None)  # the dataset's generator: stop its threads now
             if close is not None:
                 close()
-
-    def _kill_workers(self, it: Any) -> list[str]:
-        """SIGKILL this iterator's workers (a stopped one ignores anything else, and torch's own shutdown would
-        join it forever at exit); returns the stopped or stuck ones as "pid (state)"."""
-        late = []
-        for w in getattr(it, "_workers", []):
-            if w.is_alive():
-                state = _proc_state(w.pid)
-                if state in ("T", "t", "D"):
-                    late.append(f"{w.pid} ({state})")
-                w.kill()
-        for w in getattr(it, "_workers", []):
-            w.join(timeout=5)
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        self._loader._iterator = None  # persistent workers are gone too: the next epoch starts new ones
-        return late or [f"{w.pid} (?)" for w in getattr(it, "_workers", [])]
 
     def state_dict(self) -> dict[str, Any]:
         ds = self.dataset
