@@ -131,10 +131,25 @@ def summary(root: str | Path) -> dict[str, Any]:
         "name": index.name, "kind": index.kind, "encoding": index.encoding, "codec": index.codec or None,
         "samples": list(index.samples), "fields": [f.to_json() for f in index.fields], "tables": list(index.tables),
         "splits": splits, "vocabulary_sizes": {f: len(v) for f, v in index.vocabularies.items()},
+        "vocabularies": index.vocabularies,
         "bytes": total_bytes, "raw_bytes": raw, "compression_ratio": round(raw / total_bytes, 3) if total_bytes else None,
         "skipped": index.stats.get("skipped", {}), "sources": len(index.sources),
         "details": kind.describe(index) if kind is not None else {},
+        "warnings": kind.warnings(index) if kind is not None else [],
     }
+
+
+def _truncated(labels: list[str], n: int, width: int = 72) -> str:
+    """As many labels as fit in ``width`` characters, then how many more there are."""
+    shown: list[str] = []
+    used = 0
+    for label in labels:
+        if shown and used + len(label) + 2 > width:
+            break
+        shown.append(label)
+        used += len(label) + 2
+    rest = n - len(shown)
+    return ", ".join(shown) + (f", ... (+{rest} more)" if rest > 0 else "")
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -147,7 +162,9 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  {name:6} {v['shards']:6d} {v['records']:9d} "
                      + " ".join(f"{v['units'].get(n, 0):10d}" for n in samples) + f" {v['bytes'] / 1e6:8.2f}")
     if s["vocabulary_sizes"]:
-        lines.append(f"  vocabularies: {', '.join(f'{k}={v}' for k, v in s['vocabulary_sizes'].items())}")
+        lines.append("  vocabularies (code order; all of them: inspect --json):")
+        lines += [f"    {k} ({n}): {_truncated(s.get('vocabularies', {}).get(k, []), n)}"
+                  for k, n in s["vocabulary_sizes"].items()]
     lines.append(f"  bytes: {s['bytes'] / 1e6:.2f} MB stored, {s['raw_bytes'] / 1e6:.2f} MB raw "
                  f"(compression ratio {s['compression_ratio']})")
     if s["skipped"]:
@@ -156,4 +173,5 @@ def format_summary(s: dict[str, Any]) -> str:
         from pipeline.kinds import get_kind
 
         lines += get_kind(s["kind"]).describe_lines(s["details"])
+    lines += [f"  warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)
