@@ -82,7 +82,8 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
     assert {b["jobs"] for b in pipe["jobs"]} == {1}
     assert inc["files"] == 8 and _positive(inc["nochange"]["wall_s"])
 
-    assert len(res["targets"]) == 9
+    assert len(res["targets"]) == 11
+    assert res["loader"]["interleaved"]["results"], "the same-process interleaved run is missing"
     for t in res["targets"]:
         assert t["status"] in ("met", "missed", "not measured")
         assert t["value"] is None or t["value"] > 0, t
