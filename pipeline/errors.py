@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Exit codes of every `shardsmith` command, for schedulers (cron, Airflow, Slurm) that act on them:
+EXIT_OK = 0  # success, whether or not anything changed (a build's summary says "changed": true/false)
+EXIT_CRASH = 1  # an unexpected failure (a bug): the traceback is printed; `verify` also exits 1 on problems
+EXIT_BAD_INPUT = 2  # the manifest, a source or a dataset is wrong: the message names the file/key and the fix
+EXIT_LOCKED = 3  # another build holds the output folder's lock: retry later
+
+
 
 class ShardsmithError(Exception):
     """Base class: every user-facing failure of the pipeline."""

@@ -146,6 +146,11 @@ class Kind(ABC):
         """The human lines of ``inspect`` for :meth:`describe`'s output."""
         return [f"  {k}: {v}" for k, v in summary.items()]
 
+    def warnings(self, index: fmt.Index) -> list[str]:
+        """Weak spots of a built dataset, each a sentence with its count (build summary, ``inspect``, and the
+        ``warnings`` list of ``inspect --json``). Derived from ``index.stats``, so older indexes work too."""
+        return []
+
 
 KINDS: dict[str, Kind] = {}
 BUILTIN = ("pipeline.kinds.perturbation", "pipeline.kinds.spike", "pipeline.kinds.ct")
