@@ -42,6 +42,8 @@ from loaders.samples import get_sample_type
 from loaders.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
 from loaders.window import WindowReader
 
+Claim = tuple[dict[tuple[int, ...], list[Any]], tuple[int, ...], "list[Any] | None"]  # (live, shard ids, entry)
+
 
 def _dist_rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -198,12 +200,7 @@ class ShardDataset(IterableDataset):
         """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process holds one
         (the next epoch's first window while the last is served: with ``window >= n_shards`` every epoch
         is one window of the same shards, so the split is decoded once, not once per epoch), else decoded."""
-        key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
-        live = self._live()
-        with self._live_lock:
-            entry = live.get(key)
-            if entry is not None:
-                entry[1] += 1
+        live, key, entry = self.claim(epoch, w)
         if entry is not None:
             wu = order.window_units(self.counts, self.seed, epoch, self.window, w, self.shuffle)
             return self._view(live, key, entry, entry[0].order_of(*wu))
@@ -212,24 +209,30 @@ class ShardDataset(IterableDataset):
             live.setdefault(key, entry)  # a concurrent decode of the same shards keeps its own entry
         return self._view(live, key, entry, entry[0].order)
 
-    def _live(self) -> dict[tuple[int, ...], list[Any]]:
-        """This process's windows in use: shard ids -> [arena, views handed out]."""
+    def claim(self, epoch: int, w: int) -> Claim:
+        """Take a reference on the live window holding the shards of ``w`` (entry None: none is live)."""
+        key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
         if self._live_state is None or self._live_state[0] != os.getpid():
             self._live_state = (os.getpid(), {})
-        return self._live_state[1]
+        live = self._live_state[1]
+        with self._live_lock:
+            entry = live.get(key)
+            if entry is not None:
+                entry[1] += 1
+        return live, key, entry
+
+    def _unref(self, live: dict[tuple[int, ...], list[Any]], key: tuple[int, ...], entry: list[Any]) -> None:
+        with self._live_lock:
+            entry[1] -= 1
+            if entry[1]:
+                return
+            if live.get(key) is entry:
+                del live[key]
+        entry[0].release(self.buffers())
 
     def _view(self, live: dict[tuple[int, ...], list[Any]], key: tuple[int, ...], entry: list[Any],
               order_: np.ndarray) -> Arena:
-        def release() -> None:
-            with self._live_lock:
-                entry[1] -= 1
-                if entry[1]:
-                    return
-                if live.get(key) is entry:
-                    del live[key]
-            entry[0].release(self.buffers())
-
-        return entry[0].view(order_, release)
+        return entry[0].view(order_, lambda: self._unref(live, key, entry))
 
     def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:
@@ -308,8 +311,7 @@ class ShardDataset(IterableDataset):
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         w = self._plans(epoch, wstarts)(first[0])[1][0]
         with self._ahead_lock:
-            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w,
-                                                                            shard_pool))
+            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w, shard_pool))
         if old is not None:
             self._release(old[1])
 
@@ -358,9 +360,15 @@ class ShardDataset(IterableDataset):
                 arenas = {w: loaded[w].result() for w in wins}
                 yield finish(self.make_batch(arenas, segments, epoch), self.output)
         finally:
-            for fut in loaded.values():
-                self._release(fut)
+            # windows still held go back once the next epoch's first window is read (it may be a view of one
+            # of them: released first, it would be decoded again)
+            held, ahead = list(loaded.values()), self._ahead
             loaded.clear()
+            if ahead is not None and not ahead[1].done():
+                ahead[1].add_done_callback(lambda _f: [self._release(f) for f in held])
+            else:
+                for fut in held:
+                    self._release(fut)
 
     def make_batch(self, arenas: dict[int, Arena], segments: list[Segment], epoch: int | None = None) -> Payload:
         """The batch of the units at positions ``[lo, hi)`` of windows ``w`` for each ``(w, lo, hi)`` in

@@ -350,19 +350,19 @@ def test_window_of_the_whole_split_is_decoded_once(fx: Fixture, decode_process: 
     """window >= shards: every epoch is one window of the same shards; it is decoded once and re-ordered per
     epoch, with the same batches as decoding it every epoch."""
     def run(ds: ShardDataset) -> tuple[list[np.ndarray], int]:
-        calls = []
+        calls: list[int] = []
         decode = ds._decode_window
-        ds._decode_window = lambda *a, **k: calls.append(a[:2]) or decode(*a, **k)  # type: ignore[method-assign]
+        ds._decode_window = lambda *a, **k: calls.append(a[0]) or decode(*a, **k)  # type: ignore[method-assign]
         dl, ids = ShardLoader(ds), []
         for e in range(3):
             dl.set_epoch(e)
             ids += [np.concatenate([b["sample_id"].numpy() for b in dl])]
-        return ids, len(calls)
+        return ids, sum(e < 3 for e in calls)  # epoch 3's speculative decode may or may not find epoch 2's window
 
     kw = {"batch_size": 40, "seed": 3, "window": 100, "decode_process": decode_process}
     reused, decodes = run(ShardDataset(fx.root, **kw))  # type: ignore[arg-type]
     fresh, fresh_decodes = run(ShardDataset(fx.root, decode_ahead=False, **kw))  # type: ignore[arg-type]
-    assert decodes == 1 and fresh_decodes == 3
+    assert (decodes, fresh_decodes) == (1, 3)
     for a, b in zip(reused, fresh, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(reused[0], reused[1])  # still a new shuffle every epoch
