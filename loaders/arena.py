@@ -102,6 +102,7 @@ class Arena:
     on_release: Callable[[], None] | None = None  # set when the buffers are not the pool's (a decoder slab)
     narrow: dict[str, np.ndarray] = field(default_factory=dict)  # csr indptr in the indices' dtype (seal)
     stacks: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)  # see stacked()
+    skipped: list[list[Any]] = field(default_factory=list)  # [shard id, why] of shards skipped (order: -1)
 
     @staticmethod
     def allocate(shards: Sequence[int], rows: Sequence[int], entries: Mapping[str, Sequence[int]],
@@ -179,7 +180,10 @@ class Arena:
     def order_of(self, shard_idx: np.ndarray, local_idx: np.ndarray) -> np.ndarray:
         srt = np.argsort(self.shards)
         slot = srt[np.searchsorted(self.shards, shard_idx, sorter=srt)]
-        return self.unit_offsets[slot] + local_idx
+        got = self.unit_offsets[slot] + local_idx
+        if self.skipped:  # units of shards skipped (on_corrupt="skip"): -1, left out of their batches
+            got = np.where(np.isin(shard_idx, [int(s) for s, _ in self.skipped]), -1, got)
+        return got
 
     def view(self, order: np.ndarray, on_release: Callable[[], None]) -> Arena:
         """The same decoded rows in another order (a window of the same shards in another epoch): shares every

@@ -15,6 +15,7 @@ from pipeline.manifest import Manifest, SourceSpec
 from pipeline.sources import Categorical, SourceMeta, open_source
 
 log = logging.getLogger(__name__)
+PROBE_ROWS = 256  # rows read at scan time to check a counts matrix (every row is checked again when packed)
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,14 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
                 hasher: Executor | None = None) -> ScannedSource:
     fields = manifest.config.fields
     columns = [fields.column(f) for f in fields.obs_fields]
-    with open_source(spec.type, spec.path, spec.matrix) as src:
-        optional = [fields.column(f) for f in src.fillable_obs if f in fields.obs_fields]
-        meta = src.meta(columns, optional=optional)
+    counts = fields.values == "counts"
+    with open_source(spec.type, spec.path, spec.matrix, counts=counts) as src:
+        meta = src.meta(columns, optional=columns)  # a missing column is reported below, with its manifest key
+        if counts and meta.n_rows:  # normalised data under values = "counts": fail now, before any output
+            src.read_rows(0, min(meta.n_rows, PROBE_ROWS))
+        unset = [f for f in ("cell_type", "batch") if getattr(fields, f) is None]
+        if unset:
+            _hint_unset(spec.path, unset, src.obs_columns())
         obs: dict[str, Categorical] = {}
         for logical, col in zip(fields.obs_fields, columns, strict=True):
             filled = None if col in meta.obs else src.fill_obs(logical, meta.n_rows)
@@ -78,7 +84,7 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
             elif filled is not None:  # e.g. cell-load's cell type from the file stem (the source's rule)
                 obs[logical] = filled
             else:
-                raise SourceError(spec.path, f"missing obs column {col!r} (field {logical})")
+                raise SourceError(spec.path, missing_column(logical, col, src.obs_columns()))
     for key in fields.obsm:
         if key not in meta.obsm:
             raise SourceError(spec.path, f"missing obsm key {key!r} (has: {sorted(meta.obsm)})")
@@ -86,6 +92,32 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
         raise SourceError(spec.path, "has no cells")
     return ScannedSource(ordinal, spec, fingerprint(spec.path, cache) if hasher is None
                          else hasher.submit(fingerprint, spec.path, cache), meta, obs)
+
+
+LIKELY = {"cell_type": ("cell_type", "celltype", "cell_line"), "batch": ("batch", "gem_group", "gemgroup")}
+
+
+def _hint_unset(path: Path, unset: Sequence[str], available: Sequence[str]) -> None:
+    """`cell_type` and `batch` are optional (absent = none): say so when the file seems to have one."""
+    for field in unset:
+        found = [c for c in LIKELY[field] if c in available]
+        if found:
+            log.warning("%s: [fields] %s is not set, so the build ignores obs column %r; set %s = %r to use it",
+                        path, field, found[0], field, found[0])
+
+
+def missing_column(logical: str, column: str, available: Sequence[str]) -> str:
+    """The error for an obs column the manifest names and the file lacks: which key named it, what the file
+    has, and how to fix it."""
+    if logical in ("perturbation", "cell_type", "batch"):
+        key, fix = f"[fields] {logical} = {column!r}", f"set [fields] {logical} to one of the file's columns"
+        if logical != "perturbation":
+            fix += f', or leave {logical} out (or "") if the data has none'
+    else:
+        key = "listed in [fields] covariates or numeric_covariates"
+        fix = "remove it from that list or name a column the file has"
+    cols = ", ".join(available[:30]) or "none"
+    return f"missing obs column {column!r} ({key}); the file's obs columns: {cols}. Fix: {fix}"
 
 
 def scan(manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None = None,
@@ -98,8 +130,16 @@ def scan(manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None = 
 
 
 def check_consistent(scanned: Sequence[ScannedSource]) -> None:
-    """All sources must share one gene space (same names, same order) and the same obsm widths."""
+    """All sources must share one gene space (same names, same order) and the same obsm widths. A file
+    without gene names is combined with others only if its [[sources]] entry says `same_genes = true`:
+    made-up names (gene_0, ...) would match whatever order the columns are in."""
     first = scanned[0]
+    for s in scanned if len(scanned) > 1 else ():
+        if not getattr(s.meta, "named_genes", True) and s.spec.option("same_genes") is not True:
+            raise SourceError(s.spec.path, f"has no gene names (var index) and is combined with {len(scanned) - 1} "
+                              "other source(s): its columns may be other genes or another order. Write var names "
+                              "into the file, or set same_genes = true in its [[sources]] entry of the manifest "
+                              "if every source has the same genes in the same order")
     for s in scanned[1:]:
         if s.meta.n_cols != first.meta.n_cols or s.meta.var_names != first.meta.var_names:
             raise SourceError(s.spec.path, f"gene space differs from {first.spec.path.name} "

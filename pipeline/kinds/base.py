@@ -56,13 +56,15 @@ class ShardPlan:
 
 @dataclass
 class PackResult:
-    """What one pack task reports for one shard: its entry, records it skipped (reason -> count) and the
-    kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``)."""
+    """What one pack task reports for one shard: its entry, records it skipped (reason -> count), the
+    kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``) and counts of
+    values it changed to keep them exact (name -> count, summed into the index stats under that name)."""
 
     number: int
     entry: fmt.ShardEntry
     skipped: dict[str, int] = field(default_factory=dict)
     records: list[Any] | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # values made exact, e.g. duplicate entries summed
 
 
 @dataclass
@@ -103,6 +105,7 @@ class Kind(ABC):
     sections: ClassVar[tuple[str, ...]] = ()  # manifest tables this kind owns
     samples: ClassVar[tuple[str, ...]] = ()  # sample types its shards serve
     parked: ClassVar[tuple[str, ...]] = ()  # planned columns parked in spill files until their shard is packed
+    resumable: ClassVar[bool] = False  # a pack result is the index entry alone: finished shards can be adopted
 
     @abstractmethod
     def parse(self, path: Path, sections: Mapping[str, Any]) -> Any:

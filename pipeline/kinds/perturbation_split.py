@@ -74,6 +74,9 @@ class Split:
             out["controls"] = self.controls
         if self.combinations != "any":
             out["combinations"] = self.combinations
+        if self.fewshot is not None:
+            out["fewshot"] = {ct: {"val": list(e.val), "test": list(e.test), "val_fraction": e.val_fraction,
+                                   "test_fraction": e.test_fraction} for ct, e in sorted(self.fewshot.items())}
         if self.experiment is not None:
             out["cellload_toml"] = {"path": self.experiment.path.name, "sha256": self.experiment.sha256}
         return out
@@ -155,7 +158,7 @@ def parse_split(path: Path, data: Mapping[str, Any]) -> Split:
         raw = sp.get("fewshot", dict)
         fewshot = {ct: parse_fewshot_entry(path, f"split.fewshot.{ct}", v) for ct, v in raw.items()}
     split = Split(
-        mode=sp.get("mode", str, "random", SPLIT_MODES),
+        mode="cellload" if experiment is not None else sp.get("mode", str, "random", SPLIT_MODES),
         val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
         test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
         val_cell_types=sp.strings("val_cell_types", None),

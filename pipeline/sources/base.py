@@ -13,6 +13,8 @@ import numpy as np
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
+    from pipeline.sources.obs_names import ObsNames
+
 
 @dataclass(frozen=True)
 class Categorical:
@@ -31,6 +33,8 @@ class SourceMeta:
     row_nnz: np.ndarray  # int64 [n_rows]: stored entries per row (n_cols for dense matrices)
     obs: dict[str, Categorical]  # the requested columns that exist
     obsm: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # key -> (shape, dtype)
+    named_genes: bool = True  # False: the file has no var names and `var_names` were made up (gene_0, ...)
+    obs_names: ObsNames | None = None  # the cell barcodes (obs index), when the source has rows of cells
 
 
 class Source(ABC):
@@ -84,6 +88,10 @@ class MatrixSource(Source):
     def fill_obs(self, logical: str, n_rows: int) -> Categorical | None:
         """A value for a logical obs field the file lacks (one of ``fillable_obs``), else None."""
         return None
+
+    def obs_columns(self) -> list[str]:
+        """The file's obs column names (for errors that list what the manifest could name instead)."""
+        return []
 
     @abstractmethod
     def read_rows(self, start: int, stop: int) -> sp.csr_matrix:

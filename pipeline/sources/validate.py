@@ -70,6 +70,16 @@ def validate_indptr(indptr: np.ndarray, path: str | Path, row0: int, nnz: int | 
             )
 
 
+# Said after a counts violation: the manifest key that promised counts, and the two ways out.
+COUNTS_FIX = ('(manifest [fields] values = "counts" promises raw integer counts: for normalised, log or scaled data '
+              'set values = "any", or point [fields] matrix at the raw counts, e.g. "raw/X" or "layers/counts")')
+
+
+def _not_integer(data: np.ndarray) -> np.ndarray:
+    """Entries of a float array with a fractional part (log-normalised data in a counts matrix)."""
+    return np.trunc(data) != data
+
+
 def _check_values(data: np.ndarray, counts: bool) -> tuple[int, str] | None:
     """(first bad entry, problem) for non-finite or (counts) negative values, else None."""
     if data.dtype.kind == "f":
@@ -81,7 +91,12 @@ def _check_values(data: np.ndarray, counts: bool) -> tuple[int, str] | None:
         return 0, f"data has non-numeric dtype {data.dtype}"
     if counts and data.dtype.kind in "if" and data.size and data.min() < 0:
         at = _first(data < 0)
-        return at, f"negative value ({data[at]}) in a counts matrix"
+        return at, f"negative value ({data[at]}) in a counts matrix {COUNTS_FIX}"
+    if counts and data.dtype.kind == "f" and data.size:
+        frac = _not_integer(data)
+        if frac.any():
+            at = _first(frac)
+            return at, f"non-integer value ({data[at]}) in a counts matrix {COUNTS_FIX}"
     return None
 
 
@@ -109,9 +124,9 @@ def validate_block(
             path, f"row {row0}: indices length {indices.size} does not match data length {data.size} in this block"
         )
     validate_indptr(indptr, path, row0, nnz=data.size)
+    if indices.dtype.kind not in "iu":  # even when empty: such a file is malformed
+        raise SourceError(path, f"row {row0}: column indices have non-integer dtype {indices.dtype}")
     if indices.size:
-        if indices.dtype.kind not in "iu":
-            raise SourceError(path, f"row {row0}: column indices have non-integer dtype {indices.dtype}")
         lo, hi = indices.min(), indices.max()
         if lo < 0 or hi >= parts.n_cols:
             at = _first((indices < 0) | (indices >= parts.n_cols))
@@ -145,5 +160,62 @@ def validate_dense(block: np.ndarray, path: str | Path, row0: int, counts: bool,
         row = _first(negative.any(axis=1))
         col = _first(negative[row])
         raise SourceError(
-            path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col}"
+            path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col} {COUNTS_FIX}"
         )
+    if counts and block.dtype.kind == "f" and block.size:
+        frac = _not_integer(block)
+        if frac.any():
+            row = _first(frac.any(axis=1))
+            col = _first(frac[row])
+            raise SourceError(path, f"row {row0 + row}: non-integer value ({block[row, col]}) in a counts matrix at "
+                              f"column {col} {COUNTS_FIX}")
+
+
+FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32; 2**24 + 1 is not
+
+
+def check_float32_exact(values: np.ndarray, path: str | Path, row0: int, indptr: np.ndarray | None,
+                        counts: bool) -> None:
+    """Refuse values that float32 (the stored dtype of matrix values) would change: integers (from integer
+    sources, and from float sources declared as counts: `[fields] values = "counts"`) beyond +-2**24, which it
+    would round, and wider floats beyond float32's range, which would become inf. `indptr`: block-local row
+    pointers to name the row of an entry (None: `values` is a dense 2-D block)."""
+    values = np.asarray(values)
+    kind = values.dtype.kind
+    if values.size == 0 or kind not in "iuf" or (kind == "f" and values.dtype.itemsize <= 4 and not counts):
+        return
+    whole = kind in "iu" or counts
+    limit = float(FLOAT32_EXACT) if whole else float(np.finfo(np.float32).max)
+    mag = np.abs(values.astype(np.float64, copy=False))  # float64 holds every int < 2**53
+    big = (mag > limit) & (mag != np.inf)  # inf and NaN: reported as such by validate_block
+    if not big.any():
+        return
+    at = _first(big.ravel())
+    row = row0 + (at // values.shape[1] if indptr is None else _row_of(at, indptr))
+    if not whole:
+        raise SourceError(path, f"row {row}: value {values.ravel()[at]} is beyond float32's range (the stored "
+                          "dtype); rescale the matrix")
+    raise SourceError(path, f"row {row}: value {values.ravel()[at]} is beyond 2**24 = {FLOAT32_EXACT}, which the "
+                      "stored float32 values cannot hold exactly; rescale the matrix (e.g. normalise or log1p it, "
+                      'then set [fields] values = "any") or use a matrix without such counts ([fields] matrix)')
+
+
+def sum_duplicates(block: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray | None]:
+    """One canonical CSR: entries repeating a column within a row are summed (the CPU densify sums them, a
+    GPU scatter keeps the last, so leaving them makes the value depend on the path). Returns the block and
+    per-row counts of entries removed, or (block, None) when no row repeats a column (the common case costs
+    one pass; rows with unsorted but distinct columns are left as they are)."""
+    idx, ptr = block.indices, block.indptr
+    if idx.size < 2:
+        return block, None
+    step = np.diff(idx.astype(np.int64, copy=False))
+    inner = np.ones(step.size, bool)  # step i compares entries i and i+1: False where a row starts at i+1
+    starts = ptr[1:-1]
+    inner[(starts[(starts > 0) & (starts < idx.size)] - 1).astype(np.int64)] = False
+    if (step[inner] > 0).all():
+        return block, None
+    summed = block.copy()
+    summed.sum_duplicates()
+    if summed.nnz == block.nnz:
+        return block, None
+    return summed, np.diff(ptr).astype(np.int64) - np.diff(summed.indptr).astype(np.int64)

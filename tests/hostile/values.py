@@ -15,7 +15,31 @@ def _sub(old: str, new: str) -> tuple[str, str]:
 VALIDATE = "test_validation::test_manifest_value_is_refused"
 DIGEST = "test_validation::test_verify_catches_an_edited_index"
 
+EXACT = "test_exact_values::test_duplicate_columns_are_summed_once_at_build"
+BIG = "test_exact_values::test_values_float32_cannot_hold_are_refused"
+GENES = "test_exact_values::test_sources_without_gene_names"
+
 CASES = [
+    Case("dup-columns-in-memory", 5, "a CSR row repeats a column index (a small source, packed in memory)",
+         "summed at build: every shard row is canonical (sorted, one entry per column, equal to the source's "
+         "dense row); `stats.duplicate_entries_summed` counts them", EXACT, {"spill": False}),
+    Case("dup-columns-spilled", 5, "a CSR row repeats a column index (a source packed through spill files)",
+         "the same shards as in memory; the count travels through the spill files", EXACT, {"spill": True}),
+    Case("int-above-2p24", 5, "an integer matrix holding 2**24 + 1 (float32 would round it)",
+         "exit 2 naming the file, the row, the value and the fix (rescale, or another `[fields] matrix`)", BIG,
+         {"dtype": "int64", "value": 2**24 + 1, "refused": True}),
+    Case("int-at-2p24", 5, "an integer matrix holding 2**24 exactly", "stored exactly", BIG,
+         {"dtype": "int64", "value": 2**24, "refused": False}),
+    Case("float64-counts-above-2p24", 5, 'a float64 matrix declared `values = "counts"` holding 2**24 + 1',
+         "exit 2 naming the file, the row and the value", BIG, {"dtype": "float64", "value": 2**24 + 1,
+                                                                "refused": True}),
+    Case("unnamed-genes-combined", 5, "two H5-CSR files without gene names combined (columns maybe in other orders)",
+         "exit 2 naming the file and the fix (`same_genes = true` in its `[[sources]]` entry, or write var names); "
+         "was merged silently under invented names `gene_i`", GENES, {"files": 2, "same_genes": None}),
+    Case("unnamed-genes-declared-same", 5, "the same two files with `same_genes = true` in `[[sources]]`",
+         "built; the index's var_names are `gene_0`...", GENES, {"files": 2, "same_genes": True}),
+    Case("unnamed-genes-one-file", 5, "one H5-CSR file without gene names",
+         "built (nothing to mix up); var_names `gene_0`...", GENES, {"files": 1, "same_genes": None}),
     Case("control-empty", 8, "`control = []`",
          "exit 2: `[fields.control]` needs at least one control label (was silently `[\"control\"]`)", VALIDATE,
          (_sub('control = ["control", "non-targeting"]', "control = []"), "fields.control", "at least one")),
@@ -47,6 +71,9 @@ CASES = [
     Case("shard-size-1e-9", 8, "`shard_size_mb = 1e-9`",
          "exit 2 at once: `[dataset.shard_size_mb]` is not a number >= 0.0001 (was allocating until out of memory)",
          VALIDATE, (_sub("shard_size_mb = 0.05", "shard_size_mb = 1e-9"), "dataset.shard_size_mb", ">= 0.0001")),
+    Case("sentence-size-huge", 8, "`sentence_size = 10000000` (found by fuzzing)",
+         "exit 2: `[pairing.sentence_size]` is outside 1..8192 (was allocating gigabytes, then a MemoryError)",
+         VALIDATE, (_sub("sentence_size = 8", "sentence_size = 10000000"), "pairing.sentence_size", "1..8192")),
     Case("covariate-is-perturbation", 8, '`covariates = ["perturbation"]`',
          "exit 2: `[fields.covariates]` names the field it repeats (was a numpy traceback)", VALIDATE,
          (_sub('covariates = ["timepoint"]', 'covariates = ["perturbation"]'), "fields.covariates", "already a field")),
