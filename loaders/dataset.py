@@ -65,7 +65,7 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
                  densify: bool = True, rank: int | None = None, world_size: int | None = None,
                  decode_ahead: bool = True, batches_ahead: int | None = None, decode_threads: int | None = None,
-                 decode_process: bool | None = None, verify: bool = True, on_corrupt: str = "raise",
+                 decode_process: bool | None = None, verify: bool | str = True, on_corrupt: str = "raise",
                  decode_timeout: float = 30.0, **sample_options: Any) -> None:
         super().__init__()
         self.root = Path(root)
@@ -97,7 +97,10 @@ class ShardDataset(IterableDataset):
 
         # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is served;
         # on_corrupt="skip" drops a failing shard's units from their batches and counts it (skipped_shards)
-        self.verify, self.on_corrupt = bool(verify), check_on_corrupt(on_corrupt)
+        if verify not in (True, False, "always"):
+            raise ValueError(f"verify={verify!r}: expected True (hash each shard once per process, again whenever "
+                             "a file of it changes), 'always' (hash every read) or False (chunks counted only)")
+        self.verify, self.on_corrupt = verify, check_on_corrupt(on_corrupt)
         self.decode_timeout = float(decode_timeout)  # seconds the decoder process may stay silent
         self.reader = WindowReader.from_spec({"root": str(self.root), "split": split,
                                               "sample": self.sample_type.get_config(), "window": window,
