@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from loaders import format as fmt
-from pipeline import __version__
+from pipeline import __version__, generations
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
-from pipeline.kinds import KindPlan, PackResult, PlanContext, ShardPlan, get_kind
-from pipeline.manifest import load_manifest
-from pipeline.shardfile import make_durable
+from pipeline.kinds import Kind, KindPlan, PackResult, PlanContext, ShardPlan, get_kind
+from pipeline.manifest import Manifest, load_manifest
+from pipeline.shardfile import make_durable, shard_suffix
 from pipeline.writers import Codec
 
 if TYPE_CHECKING:
@@ -119,33 +119,28 @@ def _backend_context(backend: str, scheduler: str | None) -> Any:
     return None
 
 
-def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig) -> fmt.ConditionsRef:
-    """The condition table beside index.json, named by its content (so a rebuild with equal vectors reuses it)."""
-    from pipeline.shardfile import shard_suffix, write_columns
+def conditions_file(plan: KindPlan, cfg: PackConfig) -> str:
+    """The condition table's file name, from its content (so a rebuild with equal vectors reuses it)."""
+    from pipeline.shardfile import shard_suffix
 
     columns = plan.conditions or {}
     h = hashlib.sha256()
     for key in (fmt.CONDITION_VECTORS, fmt.CONDITION_CODES):  # same digest as of the bytes joined, no copies
         if key in columns:
             h.update(np.ascontiguousarray(columns[key]))
-    final = out / f"conditions-{h.hexdigest()[:16]}{shard_suffix(cfg)}"
+    return f"conditions-{h.hexdigest()[:16]}{shard_suffix(cfg)}"
+
+
+def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig, name: str) -> fmt.ConditionsRef:
+    """The condition table beside index.json, as ``name`` (`conditions_file`)."""
+    from pipeline.shardfile import write_columns
+
+    columns = plan.conditions or {}
+    final = out / name
     digest, stored = write_columns(columns, final, cfg)
     vectors = columns[fmt.CONDITION_VECTORS]
     return fmt.ConditionsRef(file=final.name, rows=int(vectors.shape[0]), dim=int(vectors.shape[1]), sha256=digest,
                              bytes=stored, segments=list(plan.condition_segments))
-
-
-def collect_garbage(out: Path, keep: Iterable[str]) -> int:
-    """After a commit: remove shards and condition tables the new index no longer references."""
-    keep = set(keep)
-    removed = 0
-    candidates = list((out / fmt.SHARDS_DIR).iterdir()) + list(out.glob("conditions-*"))
-    for p in candidates:
-        if p.name in keep:
-            continue
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        removed += 1
-    return removed
 
 
 def _source_doc(s: ScannedSource) -> dict[str, Any]:
@@ -159,12 +154,15 @@ def _source_doc(s: ScannedSource) -> dict[str, Any]:
 
 def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | None = None,
           backend: str = "threading", scheduler: str | None = None, progress: bool = True,
-          encoding: str | None = None) -> BuildResult:
+          encoding: str | None = None, wait: float = 0.0) -> BuildResult:
     """Build or incrementally rebuild OUT from a manifest, through the manifest's kind (pipeline.kinds).
 
     `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing, file I/O)
     runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s) and
-    hold its own copy of its tasks' plan."""
+    hold its own copy of its tasks' plan.
+
+    One writer per OUT (`pipeline.generations.writing`): another build holding it -> `LockHeldError` at once,
+    or after `wait` seconds; an OUT holding files that are not ours -> `OutputError`, nothing touched."""
     t0 = time.perf_counter()
     manifest = load_manifest(manifest_path)
     if encoding is not None and encoding != manifest.format:  # e.g. `--format tar` for a zarr manifest
@@ -174,19 +172,27 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
     jobs = jobs or os.cpu_count() or 1
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (expected one of {BACKENDS})")
+    with generations.writing(out, wait):
+        return _build_locked(t0, manifest, kind, out, jobs, backend, scheduler, progress)
+
+
+def _build_locked(t0: float, manifest: Manifest, kind: Kind, out: Path, jobs: int, backend: str,
+                  scheduler: str | None, progress: bool) -> BuildResult:
     prev = previous_index(out)
     saved = read_record(out) if prev is not None else {}
     if prev is not None and unchanged(manifest, kind, out, prev, saved):
         shards = [s.file for s in prev.shards]
+        generations.sweep(out, prev)  # leftovers of killed builds, an interrupted cleanup
         log.info("%s is up to date: %d shards, nothing to rebuild", out, len(shards))
         return BuildResult(out, prev.raw, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0})
+    generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
     from pipeline.pack import PackConfig, budget
 
     cache = {str(s["path"]): s for s in (prev.sources if prev is not None else [])}
     # with more than one job, new sources are hashed on a second thread while metadata is read and planned
     hasher = ThreadPoolExecutor(1, thread_name_prefix="hash") if jobs > 1 else None
     spill = out / f".spill-{os.getpid()}"
-    ctx = None
+    ctx = journal = None
     results: list[PackResult] = []
     try:
         scanned = kind.scan(manifest, cache, hasher)
@@ -211,13 +217,20 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
             todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         entries = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}
         ctx = _backend_context(backend, scheduler)
-        conditions = write_conditions(out, plan, cfg) if plan.conditions else None
+        cond_file = conditions_file(plan, cfg) if plan.conditions else None
+        suffix = shard_suffix(cfg)
+        journal = generations.write_journal(out, [f"{fmt.SHARDS_DIR}/{plan.shards[i].file}{suffix}" for i in todo]
+                                            + ([cond_file] if cond_file else []))
+        conditions = write_conditions(out, plan, cfg, cond_file) if cond_file else None
         read, pack = kind.pack_tasks(manifest, plan, scanned, todo, cfg)
         for r in _run(jobs, backend, read, "read sources", progress):
             results.extend(r)
         t_scatter = time.perf_counter()
         for r in _run(jobs, backend, pack, "pack shards", progress):
             results.extend(r)
+    except BaseException:
+        generations.abandon(out, prev, journal)
+        raise
     finally:
         shutil.rmtree(spill, ignore_errors=True)
         if hasher is not None:
@@ -241,9 +254,17 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
         sections={kind.name: section},
         primary_records=plan.primary_records if plan.primary_records is not None
         else int(sum(e.records for e in shard_entries)))
-    fmt.write_index(index)
-    save_inputs(out, manifest, kind, scanned, plan)
-    removed = collect_garbage(out, [e.file for e in shard_entries] + side)
+    index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))
+    try:
+        fmt.write_index(index)  # the commit
+    except BaseException:
+        generations.abandon(out, prev, journal)
+        raise
+    try:
+        save_inputs(out, manifest, kind, scanned, plan)
+    except OSError as e:  # a cache: the next build then plans everything
+        log.warning("%s: could not record the build's inputs (%s): the next build re-plans", out, e)
+    removed = generations.after_commit(out, index.retired)
     t_end = time.perf_counter()
     written = [shard_entries[i].file for i in todo]
     log.info("committed %s: %d shards (%d written, %d reused, %d stale removed)", out, len(shard_entries),
