@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-EXIT_OK = 0  # success, whether anything changed or not
-EXIT_CRASH = 1  # an unexpected failure (a traceback: a bug), or the environment failed (e.g. the disk is full)
-EXIT_BAD_INPUT = 2  # the message names the file, manifest key or folder, and the fix
-EXIT_LOCKED = 3  # another build (or gc) holds the lock on the output folder
+# Exit codes of every `shardsmith` command, for schedulers (cron, Airflow, Slurm) that act on them:
+EXIT_OK = 0  # success, whether or not anything changed (a build's summary says "changed": true/false)
+EXIT_CRASH = 1  # an unexpected failure (a bug): the traceback is printed; `verify` also exits 1 on problems;
+#                 also a build that the environment stopped (the disk is full: OutputError)
+EXIT_BAD_INPUT = 2  # the manifest, a source or a dataset is wrong: the message names the file/key and the fix
+EXIT_LOCKED = 3  # another build holds the output folder's lock: retry later
 
 
 class ShardsmithError(Exception):
