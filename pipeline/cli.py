@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loaders.format import FormatError
-from pipeline.errors import ShardsmithError
+from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,6 +26,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--scheduler", default=None, help="dask scheduler / ray cluster address")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.add_argument("--format", choices=["zarr", "tar"], default=None, help="override the manifest's [dataset] format")
+    b.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="if another build holds --out, wait up to SECONDS for it (default: fail at once, exit 3)")
+    g = sub.add_parser("gc", help="remove what no live generation of a dataset names (leftovers of killed builds)")
+    g.add_argument("dir", type=Path)
+    g.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait up to SECONDS for a running build")
+    g.add_argument("--drop-previous", action="store_true",
+                   help="also remove the previous generation's files (readers still on it must reopen)")
     v = sub.add_parser("verify", help="re-hash and check every shard; exit 0 iff the dataset is sound")
     v.add_argument("dir", type=Path)
     v.add_argument("--no-hash", action="store_true", help="skip content hashes (schema, counts, references only)")
@@ -46,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pipeline.verify import format_summary, summary
 
             res = build(args.manifest, args.out, args.jobs, args.backend, args.scheduler,
-                        progress=not args.no_progress, encoding=args.format)
+                        progress=not args.no_progress, encoding=args.format, wait=args.wait)
             print(f"built {res.out}: {len(res.written)} shards written, {len(res.reused)} reused "
                   f"in {res.seconds['total']:.1f}s")
             print(format_summary(summary(res.out)))
@@ -63,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             s = summary(args.dir)
             print(json.dumps(s, indent=1) if args.json else format_summary(s))
+        elif args.command == "gc":
+            from pipeline.gc import gc
+
+            removed = gc(args.dir, args.wait, args.drop_previous)
+            print(f"gc {args.dir}: {len(removed)} removed" + "".join(f"\n  {f}" for f in removed))
         elif args.command == "demo":
             from pipeline.demo import write_demo
 
@@ -70,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"wrote {path}")
     except (ShardsmithError, FormatError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return int(getattr(e, "exit_code", EXIT_BAD_INPUT))
     return 0
 
 
