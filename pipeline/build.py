@@ -185,6 +185,9 @@ def _build_locked(t0: float, manifest: Manifest, kind: Kind, out: Path, jobs: in
         generations.sweep(out, prev)  # leftovers of killed builds, an interrupted cleanup
         log.info("%s is up to date: %d shards, nothing to rebuild", out, len(shards))
         return BuildResult(out, prev.raw, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0})
+    if prev is not None and prev.name != manifest.name:
+        log.warning("%s holds dataset %r: this build of %r replaces it (its files go after two commits)", out,
+                    prev.name, manifest.name)
     generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
     from pipeline.pack import PackConfig, budget
 
