@@ -28,6 +28,8 @@ shards: $(STAMP)
 	  $(PY) -m pipeline build data_manifests/$$m.toml --out shards/$$m-$$f --format $$f --no-progress $(JOBSFLAG); \
 	  $(PY) -m pipeline verify shards/$$m-$$f; \
 	done; done
+	@echo "next: $(VENV)/bin/shardsmith inspect shards/demo-zarr (what a dataset holds), then read it in a trainer:"
+	@echo "      README.md 'Read it in a trainer' (ShardDataset(\"shards/demo-zarr\", split=\"train\", sample=\"cells\"))"
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -38,7 +40,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.run --full --out .
 
+# a smoke run (~2 min): small sizes check that every benchmark runs; only `make bench` judges the targets
 bench-quick: $(STAMP)
+	@echo "bench-quick: SMOKE RUN at small sizes (not the targets' scale; no met/missed verdicts): make bench judges the targets"
 	$(PY) -m benchmarks.run --quick --out bench_data/quick
 
 clean:

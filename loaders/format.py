@@ -321,7 +321,7 @@ class Index:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document for index.json (keys sorted on write, so equal inputs give equal bytes)."""
-        return {
+        doc = {
             "format": FORMAT_NAME, "version": INDEX_VERSION, "shard_version": SHARD_VERSION,
             "name": self.name, "kind": self.kind, "encoding": self.encoding,
             "fields": [f.to_json() for f in self.fields], "tables": list(self.tables),
@@ -334,6 +334,19 @@ class Index:
             "generation": self.generation, "previous": None if self.previous is None else self.previous.to_json(),
             "retired": list(self.retired),
         }
+        # digested as it will read back (tuples become lists, keys strings), so verify recomputes the same
+        return doc | {"digest": index_digest(json.loads(json.dumps({k: doc[k] for k in DIGEST_KEYS})))}
+
+
+# The index's own content, which no shard hash covers: labels of the codes, var_names (in the kind's section),
+# the condition table reference. A digest of each is stored at build; `verify` recomputes them.
+DIGEST_KEYS = ("conditions", "control_labels", "obs_fields", "sections", "vocabularies")
+
+
+def index_digest(doc: Mapping[str, Any]) -> dict[str, str]:
+    """sha256 per DIGEST_KEYS entry of an index document (as written, or as read back from JSON)."""
+    return {k: hashlib.sha256(json.dumps(doc.get(k), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+            for k in DIGEST_KEYS}
 
 
 def index_path(root: str | Path) -> Path:

@@ -305,4 +305,21 @@ def record_outcomes(plan: KindPlan, prev: fmt.Index | None, entries: list[fmt.Sh
         stats["skipped"], stats["skipped_by_shard"] = totals, skipped_by_shard
     if records:
         section["records"] = records
+    stats.update(_counts(entries, fresh, prev))
     return stats, section
+
+
+def _counts(entries: list[fmt.ShardEntry], fresh: dict[str, PackResult], prev: fmt.Index | None) -> dict[str, Any]:
+    """Totals of what pack tasks changed to keep values exact (e.g. ``duplicate_entries_summed``), with the
+    per-shard counts (``counts_by_shard``) that let a reused shard keep its share in later builds."""
+    old = (prev.stats.get("counts_by_shard") if prev is not None else None) or {}
+    by_shard = {e.file: dict(fresh[e.file].counts if e.file in fresh else old.get(e.file, {})) for e in entries}
+    by_shard = {f: c for f, c in by_shard.items() if c}
+    totals: dict[str, Any] = {}
+    for c in by_shard.values():
+        for name, n in c.items():
+            totals[name] = totals.get(name, 0) + int(n)
+    for name, n in totals.items():
+        log.warning("%s: %d in %d shard(s) (see index.json stats.counts_by_shard)", name.replace("_", " "), n,
+                    sum(name in c for c in by_shard.values()))
+    return {**totals, "counts_by_shard": by_shard} if by_shard else {}

@@ -1,89 +1,89 @@
-"""`shardsmith build|verify|inspect|demo` (also `python -m pipeline ...`)."""
+"""`shardsmith <command>` (also `python -m pipeline ...`): global options, logging, exit codes, and quiet
+exits on a closed pipe. The subcommands themselves live in :mod:`pipeline.commands` (a registry).
+
+Exit codes: those of :mod:`pipeline.errors` (0 ok, 1 crash, 2 bad input, 3 lock held; ``verify`` exits 1 when
+it finds problems), and 141 (the shell's status for SIGPIPE) when the reader of our output went away
+(`... | head`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from loaders.format import FormatError
+from pipeline.commands import COMMAND_MODULES, get_command
 from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
 
+DESCRIPTION = ("Build shard datasets from a manifest, check and inspect them. "
+               "Also `python -m pipeline ...`. Exit codes: 0 ok, 1 crash, 2 bad input, 3 lock held.")
+OUR_LOGGERS = ("pipeline", "loaders")  # -v turns these to DEBUG; libraries (numcodecs, zarr, ...) stay at WARNING
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardsmith", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build (or incrementally rebuild) a shard dataset from a manifest")
-    b.add_argument("manifest", type=Path)
-    b.add_argument("--out", type=Path, default=None, help="output folder (default: shards/<dataset name>)")
-    b.add_argument("--jobs", type=int, default=None, help="parallel tasks (default: all cores)")
-    b.add_argument("--backend", default="threading", choices=["threading", "loky", "dask", "ray"],
-                   help="threading (default: no worker start-up, one copy of the plan), loky processes, dask, ray")
-    b.add_argument("--scheduler", default=None, help="dask scheduler / ray cluster address")
-    b.add_argument("--no-progress", action="store_true", help="no progress bars")
-    b.add_argument("--format", choices=["zarr", "tar"], default=None, help="override the manifest's [dataset] format")
-    b.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                   help="if another build holds --out, wait up to SECONDS for it (default: fail at once, exit 3)")
-    g = sub.add_parser("gc", help="remove what no live generation of a dataset names (leftovers of killed builds)")
-    g.add_argument("dir", type=Path)
-    g.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait up to SECONDS for a running build")
-    g.add_argument("--drop-previous", action="store_true",
-                   help="also remove the previous generation's files (readers still on it must reopen)")
-    v = sub.add_parser("verify", help="re-hash and check every shard; exit 0 iff the dataset is sound")
-    v.add_argument("dir", type=Path)
-    v.add_argument("--no-hash", action="store_true", help="skip content hashes (schema, counts, references only)")
-    i = sub.add_parser("inspect", help="records per split, vocabularies, bytes, compression, pairing fallbacks")
-    i.add_argument("dir", type=Path)
-    i.add_argument("--json", action="store_true")
-    d = sub.add_parser("demo", help="write the small demo sources that data_manifests/demo.toml reads")
-    d.add_argument("dir", type=Path)
+
+def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """-v/-q on the main parser and on every subcommand, so they work before or after the command name.
+    On the subcommands the default is SUPPRESS: an absent flag there must not reset one given before."""
+    kw = {"default": argparse.SUPPRESS} if suppress else {"default": False}
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug messages from shardsmith's own modules (library debug logs stay off)", **kw)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="only warnings and errors on stderr; no progress bars", **kw)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardsmith", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="`shardsmith COMMAND --help` describes a command's arguments.")
+    _global_options(p, suppress=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+    for name in COMMAND_MODULES:
+        cmd = get_command(name)
+        c = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help)
+        cmd.configure(c)
+        _global_options(c, suppress=True)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
+def configure_logging(verbose: bool, quiet: bool) -> None:
+    """Our loggers at INFO (DEBUG with -v, WARNING with -q); everything else at WARNING, whatever -v says."""
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s" if verbose else "%(levelname)s %(message)s")
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+def _silence_stdout() -> None:
+    """The reader closed the pipe: point stdout at /dev/null so that the interpreter's final flush does not
+    print a second BrokenPipeError (the recipe of Python's `signal` documentation)."""
     try:
-        if args.command == "build":
-            from pipeline.build import build
-            from pipeline.verify import format_summary, summary
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (e.g. captured by a test)
+        pass
 
-            res = build(args.manifest, args.out, args.jobs, args.backend, args.scheduler,
-                        progress=not args.no_progress, encoding=args.format, wait=args.wait)
-            print(f"built {res.out}: {len(res.written)} shards written, {len(res.reused)} reused "
-                  f"in {res.seconds['total']:.1f}s")
-            print(format_summary(summary(res.out)))
-        elif args.command == "verify":
-            from pipeline.verify import verify
 
-            problems = verify(args.dir, check_hashes=not args.no_hash)
-            for msg in problems:
-                print(f"FAIL {msg}", file=sys.stderr)
-            print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
-            return 0 if not problems else 1
-        elif args.command == "inspect":
-            from pipeline.verify import format_summary, summary
-
-            s = summary(args.dir)
-            print(json.dumps(s, indent=1) if args.json else format_summary(s))
-        elif args.command == "gc":
-            from pipeline.gc import gc
-
-            removed = gc(args.dir, args.wait, args.drop_previous)
-            print(f"gc {args.dir}: {len(removed)} removed" + "".join(f"\n  {f}" for f in removed))
-        elif args.command == "demo":
-            from pipeline.demo import write_demo
-
-            for path in write_demo(args.dir):
-                print(f"wrote {path}")
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.verbose, args.quiet = bool(getattr(args, "verbose", False)), bool(getattr(args, "quiet", False))
+    if args.verbose and args.quiet:
+        print("error: -v and -q contradict each other", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    configure_logging(args.verbose, args.quiet)
+    try:
+        code = get_command(args.command).run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except (ShardsmithError, FormatError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return int(getattr(e, "exit_code", EXIT_BAD_INPUT))
-    return 0
+        return int(getattr(e, "exit_code", EXIT_BAD_INPUT))  # e.g. 3 for a held lock
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import importlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,12 @@ from typing import Any
 import tomllib
 
 from pipeline.errors import ManifestError
-from pipeline.writers.base import CODECS
+from pipeline.writers.base import CODECS, LEVELS
 
 FORMATS = ("zarr", "tar")
+# A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a typo
+# (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
+MIN_SHARD_MB = 1e-4
 DATASET_KEYS = {"name", "kind", "format", "seed", "shard_size_mb", "codec", "codec_level", "block_rows", "plugins"}
 
 
@@ -125,16 +129,24 @@ def load_manifest(path: str | Path) -> Manifest:
     sources = _parse_sources(path, ds.get("kind", str, "perturbation"), Table(path, "manifest", raw, set(raw))
                              .get("sources", list, []), kind.source_defaults(config))
     shard_mb = float(ds.get("shard_size_mb", (int, float), 64))
-    if shard_mb <= 0:
-        raise ManifestError(path, "dataset.shard_size_mb", "must be > 0")
+    if not (math.isfinite(shard_mb) and shard_mb >= MIN_SHARD_MB):
+        raise ManifestError(path, "dataset.shard_size_mb", f"{shard_mb!r} is not a number >= {MIN_SHARD_MB} "
+                            "(MB of payload per shard; 64 is a good default)")
     block_rows = ds.get("block_rows", int, 16384)
     if block_rows < 1:
         raise ManifestError(path, "dataset.block_rows", "must be >= 1")
+    seed = ds.get("seed", int, 0)
+    if seed < 0:
+        raise ManifestError(path, "dataset.seed", f"{seed} is negative: a seed is an integer >= 0")
+    codec = ds.get("codec", str, "blosc-lz4", CODECS)
+    level, levels = ds.get("codec_level", int, 5), LEVELS[codec]
+    if level not in levels:
+        raise ManifestError(path, "dataset.codec_level", f"{level} is outside {levels.start}..{levels.stop - 1}, "
+                            f"the levels of codec {codec!r}")
     return Manifest(
         path=path, name=ds.get("name", str), kind=kind_name, format=ds.get("format", str, "zarr", FORMATS),
-        seed=ds.get("seed", int, 0), shard_size_mb=shard_mb, codec=ds.get("codec", str, "blosc-lz4", CODECS),
-        codec_level=ds.get("codec_level", int, 5), block_rows=block_rows, sources=sources, config=config,
-        plugins=tuple(plugins), sha256=hashlib.sha256(data).hexdigest(), raw=raw)
+        seed=seed, shard_size_mb=shard_mb, codec=codec, codec_level=level, block_rows=block_rows, sources=sources,
+        config=config, plugins=tuple(plugins), sha256=hashlib.sha256(data).hexdigest(), raw=raw)
 
 
 def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, Any]) -> tuple[SourceSpec, ...]:

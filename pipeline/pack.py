@@ -32,7 +32,8 @@ from pipeline.kinds.base import PackResult, ShardPlan
 from pipeline.manifest import SourceSpec
 from pipeline.scan import ScannedSource
 from pipeline.shardfile import finish_shard
-from pipeline.sources import open_source
+from pipeline.sources import open_source, validate_block
+from pipeline.sources.validate import sum_duplicates
 from pipeline.spill import (
     ENTRY_ARRAYS,
     OBSM,
@@ -47,6 +48,8 @@ from pipeline.spill import (
 )
 from pipeline.writers import Codec
 
+SUMMED = "summed"  # int64 per delivered piece: duplicate entries summed away in its rows
+DUPLICATES_SUMMED = "duplicate_entries_summed"  # the index stat (pipeline.build.record_outcomes)
 FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
 SCATTER_BYTES = 64 << 20  # raw bytes of a source read by one scatter task
 
@@ -114,6 +117,9 @@ def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarra
             if lo == hi:
                 continue
             block = src.read_rows(b, e)  # validated by the source: structure, NaN/inf, negative counts
+            block, summed = sum_duplicates(block)  # one canonical CSR for every reader (counted per shard)
+            if summed is not None:
+                validate_block(block, spec.path, b, cfg.counts)  # a sum can overflow float32
             embeds = {k: src.read_obsm(k, b, e) for k in cfg.obsm}
             for k, a in embeds.items():
                 if not np.isfinite(a).all():
@@ -136,6 +142,8 @@ def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarra
                 seg = {"data": out_d, "indices": out_i.astype(np.int32, copy=False), "lengths": lengths,
                        "pos": ps[u:v], RANGE: np.array([out_i.min(), out_i.max()] if n else [], np.int64),
                        **{f"{OBSM}{k}": a[sel] for k, a in embeds.items()}}
+                if summed is not None:
+                    seg[SUMMED] = np.array([summed[sel].sum()], np.int64)
                 yield int(sh[u]), seg
 
 
@@ -144,11 +152,13 @@ def pack_source(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, Sh
     """Read a source whose planned rows fit in memory and pack all its shards: no spill files."""
     pieces: dict[int, list[Piece]] = {t.number: [] for t, _ in shards}
     ranges: dict[int, list[np.ndarray]] = {t.number: [] for t, _ in shards}
+    summed = dict.fromkeys(pieces, 0)
     for number, seg in _segments(spec, n_rows, route([t for t, _ in shards]), 0, n_rows, cfg):
         pieces[number].append(memory_piece(seg))
         ranges[number].append(seg[RANGE])
-    return [write_shard(t.number, plan, pieces.pop(t.number), cfg, np.concatenate(ranges.pop(t.number)))
-            for t, plan in shards]
+        summed[number] += int(seg[SUMMED].sum()) if SUMMED in seg else 0
+    return [write_shard(t.number, plan, pieces.pop(t.number), cfg, np.concatenate(ranges.pop(t.number)),
+                        summed[t.number]) for t, plan in shards]
 
 
 def scatter_range(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
@@ -177,15 +187,18 @@ def _spill_file(spill: Path, number: int, task: int, name: str) -> Path:
 
 def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> PackResult:
     """Pack a shard from the spill files its source's scatter tasks wrote (in task order)."""
-    names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, *(f"{OBSM}{k}" for k in cfg.obsm)]
+    names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, SUMMED, *(f"{OBSM}{k}" for k in cfg.obsm)]
     pieces: list[Piece] = []
     ranges = [np.zeros(0, np.int64)]
+    summed = 0
     for task in range(tasks):
         files = {name: _spill_file(cfg.spill, t.number, task, name) for name in names}
         if files["pos"].exists():
             pieces += file_pieces(files, cfg.obsm_widths)
             ranges.append(np.fromfile(files[RANGE], np.int64))
-    return write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges))
+        if files[SUMMED].exists():  # written only by segments whose rows repeated a column
+            summed += int(np.fromfile(files[SUMMED], np.int64).sum())
+    return write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
 
 
 def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], todo: Sequence[int],
@@ -235,8 +248,9 @@ def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[Pack
 
 
 def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackConfig,
-                index_ranges: np.ndarray) -> PackResult:
-    """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from pieces."""
+                index_ranges: np.ndarray, summed: int = 0) -> PackResult:
+    """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from pieces.
+    `summed`: duplicate entries its rows had in the source, summed away (reported in the index stats)."""
     try:
         import numcodecs.blosc
 
@@ -246,4 +260,5 @@ def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackCon
     matrix = ShardRows(pieces, shard.n, cfg.fields[0].shape[0], cfg.obsm_widths, f"shard {number} ({shard.file})",
                        index_ranges)
     planned = {k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v for k, v in shard.columns.items()}
-    return PackResult(number, finish_shard({**planned, **matrix.columns()}, shard, cfg))
+    return PackResult(number, finish_shard({**planned, **matrix.columns()}, shard, cfg),
+                      counts={DUPLICATES_SUMMED: summed} if summed else {})

@@ -98,8 +98,16 @@ def scan(manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None = 
 
 
 def check_consistent(scanned: Sequence[ScannedSource]) -> None:
-    """All sources must share one gene space (same names, same order) and the same obsm widths."""
+    """All sources must share one gene space (same names, same order) and the same obsm widths. A file
+    without gene names is combined with others only if its [[sources]] entry says `same_genes = true`:
+    made-up names (gene_0, ...) would match whatever order the columns are in."""
     first = scanned[0]
+    for s in scanned if len(scanned) > 1 else ():
+        if not getattr(s.meta, "named_genes", True) and s.spec.option("same_genes") is not True:
+            raise SourceError(s.spec.path, f"has no gene names (var index) and is combined with {len(scanned) - 1} "
+                              "other source(s): its columns may be other genes or another order. Write var names "
+                              "into the file, or set same_genes = true in its [[sources]] entry of the manifest "
+                              "if every source has the same genes in the same order")
     for s in scanned[1:]:
         if s.meta.n_cols != first.meta.n_cols or s.meta.var_names != first.meta.var_names:
             raise SourceError(s.spec.path, f"gene space differs from {first.spec.path.name} "

@@ -34,6 +34,7 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
         index = fmt.read_index(root)
     except fmt.FormatError as e:
         return [str(e)]
+    problems += check_digest(index)
     kind = _kind(index)
     if kind is None:
         problems.append(f"{root}: kind {index.kind!r} is not registered here (its plug-in module is not imported): "
@@ -88,6 +89,19 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
     return problems
 
 
+def check_digest(index: fmt.Index) -> list[str]:
+    """The index's own content (vocabularies, var_names, conditions...) against the digest stored at build."""
+    path = fmt.index_path(index.root)
+    if index.raw.get("version") == 1:
+        return []  # written before digests existed
+    stored = index.raw.get("digest")
+    if not isinstance(stored, dict):
+        return [f"{path}: no content digest (edited, or written by an older shardsmith): rebuild the dataset"]
+    now = fmt.index_digest(index.raw)
+    return [f"{path}: {key!r} differs from the digest stored at build (edited after the build?)"
+            for key in fmt.DIGEST_KEYS if stored.get(key) != now[key]]
+
+
 def _read_tables(path: Path, index: fmt.Index, problems: list[str]) -> dict[str, np.ndarray]:
     """The declared tables one by one: a missing one is a listed problem, the others are still checked."""
     out = {}
@@ -117,10 +131,25 @@ def summary(root: str | Path) -> dict[str, Any]:
         "name": index.name, "kind": index.kind, "encoding": index.encoding, "codec": index.codec or None,
         "samples": list(index.samples), "fields": [f.to_json() for f in index.fields], "tables": list(index.tables),
         "splits": splits, "vocabulary_sizes": {f: len(v) for f, v in index.vocabularies.items()},
+        "vocabularies": index.vocabularies,
         "bytes": total_bytes, "raw_bytes": raw, "compression_ratio": round(raw / total_bytes, 3) if total_bytes else None,
         "skipped": index.stats.get("skipped", {}), "sources": len(index.sources),
         "details": kind.describe(index) if kind is not None else {},
+        "warnings": kind.warnings(index) if kind is not None else [],
     }
+
+
+def _truncated(labels: list[str], n: int, width: int = 72) -> str:
+    """As many labels as fit in ``width`` characters, then how many more there are."""
+    shown: list[str] = []
+    used = 0
+    for label in labels:
+        if shown and used + len(label) + 2 > width:
+            break
+        shown.append(label)
+        used += len(label) + 2
+    rest = n - len(shown)
+    return ", ".join(shown) + (f", ... (+{rest} more)" if rest > 0 else "")
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -133,7 +162,9 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  {name:6} {v['shards']:6d} {v['records']:9d} "
                      + " ".join(f"{v['units'].get(n, 0):10d}" for n in samples) + f" {v['bytes'] / 1e6:8.2f}")
     if s["vocabulary_sizes"]:
-        lines.append(f"  vocabularies: {', '.join(f'{k}={v}' for k, v in s['vocabulary_sizes'].items())}")
+        lines.append("  vocabularies (code order; all of them: inspect --json):")
+        lines += [f"    {k} ({n}): {_truncated(s.get('vocabularies', {}).get(k, []), n)}"
+                  for k, n in s["vocabulary_sizes"].items()]
     lines.append(f"  bytes: {s['bytes'] / 1e6:.2f} MB stored, {s['raw_bytes'] / 1e6:.2f} MB raw "
                  f"(compression ratio {s['compression_ratio']})")
     if s["skipped"]:
@@ -142,4 +173,5 @@ def format_summary(s: dict[str, Any]) -> str:
         from pipeline.kinds import get_kind
 
         lines += get_kind(s["kind"]).describe_lines(s["details"])
+    lines += [f"  warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)

@@ -84,7 +84,8 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
 
     assert len(res["targets"]) == 9
     for t in res["targets"]:
-        assert t["status"] in ("met", "missed", "not measured")
+        assert t["status"] in ("smoke", "not measured"), t  # quick sizes: figures, no met/missed verdict
+        assert "missed" not in t.get("by", "")
         assert t["value"] is None or t["value"] > 0, t
     assert res["gpu"]["status"]
 
@@ -94,6 +95,7 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
     assert res["ct"]["loader"]["shardsmith"]["volumes_per_s"] > 0
 
     md = (out / "BENCHMARKS.md").read_text()
+    assert "smoke run" in md.lower() and "**missed" not in md.split("## Loader")[0]
     for heading in ("## Machine", "## Data", "## Targets", "## Loader", "## Pipeline", "## GPU", "## Spike", "## CT"):
         assert heading in md
     assert res["plots"], "no plot written"

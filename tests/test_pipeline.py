@@ -158,7 +158,8 @@ def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path) -> None:
 
 def test_zeroshot_cell_types_never_reach_train(tmp_path: Path) -> None:
     make_sources(tmp_path, n=2, cells=400)
-    manifest = write_manifest(tmp_path / "m.toml", split="zeroshot")
+    manifest = write_manifest(tmp_path / "m.toml", split="zeroshot")  # two cell types: one for train, one for test
+    manifest.write_text(manifest.read_text().replace("val_fraction = 0.1", "val_fraction = 0.0"))
     build(manifest, tmp_path / "out", jobs=1, progress=False)
     index, shards = read_all(tmp_path / "out")
     by_split: dict[str, set[str]] = {}

@@ -56,13 +56,15 @@ class ShardPlan:
 
 @dataclass
 class PackResult:
-    """What one pack task reports for one shard: its entry, records it skipped (reason -> count) and the
-    kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``)."""
+    """What one pack task reports for one shard: its entry, records it skipped (reason -> count), the
+    kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``) and counts of
+    values it changed to keep them exact (name -> count, summed into the index stats under that name)."""
 
     number: int
     entry: fmt.ShardEntry
     skipped: dict[str, int] = field(default_factory=dict)
     records: list[Any] | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # values made exact, e.g. duplicate entries summed
 
 
 @dataclass
@@ -145,6 +147,11 @@ class Kind(ABC):
     def describe_lines(self, summary: Mapping[str, Any]) -> list[str]:
         """The human lines of ``inspect`` for :meth:`describe`'s output."""
         return [f"  {k}: {v}" for k, v in summary.items()]
+
+    def warnings(self, index: fmt.Index) -> list[str]:
+        """Weak spots of a built dataset, each a sentence with its count (build summary, ``inspect``, and the
+        ``warnings`` list of ``inspect --json``). Derived from ``index.stats``, so older indexes work too."""
+        return []
 
 
 KINDS: dict[str, Kind] = {}

@@ -42,7 +42,8 @@ class PerturbationKind(Kind):
 
     def input_files(self, manifest: Manifest) -> list[Path]:
         features = manifest.config.fields.perturbation_features
-        return [features] if features is not None else []
+        experiment = manifest.config.split.experiment
+        return ([features] if features is not None else []) + ([experiment.path] if experiment is not None else [])
 
     def scan(self, manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None,
              hasher: Executor | None) -> list[ScannedSource]:
@@ -65,8 +66,7 @@ class PerturbationKind(Kind):
             control_labels=[c for c in cfg.fields.control if c in vocab["perturbation"]],
             section={"pairing": {"strategy": cfg.pairing.strategy, "sentence_size": cfg.pairing.sentence_size,
                                  "max_pairs_per_condition": cfg.pairing.max_pairs_per_condition},
-                     "split": {"mode": cfg.split.mode, "val_fraction": cfg.split.val_fraction,
-                               "test_fraction": cfg.split.test_fraction},
+                     "split": cfg.split.index_section(),
                      "var_names": list(scanned[0].meta.var_names)},
             stats={**plan.stats, "source_rows": int(sum(s.meta.n_rows for s in scanned)), "cells": len(plan.cells)},
             primary_records=len(plan.cells), source_keys=plan.source_keys, source_stats=plan.source_stats)
@@ -113,6 +113,10 @@ class PerturbationKind(Kind):
                 "pairing": stats.get("pairing", {}), "dropped": stats.get("dropped", {}),
                 "source_rows": stats.get("source_rows")}
 
+    def warnings(self, index: fmt.Index) -> list[str]:
+        size = index.sections.get(self.name, {}).get("pairing", {}).get("sentence_size")
+        return plan_warnings(index.stats, size)
+
     def describe_lines(self, summary: Mapping[str, Any]) -> list[str]:
         lines = [f"  genes: {summary.get('genes')}, conditions: {summary.get('conditions')}, "
                  f"source rows: {summary.get('source_rows')}"]
@@ -120,3 +124,31 @@ class PerturbationKind(Kind):
         if summary.get("dropped"):
             lines.append("  dropped: " + ", ".join(f"{k}={v}" for k, v in summary["dropped"].items()))
         return lines
+
+
+def _fallbacks(counts: Mapping[str, Any], prefix: str) -> tuple[int, int, str]:
+    """(beyond exact, total, "level=n, ...") for the pairs_* or sentence_slots_* counts."""
+    levels = {k.removeprefix(prefix): int(v) for k, v in counts.items() if k.startswith(prefix)}
+    beyond = {k: v for k, v in levels.items() if k != "exact" and v}
+    return sum(beyond.values()), sum(levels.values()), ", ".join(f"{k}={v}" for k, v in beyond.items())
+
+
+def plan_warnings(stats: Mapping[str, Any], sentence_size: int | None) -> list[str]:
+    """The counted weak spots of a perturbation build: controls matched beyond the requested level, splits
+    with cells but no pairs or sentences, perturbation groups shorter than a sentence."""
+    out = []
+    pairing, checks = stats.get("pairing", {}), stats.get("checks", {})
+    for prefix, what in (("pairs_", "pairs"), ("sentence_slots_", "sentence slots")):
+        beyond, total, detail = _fallbacks(pairing, prefix)
+        if beyond:
+            out.append(f"{beyond} of {total} {what} took a control beyond the exact level ({detail}): "
+                       "see docs/PIPELINE.md, Matching")
+    for split, cells in stats.get("cells_per_split", {}).items():
+        for what in ("pairs", "sentences"):
+            if cells and f"{what}_{split}" in checks and not checks[f"{what}_{split}"]:
+                out.append(f"split {split!r} has {cells} cells but no {what} (only controls, or no perturbed cells)")
+    short, groups = checks.get("short_perturbation_groups", 0), checks.get("perturbation_groups", 0)
+    if short:
+        out.append(f"{short} of {groups} perturbations (per source, split and cell type) have fewer cells than "
+                   f"sentence_size = {sentence_size}: their sentences repeat cells")
+    return out

@@ -18,9 +18,9 @@ from loaders import format as fmt
 from pipeline.kinds.base import ShardPlan
 from pipeline.manifest import Manifest
 from pipeline.plan.cells import CellTable, build_cell_table
-from pipeline.plan.conditions import ConditionTable, build_conditions, load_features
-from pipeline.plan.pairing import LEVELS, ControlPools, MatchContext, make_pairs, make_sentences
-from pipeline.plan.splits import SPLIT_NAMES, assign_splits, source_rng
+from pipeline.plan.conditions import ConditionTable, VectorOptions, build_conditions, load_features, split_combinations
+from pipeline.plan.pairing import LEVELS, ControlPools, MatchContext, combine, make_pairs, make_sentences
+from pipeline.plan.splits import DROPPED, SPLIT_NAMES, assign_splits, control_split, source_rng
 from pipeline.scan import ScannedSource
 
 __all__ = ["Park", "Plan", "ShardPlan", "make_plan", "source_key"]
@@ -51,9 +51,11 @@ def _slices(owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: np.ndarray, split: np.ndarray,
-                cond: ConditionTable, park: Park | None = None) -> tuple[list[ShardPlan], dict[str, int]]:
+                cond: ConditionTable, park: Park | None = None,
+                pool_split: np.ndarray | None = None) -> tuple[list[ShardPlan], dict[str, int]]:
     """Shards, pairs and sentences of one source; `idx` are its rows in the cell table. Each shard is keyed
-    and handed to `park` as soon as it is planned (see make_plan)."""
+    and handed to `park` as soon as it is planned (see make_plan). `pool_split`: see splits.control_split.
+    Stats: pairing levels, plus "check_*" counts that feed the build's warnings (pipeline.plan.checks)."""
     seed, s = manifest.seed, src.ordinal
     fields = manifest.config.fields.obs_fields
     obsm_width = sum(int(np.prod(src.meta.obsm[k][0][1:])) for k in manifest.config.fields.obsm)
@@ -66,20 +68,23 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         if members.size == 0:
             continue
         per_cell = _bytes_per_cell(src, cells.row[idx[members]], len(fields), obsm_width)
-        n_shards = max(1, int(np.ceil(members.size * per_cell / cap_bytes)))
+        # never more shards than cells: a tiny shard_size_mb must not plan empty shards (or millions of them)
+        n_shards = min(members.size, max(1, int(np.ceil(members.size * per_cell / cap_bytes))))
         perm = source_rng(seed, s, 10 + k).permutation(members.size)
         home[members[perm]] = len(parts) + np.arange(members.size) * n_shards // members.size
         parts.extend((k, p) for p in range(n_shards))
 
     codes = {f: cells.codes[f][idx] for f in fields}
     batch = codes["batch"] if "batch" in codes else np.zeros(idx.size, np.int32)
-    ctx = MatchContext(home, sp, codes["cell_type"],
+    cell_type = codes["cell_type"] if "cell_type" in codes else np.zeros(idx.size, np.int32)
+    ctx = MatchContext(home, sp, cell_type,
                        batch if manifest.config.pairing.strategy == "batch" else np.zeros_like(batch),
-                       cells.is_control[idx])
+                       cells.is_control[idx], None if pool_split is None else pool_split[idx])
     pools = ControlPools(ctx)
     pairs, pair_level = make_pairs(ctx, cond.cond_id[idx], manifest.config.pairing.max_pairs_per_condition,
                                    source_rng(seed, s, 20), pools)
     stats = {f"pairs_{lv}": int((pair_level == i).sum()) for i, lv in enumerate(LEVELS)}
+    stats.update(group_checks(ctx, codes["perturbation"], pairs, manifest.config.pairing.sentence_size))
     slot_levels = np.zeros(len(LEVELS), np.int64)
     size = manifest.config.pairing.sentence_size
     # One stable sort per table instead of a mask over every cell per shard (quadratic in shards): each
@@ -99,6 +104,7 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         spp, sc, level = make_sentences(ctx, codes["perturbation"], batch, size, source_rng(seed, s, 2000 + local),
                                         cells=primary[~ctx.is_control[primary]], pools=pools)
         slot_levels += np.bincount(level[:, 0], minlength=len(LEVELS)) * size
+        stats[f"check_sentences_{SPLIT_NAMES[k]}"] += int(spp.shape[0])
         wanted[pr[:, 0]] = True
         wanted[sc.ravel()] = True
         wanted[primary] = False
@@ -131,6 +137,19 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     return shards, stats
 
 
+def group_checks(ctx: MatchContext, perturbation: np.ndarray, pairs: np.ndarray, size: int) -> dict[str, int]:
+    """Counts behind the build's warnings for one source: pairs per split (sentences are added per shard),
+    and (split, cell type, perturbation) groups with fewer perturbed cells than a sentence."""
+    out = {f"check_pairs_{n}": int(c) for n, c in
+           zip(SPLIT_NAMES, np.bincount(ctx.split[pairs[:, 1]], minlength=len(SPLIT_NAMES)), strict=True)}
+    out.update({f"check_sentences_{n}": 0 for n in SPLIT_NAMES})
+    pert = np.flatnonzero(~ctx.is_control)
+    _, counts = np.unique(combine(ctx.split[pert], ctx.cell_type[pert], perturbation[pert]), return_counts=True)
+    out["check_perturbation_groups"] = int(counts.size)
+    out["check_short_perturbation_groups"] = int((counts < size).sum())
+    return out
+
+
 def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
     """Hash of everything a shard's bytes depend on: source content, config, format version, planned columns."""
     h = hashlib.sha256()
@@ -149,6 +168,9 @@ def source_key(manifest: Manifest, src: ScannedSource, offset: int, tables: str,
     source's content, position and first sample id, and the dataset-wide tables that its codes and
     condition ids index (vocabularies, condition table). Equal keys mean equal shards for that source."""
     doc = [salt, manifest.sha256, src.ordinal, src.fingerprint.sha256, src.spec.type, src.spec.matrix, offset, tables]
+    experiment = manifest.config.split.experiment
+    if experiment is not None:  # a file the manifest names decides the splits: its bytes count too
+        doc.append(experiment.sha256)
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
@@ -162,13 +184,22 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
     and names) and stats; a source whose key is known is not planned again. The dataset-wide tables are
     always rebuilt, since any source can change them and with them every other source's codes."""
     cells = build_cell_table(manifest, scanned)
-    split = assign_splits(cells, manifest)
-    fields = manifest.config.fields.obs_fields
+    split = assign_splits(cells, manifest, [s.spec.path for s in scanned])
+    if (split == DROPPED).any():
+        keep = split != DROPPED
+        cells, split = cells.subset(keep, "not used by the cell-load experiment"), split[keep]
+    pool_split = control_split(manifest, split)
+    cfg = manifest.config.fields
+    fields = cfg.obs_fields
+    opts = VectorOptions(cfg.combination_separator, cfg.control, cfg.numeric_covariates, cfg.numeric_transform,
+                         str(manifest.path))
     features = None
-    if manifest.config.fields.perturbation_features is not None:
-        features = load_features(manifest.config.fields.perturbation_features, cells.vocabularies["perturbation"],
-                                 manifest.config.fields.control)
-    cond = build_conditions(cells.codes, fields, cells.vocabularies, features)
+    if cfg.perturbation_features is not None:
+        names = cells.vocabularies["perturbation"]
+        if cfg.combination_separator is not None:  # features are per single perturbation
+            names = split_combinations(names, cfg.combination_separator, cfg.control)[0]
+        features = load_features(cfg.perturbation_features, names, cfg.control)
+    cond = build_conditions(cells.codes, fields, cells.vocabularies, features, opts)
     tables = hashlib.sha256(json.dumps(cells.vocabularies, sort_keys=True).encode())
     tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())
     tables.update(np.ascontiguousarray(cond.codes))
@@ -186,12 +217,13 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
             src_shards, src_stats = known[key]
         else:
             idx = order[bounds[src.ordinal]:bounds[src.ordinal + 1]]
-            src_shards, src_stats = plan_source(manifest, src, cells, idx, split, cond, park)
+            src_shards, src_stats = plan_source(manifest, src, cells, idx, split, cond, park, pool_split)
         keys.append(key)
         per_source.append(src_stats)
         shards.extend(src_shards)
         for k, v in src_stats.items():
             totals[k] = totals.get(k, 0) + v
-    stats["pairing"] = totals
+    stats["pairing"] = {k: v for k, v in totals.items() if not k.startswith("check_")}
+    stats["checks"] = {k.removeprefix("check_"): v for k, v in totals.items() if k.startswith("check_")}
     stats["cells_per_split"] = {n: int((split == i).sum()) for i, n in enumerate(SPLIT_NAMES)}
     return Plan(cells, cond, shards, stats, keys, per_source)

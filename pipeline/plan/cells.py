@@ -36,6 +36,21 @@ class CellTable:
     def __len__(self) -> int:
         return int(self.row.size)
 
+    def cell_types(self) -> tuple[np.ndarray, list[str]]:
+        """Cell type codes and names; without a cell type field, every cell is of one unnamed type."""
+        if "cell_type" in self.codes:
+            return self.codes["cell_type"], self.vocabularies["cell_type"]
+        return np.zeros(len(self), np.int32), [""]
+
+    def subset(self, keep: np.ndarray, reason: str) -> CellTable:
+        """The kept cells (vocabularies unchanged), the others counted under `reason`."""
+        dropped = dict(self.dropped)
+        n = int((~keep).sum())
+        if n:
+            dropped[reason] = dropped.get(reason, 0) + n
+        return CellTable(self.source[keep], self.row[keep], self.sample_id[keep],
+                         {f: c[keep] for f, c in self.codes.items()}, self.is_control[keep], self.vocabularies, dropped)
+
 
 def _labels(cat: Categorical) -> tuple[np.ndarray, np.ndarray]:
     """Used category strings and codes into them, with missing values mapped to MISSING."""

@@ -2,6 +2,9 @@
 
 Stored once per dataset; every cell carries only its `cond_id`. The vector is the concatenation of one-hot
 blocks per field, or, for the perturbation block, a feature vector from a user table (npz/csv/npy: never pickle).
+With a combination separator the perturbation block is the sum of the vectors of a label's parts ("A_B" =
+A + B, a control = zeros), so a model sees that a double perturbation shares its genes with the singles;
+numeric covariates (dose, time) are one column each, a transformed number rather than a one-hot of values.
 """
 
 from __future__ import annotations
@@ -15,6 +18,20 @@ import numpy as np
 
 from pipeline.errors import ManifestError
 from pipeline.plan.pairing import combine
+
+
+@dataclass(frozen=True)
+class VectorOptions:
+    """How labels become vector blocks (defaults: one-hot everything, as before these options existed)."""
+
+    separator: str | None = None  # combination separator of perturbation labels
+    controls: tuple[str, ...] = ()  # control labels: the zero vector under a separator
+    numeric: tuple[str, ...] = ()  # fields whose labels are numbers
+    transform: str = "log1p"  # applied to numeric fields
+    manifest: str = "manifest"  # named in errors
+
+
+TRANSFORMS = {"log1p": np.log1p, "none": lambda v: v}
 
 
 @dataclass
@@ -55,8 +72,53 @@ def load_features(path: Path, names: Sequence[str], controls: Sequence[str]) -> 
     return np.stack([table.get(n, np.zeros(dim, np.float32)) for n in names]).astype(np.float32)
 
 
+def split_combinations(names: Sequence[str], separator: str, controls: Sequence[str]) -> tuple[list[str], list[list[int]]]:
+    """The sorted vocabulary of single perturbations and, per label, the positions of its parts. Parts equal to
+    a control label are dropped (GEARS writes "AHR+ctrl"); a control (or missing) label has no parts."""
+    skip = set(controls) | {"NA"}
+    parts = [[] if n in skip else [p for p in n.split(separator) if p and p not in skip] for n in names]
+    singles = sorted({p for ps in parts for p in ps})
+    pos = {p: i for i, p in enumerate(singles)}
+    return singles, [[pos[p] for p in ps] for ps in parts]
+
+
+def combination_matrix(names: Sequence[str], opts: VectorOptions, features: np.ndarray | None) -> np.ndarray:
+    """[labels, d]: each label's vector, the sum of its parts' one-hot (or feature) rows."""
+    assert opts.separator is not None
+    singles, parts = split_combinations(names, opts.separator, opts.controls)
+    rows = features if features is not None else np.eye(len(singles), dtype=np.float32)
+    out = np.zeros((len(names), rows.shape[1]), np.float32)
+    for i, ps in enumerate(parts):
+        for p in ps:
+            out[i] += rows[p]
+    return out
+
+
+def numeric_values(field: str, names: Sequence[str], opts: VectorOptions) -> np.ndarray:
+    """[labels, 1]: the transformed number of each label of a numeric covariate."""
+    try:
+        values = np.array([float(n) for n in names], np.float64)
+    except ValueError:
+        bad = [n for n in names if not _is_number(n)][:5]
+        raise ManifestError(opts.manifest, "fields.numeric_covariates", f"obs column {field!r} has values that are "
+                            f"not numbers {bad} (\"NA\" = missing): fill them in the file, or list the column under "
+                            "fields.covariates to one-hot its labels instead") from None
+    if opts.transform == "log1p" and (values < 0).any():
+        raise ManifestError(opts.manifest, "fields.numeric_transform", f"obs column {field!r} has negative values "
+                            f"(min {values.min()}), which log1p cannot take: set numeric_transform = \"none\"")
+    return TRANSFORMS[opts.transform](values).astype(np.float32)[:, None]
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
 def build_conditions(codes: Mapping[str, np.ndarray], fields: Sequence[str], vocab: Mapping[str, list[str]],
-                     features: np.ndarray | None = None) -> ConditionTable:
+                     features: np.ndarray | None = None, opts: VectorOptions = VectorOptions()) -> ConditionTable:
     keys = np.stack([codes[f] for f in fields], axis=1).astype(np.int32)
     packed = combine(*(keys[:, j] for j in range(keys.shape[1])))  # 1-D unique: far faster than axis=0
     _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
@@ -65,15 +127,24 @@ def build_conditions(codes: Mapping[str, np.ndarray], fields: Sequence[str], voc
     segments: list[dict[str, object]] = []
     offset = 0
     for j, f in enumerate(fields):
-        if f == "perturbation" and features is not None:
+        extra: dict[str, object] = {}
+        if f == "perturbation" and opts.separator is not None:
+            block = combination_matrix(vocab[f], opts, features)[table[:, j]]
+            enc = "combination"
+            extra = {"separator": opts.separator, "encoding_of_parts": "features" if features is not None else "onehot",
+                     "parts": split_combinations(vocab[f], opts.separator, opts.controls)[0]}
+        elif f == "perturbation" and features is not None:
             block = features[table[:, j]]
             enc = "features"
+        elif f in opts.numeric:
+            block = numeric_values(f, vocab[f], opts)[table[:, j]]
+            enc, extra = "numeric", {"transform": opts.transform}
         else:
             block = np.zeros((table.shape[0], len(vocab[f])), np.float32)
             block[np.arange(table.shape[0]), table[:, j]] = 1.0
             enc = "onehot"
         blocks.append(block)
-        segments.append({"field": f, "offset": offset, "size": int(block.shape[1]), "encoding": enc})
+        segments.append({"field": f, "offset": offset, "size": int(block.shape[1]), "encoding": enc, **extra})
         offset += block.shape[1]
     vectors = np.concatenate(blocks, axis=1).astype(np.float32) if blocks else np.zeros((1, 0), np.float32)
     return ConditionTable(inverse.ravel().astype(np.int32), table, vectors, segments)

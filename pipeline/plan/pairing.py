@@ -44,9 +44,13 @@ class MatchContext:
     cell_type: np.ndarray  # int32
     batch: np.ndarray  # int32 (zeros when the strategy ignores batch)
     is_control: np.ndarray  # bool
+    pool_split: np.ndarray | None = None  # int8: the split whose controls a cell draws from (default: its own)
 
     def column(self, name: str) -> np.ndarray:
-        return {"shard": self.home, "split": self.split, "cell_type": self.cell_type, "batch": self.batch}[name]
+        """A matching key column; "split" is the pool split, so the levels' "same split" means the split
+        whose controls a cell may use (its own, or train when controls stay in train)."""
+        split = self.split if self.pool_split is None else self.pool_split
+        return {"shard": self.home, "split": split, "cell_type": self.cell_type, "batch": self.batch}[name]
 
 
 class ControlPools:

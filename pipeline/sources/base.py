@@ -31,6 +31,7 @@ class SourceMeta:
     row_nnz: np.ndarray  # int64 [n_rows]: stored entries per row (n_cols for dense matrices)
     obs: dict[str, Categorical]  # the requested columns that exist
     obsm: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # key -> (shape, dtype)
+    named_genes: bool = True  # False: the file has no var names and `var_names` were made up (gene_0, ...)
 
 
 class Source(ABC):

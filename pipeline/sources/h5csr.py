@@ -20,7 +20,13 @@ import numpy as np
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
 from pipeline.sources.base import Categorical, MatrixSource, SourceMeta, register_source
-from pipeline.sources.validate import CsrParts, validate_block, validate_dense, validate_indptr
+from pipeline.sources.validate import (
+    CsrParts,
+    check_float32_exact,
+    validate_block,
+    validate_dense,
+    validate_indptr,
+)
 
 if TYPE_CHECKING:
     import h5py
@@ -115,7 +121,8 @@ class H5Source(MatrixSource):
     """
 
     kinds: ClassVar[tuple[str, ...]] = ("perturbation",)
-    options: ClassVar[tuple[str, ...]] = ("matrix",)
+    # same_genes = true: a file without var names has the columns of the other sources (checked in scan)
+    options: ClassVar[tuple[str, ...]] = ("matrix", "same_genes")
     produces: ClassVar[tuple[str, ...]] = ("X", "obs/*", "obsm/*")
 
     def __init__(self, path: str | Path, matrix: str = "X", *, counts: bool = False) -> None:
@@ -278,6 +285,7 @@ class H5Source(MatrixSource):
         layout = self._matrix_layout()
         n_rows, n_cols = layout.shape
         with self._reading("metadata"):
+            declared = None
             if self.matrix.strip("/").startswith("obsm/"):
                 key = self.matrix.strip("/")[len("obsm/") :]
                 var_names: tuple[str, ...] = tuple(f"{key}_{i}" for i in range(n_cols))
@@ -301,7 +309,8 @@ class H5Source(MatrixSource):
                         self.path, f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}"
                     )
             obsm = self._obsm_info()
-        return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm)
+        named = self.matrix.strip("/").startswith("obsm/") or declared is not None
+        return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm, named_genes=named)
 
     # --- rows -----------------------------------------------------------------------------------
     def _check_range(self, start: int, stop: int, n_rows: int) -> None:
@@ -316,16 +325,21 @@ class H5Source(MatrixSource):
         ptr = indptr[start : stop + 1].astype(np.int64)
         validate_indptr(ptr, self.path, start)
         lo, hi = int(ptr[0]), int(ptr[-1])
-        data = group["data"][lo:hi].astype(np.float32, copy=False)
-        indices = group["indices"][lo:hi]
         local = ptr - lo
+        raw = group["data"][lo:hi]
+        check_float32_exact(raw, self.path, start, local, self.counts)
+        data = raw.astype(np.float32, copy=False)
+        indices = group["indices"][lo:hi]
         validate_block(CsrParts(data, indices, local, layout.shape[1]), self.path, start, self.counts)
         return sp.csr_matrix((data, indices, local), shape=(stop - start, layout.shape[1]))
 
     def _read_dense(self, layout: Layout, start: int, stop: int) -> np.ndarray:
         node = self._file()[layout.name]
         block = node.fields(layout.field)[start:stop] if layout.kind == "field" else node[start:stop]
-        return np.asarray(block, dtype=np.float32).reshape(stop - start, layout.shape[1])
+        block = np.asarray(block).reshape(stop - start, layout.shape[1])
+        if layout.name != "obsm" and not layout.name.startswith("obsm/"):  # matrix values, not embeddings
+            check_float32_exact(block, self.path, start, None, self.counts)
+        return block.astype(np.float32, copy=False)
 
     def read_rows(self, start: int, stop: int) -> sp.csr_matrix:
         layout = self._matrix_layout()

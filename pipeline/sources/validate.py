@@ -147,3 +147,46 @@ def validate_dense(block: np.ndarray, path: str | Path, row0: int, counts: bool,
         raise SourceError(
             path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col}"
         )
+
+
+FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32; 2**24 + 1 is not
+
+
+def check_float32_exact(values: np.ndarray, path: str | Path, row0: int, indptr: np.ndarray | None,
+                        counts: bool) -> None:
+    """Refuse integers that float32 (the stored dtype of matrix values) would round: integer sources, and
+    float sources declared as counts (`[fields] values = "counts"`), beyond +-2**24. `indptr`: block-local
+    row pointers to name the row of an entry (None: `values` is a dense 2-D block)."""
+    values = np.asarray(values)
+    if values.size == 0 or not (values.dtype.kind in "iu" or (counts and values.dtype.kind == "f"
+                                                               and values.dtype.itemsize > 4)):
+        return
+    big = np.abs(values.astype(np.float64, copy=False)) > FLOAT32_EXACT  # float64 holds every int < 2**53
+    if not big.any():
+        return
+    at = _first(big.ravel())
+    row = row0 + (at // values.shape[1] if indptr is None else _row_of(at, indptr))
+    raise SourceError(path, f"row {row}: value {values.ravel()[at]} is beyond 2**24 = {FLOAT32_EXACT}, which the "
+                      "stored float32 values cannot hold exactly; rescale the matrix (e.g. normalise or log1p it, "
+                      'then set [fields] values = "any") or use a matrix without such counts ([fields] matrix)')
+
+
+def sum_duplicates(block: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray | None]:
+    """One canonical CSR: entries repeating a column within a row are summed (the CPU densify sums them, a
+    GPU scatter keeps the last, so leaving them makes the value depend on the path). Returns the block and
+    per-row counts of entries removed, or (block, None) when no row repeats a column (the common case costs
+    one pass; rows with unsorted but distinct columns are left as they are)."""
+    idx, ptr = block.indices, block.indptr
+    if idx.size < 2:
+        return block, None
+    step = np.diff(idx.astype(np.int64, copy=False))
+    inner = np.ones(step.size, bool)  # step i compares entries i and i+1: False where a row starts at i+1
+    starts = ptr[1:-1]
+    inner[(starts[(starts > 0) & (starts < idx.size)] - 1).astype(np.int64)] = False
+    if (step[inner] > 0).all():
+        return block, None
+    summed = block.copy()
+    summed.sum_duplicates()
+    if summed.nnz == block.nnz:
+        return block, None
+    return summed, np.diff(ptr).astype(np.int64) - np.diff(summed.indptr).astype(np.int64)

@@ -11,6 +11,10 @@ from typing import ClassVar
 import numpy as np
 
 CODECS = ("blosc-lz4", "blosc-zstd", "zstd", "none")
+# Compression levels each codec accepts (blosc: 0-9; zstd: 1-22; "none" ignores it): out of range, blosc
+# fails deep inside a pack task, so the manifest refuses it up front.
+LEVELS: dict[str, range] = {"blosc-lz4": range(0, 10), "blosc-zstd": range(0, 10), "zstd": range(1, 23),
+                            "none": range(0, 23)}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,27 @@
+"""`shardsmith inspect DIR`: what a dataset holds, as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline.commands import Command
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, help="a built dataset folder (holding index.json and shards/)")
+    p.add_argument("--json", action="store_true",
+                   help="print the whole summary as JSON (full vocabularies included) instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.verify import format_summary, summary
+
+    s = summary(args.dir)
+    print(json.dumps(s, indent=1) if args.json else format_summary(s))
+    return 0
+
+
+COMMAND = Command(help="records and units per split, vocabularies, bytes, compression, pairing fallbacks",
+                  configure=configure, run=run)
