@@ -67,7 +67,8 @@ def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[Non
                 if left <= 0:
                     waited = f" (waited {wait:g} s)" if wait > 0 else ""
                     raise LockHeldError(
-                        f"{out} is locked by another shardsmith {what}{waited}: held by {holder(out)}. "
+                        f"cannot {what} {out}: it is locked by another shardsmith process{waited}: held by "
+                        f"{holder(out)}. "
                         f"Only one build or gc may write a dataset at a time: wait for it, pass --wait SECONDS, "
                         f"or use another --out") from None
                 time.sleep(min(POLL_S, left))

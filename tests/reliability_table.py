@@ -25,6 +25,7 @@ POINTS = {
     7: "Hangs",
     8: "Silent acceptance (validation)",
     9: "Permissions",
+    10: "A full disk, a read-only `--out`",
 }
 
 HEADER = """\

@@ -17,6 +17,7 @@ from pipeline.cli import main
 from pipeline.gc import gc
 from pipeline.generations import journals
 from pipeline.verify import verify
+from tests import hostile
 from tests.out_helpers import killed_build, listing, small_manifest
 from tests.pipeline_helpers import shard_files
 
@@ -25,7 +26,8 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2(case: hostile.Case, tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
     gen1, gen1_sha = fmt.read_index(out), _sha(fmt.index_path(out))
@@ -77,7 +79,8 @@ def test_generations_fields_round_trip_and_old_indexes_read_as_generation_0(tmp_
     assert all((out / f).exists() for f in old.files())
 
 
-def test_a_touch_keeps_the_older_generation_protected(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_touch_keeps_the_older_generation_protected(case: hostile.Case, tmp_path: Path) -> None:
     """A rebuild that changes no file (new mtime, same bytes) must not push generation N-1 out of reach."""
     out = tmp_path / "out"
     manifest = small_manifest(tmp_path, seed=0)
@@ -91,22 +94,15 @@ def test_a_touch_keeps_the_older_generation_protected(tmp_path: Path) -> None:
     assert index.previous is not None and index.previous.files() == gen1.files()
 
 
-LEFTOVER_KILLS = {
-    "kill-9-while-packing-shards": ("pipeline.shardfile:write_columns", 3),
-    "kill-9-while-reading-sources": ("pipeline.pack:scatter_range", 1),
-    "kill-9-while-writing-the-condition-table": ("pipeline.shardfile:write_columns", 0),
-}
-
-
-@pytest.mark.parametrize("case", sorted(LEFTOVER_KILLS))
-def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(tmp_path: Path, case: str) -> None:
+@hostile.parametrize
+def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(case: hostile.Case, tmp_path: Path) -> None:
     """Issue case 6: kill -9 during read/pack left OUT/.spill-<pid> and shards no index names, which later
     builds never removed. Now the next build, here an up-to-date one, removes exactly those."""
     out = tmp_path / "out"
     manifest = small_manifest(tmp_path, seed=0)
     build(manifest, out, jobs=1, progress=False)
     clean = listing(out)
-    target, after = LEFTOVER_KILLS[case]
+    target, after = case.data
     killed_build(small_manifest(tmp_path, seed=1, name="other.toml"), out, target, after)
     left = listing(out) - clean
     assert any(f.startswith(".spill-") for f in left) and journals(out), left
@@ -118,7 +114,8 @@ def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(tmp_path: Pat
     assert verify(out) == []
 
 
-def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(case: hostile.Case, tmp_path: Path) -> None:
     """Issue case 6: a kill while the commit deletes retired shards left them forever. The index lists what
     it retires before deleting, so the next build, even with nothing to rebuild, deletes the rest."""
     out = tmp_path / "out"
@@ -135,7 +132,8 @@ def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(tmp_path: 
     assert verify(out) == [] and not journals(out)
 
 
-def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(case: hostile.Case, tmp_path: Path) -> None:
     """A first build killed after some shards: the folder holds only our files (journaled), so it is not
     refused as foreign; the rebuild keeps the finished shards (same content-named files) and removes the rest."""
     out = tmp_path / "out"
@@ -150,7 +148,9 @@ def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(tmp_path: Pat
     assert verify(out) == []
 
 
-def test_gc_removes_leftovers_and_only_ours(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@hostile.parametrize
+def test_gc_removes_leftovers_and_only_ours(case: hostile.Case, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     """`shardsmith gc DIR`: planted leftovers of every kind go; user files with look-alike names stay."""
     out = tmp_path / "out"
     build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
@@ -177,7 +177,9 @@ def test_gc_removes_leftovers_and_only_ours(tmp_path: Path, capsys: pytest.Captu
     assert verify(out) == []
 
 
-def test_gc_refuses_a_folder_that_is_not_ours(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@hostile.parametrize
+def test_gc_refuses_a_folder_that_is_not_ours(case: hostile.Case, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "X" / "shards").mkdir(parents=True)
     (tmp_path / "X" / "shards" / "notes.txt").write_text("keep")
     assert main(["gc", str(tmp_path / "X")]) == 2

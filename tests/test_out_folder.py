@@ -19,6 +19,7 @@ from pipeline.cli import main
 from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOCKED, LockHeldError, OutputError
 from pipeline.lock import LOCK_FILE
 from pipeline.verify import verify
+from tests import hostile
 from tests.out_helpers import cli, listing, popen, small_manifest
 from tests.pipeline_helpers import shard_files
 
@@ -39,7 +40,9 @@ def _holder(out: Path, seconds: float):  # type: ignore[no-untyped-def]
     return proc
 
 
-def test_second_writer_fails_at_once_naming_the_holder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@hostile.parametrize
+def test_second_writer_fails_at_once_naming_the_holder(case: hostile.Case, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     manifest = small_manifest(tmp_path)
     holder = _holder(tmp_path / "out", 60)
     try:
@@ -50,6 +53,8 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path: Path, capsys: p
         assert f"pid {holder.pid}" in err and socket.gethostname() in err and "--wait" in err, err
         with pytest.raises(LockHeldError, match="waited 0.3 s"):
             build(manifest, tmp_path / "out", jobs=1, progress=False, wait=0.3)
+        assert main(["gc", str(tmp_path / "out")]) == EXIT_LOCKED
+        assert f"cannot gc {tmp_path / 'out'}: it is locked" in capsys.readouterr().err
         assert not fmt.index_path(tmp_path / "out").exists()
     finally:
         holder.kill()
@@ -59,7 +64,8 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path: Path, capsys: p
     assert (tmp_path / "out" / LOCK_FILE).read_text() == "", "a finished holder leaves an empty lock file"
 
 
-def test_wait_takes_the_lock_when_the_holder_finishes(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_wait_takes_the_lock_when_the_holder_finishes(case: hostile.Case, tmp_path: Path) -> None:
     manifest = small_manifest(tmp_path)
     holder = _holder(tmp_path / "out", 1.0)
     try:
@@ -69,7 +75,8 @@ def test_wait_takes_the_lock_when_the_holder_finishes(tmp_path: Path) -> None:
     assert holder.returncode == 0 and res.written and verify(tmp_path / "out") == []
 
 
-def test_two_builds_with_different_manifests_never_mix(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_two_builds_with_different_manifests_never_mix(case: hostile.Case, tmp_path: Path) -> None:
     """Issue case 1: two real builds of different manifests into one --out, started together. Whoever wins,
     the committed index names only existing, intact shards; a loser exits 3 (or ran after the winner)."""
     a, b = small_manifest(tmp_path, seed=0, name="a.toml"), small_manifest(tmp_path, seed=1, name="b.toml")
@@ -80,25 +87,18 @@ def test_two_builds_with_different_manifests_never_mix(tmp_path: Path) -> None:
     assert sorted(codes) in ([0, 0], [0, EXIT_LOCKED]), errors
     for code, err in zip(codes, errors, strict=True):
         if code == EXIT_LOCKED:
-            assert "is locked by another shardsmith build" in err and "pid " in err, err
+            assert "it is locked by another shardsmith process" in err and "pid " in err, err
     assert verify(out) == []
     index = fmt.read_index(out)
     assert all((out / f).exists() for f in index.files())
 
 
-@pytest.mark.parametrize("layout", [
-    pytest.param({"shards/other/x": "keep", "shards/notes.txt": "keep", "conditions-notes.md": "x"},
-                 id="not-a-dataset: shards/other, shards/notes.txt, conditions-notes.md survive"),
-    pytest.param({"README.md": "repo", "shards/other/data.bin": "keep", "src/code.py": "x"},
-                 id="out-is-a-repository: --out . with ./shards/other is refused"),
-    pytest.param({"index.json": '{"mine": true}', "shards/a.bin": "keep"},
-                 id="foreign-index.json: an index.json that is not ours is refused"),
-])
-def test_a_folder_that_is_not_ours_is_refused_untouched(tmp_path: Path, layout: dict[str, str],
+@hostile.parametrize
+def test_a_folder_that_is_not_ours_is_refused_untouched(case: hostile.Case, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Issue case 2: a build into a folder holding anything but a dataset (or our leftovers) is refused with
     exit 2 and a message naming the folder and what it holds; not one file is added, changed or removed."""
-    manifest = small_manifest(tmp_path)
+    manifest, layout = small_manifest(tmp_path), dict(case.data)
     out = tmp_path / "X"
     for rel, text in layout.items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,8 @@ def test_a_folder_that_is_not_ours_is_refused_untouched(tmp_path: Path, layout: 
     assert sorted(out.rglob("*")) == paths, "nothing created (no lock file, no shards/)"
 
 
-def test_an_empty_folder_is_used_and_user_files_in_a_dataset_survive_rebuilds(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_user_files_in_a_dataset_survive_rebuilds(case: hostile.Case, tmp_path: Path) -> None:
     """Only files a committed index or a build's journal named are deleted: a user's note inside shards/
     survives rebuilds that retire every shard around it."""
     (tmp_path / "out").mkdir()
@@ -127,9 +128,10 @@ def test_an_empty_folder_is_used_and_user_files_in_a_dataset_survive_rebuilds(tm
     assert verify(tmp_path / "out") == []
 
 
-@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
-def test_index_and_shards_get_the_umask_permissions(tmp_path: Path, umask: int) -> None:
+@hostile.parametrize
+def test_index_and_shards_get_the_umask_permissions(case: hostile.Case, tmp_path: Path) -> None:
     """Issue case 9: index.json was 0600 (mkstemp) while shards were 0644."""
+    umask = int(case.data)
     old = os.umask(umask)
     try:
         build(small_manifest(tmp_path), tmp_path / "out", jobs=1, progress=False)
@@ -175,17 +177,14 @@ def _fail_on(monkeypatch: pytest.MonkeyPatch, stage: str, err: int) -> None:
         monkeypatch.setattr("pipeline.build.make_durable", lambda *a: raise_it("syncfs"))
 
 
-@pytest.mark.parametrize(("stage", "err", "code"), [
-    pytest.param("shard", errno.ENOSPC, EXIT_CRASH, id="disk-full-while-writing-a-shard"),
-    pytest.param("index", errno.ENOSPC, EXIT_CRASH, id="disk-full-while-committing-index.json"),
-    pytest.param("shard", errno.EROFS, EXIT_BAD_INPUT, id="read-only-out-while-writing-a-shard"),
-    pytest.param("shard", errno.EDQUOT, EXIT_CRASH, id="quota-exceeded-while-writing-a-shard"),
-])
-def test_a_failed_write_keeps_the_previous_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str], stage: str, err: int,
-                                                  code: int) -> None:
+@hostile.parametrize
+def test_a_failed_write_keeps_the_previous_dataset(case: hostile.Case, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A full disk or read-only --out ends with a clear error naming --out and the errno; the previous
     dataset stays committed and intact, and the failed build's own files are removed (space given back)."""
+    stage, err, code = case.data
+    assert code in (EXIT_CRASH, EXIT_BAD_INPUT)
     out = tmp_path / "out"
     build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
     index_bytes, shards, files = fmt.index_path(out).read_bytes(), shard_files(out), listing(out)
