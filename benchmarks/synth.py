@@ -39,9 +39,15 @@ class SynthParams:
     n_timepoints: int = 4
     n_files: int = 1  # rows are split into this many contiguous .h5ad files
     seed: int = 0
+    # Generate and write one file at a time (memory: one file's matrix, not the whole screen's; the
+    # 2M-cell scale bench needs this). Other draws than the whole-matrix generator, so its own cache key.
+    per_file: bool = False
 
     def key(self) -> str:
-        blob = json.dumps({**asdict(self), "v": CACHE_VERSION}, sort_keys=True).encode()
+        doc = asdict(self)
+        if not self.per_file:  # keys of the whole-matrix datasets stay as they were (their caches stay valid)
+            doc.pop("per_file")
+        blob = json.dumps({**doc, "v": CACHE_VERSION}, sort_keys=True).encode()
         return f"synth_c{self.n_cells}_g{self.n_genes}_f{self.n_files}_{hashlib.sha256(blob).hexdigest()[:10]}"
 
     @property
@@ -131,9 +137,19 @@ def knockdown(x: sp.csr_matrix, obs: pd.DataFrame, n_genes: int, rng: np.random.
     x.data[hit] = np.maximum(1.0, np.floor(x.data[hit] * 0.25))
 
 
-def generate(p: SynthParams) -> tuple[sp.csr_matrix, pd.DataFrame, pd.DataFrame]:
+def generate(p: SynthParams, part: int | None = None) -> tuple[sp.csr_matrix, pd.DataFrame, pd.DataFrame]:
+    """The whole matrix, or (`part`) one file of a per-file dataset: the genes' means and the knockdown
+    targets come from the seed alone, so every file shares them; the cells are drawn from (seed, part)."""
     rng = np.random.default_rng(p.seed)
     gene_mean = rng.lognormal(0.0, 1.0, p.n_genes)
+    if part is not None:
+        targets_rng = np.random.default_rng([p.seed, 1 << 20])
+        rng = np.random.default_rng([p.seed, part])
+        obs = random_obs(p, rng)
+        x = random_csr(p.n_cells, p.n_genes, p.density, rng, gene_mean)
+        knockdown(x, obs, p.n_genes, targets_rng)
+        var = pd.DataFrame(index=pd.Index([f"GENE{i:05d}" for i in range(p.n_genes)], dtype=object))
+        return x, obs, var
     obs = random_obs(p, rng)
     x = random_csr(p.n_cells, p.n_genes, p.density, rng, gene_mean)
     knockdown(x, obs, p.n_genes, rng)
@@ -175,22 +191,34 @@ def ensure_dataset(p: SynthParams, data_dir: str | Path, log: bool = True) -> Sy
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     t0 = time.perf_counter()
-    x, obs, var = generate(p)
     files = []
-    for i, (a, b) in enumerate(split_rows(p.n_cells, p.n_files)):
-        f = folder / f"part_{i:02d}.h5ad"
-        write_h5ad(f, x[a:b], obs.iloc[a:b], var)
-        files.append(f)
+    if p.per_file:
+        nnz = 0
+        for i, (a, b) in enumerate(split_rows(p.n_cells, p.n_files)):
+            x, obs, var = generate(replace(p, n_cells=b - a, n_files=1, per_file=False), part=i)
+            obs.index = pd.Index([f"cell{j:07d}" for j in range(a, b)], dtype=object)
+            f = folder / f"part_{i:02d}.h5ad"
+            write_h5ad(f, x, obs, var)
+            files.append(f)
+            nnz += int(x.nnz)
+            del x, obs
+    else:
+        x, obs, var = generate(p)
+        nnz = int(x.nnz)
+        for i, (a, b) in enumerate(split_rows(p.n_cells, p.n_files)):
+            f = folder / f"part_{i:02d}.h5ad"
+            write_h5ad(f, x[a:b], obs.iloc[a:b], var)
+            files.append(f)
     dt = time.perf_counter() - t0
     csr_bytes = sum(csr_nbytes(f) for f in files)
     file_bytes = sum(f.stat().st_size for f in files)
-    meta = {"params": asdict(p), "files": [f.name for f in files], "nnz": int(x.nnz), "csr_bytes": csr_bytes,
+    meta = {"params": asdict(p), "files": [f.name for f in files], "nnz": nnz, "csr_bytes": csr_bytes,
             "file_bytes": file_bytes, "generate_s": dt}
     marker.write_text(json.dumps(meta, indent=1))
     if log:
-        print(f"[synth] {p.n_cells} x {p.n_genes} in {p.n_files} file(s): {x.nnz} nnz, {dt:.1f}s -> {folder}",
+        print(f"[synth] {p.n_cells} x {p.n_genes} in {p.n_files} file(s): {nnz} nnz, {dt:.1f}s -> {folder}",
               flush=True)
-    return SynthDataset(p, folder, tuple(files), int(x.nnz), csr_bytes, file_bytes, dt)
+    return SynthDataset(p, folder, tuple(files), nnz, csr_bytes, file_bytes, dt)
 
 
 def copy_dataset(ds: SynthDataset, dest: str | Path) -> SynthDataset:
@@ -270,10 +298,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--perturbations", type=int, default=SynthParams.n_perturbations)
     ap.add_argument("--files", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-file", action="store_true", help="generate one file at a time (big screens)")
     ap.add_argument("--data-dir", default="bench_data")
     a = ap.parse_args(argv)
     p = SynthParams(n_cells=a.cells, n_genes=a.genes, density=a.density, n_perturbations=a.perturbations,
-                    n_files=a.files, seed=a.seed)
+                    n_files=a.files, seed=a.seed, per_file=a.per_file)
     ds = ensure_dataset(p, a.data_dir)
     print(json.dumps(ds.to_json(), indent=1))
 

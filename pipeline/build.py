@@ -18,12 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loaders import format as fmt
 from pipeline import __version__, generations
+from pipeline.dryrun import drop_columns
+from pipeline.events import EventLog
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
 from pipeline.kinds import Kind, KindPlan, PackResult, PlanContext, ShardPlan, get_kind
 from pipeline.manifest import Manifest, load_manifest
@@ -31,11 +33,11 @@ from pipeline.shardfile import make_durable, shard_suffix
 from pipeline.writers import Codec
 
 if TYPE_CHECKING:
+    from pipeline.dryrun import PlanDifference
     from pipeline.pack import PackConfig
     from pipeline.scan import ScannedSource
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 BACKENDS = ("threading", "loky", "dask", "ray")
 
 
@@ -46,6 +48,9 @@ class BuildResult:
     written: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    removed: int = 0  # files the commit deleted (shards and condition tables the new index no longer names)
+    changed: bool = True  # False: OUT is exactly as it was (nothing written, nothing removed, same index)
+    difference: PlanDifference | None = None  # --dry-run: what the build would do (and it did nothing)
 
 
 def previous_index(out: Path) -> fmt.Index | None:
@@ -55,20 +60,6 @@ def previous_index(out: Path) -> fmt.Index | None:
         if fmt.index_path(out).exists():
             log.warning("ignoring the previous index (%s): everything is rebuilt", e)
         return None
-
-
-def _run(jobs: int, backend: str, tasks: list[Callable[[], T]], desc: str, progress: bool) -> list[T]:
-    """Run tasks with joblib, in order, with a progress bar. Outputs do not depend on `jobs`."""
-    from joblib import Parallel, delayed, parallel_config
-    from tqdm.auto import tqdm
-
-    if not tasks:
-        return []
-    if jobs == 1 or len(tasks) == 1:
-        return [t() for t in tqdm(tasks, desc=desc, unit="task", disable=not progress)]
-    with parallel_config(backend=backend, n_jobs=jobs):
-        gen = Parallel(return_as="generator")(delayed(t)() for t in tasks)
-        return list(tqdm(gen, total=len(tasks), desc=desc, unit="task", disable=not progress))
 
 
 def park_tables(spill: Path, reused: set[str], names: tuple[str, ...], shard: ShardPlan) -> None:
@@ -105,24 +96,8 @@ def release_freed_memory() -> None:
         pass
 
 
-def _backend_context(backend: str, scheduler: str | None) -> Any:
-    if backend == "dask":
-        from distributed import Client  # optional extra: pip install shardsmith[dask]
-
-        return Client(scheduler) if scheduler else Client(processes=True)
-    if backend == "ray":
-        import ray  # optional extra: pip install shardsmith[ray]
-        from ray.util.joblib import register_ray
-
-        register_ray()
-        ray.init(address=scheduler, ignore_reinit_error=True)
-    return None
-
-
 def conditions_file(plan: KindPlan, cfg: PackConfig) -> str:
     """The condition table's file name, from its content (so a rebuild with equal vectors reuses it)."""
-    from pipeline.shardfile import shard_suffix
-
     columns = plan.conditions or {}
     h = hashlib.sha256()
     for key in (fmt.CONDITION_VECTORS, fmt.CONDITION_CODES):  # same digest as of the bytes joined, no copies
@@ -154,62 +129,80 @@ def _source_doc(s: ScannedSource) -> dict[str, Any]:
 
 def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | None = None,
           backend: str = "threading", scheduler: str | None = None, progress: bool = True,
-          encoding: str | None = None, wait: float = 0.0) -> BuildResult:
+          encoding: str | None = None, dry_run: bool = False, events: EventLog | None = None,
+          wait: float = 0.0) -> BuildResult:
     """Build or incrementally rebuild OUT from a manifest, through the manifest's kind (pipeline.kinds).
 
     `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing, file I/O)
     runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s) and
-    hold its own copy of its tasks' plan.
+    hold its own copy of its tasks' plan. `dry_run`: scan and plan, report the difference
+    (`BuildResult.difference`), write and delete nothing. `events`: a JSON-lines log (pipeline.events).
 
     One writer per OUT (`pipeline.generations.writing`): another build holding it -> `LockHeldError` at once,
     or after `wait` seconds; an OUT holding files that are not ours -> `OutputError`, nothing touched."""
     t0 = time.perf_counter()
+    ev = events if events is not None else EventLog()
     manifest = load_manifest(manifest_path)
     if encoding is not None and encoding != manifest.format:  # e.g. `--format tar` for a zarr manifest
         manifest = dataclasses.replace(manifest, format=encoding)
     kind = get_kind(manifest.kind)
     out = Path(out) if out is not None else Path("shards") / manifest.name
     jobs = jobs or os.cpu_count() or 1
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r} (expected one of {BACKENDS})")
+    from pipeline.backends import get_backend
+
+    executor = get_backend(backend, jobs, scheduler)  # bad names and options fail before any work
+    ev.emit("start", manifest=str(manifest.path), out=str(out), backend=backend, jobs=jobs, dry_run=dry_run)
+    if dry_run:  # writes nothing, so takes no lock; a folder that is not ours is refused all the same
+        generations.check_owned(out)
+        return _build_locked(t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run)
     with generations.writing(out, wait):
-        return _build_locked(t0, manifest, kind, out, jobs, backend, scheduler, progress)
+        return _build_locked(t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run)
 
 
-def _build_locked(t0: float, manifest: Manifest, kind: Kind, out: Path, jobs: int, backend: str,
-                  scheduler: str | None, progress: bool) -> BuildResult:
+def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: Path, jobs: int, backend: str,
+                  executor: Any, progress: bool, dry_run: bool) -> BuildResult:
     prev = previous_index(out)
     saved = read_record(out) if prev is not None else {}
     if prev is not None and unchanged(manifest, kind, out, prev, saved):
         shards = [s.file for s in prev.shards]
-        generations.sweep(out, prev)  # leftovers of killed builds, an interrupted cleanup
+        if not dry_run:
+            generations.sweep(out, prev)  # leftovers of killed builds, an interrupted cleanup
         log.info("%s is up to date: %d shards, nothing to rebuild", out, len(shards))
-        return BuildResult(out, prev.raw, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0})
+        ev.emit("up_to_date", shards=len(shards))
+        from pipeline.dryrun import nothing_to_do
+
+        return BuildResult(out, prev.raw, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0},
+                           changed=False, difference=nothing_to_do(prev) if dry_run else None)
     if prev is not None and prev.name != manifest.name:
         log.warning("%s holds dataset %r: this build of %r replaces it (its files go after two commits)", out,
                     prev.name, manifest.name)
-    generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
+    if not dry_run:
+        generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
     from pipeline.pack import PackConfig, budget
 
     cache = {str(s["path"]): s for s in (prev.sources if prev is not None else [])}
     # with more than one job, new sources are hashed on a second thread while metadata is read and planned
     hasher = ThreadPoolExecutor(1, thread_name_prefix="hash") if jobs > 1 else None
-    spill = out / f".spill-{os.getpid()}"
-    ctx = journal = None
+    spill = out.resolve() / f".spill-{os.getpid()}"  # absolute: remote workers get its paths
+    started, journal = False, None
     results: list[PackResult] = []
     try:
         scanned = kind.scan(manifest, cache, hasher)
         t_scan = time.perf_counter()
-        (out / fmt.SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+        ev.emit("scanned", sources=len(scanned), seconds=round(t_scan - t0, 3))
         reusable = {s.plan_key: s for s in (prev.shards if prev is not None else [])
                     if (out / fmt.SHARDS_DIR / s.file).exists()}
-        spill.mkdir(exist_ok=True)
-        park = partial(park_tables, spill, set(reusable), kind.parked)
+        if dry_run:  # nothing is written: reused and new shards alike drop their planned columns
+            park: Callable[[ShardPlan], None] = drop_columns
+        else:
+            (out / fmt.SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+            spill.mkdir(exist_ok=True)
+            park = partial(park_tables, spill, set(reusable), kind.parked)
         known = known_sources(out, prev, saved) if prev is not None else None
         plan = kind.plan(manifest, scanned, PlanContext(park, known, code_digest(), prev))
         t_plan = time.perf_counter()
         release_freed_memory()  # after planning: its many short-lived temporaries are cheaper from the heap
-        cfg = PackConfig(out=out, spill=spill, encoding=manifest.format, codec=Codec(manifest.codec, manifest.codec_level),
+        cfg = PackConfig(out=out.resolve(), spill=spill, encoding=manifest.format, codec=Codec(manifest.codec, manifest.codec_level),
                          **{"counts": False, "obsm": (), **kind.pack_options(manifest)}, fields=plan.fields,
                          block_rows=manifest.block_rows, tables=tuple(plan.tables), samples=tuple(kind.samples),
                          **budget())
@@ -219,18 +212,41 @@ def _build_locked(t0: float, manifest: Manifest, kind: Kind, out: Path, jobs: in
             plan = kind.plan(manifest, scanned, PlanContext(park, None, code_digest(), prev))
             todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         entries = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}
-        ctx = _backend_context(backend, scheduler)
         cond_file = conditions_file(plan, cfg) if plan.conditions else None
-        suffix = shard_suffix(cfg)
-        journal = generations.write_journal(out, [f"{fmt.SHARDS_DIR}/{plan.shards[i].file}{suffix}" for i in todo]
-                                            + ([cond_file] if cond_file else []))
+        new_files = [f"{fmt.SHARDS_DIR}/{sh.file}{shard_suffix(cfg)}" for sh in plan.shards] + \
+            ([cond_file] if cond_file else [])
+        if dry_run:
+            from pipeline.dryrun import plan_difference
+
+            retired = generations.next_generation(out, prev, new_files)["retired"]
+            diff = plan_difference(out, prev, plan.shards, shard_suffix(cfg), reusable, scanned, retired)
+            ev.emit("planned", shards=len(plan.shards), write=len(diff.write), reuse=len(diff.reuse),
+                    delete=len(diff.delete), seconds=round(t_plan - t_scan, 3))
+            return BuildResult(out, prev.raw if prev is not None else {}, [], sorted(diff.reuse),
+                               {"scan": t_scan - t0, "plan": t_plan - t_scan, "total": time.perf_counter() - t0},
+                               changed=diff.changed, difference=diff)
+        ev.emit("planned", shards=len(plan.shards), write=len(todo), reuse=len(plan.shards) - len(todo),
+                seconds=round(t_plan - t_scan, 3))
+        executor.start()
+        started = True
+        journal = generations.write_journal(out, [new_files[i] for i in todo] + ([cond_file] if cond_file else []))
         conditions = write_conditions(out, plan, cfg, cond_file) if cond_file else None
-        read, pack = kind.pack_tasks(manifest, plan, scanned, todo, cfg)
-        for r in _run(jobs, backend, read, "read sources", progress):
-            results.extend(r)
-        t_scatter = time.perf_counter()
-        for r in _run(jobs, backend, pack, "pack shards", progress):
-            results.extend(r)
+        from pipeline.resume import adopt_finished
+
+        missing, adopted = adopt_finished(kind, plan.shards, todo, cfg)
+        if adopted:
+            ev.emit("resumed", shards=len(adopted))
+            results.extend(adopted)
+        read, pack = kind.pack_tasks(manifest, plan, scanned, missing, cfg)
+        on_result = partial(_shard_events, ev, plan.shards)
+        for phase, tasks in (("read sources", read), ("pack shards", pack)):
+            if tasks:
+                done = executor.map(tasks, phase, progress, on_result, spill)
+                ev.emit("tasks", phase=phase, count=len(tasks), backend=backend,
+                        max_descriptor_bytes=executor.max_descriptor_bytes)
+                results.extend(r for rs in done for r in rs)
+            if phase == "read sources":
+                t_scatter = time.perf_counter()
     except BaseException:
         generations.abandon(out, prev, journal)
         raise
@@ -238,8 +254,8 @@ def _build_locked(t0: float, manifest: Manifest, kind: Kind, out: Path, jobs: in
         shutil.rmtree(spill, ignore_errors=True)
         if hasher is not None:
             hasher.shutdown(wait=True, cancel_futures=True)
-        if ctx is not None:
-            ctx.close()
+        if started:
+            executor.close()
     entries.update({r.number: r.entry for r in results})
     shard_entries = [entries[i] for i in range(len(plan.shards))]
     side = [conditions.file] if conditions is not None else []
@@ -258,6 +274,7 @@ def _build_locked(t0: float, manifest: Manifest, kind: Kind, out: Path, jobs: in
         primary_records=plan.primary_records if plan.primary_records is not None
         else int(sum(e.records for e in shard_entries)))
     index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))
+    before = fmt.index_path(out).read_bytes() if prev is not None else b""
     try:
         fmt.write_index(index)  # the commit
     except BaseException:
@@ -272,10 +289,18 @@ def _build_locked(t0: float, manifest: Manifest, kind: Kind, out: Path, jobs: in
     written = [shard_entries[i].file for i in todo]
     log.info("committed %s: %d shards (%d written, %d reused, %d stale removed)", out, len(shard_entries),
              len(written), len(shard_entries) - len(written), removed)
+    ev.emit("committed", shards=len(shard_entries), written=len(written), reused=len(shard_entries) - len(written),
+            removed=removed)
     return BuildResult(out, index.to_json(), written,
                        [e.file for i, e in enumerate(shard_entries) if i not in set(todo)],
                        {"scan": t_scan - t0, "plan": t_plan - t_scan, "scatter": t_scatter - t_plan,
-                        "pack": t_pack - t_scatter, "commit": t_end - t_pack, "total": t_end - t0})
+                        "pack": t_pack - t_scatter, "commit": t_end - t_pack, "total": t_end - t0},
+                       removed=removed, changed=bool(written or removed) or fmt.index_path(out).read_bytes() != before)
+
+
+def _shard_events(ev: EventLog, shards: list[ShardPlan], results: list[PackResult]) -> None:
+    for r in results:
+        ev.emit("shard", file=r.entry.file, records=r.entry.records, bytes=r.entry.bytes)
 
 
 def record_outcomes(plan: KindPlan, prev: fmt.Index | None, entries: list[fmt.ShardEntry],

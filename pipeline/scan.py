@@ -68,8 +68,7 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
     fields = manifest.config.fields
     columns = [fields.column(f) for f in fields.obs_fields]
     with open_source(spec.type, spec.path, spec.matrix) as src:
-        optional = [fields.column(f) for f in src.fillable_obs if f in fields.obs_fields]
-        meta = src.meta(columns, optional=optional)
+        meta = src.meta(columns, optional=columns)  # a missing column is reported below, with its manifest key
         obs: dict[str, Categorical] = {}
         for logical, col in zip(fields.obs_fields, columns, strict=True):
             filled = None if col in meta.obs else src.fill_obs(logical, meta.n_rows)
@@ -78,7 +77,7 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
             elif filled is not None:  # e.g. cell-load's cell type from the file stem (the source's rule)
                 obs[logical] = filled
             else:
-                raise SourceError(spec.path, f"missing obs column {col!r} (field {logical})")
+                raise SourceError(spec.path, missing_column(logical, col, src.obs_columns()))
     for key in fields.obsm:
         if key not in meta.obsm:
             raise SourceError(spec.path, f"missing obsm key {key!r} (has: {sorted(meta.obsm)})")
@@ -86,6 +85,20 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
         raise SourceError(spec.path, "has no cells")
     return ScannedSource(ordinal, spec, fingerprint(spec.path, cache) if hasher is None
                          else hasher.submit(fingerprint, spec.path, cache), meta, obs)
+
+
+def missing_column(logical: str, column: str, available: Sequence[str]) -> str:
+    """The error for an obs column the manifest names and the file lacks: which key named it, what the file
+    has, and how to fix it."""
+    if logical in ("perturbation", "cell_type", "batch"):
+        key, fix = f"[fields] {logical} = {column!r}", f"set [fields] {logical} to one of the file's columns"
+        if logical != "perturbation":
+            fix += f', or leave {logical} out (or "") if the data has none'
+    else:
+        key = "listed in [fields] covariates or numeric_covariates"
+        fix = "remove it from that list or name a column the file has"
+    cols = ", ".join(available[:30]) or "none"
+    return f"missing obs column {column!r} ({key}); the file's obs columns: {cols}. Fix: {fix}"
 
 
 def scan(manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None = None,

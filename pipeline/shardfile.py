@@ -44,11 +44,17 @@ def shard_suffix(cfg: PackConfig) -> str:
 def finish_shard(columns: Mapping[str, Any], shard: ShardPlan, cfg: PackConfig) -> fmt.ShardEntry:
     """Validate ``columns`` against the schema, write them as ``shard``'s file and return its index entry
     (records, and units per sample type counted by the sample types themselves)."""
-    from loaders.samples import get_sample_type  # here: build imports this module before its no-change check
-
     n = fmt.validate_columns(columns, cfg.fields, cfg.tables, name=shard.file)
     final = cfg.out / fmt.SHARDS_DIR / (shard.file + shard_suffix(cfg))
     digest, stored = write_columns(columns, final, cfg, cfg.tables)
+    return shard_entry(columns, n, final, digest, stored, shard, cfg)
+
+
+def shard_entry(columns: Mapping[str, Any], n: int, final: Path, digest: str, stored: int, shard: ShardPlan,
+                cfg: PackConfig) -> fmt.ShardEntry:
+    """The index entry of a written shard (also of one read back: pipeline.resume)."""
+    from loaders.samples import get_sample_type  # here: build imports this module before its no-change check
+
     units = {s: get_sample_type(s).count(columns) for s in cfg.samples}
     return fmt.ShardEntry(file=final.name, split=shard.split, records=n, units=units, bytes=stored,
                           raw_bytes=int(sum(a.nbytes for a in columns.values())), sha256=digest,

@@ -396,6 +396,7 @@ def test_write_demo_corpus(tmp_path: Path) -> None:
 
 def test_validate_block_accepts_parts_and_matrices() -> None:
     x = sp.random(30, 12, density=0.3, format="csr", dtype=np.float32, random_state=0)
+    x.data = np.ceil(x.data * 9)  # counts are whole numbers
     validate_block(x, "m.h5", 0, counts=True)
     validate_block((x.data, x.indices, x.indptr, 12), "m.h5", 0, counts=True)
     bad = CsrParts(x.data.copy(), x.indices.copy(), x.indptr.copy(), 12)

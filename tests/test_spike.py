@@ -198,7 +198,7 @@ def test_wrong_resolution_names_the_file_and_no_pillow_names_the_extra(demo: Pat
         build(tmp_path / "w.toml", tmp_path / "o", progress=False)
     (tmp_path / "ok.toml").write_text(text)
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(ManifestError, match=r"spike\.images.*shardsmith\[images\]"):
+    with pytest.raises(ManifestError, match=r'spike\.images.*Pillow.*pip install -e "\.\[images\]"'):
         build(tmp_path / "ok.toml", tmp_path / "o", progress=False)
 
 

@@ -105,6 +105,7 @@ class Kind(ABC):
     sections: ClassVar[tuple[str, ...]] = ()  # manifest tables this kind owns
     samples: ClassVar[tuple[str, ...]] = ()  # sample types its shards serve
     parked: ClassVar[tuple[str, ...]] = ()  # planned columns parked in spill files until their shard is packed
+    resumable: ClassVar[bool] = False  # a pack result is the index entry alone: finished shards can be adopted
 
     @abstractmethod
     def parse(self, path: Path, sections: Mapping[str, Any]) -> Any:

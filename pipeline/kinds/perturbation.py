@@ -33,6 +33,7 @@ class PerturbationKind(Kind):
     sections = ("fields", "pairing", "split")
     samples = ("cells", "pairs", "sentences")
     parked = TABLES  # planned columns big enough to wait in spill files until their shard is packed
+    resumable = True  # pipeline.resume: a failed build's finished shards are read back, not rebuilt
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> PerturbationConfig:
         return parse_sections(path, sections)

@@ -86,11 +86,12 @@ class SpikeKind(RecordKind):
         if cfg.images and cfg.layout != "gopro":
             raise ManifestError(path, "spike.images", "paired images need layout = \"gopro\"")
         if cfg.images:
+            from pipeline.extras import MissingExtraError, require
+
             try:
-                import PIL.Image  # noqa: F401
-            except ImportError:
-                raise ManifestError(path, "spike.images", "reading images needs Pillow: "
-                                    "pip install 'shardsmith[images]'") from None
+                require("PIL")
+            except MissingExtraError as e:
+                raise ManifestError(path, "spike.images", str(e)) from None
         return cfg
 
     def fractions(self, config: SpikeConfig) -> tuple[float, float]:

@@ -86,6 +86,10 @@ class MatrixSource(Source):
         """A value for a logical obs field the file lacks (one of ``fillable_obs``), else None."""
         return None
 
+    def obs_columns(self) -> list[str]:
+        """The file's obs column names (for errors that list what the manifest could name instead)."""
+        return []
+
     @abstractmethod
     def read_rows(self, start: int, stop: int) -> sp.csr_matrix:
         """Rows [start, stop) as float32 CSR with sorted-or-not indices, validated (see validate_block)."""

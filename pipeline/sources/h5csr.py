@@ -137,6 +137,10 @@ class H5Source(MatrixSource):
     def _var_names(self, var_path: str) -> tuple[str, ...] | None:
         raise NotImplementedError
 
+    def obs_columns(self) -> list[str]:
+        with self._reading("metadata"):
+            return self._obs_columns()
+
     def _obs_columns(self) -> list[str]:
         raise NotImplementedError
 

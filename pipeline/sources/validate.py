@@ -70,6 +70,16 @@ def validate_indptr(indptr: np.ndarray, path: str | Path, row0: int, nnz: int | 
             )
 
 
+# Said after a counts violation: the manifest key that promised counts, and the two ways out.
+COUNTS_FIX = ('(manifest [fields] values = "counts" promises raw integer counts: for normalised, log or scaled data '
+              'set values = "any", or point [fields] matrix at the raw counts, e.g. "raw/X" or "layers/counts")')
+
+
+def _not_integer(data: np.ndarray) -> np.ndarray:
+    """Entries of a float array with a fractional part (log-normalised data in a counts matrix)."""
+    return np.trunc(data) != data
+
+
 def _check_values(data: np.ndarray, counts: bool) -> tuple[int, str] | None:
     """(first bad entry, problem) for non-finite or (counts) negative values, else None."""
     if data.dtype.kind == "f":
@@ -81,7 +91,12 @@ def _check_values(data: np.ndarray, counts: bool) -> tuple[int, str] | None:
         return 0, f"data has non-numeric dtype {data.dtype}"
     if counts and data.dtype.kind in "if" and data.size and data.min() < 0:
         at = _first(data < 0)
-        return at, f"negative value ({data[at]}) in a counts matrix"
+        return at, f"negative value ({data[at]}) in a counts matrix {COUNTS_FIX}"
+    if counts and data.dtype.kind == "f" and data.size:
+        frac = _not_integer(data)
+        if frac.any():
+            at = _first(frac)
+            return at, f"non-integer value ({data[at]}) in a counts matrix {COUNTS_FIX}"
     return None
 
 
@@ -145,8 +160,15 @@ def validate_dense(block: np.ndarray, path: str | Path, row0: int, counts: bool,
         row = _first(negative.any(axis=1))
         col = _first(negative[row])
         raise SourceError(
-            path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col}"
+            path, f"row {row0 + row}: negative value ({block[row, col]}) in a counts matrix at column {col} {COUNTS_FIX}"
         )
+    if counts and block.dtype.kind == "f" and block.size:
+        frac = _not_integer(block)
+        if frac.any():
+            row = _first(frac.any(axis=1))
+            col = _first(frac[row])
+            raise SourceError(path, f"row {row0 + row}: non-integer value ({block[row, col]}) in a counts matrix at "
+                              f"column {col} {COUNTS_FIX}")
 
 
 FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32; 2**24 + 1 is not
