@@ -247,8 +247,8 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
                 results.extend(r for rs in done for r in rs)
             if phase == "read sources":
                 t_scatter = time.perf_counter()
-    except BaseException:
-        generations.abandon(out, prev, journal)
+    except BaseException as e:
+        generations.failed(out, prev, journal, e)
         raise
     finally:
         shutil.rmtree(spill, ignore_errors=True)
@@ -277,8 +277,8 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
     before = fmt.index_path(out).read_bytes() if prev is not None else b""
     try:
         fmt.write_index(index)  # the commit
-    except BaseException:
-        generations.abandon(out, prev, journal)
+    except BaseException as e:
+        generations.failed(out, prev, journal, e)
         raise
     try:
         save_inputs(out, manifest, kind, scanned, plan)

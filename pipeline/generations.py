@@ -201,20 +201,24 @@ def after_commit(out: Path, retired: Iterable[str]) -> int:
     return removed
 
 
-def abandon(out: Path, prev: fmt.Index | None, journal: Path | None) -> None:
-    """A build failed: delete the files it journaled that no live generation names (a full disk gets its
-    space back), then its journal. Killed before this: the journal stays for the next build or gc."""
+def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseException) -> None:
+    """A build failed before its commit. Out of space (or read-only): delete the files it journaled that no
+    live generation names, then its journal, so the disk gets its space back. Otherwise keep its finished
+    shards and their journal: the rerun adopts them (`pipeline.resume`), or the next commit or gc retires
+    them. Killed (no chance to run this): the journal stays, with the same effect."""
     if journal is None or not journal.exists():
         return
     keep = live(prev)
     try:
-        files = [str(f) for f in json.loads(journal.read_text())["files"]]
+        files = [f for f in json.loads(journal.read_text())["files"] if f not in keep and (out / f).exists()]
     except (OSError, ValueError, KeyError, TypeError):
         return
-    for f in files:
-        if f not in keep and (out / f).exists():
+    if isinstance(error, OSError) and _fails_the_output(out, error):
+        for f in files:
             remove(out, f)
-    journal.unlink(missing_ok=True)
+        files = []
+    if not files:
+        journal.unlink(missing_ok=True)
 
 
 def _fails_the_output(out: Path, e: OSError) -> bool:
