@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders import budget, decoder, order
+from loaders import budget, decoder, interop, order
 from loaders.collate import Arena, BufferPool, Payload, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
@@ -108,6 +108,35 @@ class ShardDataset(IterableDataset):
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
+
+    # -- what the dataset holds (loaders.interop: read from index.json, never on the training path) --
+    @property
+    def var_names(self) -> list[str]:
+        """Gene names, in the column order of ``batch["X"]`` ([] for a kind without a gene matrix)."""
+        return interop.var_names(read_index(self.root))
+
+    @property
+    def splits(self) -> list[str]:
+        """The splits of the dataset (each a valid ``split=``)."""
+        return interop.splits(read_index(self.root))
+
+    @property
+    def condition_dim(self) -> int:
+        """Width of ``batch["cond"]`` (0 without a condition table): to size a model's condition input."""
+        return interop.condition_dim(read_index(self.root))
+
+    @property
+    def vectors(self) -> np.ndarray | None:
+        """The condition table, float32 [conditions, condition_dim] (``batch["cond"]`` is its rows at
+        ``batch["cond_id"]``); None when the dataset has none. A property, loaded once per process."""
+        get = getattr(self.sample_type, "vectors", None)
+        return get() if get is not None else None
+
+    def obs_names_for(self, sample_ids: Any) -> np.ndarray:
+        """Cell barcodes (the sources' ``obs_names``) of ``batch["sample_id"]``, in that order, from this
+        split's shards."""
+        ids = sample_ids.numpy() if isinstance(sample_ids, torch.Tensor) else sample_ids
+        return interop.obs_names_for(self.root, ids, self.split)
 
     # -- sizes and iteration state ---------------------------------------------------------------
     @property

@@ -30,7 +30,9 @@ import numpy as np
 
 FORMAT_NAME = "shardsmith"
 SHARD_VERSION = 1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
-INDEX_VERSION = 2  # the layout of index.json; version 1 is still read (converted by ``read_index``)
+INDEX_VERSION = 3  # the layout of index.json; 1 is still read (converted by ``read_index``); an index without
+#                   field codecs is written as version 2 (its layout then is 2's), so older readers keep reading it
+PLAIN_INDEX_VERSION = 2  # the version of an index whose fields name no codec
 INDEX_FILE = "index.json"
 SHARDS_DIR = "shards"
 ENCODINGS = ("zarr", "tar")
@@ -47,6 +49,7 @@ X = "X"
 COND_ID = "cond_id"  # int32: row of the condition table
 OBS_PREFIX = "obs/"  # obs/<field>: int32 codes into vocabularies[<field>]
 OBSM_PREFIX = "obsm/"  # obsm/<key>: dense float32 embeddings
+OBS_NAMES = "obs_names"  # ragged uint8: each record's cell barcode (the source's obs index), UTF-8
 PAIRS = "pairs"  # int32 [P, 2]: (control row, perturbed row), local to the shard
 SENTENCES_PERT = "sentences/pert"  # int32 [S, L]: local rows of one (cell_type, perturbation, batch) group
 SENTENCES_CTRL = "sentences/ctrl"  # int32 [S, L]: matched control rows
@@ -69,8 +72,15 @@ class FieldSpec:
     dtype: str
     shape: tuple[int, ...] = ()
     bound: int | None = None
+    codec: Mapping[str, Any] | None = None  # this field's own codec (loaders.fieldcodecs), else the dataset's
 
     def __post_init__(self) -> None:
+        if self.codec is not None:  # stored as sorted items: the spec stays hashable and compares by value
+            if self.layout != "dense":
+                raise FormatError(f"field {self.name!r}: only dense fields take a codec")
+            if not isinstance(self.codec, Mapping) or not isinstance(self.codec.get("id"), str):
+                raise FormatError(f"field {self.name!r}: codec must be an object with an \"id\", got {self.codec!r}")
+            object.__setattr__(self, "codec", _FrozenConfig(self.codec))
         if self.layout not in LAYOUTS:
             raise FormatError(f"field {self.name!r}: unknown layout {self.layout!r} (expected one of {LAYOUTS})")
         if self.layout == "csr" and len(self.shape) != 1:
@@ -98,6 +108,8 @@ class FieldSpec:
         d: dict[str, Any] = {"name": self.name, "layout": self.layout, "dtype": self.dtype, "shape": list(self.shape)}
         if self.bound is not None:
             d["bound"] = int(self.bound)
+        if self.codec is not None:
+            d["codec"] = dict(self.codec)
         return d
 
     @staticmethod
@@ -105,7 +117,19 @@ class FieldSpec:
         layout = d["layout"] if "layout" in d else d["kind"]  # index v1 said "kind"
         bound = d.get("bound")
         return FieldSpec(str(d["name"]), str(layout), str(d["dtype"]), tuple(int(s) for s in d["shape"]),
-                         None if bound is None else int(bound))
+                         None if bound is None else int(bound), d.get("codec"))
+
+
+class _FrozenConfig(dict):  # type: ignore[type-arg]
+    """A codec config that hashes (FieldSpec is frozen and hashable); JSON-serialises as the dict it is."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=str))
+
+
+def column_codecs(fields: Iterable[FieldSpec]) -> dict[str, dict[str, Any]]:
+    """Column key -> its field's own codec config, for the fields that name one."""
+    return {f.name: dict(f.codec) for f in fields if f.codec is not None}
 
 
 def csr_keys(name: str) -> tuple[str, str, str]:
@@ -322,7 +346,8 @@ class Index:
     def to_json(self) -> dict[str, Any]:
         """The JSON document for index.json (keys sorted on write, so equal inputs give equal bytes)."""
         doc = {
-            "format": FORMAT_NAME, "version": INDEX_VERSION, "shard_version": SHARD_VERSION,
+            "format": FORMAT_NAME, "shard_version": SHARD_VERSION,
+            "version": INDEX_VERSION if column_codecs(self.fields) else PLAIN_INDEX_VERSION,
             "name": self.name, "kind": self.kind, "encoding": self.encoding,
             "fields": [f.to_json() for f in self.fields], "tables": list(self.tables),
             "shards": [s.to_json() for s in self.shards], "samples": list(self.samples),
@@ -365,17 +390,21 @@ def read_index(root: str | Path) -> Index:
         got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise FormatError(f"{path}: format is {got!r}, expected {FORMAT_NAME!r}")
     version = raw.get("version")
-    if version not in (1, INDEX_VERSION):
-        raise FormatError(f"{path}: index version {version!r}; this reader understands 1 and {INDEX_VERSION} "
-                          "(rebuild the dataset with this shardsmith: `shardsmith build MANIFEST --out DIR`)")
+    if version not in range(1, INDEX_VERSION + 1):
+        newer = isinstance(version, int) and version > INDEX_VERSION
+        raise FormatError(f"{path}: index version {version!r}; this reader understands 1 to {INDEX_VERSION} "
+                          + ("(written by a newer shardsmith: upgrade shardsmith)" if newer else
+                             "(rebuild the dataset with this shardsmith: `shardsmith build MANIFEST --out DIR`)"))
     try:
         if raw.get("encoding") not in ENCODINGS:
             raise FormatError(f"{path}: unknown shard encoding {raw.get('encoding')!r}")
         doc = _from_v1(raw) if version == 1 else raw
         cond = doc.get("conditions")
+        fields = [FieldSpec.from_json(f) for f in doc["fields"]]
+        _check_codecs(path, fields, version)
         return Index(
             root=Path(root), name=str(doc["name"]), kind=str(doc["kind"]), encoding=str(doc["encoding"]),
-            fields=[FieldSpec.from_json(f) for f in doc["fields"]], tables=[str(t) for t in doc.get("tables", [])],
+            fields=fields, tables=[str(t) for t in doc.get("tables", [])],
             shards=[ShardEntry.from_json(s) for s in doc["shards"]], samples=[str(s) for s in doc.get("samples", [])],
             vocabularies={k: [str(x) for x in v] for k, v in (doc.get("vocabularies") or {}).items()},
             obs_fields=[str(f) for f in doc.get("obs_fields") or []],
@@ -388,10 +417,24 @@ def read_index(root: str | Path) -> Index:
             previous=None if not doc.get("previous") else Generation.from_json(doc["previous"]),
             retired=[str(f) for f in doc.get("retired") or []], raw=raw,
         )
-    except FormatError:
-        raise
+    except FormatError as e:  # e.g. a field's bad layout or codec: say which index.json
+        if str(path) in str(e):
+            raise
+        raise FormatError(f"{path}: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise FormatError(f"{path}: malformed index.json ({type(e).__name__}: {e})") from None
+
+
+def _check_codecs(path: Path, fields: list[FieldSpec], version: int) -> None:
+    """Field codecs appear only in version-3 indexes, and each must be one this reader knows."""
+    named = [f for f in fields if f.codec is not None]
+    if named and version < INDEX_VERSION:
+        raise FormatError(f"{path}: field {named[0].name!r} names a codec, which index version {version} cannot")
+    if named:
+        from loaders.fieldcodecs import get_field_codec
+
+        for f in named:
+            get_field_codec(f.codec, f"{path}: field {f.name!r}")
 
 
 V1_SECTION_KEYS = ("pairing", "split", "var_names")  # v1 kept these perturbation settings at the top level

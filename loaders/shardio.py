@@ -80,6 +80,9 @@ def open_zarr_columns(path: Path, keys: Sequence[str]) -> dict[str, Column]:
     """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard."""
     import zarr
 
+    from loaders.fieldcodecs import load_zarr_codecs
+
+    load_zarr_codecs()  # arrays may name a field codec (e.g. spike windows): zarr must know it to decode
     try:
         group = zarr.open_group(str(path), mode="r")
         out = {}
@@ -196,6 +199,7 @@ def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str,
             meta = _tar_meta(tf, info, path)
             field_key = {f: str(k) for f, k in meta["columns"].items()}
             tables = set(meta["tables"])
+            codecs = _tar_codecs(meta, path)
             missing = sorted(wanted - set(field_key.values()))
             if missing:
                 raise FormatError(f"{path}: shard has no column {missing[0]!r}")
@@ -213,7 +217,8 @@ def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str,
         elif sample != TAR_TABLES_KEY:
             raise FormatError(f"{path}: unexpected tar member {info.name!r}")
         if key in wanted:
-            parts[key].append(_npy(tf, info, path))
+            a = _npy(tf, info, path)
+            parts[key].append(codecs[key](a, info.name) if key in codecs else a)
     if meta is None:
         raise FormatError(f"{path}: empty tar shard (no {TAR_META_KEY}.json)")
     return _join_blocks(path, meta, parts, blocks_seen)
@@ -229,6 +234,32 @@ def _tar_meta(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> dict[st
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
     raise FormatError(f"{path}: {info.name} is not a {FORMAT_NAME} v{SHARD_VERSION} tar map")
+
+
+def _tar_codecs(meta: dict[str, Any], path: Path) -> dict[str, Callable[[np.ndarray, str], np.ndarray]]:
+    """Column key -> a decoder of its members, for columns stored with their field's own codec."""
+    from loaders.fieldcodecs import get_field_codec
+
+    out = {}
+    for key, spec in (meta.get("codecs") or {}).items():
+        try:
+            codec = get_field_codec(spec["codec"], f"{path}: {TAR_META_KEY}.json column {key!r}")
+            dtype, shape = np.dtype(spec["dtype"]), tuple(int(s) for s in spec["shape"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise FormatError(f"{path}: {TAR_META_KEY}.json codecs[{key!r}] is malformed ({e})") from None
+        out[str(key)] = _decoder(codec, dtype, shape, path)
+    return out
+
+
+def _decoder(codec: Any, dtype: np.dtype, shape: tuple[int, ...],
+             path: Path) -> Callable[[np.ndarray, str], np.ndarray]:
+    def decode(a: np.ndarray, member: str) -> np.ndarray:
+        try:
+            return np.asarray(codec.decode(a)).reshape(-1).view(dtype).reshape(-1, *shape)
+        except Exception as e:  # a corrupt stream: name the shard and member
+            raise FormatError(f"{path}: member {member!r} does not decode ({type(e).__name__}: {e})") from None
+
+    return decode
 
 
 def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytearray:

@@ -207,8 +207,12 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
                          block_rows=manifest.block_rows, tables=tuple(plan.tables), samples=tuple(kind.samples),
                          **budget())
         todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
-        if known and any(not plan.shards[i].columns and not plan.shards[i].n for i in todo):
-            # a reused source's shard vanished meanwhile: plan everything again
+        moved = {sh.key for sh in plan.shards if sh.key in reusable and reusable[sh.key].split != sh.split}
+        if moved:  # equal rows planned for another split (the split rules changed): a new shard, not a reuse
+            reusable = {k: v for k, v in reusable.items() if k not in moved}
+            park = park if dry_run else partial(park_tables, spill, set(reusable), kind.parked)
+        if moved or (known and any(not plan.shards[i].columns and not plan.shards[i].n for i in todo)):
+            # a reused source's shard vanished meanwhile, or a shard moved: plan everything again
             plan = kind.plan(manifest, scanned, PlanContext(park, None, code_digest(), prev))
             todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         entries = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}

@@ -18,7 +18,7 @@ from loaders.format import FormatError
 from pipeline.commands import COMMAND_MODULES, get_command
 from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
 
-DESCRIPTION = ("Build shard datasets from a manifest, check and inspect them. "
+DESCRIPTION = ("Build shard datasets from a manifest, check and inspect them, export a split to AnnData. "
                "Also `python -m pipeline ...`. Exit codes: 0 ok, 1 crash, 2 bad input, 3 lock held.")
 OUR_LOGGERS = ("pipeline", "loaders")  # -v turns these to DEBUG; libraries (numcodecs, zarr, ...) stay at WARNING
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE

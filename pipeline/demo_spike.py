@@ -28,15 +28,28 @@ def scene(t: np.ndarray, height: int, width: int, seed: int, scale: int = 1) -> 
     return (0.5 + 0.45 * a).astype(np.float32)
 
 
-def integrate_and_fire(intensity: np.ndarray, threshold: float = 1.0, gain: float = 0.6, seed: int = 0) -> np.ndarray:
-    """0/1 spikes ``[T, H, W]``: each pixel integrates ``gain * intensity`` and fires on crossing the threshold."""
-    acc = np.random.default_rng(seed).uniform(0, threshold, intensity.shape[1:]).astype(np.float32)
+def integrate_and_fire(intensity: np.ndarray, threshold: float = 1.0, gain: float = 0.6, seed: int = 0,
+                       jitter: float = 0.0, dark: float = 0.0) -> np.ndarray:
+    """0/1 spikes ``[T, H, W]``: each pixel integrates ``gain * intensity`` and fires on crossing the threshold.
+
+    Real sensors add noise (both off by default, so the demo's bits stay as they were): ``jitter``, the relative
+    standard deviation of each pixel's threshold, drawn anew after every spike (comparator and reset noise),
+    and ``dark``, the probability per pixel and frame of a spurious spike (dark current, hot pixels)."""
+    rng = np.random.default_rng(seed)
+    acc = rng.uniform(0, threshold, intensity.shape[1:]).astype(np.float32)
+    thr = np.full(intensity.shape[1:], threshold, np.float32)
+    if jitter:
+        thr *= (1 + jitter * rng.standard_normal(thr.shape)).astype(np.float32)
     out = np.zeros(intensity.shape, np.uint8)
     for i in range(intensity.shape[0]):  # the camera's own clock: one step per frame
         acc += gain * intensity[i]
-        fired = acc >= threshold
+        fired = acc >= thr
         out[i] = fired
-        acc[fired] -= threshold
+        acc[fired] -= thr[fired]
+        if jitter:
+            thr[fired] = threshold * (1 + jitter * rng.standard_normal(int(fired.sum()))).astype(np.float32)
+    if dark:
+        out |= rng.random(out.shape) < dark
     return out
 
 

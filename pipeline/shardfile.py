@@ -27,7 +27,8 @@ def write_columns(columns: Mapping[str, Any], final: Path, cfg: PackConfig, tabl
     if tmp.exists():
         shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
     try:
-        get_writer(cfg.encoding, cfg.codec).write(tmp, columns, tables)  # type: ignore[arg-type]
+        get_writer(cfg.encoding, cfg.codec).write(tmp, columns, tables,  # type: ignore[arg-type]
+                                                  fmt.column_codecs(cfg.fields))
         digest, stored = fmt.content_hash(tmp), fmt.stored_bytes(tmp)
         os.replace(tmp, final)
     except BaseException:

@@ -25,7 +25,7 @@ POINTS = {
     7: "Hangs",
     8: "Silent acceptance (validation)",
     9: "Permissions",
-    10: "A full disk, a read-only `--out`",
+    10: "A full disk or a read-only `--out`",  # in the issue's Deliver list, after the nine numbered points
 }
 
 HEADER = """\

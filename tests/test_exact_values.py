@@ -9,9 +9,11 @@ import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 
 import pipeline.pack
 from loaders import format as fmt
+from loaders.device import densify, densify_torch
 from pipeline.cli import main
 from pipeline.demo import write_h5csr
 from tests import hostile
@@ -97,6 +99,10 @@ def test_duplicate_columns_are_summed_once_at_build(case: hostile.Case, tmp_path
         rows = cols[fmt.SAMPLE_ID]
         assert m.has_canonical_format and m.nnz == x[rows].nnz  # one sorted entry per column, as in the source
         np.testing.assert_array_equal(m.toarray(), x[rows].toarray())
+        parts = (cols["X/indptr"].astype(np.int64), cols["X/indices"].astype(np.int64), cols["X/data"])
+        cpu = densify(*parts, (rows.size, x.shape[1]))  # the loader's CPU path sums; the device path's
+        dev = densify_torch(*(torch.from_numpy(a) for a in parts), (rows.size, x.shape[1]))  # scatter_ keeps one
+        np.testing.assert_array_equal(cpu, dev.numpy())
         want += int(extra[rows].sum())  # a control copied into several shards counts in each
     assert index.stats["duplicate_entries_summed"] == want > 0
     assert sum(c["duplicate_entries_summed"] for c in index.stats["counts_by_shard"].values()) == want

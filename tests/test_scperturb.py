@@ -159,6 +159,30 @@ def test_batch_and_cell_type_are_optional(tmp_path: Path) -> None:
         assert index.obs_fields == ["perturbation"] and set(index.vocabularies) == {"perturbation"}
         assert verify(out) == []
         assert summary(out)["details"]["pairing"]["pairs_exact"] > 0
+    from loaders import ShardDataset
+
+    for sample in ("cells", "pairs", "sentences"):  # the loader needs neither field either
+        ds = ShardDataset(out, split="train", sample=sample, batch_size=4, shuffle=False, decode_process=False)
+        assert next(iter(ds))["cond"].shape[0] == 4
+
+
+def test_combination_features_are_summed_per_part(tmp_path: Path) -> None:
+    src = write_scperturb(tmp_path / "data" / "n.h5ad", "norman", n=300)
+    singles = sorted([*SINGLES, "ZNF318"])
+    feats = {g: np.full(2, i + 1, np.float32) for i, g in enumerate(singles)}  # keyed by single perturbations
+    np.savez(tmp_path / "feats.npz", **feats)
+    manifest = example(tmp_path, "scperturb_norman2019.toml", src,
+                       {"values": 'values = "counts"\nperturbation_features = "feats.npz"'})
+    build(manifest, tmp_path / "out", jobs=1, progress=False)
+    index, shards = read_all(tmp_path / "out")
+    seg = index.conditions.segments[0]
+    assert seg["encoding"] == "combination" and seg["encoding_of_parts"] == "features" and seg["size"] == 2
+    vec = vectors(tmp_path / "out", index)
+    for _, cols in shards:
+        labels = np.asarray(index.vocabularies["perturbation"])[cols["obs/perturbation"]]
+        for label, v in zip(labels, vec[cols[fmt.COND_ID], :2], strict=True):
+            want = sum((feats[g] for g in label.split("_")), np.zeros(2, np.float32)) if label != "control" else 0
+            np.testing.assert_array_equal(v, want)
 
 
 def test_numeric_covariate_errors_name_the_key_and_fix(tmp_path: Path) -> None:

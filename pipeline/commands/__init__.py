@@ -20,6 +20,7 @@ COMMAND_MODULES: dict[str, str] = {
     "verify": "pipeline.commands.verify",
     "inspect": "pipeline.commands.inspect",
     "gc": "pipeline.commands.gc",
+    "export": "pipeline.commands.export",
     "demo": "pipeline.commands.demo",
 }
 

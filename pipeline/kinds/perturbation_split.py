@@ -74,6 +74,9 @@ class Split:
             out["controls"] = self.controls
         if self.combinations != "any":
             out["combinations"] = self.combinations
+        if self.fewshot is not None:
+            out["fewshot"] = {ct: {"val": list(e.val), "test": list(e.test), "val_fraction": e.val_fraction,
+                                   "test_fraction": e.test_fraction} for ct, e in sorted(self.fewshot.items())}
         if self.experiment is not None:
             out["cellload_toml"] = {"path": self.experiment.path.name, "sha256": self.experiment.sha256}
         return out

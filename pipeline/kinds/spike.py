@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 LAYOUTS = ("files", "gopro")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 SPLIT_FOLDERS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
+# [spike] codec: the spikes column's own codec (loaders.spikebits: pixel-major bits + zstd, ~0.55 of the bits'
+# size), or "dataset": the [dataset] codec like every other column (e.g. "none", the fastest to load)
+SPIKE_CODECS = {"spikebits": {"id": "shardsmith.spikebits", "level": 5}, "dataset": None}
 UNSERVED = ("records_in_no_clip", "clips_lost_at_shard_cuts", "images_without_spikes",
             "sequences_without_spikes")
 
@@ -49,6 +52,7 @@ class SpikeConfig:
     layout: str = "files"
     images: tuple[str, ...] = ()
     clip_len: int = 1
+    codec: str = "spikebits"
     val_fraction: float = 0.1
     test_fraction: float = 0.1
 
@@ -66,7 +70,7 @@ class SpikeKind(RecordKind):
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> SpikeConfig:
         t = Table(path, "spike", sections.get("spike") or {}, {"height", "width", "packing", "flip_rows", "frames",
-                                                             "num_bins", "layout", "images", "clip_len"})
+                                                             "num_bins", "layout", "images", "clip_len", "codec"})
         sp = Table(path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction"})
         frames = t.get("frames", (int, str), 40)
         if frames != "all" and (not isinstance(frames, int) or frames < 1):
@@ -75,7 +79,7 @@ class SpikeKind(RecordKind):
                           packing=t.get("packing", str, "bits", PACKINGS), flip_rows=t.get("flip_rows", bool, True),
                           frames=None if frames == "all" else frames, num_bins=t.get("num_bins", int, 5),
                           layout=t.get("layout", str, "files", LAYOUTS), images=t.strings("images", ()) or (),
-                          clip_len=t.get("clip_len", int, 1),
+                          clip_len=t.get("clip_len", int, 1), codec=t.get("codec", str, "spikebits", tuple(SPIKE_CODECS)),
                           val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
                           test_fraction=float(sp.get("test_fraction", (int, float), 0.1)))
         for key in ("height", "width", "num_bins", "clip_len"):
@@ -183,7 +187,7 @@ class SpikeKind(RecordKind):
         n_seq = len({r.group for s in scanned for r in s.meta})
         fields = [fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
                   fmt.FieldSpec(SPIKES, "dense", "uint8", (self._frames(manifest, scanned), cfg.height,
-                                                           -(-cfg.width // 8))),
+                                                           -(-cfg.width // 8)), codec=SPIKE_CODECS[cfg.codec]),
                   fmt.FieldSpec(SEQUENCE, "dense", "int32", bound=n_seq), fmt.FieldSpec(FRAME, "dense", "int32")]
         fields += [fmt.FieldSpec(n, "dense", "uint8", s) for n, s in self._image_shapes(manifest, scanned).items()]
         self._shapes = {f.name: f.shape for f in fields}  # what read_record checks each record against
@@ -229,7 +233,8 @@ class SpikeKind(RecordKind):
         cfg: SpikeConfig = manifest.config
         return {"height": cfg.height, "width": cfg.width, "packing": cfg.packing, "flip_rows": cfg.flip_rows,
                 "frames": cfg.frames, "num_bins": cfg.num_bins, "layout": cfg.layout, "images": list(cfg.images),
-                "clip_len": cfg.clip_len, "bits": "1 bit per pixel, LSB first along width, rows top to bottom"}
+                "clip_len": cfg.clip_len, "codec": cfg.codec,
+                "bits": "1 bit per pixel, LSB first along width, rows top to bottom"}
 
     def describe(self, index: fmt.Index) -> dict[str, Any]:
         sec = index.section()

@@ -22,6 +22,7 @@ from pipeline.plan.conditions import ConditionTable, VectorOptions, build_condit
 from pipeline.plan.pairing import LEVELS, ControlPools, MatchContext, combine, make_pairs, make_sentences
 from pipeline.plan.splits import DROPPED, SPLIT_NAMES, assign_splits, control_split, source_rng
 from pipeline.scan import ScannedSource
+from pipeline.sources.obs_names import obs_name_columns
 
 __all__ = ["Park", "Plan", "ShardPlan", "make_plan", "source_key"]
 
@@ -121,6 +122,7 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
             fmt.SAMPLE_ID: cells.sample_id[g],
             fmt.PRIMARY: is_primary,
             fmt.COND_ID: cond.cond_id[g],
+            **obs_name_columns(src, cells.row[g]),
             **{fmt.OBS_PREFIX + f: cells.codes[f][g] for f in fields},
             fmt.PAIRS: lut[pr].reshape(-1, 2),
             fmt.SENTENCES_PERT: lut[spp].reshape(-1, size),

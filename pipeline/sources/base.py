@@ -13,6 +13,8 @@ import numpy as np
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
+    from pipeline.sources.obs_names import ObsNames
+
 
 @dataclass(frozen=True)
 class Categorical:
@@ -32,6 +34,7 @@ class SourceMeta:
     obs: dict[str, Categorical]  # the requested columns that exist
     obsm: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # key -> (shape, dtype)
     named_genes: bool = True  # False: the file has no var names and `var_names` were made up (gene_0, ...)
+    obs_names: ObsNames | None = None  # the cell barcodes (obs index), when the source has rows of cells
 
 
 class Source(ABC):

@@ -20,6 +20,7 @@ import numpy as np
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
 from pipeline.sources.base import Categorical, MatrixSource, SourceMeta, register_source
+from pipeline.sources.obs_names import read_obs_names
 from pipeline.sources.validate import (
     CsrParts,
     check_float32_exact,
@@ -313,8 +314,10 @@ class H5Source(MatrixSource):
                         self.path, f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}"
                     )
             obsm = self._obsm_info()
+            names = read_obs_names(self._node("obs"), n_rows, self.path)
         named = self.matrix.strip("/").startswith("obsm/") or declared is not None
-        return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm, named_genes=named)
+        return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm, named_genes=named,
+                          obs_names=names)
 
     # --- rows -----------------------------------------------------------------------------------
     def _check_range(self, start: int, stop: int, n_rows: int) -> None:

@@ -124,9 +124,9 @@ def validate_block(
             path, f"row {row0}: indices length {indices.size} does not match data length {data.size} in this block"
         )
     validate_indptr(indptr, path, row0, nnz=data.size)
+    if indices.dtype.kind not in "iu":  # even when empty: such a file is malformed
+        raise SourceError(path, f"row {row0}: column indices have non-integer dtype {indices.dtype}")
     if indices.size:
-        if indices.dtype.kind not in "iu":
-            raise SourceError(path, f"row {row0}: column indices have non-integer dtype {indices.dtype}")
         lo, hi = indices.min(), indices.max()
         if lo < 0 or hi >= parts.n_cols:
             at = _first((indices < 0) | (indices >= parts.n_cols))
@@ -176,18 +176,25 @@ FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32; 2**
 
 def check_float32_exact(values: np.ndarray, path: str | Path, row0: int, indptr: np.ndarray | None,
                         counts: bool) -> None:
-    """Refuse integers that float32 (the stored dtype of matrix values) would round: integer sources, and
-    float sources declared as counts (`[fields] values = "counts"`), beyond +-2**24. `indptr`: block-local
-    row pointers to name the row of an entry (None: `values` is a dense 2-D block)."""
+    """Refuse values that float32 (the stored dtype of matrix values) would change: integers (from integer
+    sources, and from float sources declared as counts: `[fields] values = "counts"`) beyond +-2**24, which it
+    would round, and wider floats beyond float32's range, which would become inf. `indptr`: block-local row
+    pointers to name the row of an entry (None: `values` is a dense 2-D block)."""
     values = np.asarray(values)
-    if values.size == 0 or not (values.dtype.kind in "iu" or (counts and values.dtype.kind == "f"
-                                                               and values.dtype.itemsize > 4)):
+    kind = values.dtype.kind
+    if values.size == 0 or kind not in "iuf" or (kind == "f" and values.dtype.itemsize <= 4 and not counts):
         return
-    big = np.abs(values.astype(np.float64, copy=False)) > FLOAT32_EXACT  # float64 holds every int < 2**53
+    whole = kind in "iu" or counts
+    limit = float(FLOAT32_EXACT) if whole else float(np.finfo(np.float32).max)
+    mag = np.abs(values.astype(np.float64, copy=False))  # float64 holds every int < 2**53
+    big = (mag > limit) & (mag != np.inf)  # inf and NaN: reported as such by validate_block
     if not big.any():
         return
     at = _first(big.ravel())
     row = row0 + (at // values.shape[1] if indptr is None else _row_of(at, indptr))
+    if not whole:
+        raise SourceError(path, f"row {row}: value {values.ravel()[at]} is beyond float32's range (the stored "
+                          "dtype); rescale the matrix")
     raise SourceError(path, f"row {row}: value {values.ravel()[at]} is beyond 2**24 = {FLOAT32_EXACT}, which the "
                       "stored float32 values cannot hold exactly; rescale the matrix (e.g. normalise or log1p it, "
                       'then set [fields] values = "any") or use a matrix without such counts ([fields] matrix)')

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -40,9 +40,11 @@ class ShardWriter(ABC):
         self.codec = codec
 
     @abstractmethod
-    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = ()) -> None:
+    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = (),
+              codecs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         """Write every column to `path` (which does not exist yet). Same columns -> same bytes. `tables`:
-        the keys that are shard tables (rows of local row ids, not one entry per record)."""
+        the keys that are shard tables (rows of local row ids, not one entry per record). `codecs`: column
+        key -> its field's own codec config (``loaders.fieldcodecs``), used instead of the dataset's codec."""
 
 
 WRITERS: dict[str, type[ShardWriter]] = {}

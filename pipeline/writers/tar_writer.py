@@ -8,8 +8,10 @@ The member layout (names, the ``_meta.json`` map, pointer groups) lives in ``loa
 reader and this writer share one definition.
 
 Compression: none. The manifest's codec applies to zarr only: WebDataset users expect plain ``.npy`` members
-they can ``np.load``, and a tar is read sequentially at disk speed anyway. A later version could compress
-members (e.g. ``.npy.zst``) behind a new ``_meta.json`` key without changing the sample layout.
+they can ``np.load``, and a tar is read sequentially at disk speed anyway. A field with its own codec
+(``loaders.fieldcodecs``, e.g. spike windows' ``shardsmith.spikebits``) is the exception: each block's member
+is a 1-d uint8 ``.npy`` of the encoded bytes, and ``_meta.json`` ``codecs`` names the codec, the column's dtype
+and record shape (``numcodecs.get_codec(codec).decode(member)`` gives the block's rows back).
 
 Determinism: members are written in sorted name order (``_meta`` < ``b000000`` < ... < ``tables``) with
 mtime 0, uid/gid 0, empty user/group names and mode 0644, so equal columns give byte-identical files.
@@ -22,6 +24,7 @@ import json
 import tarfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +46,10 @@ class TarShardWriter(ShardWriter):
             raise ValueError(f"block_records must be >= 1, got {block_records}")
         self.block_records = block_records
 
-    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = ()) -> None:
+    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = (),
+              codecs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        from loaders.fieldcodecs import get_field_codec
+
         cols = {k: np.ascontiguousarray(v) for k, v in columns.items()}  # np.save of a Fortran array differs
         for k, a in cols.items():
             if a.dtype.hasobject or a.ndim == 0:
@@ -58,6 +64,10 @@ class TarShardWriter(ShardWriter):
         meta = {"format": fmt.FORMAT_NAME, "version": fmt.SHARD_VERSION, "encoding": self.encoding,
                 "n_records": n, "blocks": blocks, "block_records": self.block_records,
                 "columns": {names[k]: k for k in cols}, "tables": tables, "compression": "none"}
+        own = {k: get_field_codec(c, f"column {k!r}") for k, c in (codecs or {}).items() if k in records}
+        if own:
+            meta["codecs"] = {k: {"codec": c.get_config(), "dtype": str(cols[k].dtype), "shape": list(cols[k].shape[1:])}
+                              for k, c in own.items()}
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # as zarr's LocalStore does
         with tarfile.open(path, mode="x:", format=tarfile.PAX_FORMAT) as tf:
             _add(tf, f"{TAR_META_KEY}.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
@@ -65,7 +75,8 @@ class TarShardWriter(ShardWriter):
                 key = tar_block_key(b, blocks)
                 block = _block(cols, records, groups, b * self.block_records, min(n, (b + 1) * self.block_records))
                 for name, k in sorted((names[k], k) for k in records):
-                    _add(tf, f"{key}.{name}.npy", _npy_bytes(block[k]))
+                    a = np.frombuffer(own[k].encode(block[k]), np.uint8) if k in own else block[k]
+                    _add(tf, f"{key}.{name}.npy", _npy_bytes(a))
             for name, k in sorted((names[k], k) for k in tables):
                 _add(tf, f"{TAR_TABLES_KEY}.{name}.npy", _npy_bytes(cols[k]))
 

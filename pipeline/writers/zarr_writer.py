@@ -47,16 +47,20 @@ class ZarrShardWriter(ShardWriter):
     encoding = "zarr"
     suffix = ".zarr"
 
-    def write(self, path: Path, columns: Mapping[str, Any], tables: Collection[str] = ()) -> None:
+    def write(self, path: Path, columns: Mapping[str, Any], tables: Collection[str] = (),
+              codecs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         import zarr
+
+        from loaders.fieldcodecs import zarr_codec
 
         group = zarr.open_group(zarr.storage.LocalStore(str(path)), mode="w-", zarr_format=3)
         compressors = zarr_compressors(self.codec)
+        own = {k: [zarr_codec(c, f"column {k!r}")] for k, c in (codecs or {}).items() if k in columns}
         for key in sorted(columns):
             a = _array_like(columns[key])
             rows = chunk_rows(a)
             arr = group.create_array(key, shape=tuple(a.shape), dtype=a.dtype, chunks=(rows, *a.shape[1:]),
-                                     compressors=compressors, fill_value=0,
+                                     compressors=own.get(key, compressors), fill_value=0,
                                      config={"write_empty_chunks": True})  # skips a full compare per chunk
             if isinstance(a, np.ndarray):
                 if a.size:

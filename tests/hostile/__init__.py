@@ -16,7 +16,8 @@ How to add a case (three steps):
             data={"delay": 0.1})          # anything the test needs; not shown in the table
 
    ``id`` is unique across the registry and becomes the pytest id; ``point`` is the numbered case of
-   issue 13 (1-9); ``test`` is ``<test module>::<test function>``.
+   issue 13 (1-9; 10: a full disk or read-only ``--out``; titles in ``tests/reliability_table.py:POINTS``);
+   ``test`` is ``<test module>::<test function>``.
 2. Decorate that test function with ``@hostile.parametrize``: it receives every case whose ``test`` names
    it, as the argument ``case`` (use ``case.data``)::
 
@@ -25,7 +26,8 @@ How to add a case (three steps):
        @hostile.parametrize
        def test_second_writer_refused(case: hostile.Case, tmp_path: Path) -> None: ...
 
-3. Run ``python -m tests.reliability_table`` to rewrite docs/RELIABILITY.md and commit it.
+3. Run ``python -m tests.reliability_table`` to rewrite docs/RELIABILITY.md and commit it. A merge conflict
+   in docs/RELIABILITY.md is resolved the same way: take either side, then rerun the generator.
 
 Keep this package free of heavy imports: the table generator imports every module in it.
 """

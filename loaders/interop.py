@@ -1,0 +1,75 @@
+"""What scanpy and PyTorch users ask of a dataset besides batches: gene names, the splits, the condition
+table, and the cell barcodes (``obs_names``) of the records a batch came from.
+
+Why a module of its own: these read ``index.json`` and, for barcodes, one field of the shards; the training
+path (:mod:`loaders.dataset`) never reads them, so a dataset costs nothing for them until they are asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from loaders import format as fmt
+from loaders.shardio import read_shard
+
+
+def var_names(index: fmt.Index) -> list[str]:
+    """The matrix's column names (genes) in column order; [] for a kind without a gene matrix."""
+    return [str(v) for v in index.section().get("var_names", [])]
+
+
+def splits(index: fmt.Index) -> list[str]:
+    """The splits that hold shards, in the format's order (train, val, test), then any other, sorted."""
+    present = {s.split for s in index.shards}
+    return [s for s in fmt.SPLITS if s in present] + sorted(present - set(fmt.SPLITS))
+
+
+def condition_dim(index: fmt.Index) -> int:
+    """Width of the condition vectors (``batch["cond"]``): 0 when the dataset has no condition table."""
+    return 0 if index.conditions is None else int(index.conditions.dim)
+
+
+def decode_names(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The ragged UTF-8 ``obs_names`` field of a shard as an object array of str."""
+    raw = values.tobytes()
+    return np.array([raw[a:b].decode() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)],
+                    dtype=object)
+
+
+def shard_obs_names(index: fmt.Index, entry: fmt.ShardEntry) -> tuple[np.ndarray, np.ndarray]:
+    """(sample_id, obs_name) of every record of one shard."""
+    off, val = fmt.ragged_keys(fmt.OBS_NAMES)
+    cols = read_shard(index.shard_path(entry), index.encoding, [fmt.SAMPLE_ID, off, val])
+    return cols[fmt.SAMPLE_ID], decode_names(cols[off], cols[val])
+
+
+def obs_names_for(root: str | Path | fmt.Index, sample_ids: Iterable[int] | np.ndarray,
+                  split: str | Sequence[str] | None = None) -> np.ndarray:
+    """The cell barcode (the source's ``obs_names``) of each sample id, in the order given.
+
+    Reads the ``obs_names`` field of the shards of ``split`` (all splits when None); an id that is in none of
+    them is a KeyError naming it. Datasets built before the field existed say how to get it (rebuild)."""
+    index = root if isinstance(root, fmt.Index) else fmt.read_index(root)
+    if not index.has_field(fmt.OBS_NAMES):
+        raise fmt.FormatError(f"{index.root}: this dataset stores no obs_names (built before they were stored, or "
+                              f"a kind without cells): rebuild it with `shardsmith build MANIFEST --out {index.root}`")
+    wanted = np.asarray(list(sample_ids) if not isinstance(sample_ids, np.ndarray) else sample_ids, np.int64)
+    keep = [split] if isinstance(split, str) else None if split is None else list(split)
+    ids, names = [], []
+    for entry in index.shards:
+        if keep is None or entry.split in keep:
+            i, n = shard_obs_names(index, entry)
+            ids.append(i)
+            names.append(n)
+    all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    all_names = np.concatenate(names) if names else np.zeros(0, object)
+    order = np.argsort(all_ids, kind="stable")  # duplicated controls repeat an id with the same name
+    pos = np.searchsorted(all_ids[order], wanted)
+    found = (pos < all_ids.size) & (all_ids[order][np.minimum(pos, max(all_ids.size - 1, 0))] == wanted)
+    if not found.all():
+        raise KeyError(f"sample_id {int(wanted[~found][0])} is not in {index.root}"
+                       + (f" (split {split})" if split is not None else ""))
+    return all_names[order][pos]

@@ -1,0 +1,84 @@
+"""Cell barcodes (a matrix file's obs index) as a compact ragged UTF-8 column.
+
+Why ragged bytes: barcodes are unique, so categories would not shrink them; a Python str per cell costs ~50
+bytes of overhead, a fixed-width bytes array as much as the longest name per cell. Offsets + one byte buffer
+cost the names' own bytes plus 8 per cell, and a shard's names are one vectorised gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.errors import SourceError
+
+if TYPE_CHECKING:
+    import h5py
+
+
+@dataclass(frozen=True)
+class ObsNames:
+    offsets: np.ndarray  # int64 [n + 1]
+    data: np.ndarray  # uint8 [total]: UTF-8 names back to back
+
+    @staticmethod
+    def from_values(values: Any) -> ObsNames:
+        raw = [v if isinstance(v, bytes) else str(v).encode() for v in np.asarray(values, dtype=object).ravel()]
+        offsets = np.zeros(len(raw) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)), out=offsets[1:])
+        return ObsNames(offsets, np.frombuffer(b"".join(raw), np.uint8).copy())
+
+    @staticmethod
+    def default(n: int) -> ObsNames:
+        """anndata's default index for a file without one: "0", "1", ... (the row number)."""
+        return ObsNames.from_values(np.arange(n).astype(str))
+
+    def __len__(self) -> int:
+        return int(self.offsets.size) - 1
+
+    def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, data) of ``rows``, in that order: the ragged field of a shard."""
+        starts, lengths = self.offsets[rows], np.diff(self.offsets)[rows]
+        out = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(lengths, out=out[1:])
+        gather = np.repeat(starts - out[:-1], lengths) + np.arange(int(out[-1]), dtype=np.int64)
+        return out, self.data[gather]
+
+
+def read_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> ObsNames:
+    """The obs index of an h5ad / H5-CSR file: ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata,
+    cell-load), the first field of a pre-0.7 compound obs table; the row numbers when there is none."""
+    import h5py
+
+    from pipeline.sources.h5csr import attr_str
+
+    values = None
+    if isinstance(obs, h5py.Dataset) and obs.dtype.names:
+        values = obs.fields(obs.dtype.names[0])[()]
+    elif isinstance(obs, h5py.Group):
+        key = attr_str(obs.attrs.get("_index", "_index"))
+        node = obs.get(key)
+        if isinstance(node, h5py.Dataset):
+            values = node[()]
+    if values is None:
+        return ObsNames.default(n_rows)
+    names = ObsNames.from_values(values)
+    if len(names) != n_rows:
+        raise SourceError(path, f"obs index has {len(names)} names, the matrix has {n_rows} rows")
+    return names
+
+
+def obs_name_columns(src: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The ``obs_names`` field of a shard whose records are ``rows`` of the scanned source ``src``; {} when
+    its source type reads no names (a plug-in's matrix source)."""
+    from loaders import format as fmt
+
+    names = getattr(src.meta, "obs_names", None)
+    if names is None:
+        return {}
+    offsets, data = names.take(rows)
+    off_key, val_key = fmt.ragged_keys(fmt.OBS_NAMES)
+    return {off_key: offsets, val_key: data}
