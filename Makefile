@@ -1,7 +1,9 @@
 # shardsmith: every target sets itself up (creates .venv if missing, installs, then runs).
 PYTHON ?= python3
 VENV ?= .venv
-# The local CPU build; an unpinned torch pulls several GB of CUDA packages. Override: make test TORCH_SPEC=torch==2.5.1
+# Which build this pin gives depends on what pip finds: a local CPU wheel on our CI machine; from PyPI on Linux the
+# CUDA build (several GB of nvidia-* packages). CPU-only machine: make test TORCH_SPEC="torch==2.13.0 --index-url
+# https://download.pytorch.org/whl/cpu" (README.md, "Two commands").
 TORCH_SPEC ?= torch==2.13.0
 JOBS ?=
 PY := $(VENV)/bin/python

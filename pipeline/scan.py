@@ -15,6 +15,7 @@ from pipeline.manifest import Manifest, SourceSpec
 from pipeline.sources import Categorical, SourceMeta, open_source
 
 log = logging.getLogger(__name__)
+PROBE_ROWS = 256  # rows read at scan time to check a counts matrix (every row is checked again when packed)
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,14 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
                 hasher: Executor | None = None) -> ScannedSource:
     fields = manifest.config.fields
     columns = [fields.column(f) for f in fields.obs_fields]
-    with open_source(spec.type, spec.path, spec.matrix) as src:
+    counts = fields.values == "counts"
+    with open_source(spec.type, spec.path, spec.matrix, counts=counts) as src:
         meta = src.meta(columns, optional=columns)  # a missing column is reported below, with its manifest key
+        if counts and meta.n_rows:  # normalised data under values = "counts": fail now, before any output
+            src.read_rows(0, min(meta.n_rows, PROBE_ROWS))
+        unset = [f for f in ("cell_type", "batch") if getattr(fields, f) is None]
+        if unset:
+            _hint_unset(spec.path, unset, src.obs_columns())
         obs: dict[str, Categorical] = {}
         for logical, col in zip(fields.obs_fields, columns, strict=True):
             filled = None if col in meta.obs else src.fill_obs(logical, meta.n_rows)
@@ -85,6 +92,18 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
         raise SourceError(spec.path, "has no cells")
     return ScannedSource(ordinal, spec, fingerprint(spec.path, cache) if hasher is None
                          else hasher.submit(fingerprint, spec.path, cache), meta, obs)
+
+
+LIKELY = {"cell_type": ("cell_type", "celltype", "cell_line"), "batch": ("batch", "gem_group", "gemgroup")}
+
+
+def _hint_unset(path: Path, unset: Sequence[str], available: Sequence[str]) -> None:
+    """`cell_type` and `batch` are optional (absent = none): say so when the file seems to have one."""
+    for field in unset:
+        found = [c for c in LIKELY[field] if c in available]
+        if found:
+            log.warning("%s: [fields] %s is not set, so the build ignores obs column %r; set %s = %r to use it",
+                        path, field, found[0], field, found[0])
 
 
 def missing_column(logical: str, column: str, available: Sequence[str]) -> str:

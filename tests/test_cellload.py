@@ -165,13 +165,16 @@ def test_experiment_errors_name_the_file_and_key(tmp_path: Path) -> None:
         load_manifest(tmp_path / "m.toml")
 
 
-def test_editing_the_experiment_rebuilds_the_splits(tmp_path: Path) -> None:
+def test_editing_the_experiment_rebuilds_the_splits(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     write_perturb_h5ad(tmp_path / "data" / "replogle" / "screen.h5ad", n_cells=300, n_genes=20, n_perts=4,
                        cell_types=("K562", "jurkat"), seed=1)
-    (tmp_path / "m.toml").write_text(MANIFEST)
     exp = '[datasets]\nreplogle = "data/replogle/"\n[training]\nreplogle = "train"\n[zeroshot]\n"replogle.jurkat" = '
     (tmp_path / "experiment.toml").write_text(exp + '"test"\n')
-    build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    (tmp_path / "m.toml").write_text(MANIFEST.replace('path = "data/*/*.h5ad"', 'path = "data/*/s*.h5ad"'))
+    (tmp_path / "data" / "replogle" / "other.h5ad").write_bytes(b"")  # in the dataset, not a source
+    with caplog.at_level("WARNING"):
+        build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
+    assert "dataset 'replogle' also holds 1 file(s) the manifest does not list as sources" in caplog.text
     assert {e.split for e in fmt.read_index(tmp_path / "out").shards} == {"train", "test"}
     (tmp_path / "experiment.toml").write_text(exp + '"val"\n')  # only the experiment file changes
     build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)

@@ -22,6 +22,8 @@ def test_counts_on_log_normalised_data_is_an_error_naming_the_key(tmp_path: Path
     manifest = write_manifest(tmp_path / "m.toml", obsm="[]")
     with pytest.raises(SourceError, match=r"non-integer value .* in a counts matrix .*" + FIX):
         build(manifest, tmp_path / "out", jobs=1, progress=False)
+    left = [p for p in (tmp_path / "out").rglob("*") if not p.name.endswith(".lock")]
+    assert left == [], "checked at scan time: a first build leaves no conditions table, shards/ or spill"
     manifest.write_text(manifest.read_text().replace('values = "counts"', 'values = "any"'))
     build(manifest, tmp_path / "out", jobs=1, progress=False)  # the fix the message names works
 

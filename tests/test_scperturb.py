@@ -148,13 +148,15 @@ def test_sciplex_release_numeric_doses_and_cellload_zeroshot(tmp_path: Path) -> 
     assert summary(out)["details"]["pairing"]["pairs_exact"] > 0
 
 
-def test_batch_and_cell_type_are_optional(tmp_path: Path) -> None:
+def test_batch_and_cell_type_are_optional(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     src = write_scperturb(tmp_path / "data" / "n.h5ad", "norman", n=300)
     for line in ('cell_type = ""', "# no cell type"):
         out = tmp_path / f"out{len(line)}"
         manifest = example(tmp_path, "scperturb_norman2019.toml", src,
                            {"cell_type": line, "mode": 'mode = "random"', "combinations": ""})
+        caplog.clear()
         build(manifest, out, jobs=1, progress=False)
+        assert "[fields] cell_type is not set, so the build ignores obs column 'celltype'" in caplog.text
         index = fmt.read_index(out)
         assert index.obs_fields == ["perturbation"] and set(index.vocabularies) == {"perturbation"}
         assert verify(out) == []

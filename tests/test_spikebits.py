@@ -221,3 +221,20 @@ def test_corrupt_codec_bytes_name_the_shard(builds: dict[str, Path], tmp_path: P
         shard.write_bytes(bytes(data))
     with pytest.raises(fmt.FormatError, match=str(shard)):
         read_shard(shard, index.encoding, ["spikes"])
+
+
+def test_generator_noise_is_opt_in_and_does_what_it_says() -> None:
+    """integrate_and_fire's noise options (the bench's noisy corpus): off by default, dark spikes at the asked
+    rate where nothing fires, threshold jitter moves spikes but keeps the firing rate."""
+    light = scene(np.arange(64), 32, 48, 3)
+    clean = integrate_and_fire(light, seed=4)
+    acc, want = np.random.default_rng(4).uniform(0, 1, light.shape[1:]).astype(np.float32), []
+    for frame in light:  # the plain model, written out
+        acc += 0.6 * frame
+        want.append(acc >= 1)
+        acc[want[-1]] -= 1
+    np.testing.assert_array_equal(clean, np.array(want, np.uint8))
+    dark = integrate_and_fire(np.zeros((200, 50, 50), np.float32), seed=1, dark=0.01)
+    assert 0.008 < dark.mean() < 0.012
+    jittered = integrate_and_fire(light, seed=4, jitter=0.05)
+    assert (jittered != clean).mean() > 0.01 and abs(jittered.mean() - clean.mean()) < 0.01

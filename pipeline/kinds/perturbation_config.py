@@ -15,6 +15,7 @@ __all__ = ["SPLIT_MODES", "Fields", "Pairing", "PerturbationConfig", "Split", "p
 
 STRATEGIES = ("batch", "random")
 VALUE_KINDS = ("counts", "any")
+MAX_SENTENCE = 8192  # a sentence is padded to its size: 10**7 slots per group would allocate gigabytes
 NUMERIC_TRANSFORMS = ("log1p", "none")  # how a numeric covariate enters the condition vector
 
 
@@ -99,8 +100,9 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
     )
     if pairing.max_pairs_per_condition < 0:
         raise ManifestError(path, "pairing.max_pairs_per_condition", "must be >= 0")
-    if pairing.sentence_size < 1:
-        raise ManifestError(path, "pairing.sentence_size", "must be >= 1")
+    if not 1 <= pairing.sentence_size <= MAX_SENTENCE:
+        raise ManifestError(path, "pairing.sentence_size", f"{pairing.sentence_size} is outside 1..{MAX_SENTENCE} "
+                            "(cells per sentence; STATE uses 128-512): every sentence stores this many slots")
     split = parse_split(path, sections.get("split") or {})
     check_fields(path, fields, split)
     _check_held_out(path, split)

@@ -71,6 +71,13 @@ def source_datasets(exp: Experiment, paths: Sequence[Path]) -> list[str]:
             raise ManifestError(exp.path, "datasets", f"source {p} {problem}: name its folder or file in [datasets] "
                                 f"(e.g. {p.parent.name} = \"{p.parent}/\"), or name the dataset after its folder")
         out.append(hits[0])
+    ours = {Path(p).resolve() for p in paths}
+    for name in sorted(exp.used()):
+        extra = sorted(str(f) for f in files.get(name, set()) - ours)
+        if extra:  # cell-load would train on these too: the split here covers fewer cells than it
+            log.warning("%s: dataset %r also holds %d file(s) the manifest does not list as sources (%s): "
+                        "add them to [[sources]] to reproduce cell-load's assignment", exp.path, name, len(extra),
+                        ", ".join(extra[:3]))
     return out
 
 
