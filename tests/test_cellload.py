@@ -108,6 +108,7 @@ def test_every_cell_follows_cellload_rules(built: tuple[Path, list[Path], list[s
     out, paths, val, test = built
     assert verify(out) == []
     index, shards = read_all(out)
+    assert index.sections["perturbation"]["split"]["mode"] == "cellload"
     obs = [ad.read_h5ad(p).obs for p in paths]
     offsets = np.cumsum([0] + [len(o) for o in obs])
     want: dict[int, str | None] = {}

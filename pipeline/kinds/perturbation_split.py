@@ -158,7 +158,7 @@ def parse_split(path: Path, data: Mapping[str, Any]) -> Split:
         raw = sp.get("fewshot", dict)
         fewshot = {ct: parse_fewshot_entry(path, f"split.fewshot.{ct}", v) for ct, v in raw.items()}
     split = Split(
-        mode=sp.get("mode", str, "random", SPLIT_MODES),
+        mode="cellload" if experiment is not None else sp.get("mode", str, "random", SPLIT_MODES),
         val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
         test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
         val_cell_types=sp.strings("val_cell_types", None),
