@@ -102,6 +102,7 @@ class Arena:
     on_release: Callable[[], None] | None = None  # set when the buffers are not the pool's (a decoder slab)
     narrow: dict[str, np.ndarray] = field(default_factory=dict)  # csr indptr in the indices' dtype (seal)
     stacks: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)  # see stacked()
+    skipped: list[list[Any]] = field(default_factory=list)  # [shard id, why] of shards skipped (order: -1)
 
     @staticmethod
     def allocate(shards: Sequence[int], rows: Sequence[int], entries: Mapping[str, Sequence[int]],

@@ -36,8 +36,9 @@ from loaders import budget, decoder, interop, order
 from loaders.collate import Arena, BufferPool, Payload, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
-from loaders.format import read_index
+from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.gather import BatchRows
+from loaders.integrity import check_on_corrupt
 from loaders.samples import get_sample_type
 from loaders.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
 from loaders.window import WindowReader
@@ -64,10 +65,12 @@ class ShardDataset(IterableDataset):
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
                  densify: bool = True, rank: int | None = None, world_size: int | None = None,
                  decode_ahead: bool = True, batches_ahead: int | None = None, decode_threads: int | None = None,
-                 decode_process: bool | None = None, **sample_options: Any) -> None:
+                 decode_process: bool | None = None, verify: bool = True, on_corrupt: str = "raise",
+                 decode_timeout: float = 30.0, **sample_options: Any) -> None:
         super().__init__()
         self.root = Path(root)
-        index = read_index(self.root)
+        data = read_index_bytes(self.root)  # read once: every process of this loader decodes this generation
+        index = read_index(self.root, data)
         present = sorted({s.split for s in index.shards})
         if split not in present:
             raise ValueError(f"unknown split {split!r} for {self.root} (valid: {present})")
@@ -92,9 +95,16 @@ class ShardDataset(IterableDataset):
         self.decoder_threads = 1 if decode_threads is None else self.decode_threads  # one core for the process
         self.output = "dense" if densify else "sparse"  # ShardLoader switches to "parts" to densify on a device
 
+        # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is served;
+        # on_corrupt="skip" drops a failing shard's units from their batches and counts it (skipped_shards)
+        self.verify, self.on_corrupt = bool(verify), check_on_corrupt(on_corrupt)
+        self.decode_timeout = float(decode_timeout)  # seconds the decoder process may stay silent
         self.reader = WindowReader.from_spec({"root": str(self.root), "split": split,
                                               "sample": self.sample_type.get_config(), "window": window,
-                                              "seed": seed, "shuffle": shuffle})
+                                              "seed": seed, "shuffle": shuffle, "index": data.decode(),
+                                              "index_sha256": index_sha256(data), "verify": self.verify,
+                                              "on_corrupt": self.on_corrupt})
+        self.fingerprint = self.reader.fingerprint()  # what a resume state must match (loaders/resume.py)
         self.sample_type = self.reader.sample  # bound to the index
         self.encoding = index.encoding
         self.vocabularies = index.vocabularies  # code -> label per obs field (e.g. to size a classifier)
@@ -108,6 +118,8 @@ class ShardDataset(IterableDataset):
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
+        self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
+        self._skip_flags: Any = None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
 
     # -- what the dataset holds (loaders.interop: read from index.json, never on the training path) --
     @property
@@ -228,8 +240,27 @@ class ShardDataset(IterableDataset):
             decoder.close()  # type: ignore[union-attr]
         if arena is None:
             arena = self.reader.read_window(epoch, w, self.buffers(), pool)
+        if arena.skipped:
+            self._note_skipped(arena.skipped)
         arena.seal()
         return arena
+
+    def _note_skipped(self, skipped: list[list[Any]]) -> None:
+        for s, why in skipped:
+            if int(s) not in self._skipped:
+                warnings.warn(f"on_corrupt='skip': skipping {why}", RuntimeWarning, stacklevel=3)
+            self._skipped[int(s)] = str(why)
+            if self._skip_flags is not None:
+                self._skip_flags[int(s)] = 1
+
+    @property
+    def skipped_shards(self) -> list[str]:
+        """Files of the shards skipped so far (``on_corrupt="skip"``), by this process and its DataLoader workers;
+        their units were left out of their batches."""
+        ids = set(self._skipped)
+        if self._skip_flags is not None:
+            ids.update(i for i, f in enumerate(self._skip_flags) if f)
+        return [self.entries[i].file for i in sorted(ids)]
 
     def _decoder(self) -> Decoder | None:
         """This process's decoder process (started on first use), if decoding runs in one here."""
@@ -237,7 +268,7 @@ class ShardDataset(IterableDataset):
             return None
         with self._ahead_lock:
             if self._decoder_state is None or self._decoder_state[0] != os.getpid():
-                dec = Decoder(self.reader.spec, self.decoder_threads)
+                dec = Decoder(self.reader.spec, self.decoder_threads, timeout=self.decode_timeout)
                 weakref.finalize(self, dec.close)
                 self._decoder_state = (os.getpid(), dec)
         return self._decoder_state[1]
@@ -352,16 +383,19 @@ class ShardDataset(IterableDataset):
             w, lo, hi = segments[0]
             a = arenas[w]
             pick = a.order[lo:hi]
+            if a.skipped:  # units of skipped shards (on_corrupt="skip") are left out
+                pick = pick[pick >= 0]
             return self.sample_type.assemble(BatchRows([a], None, a.units.take(pick, axis=0), a.unit_ids.take(pick),
                                                        self.seed, epoch))
         keys = sorted(arenas)
         arena_list = [arenas[w] for w in keys]
         # a loop over (at most a few) segments, never over units
         picks = [arenas[w].order[lo:hi] for w, lo, hi in segments]
+        picks = [p[p >= 0] if arenas[w].skipped else p for (w, _, _), p in zip(segments, picks, strict=True)]
         units = [np.take(arenas[w].units, pick, axis=0) for (w, _, _), pick in zip(segments, picks, strict=True)]
         ids = [np.take(arenas[w].unit_ids, pick) for (w, _, _), pick in zip(segments, picks, strict=True)]
         group = None if len(arena_list) == 1 else \
-            np.repeat([keys.index(w) for w, _, _ in segments], [hi - lo for _, lo, hi in segments])
+            np.repeat([keys.index(w) for w, _, _ in segments], [p.size for p in picks])
         batch = BatchRows(arena_list, group, np.concatenate(units) if len(units) > 1 else units[0],
                           np.concatenate(ids) if len(ids) > 1 else ids[0], self.seed, epoch)
         return self.sample_type.assemble(batch)

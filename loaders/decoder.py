@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -28,10 +29,13 @@ import numpy as np
 
 from loaders.arena import ALIGN, Arena
 from loaders.format import FormatError
+from loaders.integrity import DatasetRebuilt
 from loaders.window import WindowReader
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 POLL_S = 0.2  # how often a waiting parent checks that the child is still alive
+HEARTBEAT_S = 0.5  # while the child works on a request it says so this often (a stopped child falls silent)
+TIMEOUT_S = 30.0  # default: a child silent this long is declared hung, killed, and decoding moves in-process
 HEADROOM = 1.05  # a new slab is this much bigger than asked, so that similar windows can reuse it
 
 
@@ -102,11 +106,14 @@ class SlabBuffers:
 
 def export(arena: Arena, buffers: SlabBuffers) -> dict[str, Any]:
     """The arena as slab offsets (JSON-able): what the parent needs to rebuild it over its own mapping."""
-    return {"arrays": {name: buffers.place(a) for name, a in arena.arrays().items()}, "layouts": arena.layouts}
+    return {"arrays": {name: buffers.place(a) for name, a in arena.arrays().items()}, "layouts": arena.layouts,
+            "skipped": arena.skipped}
 
 
 def rebuild(desc: dict[str, Any], slab: Slab) -> Arena:
-    return Arena.from_arrays({name: slab.view(*v) for name, v in desc["arrays"].items()}, desc["layouts"])
+    arena = Arena.from_arrays({name: slab.view(*v) for name, v in desc["arrays"].items()}, desc["layouts"])
+    arena.skipped = list(desc.get("skipped", []))
+    return arena
 
 
 # -- the child ----------------------------------------------------------------------------------------
@@ -121,15 +128,39 @@ def _recv(conn: Connection) -> dict[str, Any]:
     return msg
 
 
+class _Link:
+    """The child's end of the pipe: replies and heartbeats share it under a lock. A thread sends a heartbeat
+    every HEARTBEAT_S while a request is being served (only then: unread beats never pile up), so the parent
+    can tell a slow window from a stopped or stuck child."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.lock, self.busy = conn, threading.Lock(), threading.Event()
+        self.busy.set()  # starting up counts as work
+        threading.Thread(target=self._beat, name="decoder-heartbeat", daemon=True).start()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        with self.lock:
+            _send(self.conn, msg)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            if self.busy.is_set():
+                try:
+                    self.send({"kind": "beat"})
+                except OSError:
+                    return
+
+
 def serve(conn: Connection) -> None:
     """The child's loop: one request at a time, in order; ends when the parent closes its end."""
     try:
-        _serve(conn)
+        _serve(conn, _Link(conn))
     except (EOFError, OSError):  # the parent went away (closed its end, or exited): nothing left to do
         return
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, link: _Link) -> None:
     start = _recv(conn)
     threads = max(1, int(start.get("threads", 1)))
     try:
@@ -138,9 +169,10 @@ def _serve(conn: Connection) -> None:
         zarr.config.set({"threading.max_workers": threads})
         reader = WindowReader.from_spec(start["spec"])
     except Exception as e:  # reported on the first request, so the parent raises it where it is waiting
-        _send(conn, {"kind": "ready", "error": f"{type(e).__name__}: {e}"})
+        link.send({"kind": "ready", "error": f"{type(e).__name__}: {e}"})
         return
-    _send(conn, {"kind": "ready"})
+    link.send({"kind": "ready"})
+    link.busy.clear()
     pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
     slabs: dict[int, Slab] = {}
     while True:
@@ -153,6 +185,7 @@ def _serve(conn: Connection) -> None:
         elif kind == "drop":
             slabs.pop(int(msg["id"]), None)
         elif kind == "window":
+            link.busy.set()
             try:
                 buffers = SlabBuffers(slabs[int(msg["slab"])])
                 arena = reader.read_window(int(msg["epoch"]), int(msg["w"]), buffers, pool)
@@ -160,10 +193,11 @@ def _serve(conn: Connection) -> None:
                 reply = {"kind": "need", "bytes": buffers.used} if buffers.overflow else {"kind": "done",
                                                                                          "arena": desc}
             except FormatError as e:
-                reply = {"kind": "error", "format": True, "message": str(e)}
+                reply = {"kind": "error", "format": True, "message": str(e), "rebuilt": isinstance(e, DatasetRebuilt)}
             except Exception as e:  # a bug or an OS error: reported, the parent decides
                 reply = {"kind": "error", "format": False, "message": f"{type(e).__name__}: {e}"}
-            _send(conn, reply)
+            link.send(reply)
+            link.busy.clear()
         else:
             return
 
@@ -178,7 +212,7 @@ class Decoder:
     """The training process's handle on its decoder process. Thread-safe; used only by the process that
     started it (a forked DataLoader worker inherits the object but must decode on its own)."""
 
-    def __init__(self, spec: dict[str, Any], threads: int = 1, keep: int = 3) -> None:
+    def __init__(self, spec: dict[str, Any], threads: int = 1, keep: int = 3, timeout: float = TIMEOUT_S) -> None:
         mine, theirs = socket.socketpair()
         env = dict(os.environ)
         here = str(Path(__file__).resolve().parent.parent)  # so the child imports this very package
@@ -186,7 +220,7 @@ class Decoder:
         self.proc = subprocess.Popen([sys.executable, "-m", "loaders.decoder", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
-        self.pid, self.keep = os.getpid(), keep
+        self.pid, self.keep, self.timeout = os.getpid(), keep, max(float(timeout), 2 * HEARTBEAT_S)
         self.conn = Connection(mine.detach())
         self._lock = threading.Lock()  # one request at a time on the pipe
         self._free_lock = threading.Lock()
@@ -202,14 +236,18 @@ class Decoder:
         """Whether the child has started (never blocks): until then the caller decodes in-process."""
         if self._ready is None and self._lock.acquire(blocking=False):
             try:
-                if self._ready is None and self.conn.poll(0):
-                    self._take_ready()
+                while self._ready is None and self.conn.poll(0):
+                    msg = _recv(self.conn)
+                    if msg["kind"] != "beat":
+                        self._take_ready(msg)
+            except (EOFError, OSError) as e:
+                raise self._died() from e
             finally:
                 self._lock.release()
         return bool(self._ready)
 
-    def _take_ready(self) -> None:
-        msg = self._recv()
+    def _take_ready(self, msg: dict[str, Any] | None = None) -> None:
+        msg = self._recv() if msg is None else msg
         if msg["kind"] != "ready":
             raise DecoderError(f"decoder process sent {msg['kind']!r} before starting")
         if msg.get("error"):
@@ -232,13 +270,24 @@ class Decoder:
             raise self._died() from e
 
     def _recv(self) -> dict[str, Any]:
-        while not self.conn.poll(POLL_S):
-            if self.proc.poll() is not None:
-                raise DecoderError(f"decoder process {self.proc.pid} exited with code {self.proc.returncode}")
-        try:
-            return _recv(self.conn)
-        except (EOFError, OSError) as e:
-            raise self._died() from e
+        """The next reply, heartbeats skipped; a child silent for ``timeout`` seconds (stopped, stuck) is
+        killed and reported, never waited on forever."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            while not self.conn.poll(POLL_S):
+                if self.proc.poll() is not None:
+                    raise DecoderError(f"decoder process {self.proc.pid} exited with code {self.proc.returncode}")
+                if time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise DecoderError(f"decoder process {self.proc.pid} sent no reply or heartbeat for "
+                                       f"{self.timeout:g} s (stopped or stuck); it was killed")
+            try:
+                msg = _recv(self.conn)
+            except (EOFError, OSError) as e:
+                raise self._died() from e
+            if msg["kind"] != "beat":
+                return msg
+            deadline = time.monotonic() + self.timeout
 
     def read_window(self, epoch: int, w: int, hint: int) -> Arena:
         """Window ``w`` of ``epoch`` decoded by the child into a slab (``hint``: bytes it will probably need).
@@ -263,7 +312,8 @@ class Decoder:
                     self._scale = max(self._scale, need / max(hint, 1))  # next windows ask for enough at once
                     continue
                 if reply["kind"] == "error":
-                    raise (FormatError if reply.get("format") else DecoderError)(reply["message"])
+                    kind = DatasetRebuilt if reply.get("rebuilt") else FormatError if reply.get("format") else DecoderError
+                    raise kind(reply["message"])
                 raise DecoderError(f"decoder process sent {reply['kind']!r}")
             raise DecoderError(f"decoder process asked for ever more memory for window {w} of epoch {epoch}")
 

@@ -378,12 +378,26 @@ def index_path(root: str | Path) -> Path:
     return Path(root) / INDEX_FILE
 
 
-def read_index(root: str | Path) -> Index:
+def read_index_bytes(root: str | Path) -> bytes:
+    """index.json's bytes: what a reader opens once and then hands, unchanged, to every process it starts."""
     path = index_path(root)
     try:
-        raw = json.loads(path.read_text())
+        return path.read_bytes()
     except FileNotFoundError:
         raise FormatError(f"{path}: no index.json (not a shardsmith dataset, or never committed)") from None
+
+
+def index_sha256(data: bytes) -> str:
+    """The fingerprint of one committed generation of a dataset (sha256 of index.json's bytes)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_index(root: str | Path, data: bytes | None = None) -> Index:
+    """The index of ``root``: read now, or parsed from ``data`` (index.json's bytes as read earlier, so that every
+    process of one loader sees the same generation even after a rebuild replaced the file)."""
+    path = index_path(root)
+    try:
+        raw = json.loads(read_index_bytes(root) if data is None else data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: index.json is not valid JSON ({e})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:

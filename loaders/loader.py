@@ -10,6 +10,11 @@ Resume rules (also in docs/LOADER.md):
   pad, drop_last, or a dataset with a different number of units) raises ``ValueError``.
 * All ranks consume the same number of batches, so rank 0's state can be loaded on every rank.
 * ``set_epoch(e)`` with the epoch being resumed keeps the resume point; another epoch clears it.
+* A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.resume`).
+
+``timeout`` (seconds, 0 = none) covers the DataLoader workers (a stopped or stuck worker: its batch does not
+come within ``timeout``, the workers are killed and :class:`LoaderTimeout` names them) and the decoder process
+(silent that long: killed, decoding moves into the training process with a warning).
 """
 
 from __future__ import annotations
@@ -24,11 +29,10 @@ from torch.utils.data import DataLoader
 
 from loaders.dataset import ShardDataset
 from loaders.device import DeviceFeeder
+from loaders.resume import STATE_VERSION, check_state
+from loaders.watchdog import LoaderTimeout, WorkerWatch
 
-STATE_VERSION = 1
-# settings that define which units land in which batch: resuming requires them unchanged
-ORDER_KEYS = ("world_size", "batch_size", "seed", "sample", "split", "window", "shuffle", "pad", "drop_last", "units",
-              "sample_config")  # the sample type's options (e.g. a CT batch budget) decide batches too
+__all__ = ["LoaderTimeout", "ShardLoader"]
 
 
 class ShardLoader:
@@ -64,6 +68,11 @@ class ShardLoader:
             dataset._set_iteration(dataset._epoch, dataset._start)
         else:
             dataset._shared = None
+        if num_workers > 0 and dataset.on_corrupt == "skip":  # workers report the shards they skip
+            dataset._skip_flags = mp.get_context(multiprocessing_context).RawArray("b", len(dataset.entries))
+        if timeout > 0:  # the decoder process answers to the same timeout (it beats while it works)
+            dataset.decode_timeout = float(timeout)
+        self.timeout = float(timeout)
         self._loader = DataLoader(
             dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory and cuda,
             prefetch_factor=prefetch_factor if num_workers > 0 else None, persistent_workers=persistent,
@@ -104,10 +113,17 @@ class ShardLoader:
         # default_convert walk and a profiler record per batch, ~10% of a batch's cost here)
         direct = self._loader.num_workers == 0 and not self._loader.pin_memory
         it = iter(self.dataset) if direct else iter(self._loader)
+        watch = WorkerWatch(it, self.timeout) if self._loader.num_workers > 0 and self.timeout > 0 else None
         try:
-            for batch in self._feeder(it):
+            for batch in self._feeder(it if watch is None else iter(watch)):
                 self._done += 1
                 yield batch
+        except (RuntimeError, OSError, EOFError) as e:  # after a kill: SIGCHLD's RuntimeError, or EOF on a fetch
+            timeout = None if watch is None else watch.timed_out(e)
+            if timeout is None:
+                raise
+            self._loader._iterator = None  # persistent workers are gone too: the next epoch starts new ones
+            raise timeout from e
         finally:
             # An error or an early ``break`` leaves torch's iterator in a reference cycle (via the
             # traceback); its workers would idle until the garbage collector and a 5 s join timeout
@@ -126,23 +142,11 @@ class ShardLoader:
             "num_batches": len(self), "world_size": ds.world_size, "batch_size": ds.batch_size, "seed": ds.seed,
             "sample": ds.sample, "split": ds.split, "window": ds.window, "shuffle": ds.shuffle, "pad": ds.pad,
             "drop_last": ds.drop_last, "units": ds.n_units, "sample_config": ds.sample_type.get_config(),
+            "dataset": ds.fingerprint,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume mid-epoch; raises ValueError when the state belongs to a different order (see module doc)."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r}; this loader reads {STATE_VERSION}")
         mine = self.state_dict()
-        if state.get("world_size") != mine["world_size"]:
-            raise ValueError(
-                f"cannot resume: the state was saved with world_size={state.get('world_size')} but this loader "
-                f"runs with world_size={mine['world_size']}; rank slices and batch boundaries depend on the world "
-                "size. Resume with the same world size, or start a fresh epoch with set_epoch().")
-        diff = {k: (state.get(k), mine[k]) for k in ORDER_KEYS if state.get(k) != mine[k]}
-        if diff:
-            detail = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"cannot resume: the state belongs to a different sample order ({detail})")
-        done = int(state["batches_done"])
-        if not 0 <= done <= mine["num_batches"]:
-            raise ValueError(f"batches_done={done} outside [0, {mine['num_batches']}]")
+        done = check_state(state, mine)
         self._epoch, self._done, self._resume = int(state["epoch"]), done, done

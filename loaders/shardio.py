@@ -76,15 +76,16 @@ class Column:
         return out[:n]
 
 
-def open_zarr_columns(path: Path, keys: Sequence[str]) -> dict[str, Column]:
-    """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard."""
+def open_zarr_columns(path: Path, keys: Sequence[str], store: Any = None) -> dict[str, Column]:
+    """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard. ``store``: a zarr store
+    holding the shard's bytes already (``loaders.integrity`` reads and checks them first), else the folder."""
     import zarr
 
     from loaders.fieldcodecs import load_zarr_codecs
 
     load_zarr_codecs()  # arrays may name a field codec (e.g. spike windows): zarr must know it to decode
     try:
-        group = zarr.open_group(str(path), mode="r")
+        group = zarr.open_group(str(path) if store is None else store, mode="r")
         out = {}
         for key in keys:
             try:
@@ -165,11 +166,12 @@ def tar_block_key(block: int, blocks: int) -> str:
 
 
 @register_reader("tar")
-def read_tar_shard(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """One sequential pass with the stdlib; members of columns not asked for are skipped, not read."""
+def read_tar_shard(path: Path, keys: Sequence[str], data: bytes | None = None) -> dict[str, np.ndarray]:
+    """One sequential pass with the stdlib; members of columns not asked for are skipped, not read.
+    ``data``: the file's bytes, read (and checked) already by ``loaders.integrity``."""
     path = Path(path)
     try:
-        with tarfile.open(path, mode="r:") as tf:
+        with tarfile.open(path, mode="r:") if data is None else tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
             return _read_tar(tf, path, keys)
     except FileNotFoundError:
         raise FormatError(f"{path}: shard is missing") from None

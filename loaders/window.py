@@ -5,10 +5,16 @@ small JSON-able spec (which includes the sample type's config): the training pro
 threads, and the decoder process (:mod:`loaders.decoder`) rebuilds the same reader from the same spec, so
 both decode byte-identical arenas and no Python object ever crosses a process boundary by pickle.
 What a window holds is decided by the sample type: the fields it reads (by layout) and its tables.
+
+The spec carries the bytes of the ``index.json`` the loader opened (and their sha256), never just the path:
+a process started later decodes the same generation even after a rebuild replaced the file, and every shard
+is checked against that index before it is served (:mod:`loaders.integrity`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,11 +25,22 @@ import numpy as np
 
 from loaders import order
 from loaders.arena import Arena, Buffers
-from loaders.format import FieldSpec, FormatError, ShardEntry, read_index, validate_columns
+from loaders.format import (
+    FieldSpec,
+    FormatError,
+    ShardEntry,
+    index_sha256,
+    read_index,
+    read_index_bytes,
+    validate_columns,
+)
+from loaders.integrity import DatasetRebuilt, Generation, bounded_fields, check_on_corrupt, open_checked
 from loaders.samples import SampleType, from_config
-from loaders.shardio import Column, open_shard
+from loaders.shardio import Column
 
 SPEC_KEYS = ("root", "split", "sample", "window", "seed", "shuffle")
+# optional: "index" (index.json's text as the loader read it), "index_sha256", "verify", "on_corrupt"
+CHECK_DEFAULTS: dict[str, Any] = {"verify": True, "on_corrupt": "raise"}
 
 
 @dataclass
@@ -40,12 +57,22 @@ class WindowReader:
     fields: list[FieldSpec]  # the fields the sample type reads
     tables: list[str]
     keys: list[str]  # column keys to read per shard
+    generation: Generation  # the index this reader decodes (its bytes travel in ``spec["index"]``)
 
     @staticmethod
     def from_spec(spec: Mapping[str, Any]) -> WindowReader:
-        spec = {k: spec[k] for k in SPEC_KEYS}
+        """A reader of the index in ``spec["index"]`` (read from ``spec["root"]`` now if absent; the returned
+        reader's spec then carries it). A text whose sha256 is not ``spec["index_sha256"]`` is refused."""
+        data = spec["index"].encode() if "index" in spec else read_index_bytes(spec["root"])
+        digest = index_sha256(data)
+        if spec.get("index_sha256", digest) != digest:
+            raise FormatError(f"{spec['root']}: the index handed to this reader is not the one the loader opened "
+                              f"(sha256 {digest[:16]}... vs {str(spec['index_sha256'])[:16]}...)")
+        spec = {**{k: spec[k] for k in SPEC_KEYS}, **{k: spec.get(k, v) for k, v in CHECK_DEFAULTS.items()},
+                "index": data.decode(), "index_sha256": digest}
+        check_on_corrupt(spec["on_corrupt"])
         root, split = Path(spec["root"]), str(spec["split"])
-        index = read_index(root)
+        index = read_index(root, data)
         sample = from_config(spec["sample"])
         sample.check(index)
         sample.bind(index)
@@ -57,7 +84,15 @@ class WindowReader:
         first[1:] = np.cumsum(counts[:-1])
         return WindowReader(spec=spec, encoding=index.encoding, sample=sample, entries=entries,
                             paths=[str(index.shard_path(e)) for e in entries], counts=counts, first_ids=first,
-                            fields=fields, tables=tables, keys=[k for f in fields for k in f.keys()] + tables)
+                            fields=bounded_fields(index, fields), tables=tables,
+                            keys=[k for f in fields for k in f.keys()] + tables,
+                            generation=Generation(str(root), digest))
+
+    def fingerprint(self) -> str:
+        """What this reader serves (the split's shards by content, and their unit counts): a resume state saved
+        on another dataset, or on another build of this one, does not match."""
+        doc = [[e.sha256 or e.file, e.records, e.units_of(self.sample.name)] for e in self.entries]
+        return hashlib.sha256(json.dumps([self.spec["split"], doc]).encode()).hexdigest()[:32]
 
     def window_shards(self, epoch: int, w: int) -> np.ndarray:
         shard_order, _ = order.window_bounds(self.counts, self.spec["seed"], epoch, self.spec["window"],
@@ -78,17 +113,56 @@ class WindowReader:
         def run(fn: Any, items: list[Any]) -> list[Any]:
             return list(pool.map(fn, items)) if pool is not None and len(items) > 1 else [fn(x) for x in items]
 
-        metas: list[dict[str, Column]] = run(lambda s: open_shard(self.paths[s], self.encoding, self.keys), shards)
-        rows = [self._rows(m, self.paths[s]) for m, s in zip(metas, shards, strict=True)]
-        entries = {f.keys()[0]: [m[f.payload].capacity for m in metas] for f in self.fields if f.layout != "dense"}
+        bad: dict[int, FormatError] = {}  # shards skipped (on_corrupt="skip"), by position in the window
+        metas: list[dict[str, Column]] = run(lambda i: self._open(shards[i], i, bad), list(range(len(shards))))
+        rows = [0 if i in bad else self._rows(m, self.paths[s]) for i, (m, s) in enumerate(zip(metas, shards, strict=True))]
+        entries = {f.keys()[0]: [0 if i in bad else m[f.payload].capacity for i, m in enumerate(metas)]
+                   for f in self.fields if f.layout != "dense"}
         arena = Arena.allocate(shards, rows, entries, self.fields, buffers)
         # on an error the buffers are not recycled: other shards of the window may still be decoding into them
-        units = run(lambda i: self.fill_shard(arena, i, metas[i]), list(range(len(shards))))
+        units = run(lambda i: self._fill(arena, i, metas[i], bad), list(range(len(shards))))
         width = next((u.shape[1] for u in units if u.ndim == 2), 1)
         arena.set_units(units, width, [int(self.first_ids[s]) for s in shards])
-        arena.set_order(*order.window_units(self.counts, self.spec["seed"], epoch, self.spec["window"], w,
-                                            self.spec["shuffle"]))
+        shard_idx, local_idx = order.window_units(self.counts, self.spec["seed"], epoch, self.spec["window"], w,
+                                                  self.spec["shuffle"])
+        arena.set_order(shard_idx, local_idx)
+        if bad:  # positions of skipped shards' units: -1, dropped from their batches (ShardDataset.make_batch)
+            skipped = [shards[i] for i in sorted(bad)]
+            arena.order = np.where(np.isin(shard_idx, skipped), -1, arena.order)
+            arena.skipped = [[shards[i], str(e)] for i, e in sorted(bad.items())]
         return arena
+
+    @property
+    def on_corrupt(self) -> str:
+        return str(self.spec["on_corrupt"])
+
+    def _failed(self, s: int, error: FormatError) -> FormatError:
+        """A shard that failed its checks: raised (a rebuild always is), or returned to be skipped."""
+        err = self.generation.explain(error, self.paths[s])
+        if self.on_corrupt == "raise" or isinstance(err, DatasetRebuilt):
+            raise err from error if err is not error else None
+        return err
+
+    def _open(self, s: int, i: int, bad: dict[int, FormatError]) -> dict[str, Column]:
+        sha = self.entries[s].sha256 if self.spec["verify"] else None
+        try:
+            return open_checked(self.paths[s], self.encoding, self.keys, sha)
+        except FormatError as e:
+            bad[i] = self._failed(s, e)
+            return {}
+
+    def _fill(self, arena: Arena, i: int, columns: dict[str, Column], bad: dict[int, FormatError]) -> np.ndarray:
+        if i in bad:
+            return np.zeros(0, np.int64)
+        try:
+            return self.fill_shard(arena, i, columns)
+        except FormatError as e:
+            bad[i] = self._failed(int(arena.shards[i]), e)
+        r0, r1 = int(arena.row_offsets[i]), int(arena.row_offsets[i + 1])
+        for f in self.fields:  # its rows become empty ones ending where the next shard's entries start
+            if f.layout != "dense":
+                arena.columns[f.keys()[0]][r0 + 1:r1 + 1] = arena.entry_offsets[f.keys()[0]][i + 1]
+        return np.zeros(0, np.int64)
 
     def _rows(self, meta: Mapping[str, Column], path: str) -> int:
         if not self.fields:

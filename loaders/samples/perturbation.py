@@ -51,6 +51,7 @@ class _CellSamples(SampleType):
         super().__init__(**options)
         self.n_cols, self.obs_fields, self.obsm_keys = 0, [], []  # type: ignore[var-annotated]
         self.conditions_path: str | None = None
+        self.conditions_sha256 = ""  # the index's content hash of the table, checked when it is read
         self.n_cond: int | None = None
         self.encoding, self.has_cond = "zarr", False
         self._vectors: np.ndarray | None = None
@@ -80,6 +81,7 @@ class _CellSamples(SampleType):
         self.int_names = ((COND_ID,) if self.has_cond else ()) + tuple(OBS_PREFIX + f for f in self.obs_fields)
         cond = index.conditions
         self.conditions_path = str(index.root / cond.file) if cond is not None and cond.file else None
+        self.conditions_sha256 = cond.sha256 if cond is not None else ""
         self.n_cond = cond.rows if cond is not None and cond.rows else None
         self.encoding = index.encoding
 
@@ -89,12 +91,13 @@ class _CellSamples(SampleType):
     def vectors(self) -> np.ndarray | None:
         """The condition table's vectors (float32 [rows, dim]), loaded once per process."""
         if self._vectors is None and self.conditions_path is not None:
-            from loaders.shardio import read_shard
+            from loaders.integrity import open_checked
 
             # a zarr group (a folder) per the contract; tar-encoded builds write it in their own encoding
             encoding = "zarr" if Path(self.conditions_path).is_dir() else self.encoding
-            try:
-                got = read_shard(self.conditions_path, encoding, [CONDITION_VECTORS])[CONDITION_VECTORS]
+            try:  # checked like a shard (sha256, every chunk present): a missing chunk would read as zeros
+                got = open_checked(self.conditions_path, encoding, [CONDITION_VECTORS],
+                                   self.conditions_sha256)[CONDITION_VECTORS].read()
             except FormatError as e:
                 raise FormatError(f"condition table: {e}") from None
             self._vectors = np.asarray(got, dtype=np.float32)

@@ -1,0 +1,136 @@
+"""Integrity on read: a shard's bytes are checked against the index the loader opened before any is decoded.
+
+Why here and not in zarr: a zarr chunk file that is missing reads as the array's fill value (0), so a deleted
+``obs/perturbation/c/0`` silently relabels its rows as ``vocab[0]`` and a deleted pairs chunk makes self-pairs;
+a flipped byte in a blosc chunk may decode "fine". So the loader reads a shard's files once into memory, checks
+their sha256 against ``index.json`` (the content hash the build recorded, ``loaders.format.content_hash``:
+sorted relative paths and bytes) and checks that every chunk of every array is present, then decodes from
+exactly the bytes it checked (no second read, no window between check and use). Cost: sha256 runs at
+~1.6 GB/s over the *compressed* bytes (SHA-NI); measured against the loader in BENCHMARKS.md.
+
+A shard that is missing or does not match is either corruption or a rebuild: when ``index.json`` on disk is no
+longer the one this loader opened, the error says "dataset rebuilt since this loader opened it; reopen"
+(:class:`DatasetRebuilt`, never skipped); otherwise it is corruption, raised or skipped per ``on_corrupt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from loaders.format import OBS_PREFIX, FieldSpec, FormatError, Index, index_sha256, read_index_bytes
+from loaders.shardio import Column, open_zarr_columns, read_tar_shard
+
+ON_CORRUPT = ("raise", "skip")  # a shard that fails its checks: raise naming it, or skip it and count it
+
+
+class DatasetRebuilt(FormatError):
+    """The dataset was rebuilt since this loader opened it (its shards are gone or changed): reopen it."""
+
+
+def check_on_corrupt(value: str) -> str:
+    if value not in ON_CORRUPT:
+        raise ValueError(f"on_corrupt={value!r}: expected one of {ON_CORRUPT}")
+    return value
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The generation of a dataset a loader opened: its root and the sha256 of the index.json bytes it read."""
+
+    root: str
+    index_sha256: str
+
+    def rebuilt(self) -> bool:
+        """Whether ``index.json`` on disk is now another generation than the one opened."""
+        try:
+            return index_sha256(read_index_bytes(self.root)) != self.index_sha256
+        except FormatError:  # index.json gone: not the opened generation either
+            return True
+
+    def explain(self, error: FormatError, shard: str) -> FormatError:
+        """``error`` (a shard missing or not matching), as :class:`DatasetRebuilt` when the index has changed."""
+        if isinstance(error, DatasetRebuilt) or not self.rebuilt():
+            return error
+        return DatasetRebuilt(f"{shard}: dataset rebuilt since this loader opened it (index.json of {self.root} "
+                              f"changed, and this shard of the opened generation is gone or changed: {error}); "
+                              "reopen the ShardDataset")
+
+
+def _files(path: Path) -> list[Path]:
+    """The files of a shard in content-hash order (as ``loaders.format.content_hash`` walks them)."""
+    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def read_checked(path: Path, sha256: str | None) -> dict[str, bytes]:
+    """Every file of a shard (a zarr folder: relative path -> bytes; a single file: ``{"": bytes}``), its sha256
+    checked against ``sha256`` unless that is None or empty (an index that records none)."""
+    if not path.exists():
+        raise FormatError(f"{path}: shard is missing")
+    h = hashlib.sha256()
+    out: dict[str, bytes] = {}
+    try:
+        for p in _files(path):
+            rel = "" if p == path else p.relative_to(path).as_posix()
+            data = p.read_bytes()
+            if sha256:
+                if rel:
+                    h.update(rel.encode() + b"\0")
+                h.update(data)
+                h.update(b"\0")
+            out[rel] = data
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read shard ({type(e).__name__}: {e})") from e
+    if sha256 and h.hexdigest() != sha256:
+        raise FormatError(f"{path}: content hash mismatch: index.json says {sha256[:16]}..., the shard's bytes hash "
+                          f"to {h.hexdigest()[:16]}... (a chunk changed, went missing or was added)")
+    return out
+
+
+def _check_chunks(path: Path, files: dict[str, bytes], columns: dict[str, Column]) -> None:
+    """Every chunk of every array read is present: zarr would read a missing one as the fill value."""
+    for key, col in columns.items():
+        arr = col.source
+        grid = getattr(arr, "cdata_shape", None)
+        if grid is None:
+            continue
+        want = math.prod(grid)
+        prefix = f"{key}/c"
+        have = sum(1 for f in files if f == prefix or f.startswith(prefix + "/"))
+        if have != want:
+            raise FormatError(f"{path}: column {key!r} has {have} of its {want} chunk files (a missing chunk would "
+                              "read as zeros)")
+
+
+def open_checked(path: str | Path, encoding: str, keys: Sequence[str], sha256: str | None) -> dict[str, Column]:
+    """The columns ``keys`` of a shard, decoded later (``Column.read_into``) from the bytes checked here."""
+    path = Path(path)
+    files = read_checked(path, sha256)
+    if encoding == "tar":
+        return {k: Column(path, k, a.shape, a.dtype, a) for k, a in read_tar_shard(path, keys, files[""]).items()}
+    if encoding != "zarr":
+        raise FormatError(f"{path}: no checked reader for encoding {encoding!r}")
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.storage import MemoryStore
+
+    proto = default_buffer_prototype().buffer
+    store = MemoryStore({k: proto.from_bytes(v) for k, v in files.items()}, read_only=True)
+    columns = open_zarr_columns(path, keys, store)
+    _check_chunks(path, files, columns)
+    return columns
+
+
+def bounded_fields(index: Index, fields: Sequence[FieldSpec]) -> list[FieldSpec]:
+    """``fields`` with every ``obs/<f>`` code bounded by its vocabulary's size, whatever the index's own
+    ``bound`` says (an index without bounds, or with a wrong one, still never serves a code without a label)."""
+    out = []
+    for f in fields:
+        vocab = index.vocabularies.get(f.name[len(OBS_PREFIX):]) if f.name.startswith(OBS_PREFIX) else None
+        if vocab is not None and f.layout == "dense" and (f.bound is None or f.bound > len(vocab)):
+            f = replace(f, bound=len(vocab))
+        out.append(f)
+    return out
+
