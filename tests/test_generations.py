@@ -9,6 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from loaders import format as fmt
@@ -46,6 +47,32 @@ def test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2(case: hostile.C
     assert not any((out / f).exists() for f in gone)
     assert all((out / f).exists() for f in gen2.files() + gen3.files())
     assert verify(out) == []
+
+
+@hostile.parametrize
+def test_a_loader_survives_one_real_rebuild_and_is_told_after_two(case: hostile.Case, tmp_path: Path) -> None:
+    """Both halves together, with real builds: a loader that opened generation 1 finishes its epoch with
+    generation 1's cells after generation 2 is committed mid-epoch (its shards are kept), and gets the
+    "rebuilt; reopen" error once generation 3 has deleted them."""
+    from loaders import ShardDataset, ShardLoader
+    from loaders.integrity import DatasetRebuilt
+
+    out = tmp_path / "out"
+    build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
+    kw = {"batch_size": 16, "window": 1, "shuffle": False, "decode_ahead": False, "decode_process": False}
+    want = np.concatenate([b["sample_id"].numpy() for b in ShardLoader(ShardDataset(out, **kw))])  # type: ignore[arg-type]
+    dl = ShardLoader(ShardDataset(out, **kw))  # type: ignore[arg-type]
+    it = iter(dl)
+    first = next(it)["sample_id"].numpy()
+    build(small_manifest(tmp_path, seed=1), out, jobs=1, progress=False)  # generation 2, mid-epoch
+    got = np.concatenate([first, *(b["sample_id"].numpy() for b in it)])
+    np.testing.assert_array_equal(got, want)
+    it = iter(dl)  # a new epoch of the same loader: still generation 1
+    next(it)
+    build(small_manifest(tmp_path, seed=2), out, jobs=1, progress=False)  # generation 3 deletes generation 1's
+    with pytest.raises(DatasetRebuilt, match="rebuilt since this loader opened it.*reopen"):
+        for _ in it:
+            pass
 
 
 def test_a_rebuild_of_an_earlier_manifest_reuses_the_immutable_files(tmp_path: Path) -> None:

@@ -49,6 +49,11 @@ CASES = [
     Case("build-keeps-generation-n", 4, "a loader opens generation N; the dataset is rebuilt twice",
          "every file of N stays (same bytes) after commit N+1, whose `previous.index_sha256` is N's; commit N+2 "
          "deletes exactly N's files that N+1 and N+2 do not name, listed in its `retired`", KEEP),
+    Case("build-then-loader-two-real-rebuilds", 4, "a loader opens generation 1; real builds commit generation 2 "
+         "mid-epoch, then generation 3 during the next epoch",
+         "the first epoch finishes with exactly generation 1's cells; after generation 3 the loader raises "
+         "`DatasetRebuilt` (\"dataset rebuilt since this loader opened it; reopen\")",
+         "test_generations::test_a_loader_survives_one_real_rebuild_and_is_told_after_two"),
     Case("touch-keeps-generation-n", 4, "a `touch`ed source: a rebuild that changes no shard",
          "a new generation that keeps the older `previous` (the protection is not spent on a no-op)", TOUCH),
     Case("kill-9-while-packing-shards", 6, "`kill -9` of a build (big sources: spill files) after some shards",
