@@ -42,6 +42,8 @@ class BuildRun:
     stored_bytes: int = 0
     raw_bytes: int = 0
     error: str = ""
+    cpu_s: float = -1.0  # user + system CPU seconds of the CLI process and the children it waited for
+
 
     @property
     def ok(self) -> bool:
@@ -68,24 +70,27 @@ def pipeline_available() -> str:
 
 
 def run_build(label: str, manifest: Path, out: Path, jobs: int, *, n_cells: int, codec: str, source_bytes: int,
-              log_dir: Path) -> BuildRun:
-    """Run one build, timing it and sampling the RSS of its process tree."""
+              log_dir: Path, extra: tuple[str, ...] = ()) -> BuildRun:
+    """Run one build, timing it and sampling the RSS of its process tree (`extra`: more CLI arguments)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"build-{label}.log"
     cmd = [sys.executable, "-m", "pipeline", "build", str(manifest), "--out", str(out), "--jobs", str(jobs),
-           "--no-progress"]
+           "--no-progress", *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with open(log, "w") as fh:
         t0 = time.perf_counter()
+        cpu0 = _children_cpu()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
         sampler = RssSampler(proc.pid)
         with sampler:
             rc = proc.wait()
         wall = time.perf_counter() - t0
+        cpu = _children_cpu() - cpu0
     text = log.read_text(errors="replace")
     m = BUILT_RE.search(text)
     run = BuildRun(label, n_cells, jobs, codec, source_bytes, wall, float(m.group(3)) if m else -1.0,
                    sampler.peak / MIB, rc)
+    run.cpu_s = cpu
     if m:
         run.written, run.reused = int(m.group(1)), int(m.group(2))
     if rc != 0:
@@ -99,6 +104,13 @@ def run_build(label: str, manifest: Path, out: Path, jobs: int, *, n_cells: int,
     print(f"[build] {label}: {'ok' if rc == 0 else 'FAILED'} {wall:.1f}s, peak RSS {run.peak_rss_mb:.0f} MiB "
           f"({n_cells} cells, --jobs {jobs}, {codec}){' ' + run.error if run.error else ''}", flush=True)
     return run
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def blosc_codec(codec: str, level: int = 5) -> Any:
@@ -122,11 +134,11 @@ def codec_bound_limit(files: list[Path], codec: str, level: int = 5, block_bytes
 
     numcodecs.blosc.set_nthreads(1)
     comp = blosc_codec(codec, level)
-    times, read_times, raw, stored, cells = [], [], 0, 0, 0
+    times, read_times, cpu_times, raw, stored, cells = [], [], [], 0, 0, 0
     for _ in range(repeats):
         raw = stored = cells = 0
         t_read = 0.0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for path in files:
             with h5py.File(path, "r") as f:
                 g = f["X"]
@@ -141,9 +153,11 @@ def codec_bound_limit(files: list[Path], codec: str, level: int = 5, block_bytes
                         raw += a.nbytes
                         stored += len(comp.encode(a)) if comp is not None else a.nbytes
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         read_times.append(t_read)
     t = statistics.median(times)
     return {"codec": codec, "level": level, "seconds": t, "read_seconds": statistics.median(read_times),
+            "cpu_seconds": statistics.median(cpu_times),
             "cells": cells, "raw_bytes": raw, "compressed_bytes": stored, "ratio": raw / max(1, stored),
             "cells_per_s": cells / t, "mb_per_s": raw / MB / t, "repeats": times, "block_bytes": block_bytes,
             "threads": 1}
@@ -174,6 +188,9 @@ def incremental(files: list[Path], manifest: Path, out: Path, jobs: int, *, n_ce
         return res
     before = shard_hashes(out)
     res["rewrite_s"] = rewrite_changed_values(files[changed])
+    dry = run_build("incr-dry-run", manifest, out, jobs, n_cells=n_cells, codec=codec, source_bytes=source_bytes,
+                    log_dir=log_dir, extra=("--dry-run",))
+    res["dry_run"] = {**dry.to_json(), "unchanged": shard_hashes(out) == before}
     one = run_build("incr-1-of-k", manifest, out, jobs, n_cells=n_cells, codec=codec, source_bytes=source_bytes,
                     log_dir=log_dir)
     after = shard_hashes(out) if one.ok else {}

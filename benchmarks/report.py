@@ -222,6 +222,14 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
                   *build_table([inc["full"], inc["changed"], inc["nochange"]]), "",
                   f"sha256 of all sources: {inc['hash_s']:.2f}s. Shards whose content changed: "
                   f"{inc['shards_rehashed_different']} of {inc['shards_total']}."]
+            dry = inc.get("dry_run")
+            if dry:
+                L += ["", f"`--dry-run` after the rewrite (scan, hash of the changed file, plan; writes nothing): "
+                      f"{dry['wall_s']:.2f}s wall, peak RSS {dry['peak_rss_mb']:.0f} MiB; shards untouched: "
+                      f"{dry['unchanged']}."]
+        from benchmarks.cluster_bench import markdown as backends_md
+
+        L += ["", *backends_md(pipe.get("backends", {}))]
         for key, title in (("build", "build"), ("incremental", "incremental rebuild")):
             if key in plots:
                 L += ["", f"![{title}]({plots[key]})"]
@@ -256,5 +264,7 @@ def write_report(res: dict[str, Any], out: Path) -> Path:
     path = out / "BENCHMARKS.md"
     analysis = Path(__file__).with_name("ANALYSIS.md")  # hand-written: what limits each missed target, and why
     tail = "\n" + analysis.read_text() if analysis.exists() else ""
+    scale = Path(__file__).with_name("SCALE.md")  # `make bench-scale` (too long for make bench): its last run
+    tail = ("\n" + scale.read_text() if scale.exists() else "") + tail
     path.write_text(markdown(res, plots) + tail)
     return path

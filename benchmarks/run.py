@@ -197,6 +197,10 @@ def pipeline_section(cfg: Config, by_size: dict[int, SynthDataset], incr: SynthD
                                         n_cells=incr.params.n_cells, codec=CODECS[0], source_bytes=incr.csr_bytes,
                                         log_dir=logs, changed=min(3, len(src.files) - 1))
     shutil.rmtree(work / "shards-incr", ignore_errors=True)
+    from benchmarks.cluster_bench import backend_comparison
+
+    res["backends"] = backend_comparison(manifest, work, cfg.build_jobs, n_cells=incr.params.n_cells,
+                                         codec=CODECS[0], source_bytes=incr.csr_bytes, log_dir=logs)
     shutil.rmtree(work / "incr-sources", ignore_errors=True)
     return res
 

@@ -63,13 +63,13 @@ def previous_index(out: Path) -> fmt.Index | None:
 
 
 def park_tables(spill: Path, reused: set[str], names: tuple[str, ...], shard: ShardPlan) -> None:
-    """Keep the plan's memory per-record: a new shard's big planned tables (``names``: the kind's
-    ``parked``) wait in the spill folder as .npy files (its pack task loads them and lets them go); a reused
-    shard's columns are not needed at all."""
+    """Keep the plan's memory small: a new shard's big planned columns (``names``: the kind's ``parked``; a
+    name ending in "/" stands for every column under it) wait in the spill folder as .npy files (its pack
+    task loads them and lets them go); a reused shard's columns are not needed at all."""
     if shard.key in reused:
         shard.columns.clear()
         return
-    for name in names:
+    for name in [c for c in shard.columns if any(c == n or (n.endswith("/") and c.startswith(n)) for n in names)]:
         a = shard.columns.get(name)
         if isinstance(a, np.ndarray) and a.nbytes > 1 << 16:
             path = spill / f"plan-{shard.source}-{shard.split}-{shard.part}-{name.replace('/', '~')}.npy"

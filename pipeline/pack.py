@@ -96,12 +96,17 @@ def raw_bytes(t: Target, cfg: PackConfig) -> int:
 
 
 def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(source row, shard number, position in the shard) of every planned row, sorted by source row."""
+    """(source row, shard number, position in the shard) of every planned row, sorted by source row; int32
+    where the values fit (the read tasks of a big source hold these until they run: 12 bytes a row, not 24)."""
     rows = np.concatenate([t.rows for t in targets])
-    shard_of = np.concatenate([np.full(t.rows.size, t.number, np.int64) for t in targets])
-    pos = np.concatenate([np.arange(t.rows.size, dtype=np.int64) for t in targets])
+    small = np.int32 if max((t.rows.size for t in targets), default=0) < 2**31 else np.int64
+    shard_of = np.concatenate([np.full(t.rows.size, t.number, np.int32) for t in targets])  # plan's shard numbers
+    pos = np.concatenate([np.arange(t.rows.size, dtype=small) for t in targets])
     order = np.argsort(rows, kind="stable")
-    return rows[order], shard_of[order], pos[order]
+    rows = rows[order]
+    if rows.size and rows[-1] < 2**31:
+        rows = rows.astype(np.int32)
+    return rows, shard_of[order], pos[order]
 
 
 def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
@@ -130,7 +135,8 @@ def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarra
             data = block.data.astype(np.float32, copy=False)
             row_len = np.diff(ptr).astype(np.int64)
             by_shard = np.lexsort((pos[lo:hi], shard_of[lo:hi]))
-            local, sh, ps = rows[lo:hi][by_shard] - b, shard_of[lo:hi][by_shard], pos[lo:hi][by_shard]
+            local, sh = rows[lo:hi][by_shard] - b, shard_of[lo:hi][by_shard]
+            ps = pos[lo:hi][by_shard].astype(ROW_ARRAYS["pos"], copy=False)  # spilled as raw int64
             cuts = np.r_[0, np.flatnonzero(np.diff(sh)) + 1, sh.size]
             for u, v in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
                 sel = local[u:v]

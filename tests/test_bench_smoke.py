@@ -81,6 +81,10 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
         assert b["rc"] == 0 and _positive(b["cells_per_s"]) and not b.get("error"), b
     assert {b["jobs"] for b in pipe["jobs"]} == {1}
     assert inc["files"] == 8 and _positive(inc["nochange"]["wall_s"])
+    assert inc["dry_run"]["rc"] == 0 and inc["dry_run"]["unchanged"]  # the dry run was timed and wrote nothing
+    backends = pipe["backends"]
+    assert backends["byte_identical"] is True, backends
+    assert all(r.get("rc") == 0 for r in backends["runs"].values() if "skipped" not in r), backends
 
     assert len(res["targets"]) == 9
     for t in res["targets"]:

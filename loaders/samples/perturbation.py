@@ -146,6 +146,9 @@ class Pairs(_CellSamples):
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
         return columns[PAIRS].astype(np.int64).reshape(-1, 2)
 
+    def count(self, columns: Mapping[str, np.ndarray]) -> int:
+        return int(np.shape(columns[PAIRS])[0])  # without building the units (the build counts every shard)
+
     def assemble(self, batch: BatchRows) -> Payload:
         ctrl, pert, b, p = batch.rows(0), batch.rows(1), batch.size, Payload()
         p.xs["x_ctrl"] = ctrl.csr(X, (b, self.n_cols))
@@ -165,6 +168,9 @@ class Sentences(_CellSamples):
 
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
         return np.concatenate([columns[SENTENCES_PERT], columns[SENTENCES_CTRL]], axis=1).astype(np.int64)
+
+    def count(self, columns: Mapping[str, np.ndarray]) -> int:
+        return int(np.shape(columns[SENTENCES_PERT])[0])  # the units, ~40 slots per cell, are not built for it
 
     def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:
         super().check_columns(columns, name)

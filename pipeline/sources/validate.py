@@ -206,7 +206,7 @@ def sum_duplicates(block: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray | No
     per-row counts of entries removed, or (block, None) when no row repeats a column (the common case costs
     one pass; rows with unsorted but distinct columns are left as they are)."""
     idx, ptr = block.indices, block.indptr
-    if idx.size < 2:
+    if idx.size < 2 or block.has_canonical_format:  # scipy's one C pass, no temporaries: sorted, no repeats
         return block, None
     step = np.diff(idx.astype(np.int64, copy=False))
     inner = np.ones(step.size, bool)  # step i compares entries i and i+1: False where a row starts at i+1
