@@ -125,11 +125,9 @@ class WindowReader:
         arena.set_units(units, width, [int(self.first_ids[s]) for s in shards])
         shard_idx, local_idx = order.window_units(self.counts, self.spec["seed"], epoch, self.spec["window"], w,
                                                   self.spec["shuffle"])
+        # positions of skipped shards' units: -1 (Arena.order_of), dropped from their batches (make_batch)
+        arena.skipped = [[shards[i], str(e)] for i, e in sorted(bad.items())]
         arena.set_order(shard_idx, local_idx)
-        if bad:  # positions of skipped shards' units: -1, dropped from their batches (ShardDataset.make_batch)
-            skipped = [shards[i] for i in sorted(bad)]
-            arena.order = np.where(np.isin(shard_idx, skipped), -1, arena.order)
-            arena.skipped = [[shards[i], str(e)] for i, e in sorted(bad.items())]
         return arena
 
     @property
