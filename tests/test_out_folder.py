@@ -211,3 +211,55 @@ def test_an_unreadable_source_is_not_blamed_on_out(tmp_path: Path, monkeypatch: 
     with pytest.raises(OutputError, match="is not a folder"):
         (tmp_path / "file").write_text("x")
         build(small_manifest(tmp_path), tmp_path / "file", jobs=1, progress=False)
+
+
+TMPFS_SCRIPT = """
+import json, subprocess, sys
+from pathlib import Path
+from loaders import format as fmt
+from pipeline.build import build
+from pipeline.cli import main
+from pipeline.verify import verify
+from tests.out_helpers import listing, small_manifest
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+build(small_manifest(root, seed=0), out, jobs=1, progress=False)
+st = __import__("os").statvfs(out)
+used_kib = (st.f_blocks - st.f_bfree) * st.f_frsize // 1024
+# room for half a generation more: the next one cannot fit beside the kept one
+subprocess.run(["mount", "-o", f"remount,size={used_kib * 3 // 2}k", str(out)], check=True)
+index, files = fmt.index_path(out).read_bytes(), listing(out)
+full = main(["build", str(small_manifest(root, seed=1)), "--out", str(out), "--jobs", "1", "-q"])
+same = fmt.index_path(out).read_bytes() == index and listing(out) == files and verify(out) == []
+subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+ro = main(["build", str(small_manifest(root, seed=2)), "--out", str(out), "--jobs", "1", "-q"])
+print(json.dumps({"full": full, "same": same, "ro": ro, "intact": verify(out) == []}))
+"""
+
+
+@hostile.parametrize
+def test_a_real_full_and_read_only_file_system(case: hostile.Case, tmp_path: Path,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    """The same guarantees on a real tmpfs (in a private mount namespace: `unshare -rm`, so nothing is left
+    mounted), where the platform allows it: shrunk after the first build to 1.5 times what it uses, so the
+    second generation does not fit beside the first."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.out_helpers import ENV, ROOT
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    small_manifest(tmp_path)
+    (tmp_path / "out").mkdir()
+    shell = 'mount -t tmpfs -o size=64m tmpfs "$1" 2>/dev/null || exit 77; shift; exec "$@"'
+    res = subprocess.run(["unshare", "-rm", "sh", "-c", shell, "sh", str(tmp_path / "out"), sys.executable, "-c",
+                          TMPFS_SCRIPT, str(tmp_path), str(tmp_path / "out")],
+                         capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    if res.returncode == 77 or "unshare" in res.stderr.split(":")[0]:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()[:200]}")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"full": EXIT_CRASH, "same": True, "ro": EXIT_BAD_INPUT, "intact": True}, res.stderr
+    assert "ENOSPC" in res.stderr and "EROFS" in res.stderr and "cannot write to --out" in res.stderr

@@ -85,6 +85,11 @@ CASES = [
          "exit 1, the same guarantees", FULL, ("index", errno.ENOSPC, 1)),
     Case("quota-exceeded-writing-a-shard", 10, "EDQUOT while a shard is written", "exit 1, the same", FULL,
          ("shard", errno.EDQUOT, 1)),
+    Case("real-tmpfs-full-then-read-only", 10, "a real tmpfs (`unshare -rm`, where the platform allows) with room for "
+         "half a generation more: the second does not fit beside the first; then the mount is made read-only",
+         "exit 1 with ENOSPC, the first generation committed, intact and alone (the failed build's files removed); "
+         "then exit 2 with EROFS (the lock file cannot be opened) and the dataset still verifies",
+         "test_out_folder::test_a_real_full_and_read_only_file_system"),
     Case("read-only-out", 10, "EROFS while a shard is written (a read-only mount)",
          "exit 2 naming `--out` and EROFS; the previous dataset intact", FULL, ("shard", errno.EROFS, 2)),
 ]
