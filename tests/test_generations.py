@@ -213,3 +213,48 @@ def test_gc_refuses_a_folder_that_is_not_ours(case: hostile.Case, tmp_path: Path
     assert "not a shardsmith dataset" in capsys.readouterr().err
     assert listing(tmp_path / "X") == {"shards", "shards/notes.txt"}
     assert main(["gc", str(tmp_path / "missing")]) == 2
+
+
+LOKY_PARENT = """
+import functools, time
+from pipeline.backends import get_backend
+backend = get_backend("loky", 2, None)
+backend.start()
+backend.map([functools.partial(time.sleep, 120)] * 4, "pack shards", False)
+"""
+
+
+@hostile.parametrize
+def test_loky_workers_end_with_their_killed_build(case: hostile.Case) -> None:
+    """Issue case 6: loky workers of a build killed with kill -9 lived on for more than 5 minutes."""
+    import signal
+    import time
+
+    import psutil
+
+    from tests.out_helpers import popen
+
+    parent = popen(LOKY_PARENT)
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not workers:  # workers that have started a task
+            time.sleep(0.5)
+            workers = [p for p in psutil.Process(parent.pid).children(recursive=True)
+                       if "popen_loky" in " ".join(p.cmdline()) and p.num_threads() > 1]
+        assert workers, "no loky worker started"
+        time.sleep(1.5)  # let every worker pick a task (and start its watcher)
+        workers = [p for p in psutil.Process(parent.pid).children(recursive=True)
+                   if "popen_loky" in " ".join(p.cmdline())]
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, f"orphaned loky workers still running 15 s after the build was killed: {alive}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for p in workers:  # nothing of ours left behind, whatever happened
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -70,6 +70,9 @@ CASES = [
     Case("kill-9-first-build", 6, "`kill -9` of the first build into a new folder, then a rebuild",
          "not refused as foreign (its files are journaled); finished shards reused (same inode), the rest removed",
          FIRST),
+    Case("kill-9-loky-parent", 6, "`kill -9` of a build running tasks on loky worker processes (was: the workers "
+         "stayed for more than 5 minutes)", "every worker ends within a few seconds (each watches its parent pid)",
+         "test_generations::test_loky_workers_end_with_their_killed_build"),
     Case("gc-planted-leftovers", 6, "`shardsmith gc` on a dataset with spill folders, temp files, a dead build's "
          "journal and shard, and user files with look-alike names",
          "our leftovers removed, user files kept; `--drop-previous` removes the previous generation's files",
