@@ -61,6 +61,14 @@ class ShardDataset(IterableDataset):
     when it is initialised. ``pad=True`` repeats units so every rank gets ceil(N/world) of them;
     ``pad=False`` drops the last N mod world. Use it through :class:`~loaders.loader.ShardLoader`
     (which sets epochs and resume offsets) or a ``DataLoader(ds, batch_size=None)``.
+
+    Integrity (:mod:`loaders.integrity`): ``verify=True`` checks each shard's sha256 against the opened index on
+    its first read in a process and whenever a file of it changes (``"always"``: every read; ``False``: only
+    that no zarr chunk is missing); obs codes are checked against their vocabularies. ``on_corrupt="raise"``
+    names the failing shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A
+    rebuild that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
+    ``decode_timeout``: seconds the decoder process may stay silent before it is killed and decoding moves
+    here (``ShardLoader(timeout=...)`` sets it).
     """
 
     def __init__(self, root: str | Path, split: str = "train", sample: str = "cells", batch_size: int = 256,
