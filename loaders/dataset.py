@@ -62,13 +62,21 @@ class ShardDataset(IterableDataset):
     when it is initialised. ``pad=True`` repeats units so every rank gets ceil(N/world) of them;
     ``pad=False`` drops the last N mod world. Use it through :class:`~loaders.loader.ShardLoader`
     (which sets epochs and resume offsets) or a ``DataLoader(ds, batch_size=None)``.
+
+    Integrity (:mod:`loaders.integrity`): ``verify=True`` checks each shard's sha256 against the opened index on
+    its first read in a process and whenever a file of it changes (``"always"``: every read; ``False``: only
+    that no zarr chunk is missing); obs codes are checked against their vocabularies. ``on_corrupt="raise"``
+    names the failing shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A
+    rebuild that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
+    ``decode_timeout``: seconds the decoder process may stay silent before it is killed and decoding moves
+    here (``ShardLoader(timeout=...)`` sets it).
     """
 
     def __init__(self, root: str | Path, split: str = "train", sample: str = "cells", batch_size: int = 256,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
                  densify: bool = True, rank: int | None = None, world_size: int | None = None,
                  decode_ahead: bool = True, batches_ahead: int | None = None, decode_threads: int | None = None,
-                 decode_process: bool | None = None, verify: bool = True, on_corrupt: str = "raise",
+                 decode_process: bool | None = None, verify: bool | str = True, on_corrupt: str = "raise",
                  decode_timeout: float = 30.0, torch_sparse: bool = False, **sample_options: Any) -> None:
         super().__init__()
         self.root = Path(root)
@@ -101,7 +109,10 @@ class ShardDataset(IterableDataset):
 
         # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is served;
         # on_corrupt="skip" drops a failing shard's units from their batches and counts it (skipped_shards)
-        self.verify, self.on_corrupt = bool(verify), check_on_corrupt(on_corrupt)
+        if verify not in (True, False, "always"):
+            raise ValueError(f"verify={verify!r}: expected True (hash each shard once per process, again whenever "
+                             "a file of it changes), 'always' (hash every read) or False (chunks counted only)")
+        self.verify, self.on_corrupt = verify, check_on_corrupt(on_corrupt)
         self.decode_timeout = float(decode_timeout)  # seconds the decoder process may stay silent
         self.reader = WindowReader.from_spec({"root": str(self.root), "split": split,
                                               "sample": self.sample_type.get_config(), "window": window,

@@ -144,7 +144,7 @@ class WindowReader:
     def _open(self, s: int, i: int, bad: dict[int, FormatError]) -> dict[str, Column]:
         sha = self.entries[s].sha256 if self.spec["verify"] else None
         try:
-            return open_checked(self.paths[s], self.encoding, self.keys, sha)
+            return open_checked(self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always")
         except FormatError as e:
             bad[i] = self._failed(s, e)
             return {}
