@@ -13,7 +13,10 @@ spike shards ``[n, T, H, ceil(W/8)]``), so the loader, the voxel op and the GPU 
 Stream: a 16-byte header (``b"SPKB"``, format version, ``n``, ``T``, bytes per frame ``R``; little endian), then
 one zstd frame of the transposed bytes ``[n, R, 8, ceil(T/8)]`` (frames past ``T`` are zero padding). The
 header makes a stream self-describing: decoding needs no config, and a stream of another codec is refused.
-Same input, level and zstd build -> same bytes (zstd is deterministic).
+Same input, level and zstd build -> same bytes (zstd is deterministic). One zstd frame per chunk (per-record
+frames stored ~5% more); decoding transposes record by record through a few reused half-MB buffers, straight
+into the caller's buffer when given one (zarr's chunks are 16 windows, 8 MB: whole-chunk temporaries fall out
+of cache; on the loaded 2-core machine the gain measured between 0 and 2x, interleaved A/B).
 
 Registered with numcodecs (``numcodecs.get_codec({"id": "shardsmith.spikebits", "level": 5})``), with the
 shard encodings' field-codec registry (``loaders.fieldcodecs``), and for zarr v3 in ``loaders.spikebits_zarr``.
@@ -26,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from numcodecs.abc import Codec
-from numcodecs.compat import ndarray_copy
+from numcodecs.compat import ensure_contiguous_ndarray, ndarray_copy
 from numcodecs.registry import register_codec
 from numcodecs.zstd import Zstd
 
@@ -39,9 +42,9 @@ _ROUNDS = tuple((np.uint64(m), np.uint64(s)) for m, s in ((0x00AA00AA00AA00AA, 7
                                                           (0x00000000F0F0F0F0, 28)))
 
 
-def transpose8(words: np.ndarray) -> np.ndarray:
-    """Transpose the 8x8 bit matrix of every little-endian uint64 in place (and return it)."""
-    t = np.empty_like(words)
+def transpose8(words: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+    """Transpose the 8x8 bit matrix of every little-endian uint64 in place (and return it); ``t``: scratch."""
+    t = np.empty_like(words) if t is None else t
     for m, s in _ROUNDS:
         np.right_shift(words, s, out=t)
         t ^= words
@@ -64,12 +67,22 @@ def to_pixel_major(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(blocks.transpose(0, 2, 3, 1))
 
 
-def from_pixel_major(p: np.ndarray, frames: int) -> np.ndarray:
-    """The inverse of :func:`to_pixel_major`: ``[n, R, 8, K]`` -> uint8 ``[n, frames, R]``."""
+def from_pixel_major(p: np.ndarray, frames: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The inverse of :func:`to_pixel_major`: ``[n, R, 8, K]`` -> uint8 ``[n, frames, R]`` (into ``out``), one
+    record at a time through reused buffers (``p`` may be read-only)."""
     n, r, _, k = p.shape
-    words = p.transpose(0, 3, 1, 2).copy().view("<u8")  # [n, K, R, 1]; a copy: p may be read-only
-    rows = transpose8(words).view(np.uint8).reshape(n, k, r, 8).transpose(0, 1, 3, 2).reshape(n, 8 * k, r)
-    return np.ascontiguousarray(rows[:, :frames])
+    out = np.empty((n, frames, r), np.uint8) if out is None else out
+    words, tmp = np.empty((k, r, 8), np.uint8), np.empty((k, r), "<u8")
+    rows = None if frames == 8 * k else np.empty((k, 8, r), np.uint8)
+    for i in range(n):
+        np.copyto(words, p[i].transpose(2, 0, 1))
+        transpose8(words.view("<u8")[..., 0], tmp)  # now [K, R, 8 frames]
+        if rows is None:
+            np.copyto(out[i].reshape(k, 8, r), words.transpose(0, 2, 1))
+        else:
+            np.copyto(rows, words.transpose(0, 2, 1))
+            out[i] = rows.reshape(8 * k, r)[:frames]
+    return out
 
 
 class SpikeBits(Codec):  # type: ignore[misc]
@@ -104,6 +117,11 @@ class SpikeBits(Codec):  # type: ignore[misc]
         body = np.frombuffer(Zstd().decode(data[_HEADER.size:]) if size else b"", np.uint8)
         if body.size != size:
             raise ValueError(f"{CODEC_ID}: corrupt stream ({body.size} bytes decoded, header says {n * r * 8 * k})")
+        if out is not None:
+            dest = ensure_contiguous_ndarray(out)
+            if dest.dtype == np.uint8 and dest.size == n * t * r:  # straight into the caller's buffer
+                from_pixel_major(body.reshape(n, r, 8, k), t, dest.reshape(n, t, r))
+                return out
         dec = from_pixel_major(body.reshape(n, r, 8, k), t)
         return dec if out is None else ndarray_copy(dec, out)
 

@@ -136,4 +136,7 @@ def summary_doc(result: Any, out: Path | None, exit_code: int) -> dict[str, Any]
         written = set(result.written)
         doc["bytes_written"] = sum(int(s.get("bytes", 0)) for s in result.index.get("shards", [])
                                    if s.get("file") in written)
+        from pipeline.verify import summary
+
+        doc["warnings"] = summary(result.out)["warnings"]  # the kind's counted weak spots, as `inspect` prints
     return doc

@@ -81,6 +81,10 @@ def test_warnings_count_fallbacks_empty_splits_and_short_groups(tmp_path: Path) 
     cli = subprocess.run([sys.executable, "-m", "pipeline", "inspect", str(tmp_path / "out")],
                          capture_output=True, text=True, check=True)
     assert "warning: " in cli.stdout
+    cli = subprocess.run([sys.executable, "-m", "pipeline", "build", str(manifest), "--out", str(tmp_path / "o2"),
+                          "--no-progress", "--jobs", "1"], capture_output=True, text=True, check=True)
+    assert "  warning: " in cli.stdout  # the build's own summary
+    assert json.loads(cli.stdout.strip().splitlines()[-1])["warnings"] == s["warnings"]  # and its JSON line
 
 
 def test_plan_warnings_are_silent_when_all_is_well() -> None:

@@ -97,7 +97,8 @@ def fewshot_per_combo(cells: CellTable, manifest: Manifest, entries: Mapping[str
     Without entries every pair is hashed by the global fractions (the original rule). With entries only the
     listed cell types leave train: listed perturbations first (test wins over val), then each other
     perturbation by the entry's fractions. `combinations = "seen_genes"` keeps single perturbations and
-    combinations of unseen parts in train, so every held-out label is a combination of genes seen alone."""
+    combinations of unseen parts in train (unless listed by name), so every drawn held-out label is a
+    combination of genes seen alone."""
     sp, fields = manifest.config.split, manifest.config.fields
     uniq, inv, ct_names, perts = _combo_table(cells)
     eligible: set[tuple[str, str]] | None = None
@@ -111,17 +112,16 @@ def fewshot_per_combo(cells: CellTable, manifest: Manifest, entries: Mapping[str
     out = np.zeros(uniq.size, np.int8)
     for i, q in enumerate(uniq.tolist()):
         ct, pert = ct_names[q // len(perts)], perts[q % len(perts)]
-        if eligible is not None and (ct, pert) not in eligible:
-            continue
-        if entries is None:
-            val, test = sp.val_fraction, sp.test_fraction
-        elif ct in entries:
+        val, test = sp.val_fraction, sp.test_fraction
+        if entries is not None:
+            if ct not in entries:
+                continue
             e = entries[ct]
-            if pert in e.test or pert in e.val:
+            if pert in e.test or pert in e.val:  # named explicitly: wins over the combinations rule
                 out[i] = TEST if pert in e.test else VAL
                 continue
             val, test = e.val_fraction, e.test_fraction
-        else:
+        if eligible is not None and (ct, pert) not in eligible:
             continue
         out[i] = _by_fraction(np.array([stable_unit(manifest.seed, seed_tag, ct, pert)]), val, test)[0]
     return out[inv]
