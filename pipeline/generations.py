@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 JOURNAL_RE = re.compile(r"\.build-\d+\.journal$")
 SPILL_RE = re.compile(r"\.spill-\d+$")
 TMP_RE = re.compile(r"\.tmp-(?P<target>.+)-\d+$")  # pipeline.shardfile.write_columns' temp names
+OUR_NAME_RE = re.compile(r"(?:[a-z]+-\d{3,}-\d{3,}|conditions)-[0-9a-f]{16}(?:\.[a-z]+)?")  # shards, tables
 ATOMIC_TMP_RE = re.compile(r"\.(index\.json|\.build-inputs\.json)\.\w+\.tmp$")  # fmt.atomic_write_bytes'
 FIXED = {LOCK_FILE, INPUTS_FILE}
 SHOWN = 5  # foreign entries named in the refusal
@@ -98,8 +99,10 @@ def _is_our_index(path: Path) -> bool:
 
 
 def _temp_of(name: str, prefix: str, owned: set[str]) -> bool:
+    """A half-written file of ours: the temp name of a file we own, or of one named the way we name shards
+    and condition tables (left by a build from before journals existed)."""
     m = TMP_RE.fullmatch(name)
-    return bool(m) and prefix + m.group("target") in owned
+    return bool(m) and (prefix + m.group("target") in owned or OUR_NAME_RE.fullmatch(m.group("target")) is not None)
 
 
 def check_owned(out: Path) -> None:

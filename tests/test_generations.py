@@ -186,7 +186,8 @@ def test_gc_removes_leftovers_and_only_ours(case: hostile.Case, tmp_path: Path,
     clean = listing(out)
     name = index.shards[0].file
     planted = [".spill-4242/plan-0-train-0-X.npy", ".index.json.k2j3h4_x.tmp", "..build-inputs.json.abc.tmp",
-               f"shards/.tmp-{name}-4242", ".build-4242.journal"]
+               f"shards/.tmp-{name}-4242", "shards/.tmp-val-002-000-00112233445566ff.zarr-77/zarr.json",
+               ".tmp-conditions-00112233445566ff.zarr-77", ".build-4242.journal"]
     orphan = "shards/train-000-009-0123456789abcdef.zarr"
     user = ["shards/notes.txt", ".spill-notes", "conditions-notes.md", ".index.json.bak", "shards/.tmp-mine"]
     for rel in planted[:-1] + user + [orphan + "/zarr.json"]:
@@ -194,7 +195,7 @@ def test_gc_removes_leftovers_and_only_ours(case: hostile.Case, tmp_path: Path,
         (out / rel).write_text("x")
     (out / ".build-4242.journal").write_text(json.dumps({"pid": 4242, "files": [orphan]}))
     assert main(["gc", str(out)]) == 0
-    assert "5 removed" in capsys.readouterr().out
+    assert "7 removed" in capsys.readouterr().out
     assert listing(out) == clean | set(user)
     assert verify(out) == [] and gc(out) == []
     # --drop-previous: the previous generation's files go too (its readers then get the "rebuilt" error)
