@@ -125,6 +125,35 @@ def loader_table(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def interleaved_table(res: dict[str, Any]) -> list[str]:
+    """The same-process, interleaved loader-vs-scipy figures (benchmarks/interleaved.py)."""
+    il = res.get("loader", {}).get("interleaved")
+    if not il:
+        return []
+    cfg = res["config"]
+    lines = ["", "### Same process, interleaved (the ratios that count)", "",
+             f"One interpreter holds every stream below for the whole run; they take turns, {il['seconds']:g} s "
+             f"each (A, B, C, A, B, C ...), {il['rounds']} rounds. cells/s: median of a stream's windows; ratio: "
+             "median over rounds of (window / its baseline's window in the same round). Baselines hold the whole "
+             "matrix as one in-memory scipy CSR: `X[idx].toarray()` (dense) and `X[idx]` (CSR gather, its three "
+             "arrays as tensors); our loader reads the train split's shards (`densify=False`: `X.crow`, `X.cols`, "
+             "`X.vals` tensors). `window` in shards (the full data has 4 train shards: window 4 is the whole split, "
+             "decoded once and re-shuffled every epoch; window 2 decodes every window of every epoch). Workers are "
+             "persistent. Decode CPU: the decoder process's CPU seconds per epoch started in a stream's windows. "
+             f"No RSS sampler runs while timing: tree RSS read between windows, max "
+             f"{il['rss_between_windows_mib']:,.0f} MiB; sum of the processes' VmHWM {il['hwm_sum_mib']:,.0f} MiB "
+             "(shared windows count once per process mapping them). Command: `python -m benchmarks.run "
+             f"--{cfg['mode'].split('-')[0]}` (task spec in DATA_DIR/work/<mode>/task-interleaved.json; rerun alone "
+             "with `python -m benchmarks.loaders_bench SPEC OUT`).", "",
+             "| stream | cells/s | ratio | vs | epochs | decode CPU s/epoch | first batch (s) |",
+             "|---|---:|---:|---|---:|---:|---:|"]
+    for r in il["results"]:
+        dec = r.get("decode_cpu_s_per_epoch")
+        lines.append(f"| {r['method']} | {_fmt(r['cells_per_s'])} | {_fmt(r.get('ratio'), 2)} | "
+                     f"{r.get('baseline', '')} | {r['epochs']} | {_fmt(dec, 3)} | {_fmt(r['ttfb_s'], 2)} |")
+    return lines
+
+
 def build_table(runs: list[dict[str, Any]]) -> list[str]:
     lines = ["| build | cells | --jobs | codec | wall (s) | own timer (s) | cells/s | cells/s per job | source MB/s "
              "| peak RSS (MiB) | shards written/reused | stored MB |",
@@ -189,6 +218,7 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
     if res.get("loader", {}).get("skipped"):
         L += [f"Not measured for our loader: {res['loader']['skipped']}.", ""]
     L += loader_table(res)
+    L += interleaved_table(res)
     if "loader" in plots:
         L += ["", f"![loader throughput]({plots['loader']})"]
     pipe = res.get("pipeline", {})

@@ -56,6 +56,9 @@ class Config:
     max_pairs_per_condition: int = 500
     task_timeout_s: int = 600
     group_baselines: bool = False  # quick: scipy/h5py/anndata share one interpreter (saves ~8 s of imports)
+    il_rounds: int = 5  # interleaved same-process loader vs scipy (benchmarks/interleaved.py): rounds of windows
+    il_workers: tuple[int, ...] = (0, 2)
+    il_windows: tuple[int, ...] = (4, 2)  # shuffle windows in shards (4: the whole train split of the full data)
 
     @property
     def sentence_batch(self) -> int:
@@ -67,7 +70,8 @@ PRESETS = {
     "full": Config("full", 200_000, 2_000, 200, (50_000, 100_000, 200_000, 400_000), 200_000, 8, 128, 64,
                    seconds=2.0, warmup=5, repeats=3),
     "quick": Config("quick", 20_000, 500, 50, (5_000, 20_000), 20_000, 8, 32, 4,
-                    seconds=0.3, warmup=2, repeats=3, build_jobs=1, scd_workers=(0,), group_baselines=True),
+                    seconds=0.3, warmup=2, repeats=3, build_jobs=1, scd_workers=(0,), group_baselines=True,
+                    il_rounds=2),
 }
 
 
@@ -143,6 +147,9 @@ def run_child(name: str, spec: dict[str, Any], work: Path, timeout: int) -> dict
         for r in doc.get("results", []):
             print(f"[loader] {r['method']}: {r['cells_per_s']:,.0f} cells/s, {r['mb_per_s']:,.0f} MB/s, "
                   f"first batch {r['ttfb_s']:.3f}s, peak RSS {r['peak_rss_mb']:.0f} MiB {r['note']}", flush=True)
+        for r in doc.get("interleaved", {}).get("results", []):
+            print(f"[loader] interleaved {r['method']}: {r['cells_per_s']:,.0f} cells/s"
+                  + (f", {r['ratio']:.2f}x {r['baseline']}" if "ratio" in r else ""), flush=True)
     print(f"[loader] task {name} took {time.perf_counter() - t0:.1f}s", flush=True)
     return doc
 
@@ -241,11 +248,18 @@ def loader_section(cfg: Config, main: SynthDataset, roots: dict[str, Path], work
     else:
         out["skipped"] = why
         notes.append(f"our loader not measured: {why}.")
+    lz4 = roots.get("blosc-lz4")
+    if not why and lz4 is not None and (lz4 / "index.json").exists():
+        tasks.append(("interleaved", {"task": "interleaved", "shards_root": str(lz4), "rounds": cfg.il_rounds,
+                                      "workers": list(cfg.il_workers), "windows": list(cfg.il_windows),
+                                      "warm_paths": [str(lz4), h5ad]}))
     for name, spec in tasks:
         doc = run_child(name, {**common, **spec}, work, cfg.task_timeout_s)
         if doc.get("error"):
             out["errors"][name] = doc["error"]
         results.extend(doc.get("results", []))
+        if "interleaved" in doc:
+            out["interleaved"] = doc["interleaved"]
     return out
 
 

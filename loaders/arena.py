@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -175,9 +175,20 @@ class Arena:
 
     def set_order(self, shard_idx: np.ndarray, local_idx: np.ndarray) -> None:
         """Positions of the window (``order.window_units``) as rows of ``units``."""
+        self.order = self.order_of(shard_idx, local_idx)
+
+    def order_of(self, shard_idx: np.ndarray, local_idx: np.ndarray) -> np.ndarray:
         srt = np.argsort(self.shards)
         slot = srt[np.searchsorted(self.shards, shard_idx, sorter=srt)]
-        self.order = self.unit_offsets[slot] + local_idx
+        got = self.unit_offsets[slot] + local_idx
+        if self.skipped:  # units of shards skipped (on_corrupt="skip"): -1, left out of their batches
+            got = np.where(np.isin(shard_idx, [int(s) for s, _ in self.skipped]), -1, got)
+        return got
+
+    def view(self, order: np.ndarray, on_release: Callable[[], None]) -> Arena:
+        """The same decoded rows in another order (a window of the same shards in another epoch): shares every
+        buffer; ``on_release`` runs instead of recycling them (the owner counts its views)."""
+        return replace(self, order=order, on_release=on_release)
 
     def release(self, pool: BufferPool) -> None:
         """Hand the big buffers back (the arena must not be used afterwards)."""

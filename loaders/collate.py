@@ -5,9 +5,12 @@ shared-memory buffer per batch (:func:`to_shared`, finished values written strai
 otherwise creates a shared-memory segment per tensor (~1 ms each here). The consumer splits it back into
 views (:func:`loaders.device.unpack_batch`), on the GPU after a single host-to-device copy.
 
-``output``: ``"dense"`` finishes deferred items here (numpy); ``"parts"`` ships their parts so that the
-consumer finishes them (on the device: :func:`loaders.device.assemble`); ``"sparse"`` makes CSR rows torch
-sparse tensors. A shipped item is ``key + "." + part`` tensors plus ``key + META`` = (op, meta, part names).
+``output`` (:data:`OUTPUTS`): ``"dense"`` finishes deferred items here (numpy); ``"csr"`` hands CSR rows over as
+their three parts, ``key.crow`` / ``key.cols`` / ``key.vals`` (zero-copy views of the gather's output, index
+dtypes as gathered: int32 below 2**31 entries), and finishes the other items; ``"sparse"`` makes CSR rows torch
+sparse tensors; ``"parts"`` ships every deferred item's parts so that the consumer finishes them (on the
+device: :func:`loaders.device.assemble`). A shipped item is ``key + "." + part`` tensors, plus
+``key + META`` = (op, meta, part names) unless the output is ``"csr"`` (what the user gets carries no meta).
 """
 
 from __future__ import annotations
@@ -26,18 +29,22 @@ __all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Pay
            "to_tensors"]
 PACKED, LAYOUT = "__packed__", "__layout__"  # keys of a batch in shared-buffer transport
 META = ".meta"  # key + META: (op, meta, part names) of a shipped deferred item
+OUTPUTS = ("dense", "csr", "sparse", "parts")
 
 
 def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """A torch sparse CSR tensor ``[m, n_cols]`` (any device). Sentences come as ``[B*L, G]``."""
+    """A torch sparse CSR tensor ``[m, n_cols]`` (any device). Sentences come as ``[B*L, G]``. Indices stay in
+    their dtype (torch takes int32 or int64, the same for both): no host-side conversion pass."""
+    if crow.dtype != cols.dtype:
+        crow, cols = crow.to(torch.int64), cols.to(torch.int64)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-        return torch.sparse_csr_tensor(crow, cols.to(torch.int64), vals.to(torch.float32),
+        return torch.sparse_csr_tensor(crow, cols, vals if vals.dtype == torch.float32 else vals.to(torch.float32),
                                        (crow.numel() - 1, n_cols), check_invariants=False)
 
 
 def _shipped(d: Deferred, output: str) -> bool:
-    return output == "parts" or (output == "sparse" and d.op == CSR_OP)
+    return output == "parts" or (output != "dense" and d.op == CSR_OP)
 
 
 def _describe(d: Deferred, parts: dict[str, np.ndarray]) -> tuple[str, dict[str, Any], tuple[str, ...]]:
@@ -56,7 +63,8 @@ def to_tensors(p: Payload, output: str) -> dict[str, Any]:
             batch[key] = sparse(*(torch.from_numpy(parts[n]) for n in ("crow", "cols", "vals")), d.out_shape()[-1])
             continue
         batch.update({f"{key}.{n}": torch.from_numpy(a) for n, a in parts.items()})
-        batch[key + META] = _describe(d, parts)
+        if output == "parts":
+            batch[key + META] = _describe(d, parts)
     return batch
 
 
@@ -103,7 +111,8 @@ def to_shared(p: Payload, output: str) -> dict[str, Any]:
         if key in shipped:
             for n, a in shipped[key].items():
                 view(entries[f"{key}.{n}"])[...] = a.reshape(-1)
-            extras[key + META] = _describe(d, shipped[key])
+            if output != "csr":
+                extras[key + META] = _describe(d, shipped[key])
         else:
             d.finish(out=view(entries[key]))
     return {PACKED: buf, LAYOUT: (tuple(layout), output, extras)}

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import budget, decoder, interop, order
+from loaders.broker import Broker, BrokerClient, BrokerError
 from loaders.collate import Arena, BufferPool, Payload, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
@@ -42,6 +43,8 @@ from loaders.integrity import check_on_corrupt
 from loaders.samples import get_sample_type
 from loaders.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
 from loaders.window import WindowReader
+
+Claim = tuple[dict[tuple[int, ...], list[Any]], tuple[int, ...], "list[Any] | None"]  # (live, shard ids, entry)
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -59,14 +62,22 @@ class ShardDataset(IterableDataset):
     when it is initialised. ``pad=True`` repeats units so every rank gets ceil(N/world) of them;
     ``pad=False`` drops the last N mod world. Use it through :class:`~loaders.loader.ShardLoader`
     (which sets epochs and resume offsets) or a ``DataLoader(ds, batch_size=None)``.
+
+    Integrity (:mod:`loaders.integrity`): ``verify=True`` checks each shard's sha256 against the opened index on
+    its first read in a process and whenever a file of it changes (``"always"``: every read; ``False``: only
+    that no zarr chunk is missing); obs codes are checked against their vocabularies. ``on_corrupt="raise"``
+    names the failing shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A
+    rebuild that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
+    ``decode_timeout``: seconds the decoder process may stay silent before it is killed and decoding moves
+    here (``ShardLoader(timeout=...)`` sets it).
     """
 
     def __init__(self, root: str | Path, split: str = "train", sample: str = "cells", batch_size: int = 256,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
                  densify: bool = True, rank: int | None = None, world_size: int | None = None,
                  decode_ahead: bool = True, batches_ahead: int | None = None, decode_threads: int | None = None,
-                 decode_process: bool | None = None, verify: bool = True, on_corrupt: str = "raise",
-                 decode_timeout: float = 30.0, **sample_options: Any) -> None:
+                 decode_process: bool | None = None, verify: bool | str = True, on_corrupt: str = "raise",
+                 decode_timeout: float = 30.0, torch_sparse: bool = False, **sample_options: Any) -> None:
         super().__init__()
         self.root = Path(root)
         data = read_index_bytes(self.root)  # read once: every process of this loader decodes this generation
@@ -85,6 +96,7 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"rank {self.rank} outside [0, {self.world_size})")
         self.split, self.sample, self.batch_size, self.shuffle, self.seed = split, sample, batch_size, shuffle, seed
         self.drop_last, self.pad, self.window, self.densify = drop_last, pad, window, densify
+        self.torch_sparse = bool(torch_sparse)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self.decode_process = decoder.AVAILABLE if decode_process is None else bool(decode_process)
         # Defaults measured on a 2-core node (docs/LOADER.md): there the decoder process already takes the
@@ -93,11 +105,14 @@ class ShardDataset(IterableDataset):
         self.batches_ahead = (2 if cores >= 4 else 0) if batches_ahead is None else max(0, int(batches_ahead))
         self.decode_threads = max(1, min(window, cores, 4) if decode_threads is None else int(decode_threads))
         self.decoder_threads = 1 if decode_threads is None else self.decode_threads  # one core for the process
-        self.output = "dense" if densify else "sparse"  # ShardLoader switches to "parts" to densify on a device
+        self.output = self.csr_output()  # ShardLoader switches to "parts" to finish batches on a device
 
         # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is served;
         # on_corrupt="skip" drops a failing shard's units from their batches and counts it (skipped_shards)
-        self.verify, self.on_corrupt = bool(verify), check_on_corrupt(on_corrupt)
+        if verify not in (True, False, "always"):
+            raise ValueError(f"verify={verify!r}: expected True (hash each shard once per process, again whenever "
+                             "a file of it changes), 'always' (hash every read) or False (chunks counted only)")
+        self.verify, self.on_corrupt = verify, check_on_corrupt(on_corrupt)
         self.decode_timeout = float(decode_timeout)  # seconds the decoder process may stay silent
         self.reader = WindowReader.from_spec({"root": str(self.root), "split": split,
                                               "sample": self.sample_type.get_config(), "window": window,
@@ -115,6 +130,12 @@ class ShardDataset(IterableDataset):
         self._ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, window), its decode)
         self._ahead_lock = threading.Lock()
         self._decoder_state: tuple[int, Decoder] | None = None  # (pid, this process's decoder process)
+        self._live_state: tuple[int, dict[tuple[int, ...], list[Any]]] | None = None  # (pid, see _live)
+        self._live_lock = threading.Lock()
+        self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
+        self._broker_address: str | None = None
+        self._broker_pid = 0
+        self._broker_client: BrokerClient | None = None
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
@@ -149,6 +170,11 @@ class ShardDataset(IterableDataset):
         split's shards."""
         ids = sample_ids.numpy() if isinstance(sample_ids, torch.Tensor) else sample_ids
         return interop.obs_names_for(self.root, ids, self.split)
+
+    def csr_output(self) -> str:
+        """What CSR rows (X) become in a batch: dense float32, their CSR parts (``densify=False``: ``X.crow``,
+        ``X.cols``, ``X.vals``, no per-batch conversion), or torch sparse tensors (``torch_sparse=True``)."""
+        return "dense" if self.densify else ("sparse" if self.torch_sparse else "csr")
 
     # -- sizes and iteration state ---------------------------------------------------------------
     @property
@@ -212,11 +238,18 @@ class ShardDataset(IterableDataset):
         state["_pool"] = None  # buffers belong to one process
         state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
         state["_decoder_state"] = None  # and the decoder process
+        state["_live_state"], state["_live_lock"] = None, None  # and the windows it holds
+        state["_broker"], state["_broker_client"] = None, None  # workers keep only the broker's address
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._ahead_lock = threading.Lock()
+        self._live_lock = threading.Lock()
+        self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
+        self._broker_address: str | None = None
+        self._broker_pid = 0
+        self._broker_client: BrokerClient | None = None
 
     def buffers(self) -> BufferPool:
         """This process's recycled window buffers (kept across epochs; bounded by BufferPool.keep)."""
@@ -226,11 +259,51 @@ class ShardDataset(IterableDataset):
 
     # -- decoding --------------------------------------------------------------------------------
     def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
+        """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process holds one
+        (the next epoch's first window while the last is served: with ``window >= n_shards`` every epoch
+        is one window of the same shards, so the split is decoded once, not once per epoch), else decoded."""
+        live, key, entry = self.claim(epoch, w)
+        if entry is not None:
+            wu = order.window_units(self.counts, self.seed, epoch, self.window, w, self.shuffle)
+            return self._view(live, key, entry, entry[0].order_of(*wu))
+        entry = [self._decode_window(epoch, w, pool), 1]
+        with self._live_lock:
+            live.setdefault(key, entry)  # a concurrent decode of the same shards keeps its own entry
+        return self._view(live, key, entry, entry[0].order)
+
+    def claim(self, epoch: int, w: int) -> Claim:
+        """Take a reference on the live window holding the shards of ``w`` (entry None: none is live)."""
+        key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
+        if self._live_state is None or self._live_state[0] != os.getpid():
+            self._live_state = (os.getpid(), {})
+        live = self._live_state[1]
+        with self._live_lock:
+            entry = live.get(key)
+            if entry is not None:
+                entry[1] += 1
+        return live, key, entry
+
+    def _unref(self, live: dict[tuple[int, ...], list[Any]], key: tuple[int, ...], entry: list[Any]) -> None:
+        with self._live_lock:
+            entry[1] -= 1
+            if entry[1]:
+                return
+            if live.get(key) is entry:
+                del live[key]
+        entry[0].release(self.buffers())
+
+    def _view(self, live: dict[tuple[int, ...], list[Any]], key: tuple[int, ...], entry: list[Any],
+              order_: np.ndarray) -> Arena:
+        return entry[0].view(order_, lambda: self._unref(live, key, entry))
+
+    def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:
         by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
         decoder, arena = self._decoder(), None
+        if self._broker_address is not None and get_worker_info() is not None:
+            arena = self._from_broker(epoch, w)
         try:
-            if decoder is not None and decoder.ready():
+            if arena is None and decoder is not None and decoder.ready():
                 arena = decoder.read_window(epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20))
                 self.buffers().clear()  # what the first, in-process windows used is not needed any more
         except DecoderError as e:  # the process died or could not start: go on without it, loudly
@@ -244,6 +317,30 @@ class ShardDataset(IterableDataset):
             self._note_skipped(arena.skipped)
         arena.seal()
         return arena
+
+    def start_broker(self) -> None:
+        """Before DataLoader workers start: they will get their windows from this process's decoder process,
+        each decoded once for all of them (:mod:`loaders.broker`), instead of decoding every window each."""
+        if get_worker_info() is not None or self._broker_address is not None and self._broker_pid == os.getpid():
+            return
+        dec = self._decoder()
+        if dec is None:
+            return
+        b = Broker(dec, lambda e, w: int(self.reader.raw_bytes(e, w) * 1.1) + (1 << 20))
+        weakref.finalize(self, b.close)
+        self._broker, self._broker_address, self._broker_pid = b, b.address, os.getpid()
+
+    def _from_broker(self, epoch: int, w: int) -> Arena | None:
+        """Window ``w`` of ``epoch`` from the training process's broker (a worker), or None: it went away."""
+        try:
+            if self._broker_client is None or self._broker_client.pid != os.getpid():
+                self._broker_client = BrokerClient(self._broker_address)  # type: ignore[arg-type]
+            return self._broker_client.read_window(epoch, w)
+        except BrokerError as e:
+            warnings.warn(f"{e}; {self.root}: this worker decodes its windows itself from now on", RuntimeWarning,
+                          stacklevel=3)
+            self._broker_address = None
+            return None
 
     def _note_skipped(self, skipped: list[list[Any]]) -> None:
         for s, why in skipped:
@@ -321,8 +418,7 @@ class ShardDataset(IterableDataset):
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         w = self._plans(epoch, wstarts)(first[0])[1][0]
         with self._ahead_lock:
-            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w,
-                                                                            shard_pool))
+            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w, shard_pool))
         if old is not None:
             self._release(old[1])
 
@@ -371,9 +467,15 @@ class ShardDataset(IterableDataset):
                 arenas = {w: loaded[w].result() for w in wins}
                 yield finish(self.make_batch(arenas, segments, epoch), self.output)
         finally:
-            for fut in loaded.values():
-                self._release(fut)
+            # windows still held go back once the next epoch's first window is read (it may be a view of one
+            # of them: released first, it would be decoded again)
+            held, ahead = list(loaded.values()), self._ahead
             loaded.clear()
+            if ahead is not None and not ahead[1].done():
+                ahead[1].add_done_callback(lambda _f: [self._release(f) for f in held])
+            else:
+                for fut in held:
+                    self._release(fut)
 
     def make_batch(self, arenas: dict[int, Arena], segments: list[Segment], epoch: int | None = None) -> Payload:
         """The batch of the units at positions ``[lo, hi)`` of windows ``w`` for each ``(w, lo, hi)`` in

@@ -91,8 +91,8 @@ def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: Sequenc
 def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """Device-side densify (what :func:`densify` does on the CPU): one ``scatter_`` with torch index arithmetic."""
     n_cols, m, dev = int(shape[-1]), crow.numel() - 1, crow.device
-    rows = torch.repeat_interleave(torch.arange(m, device=dev, dtype=torch.int64) * n_cols, crow.diff(),
-                                   output_size=cols.numel())
+    rows = torch.repeat_interleave(torch.arange(m, device=dev, dtype=torch.int64) * n_cols,
+                                   crow.diff().to(torch.int64), output_size=cols.numel())
     out = torch.zeros(m * n_cols, dtype=torch.float32, device=dev)
     out.scatter_(0, rows + cols, vals.to(torch.float32))
     return out.view(*shape)
@@ -165,11 +165,15 @@ def unpack_batch(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def assemble(batch: dict[str, Any], densify_x: bool) -> dict[str, Any]:
-    """Finish shipped deferred items (CSR rows: dense, or sparse when not ``densify_x``) where they are."""
+def assemble(batch: dict[str, Any], csr: str = "dense") -> dict[str, Any]:
+    """Finish shipped deferred items where they are. CSR rows become ``csr``: ``"dense"`` (densified),
+    ``"csr"`` (the three part tensors, as the user asked with ``densify=False``) or ``"sparse"`` (a torch
+    sparse CSR tensor); other ops are always finished."""
     for key in _shipped_keys(batch):
         op, meta, parts = _pop(batch, key)
-        if op == CSR_OP and not densify_x:
+        if op == CSR_OP and csr == "csr":
+            batch.update({f"{key}.{n}": t for n, t in parts.items()})
+        elif op == CSR_OP and csr == "sparse":
             batch[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
         else:
             batch[key] = finish(op, parts, meta)
@@ -185,11 +189,11 @@ def _components(t: torch.Tensor) -> list[torch.Tensor]:
 class DeviceFeeder:
     """Turns an iterable of host batches into batches on ``device`` (see module docstring)."""
 
-    def __init__(self, device: torch.device | str | None, depth: int = 2, densify: bool = True) -> None:
+    def __init__(self, device: torch.device | str | None, depth: int = 2, csr: str = "dense") -> None:
         self.device = None if device is None else torch.device(device)
         self.cuda = self.device is not None and self.device.type == "cuda" and torch.cuda.is_available()
         self.depth = max(1, int(depth))
-        self.densify = densify
+        self.csr = csr  # what shipped CSR rows become: "dense", "csr" (parts) or "sparse" (see assemble)
 
     def _move(self, batch: Batch) -> Batch:
         if self.device is None or self.device.type == "cpu":
@@ -200,13 +204,13 @@ class DeviceFeeder:
     def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         if not self.cuda:
             for batch in batches:
-                yield assemble(unpack_batch(self._move(batch)), self.densify)
+                yield assemble(unpack_batch(self._move(batch)), self.csr)
             return
         stream = torch.cuda.Stream(device=self.device)
         staged: deque[tuple[Batch, torch.cuda.Event]] = deque()
         for batch in batches:
             with torch.cuda.stream(stream):
-                moved = assemble(unpack_batch(self._move(batch)), self.densify)
+                moved = assemble(unpack_batch(self._move(batch)), self.csr)
                 event = torch.cuda.Event()
                 event.record(stream)
             staged.append((moved, event))

@@ -257,6 +257,32 @@ class ConditionsRef:
                              segments=list(d.get("segments", [])))
 
 
+@dataclass(frozen=True)
+class Generation:
+    """A committed generation of a dataset, as the next one's index remembers it (``Index.previous``): its
+    number, the sha256 of its index.json bytes, and the files it named (shard names inside ``shards/``, the
+    condition table beside index.json). A rebuild keeps these files, so a reader that opened that index keeps
+    working until the generation after next is committed."""
+
+    generation: int
+    index_sha256: str
+    shards: list[str]
+    conditions: str | None = None
+
+    def files(self) -> list[str]:
+        """The files it names, relative to the dataset folder."""
+        return [f"{SHARDS_DIR}/{s}" for s in self.shards] + ([self.conditions] if self.conditions else [])
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Generation:
+        cond = d.get("conditions")
+        return Generation(int(d["generation"]), str(d["index_sha256"]), [str(s) for s in d["shards"]],
+                          None if cond is None else str(cond))
+
+
 @dataclass
 class Index:
     """`index.json`, parsed and checked: the typed form of everything the format defines.
@@ -284,6 +310,13 @@ class Index:
     provenance: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, Any] = field(default_factory=dict)
     primary_records: int | None = None  # records the plan placed (each primary exactly once), for verify
+    # Generations (docs/FORMAT.md, "Generations"): 1 for a first build, +1 per commit into the same folder; 0 in
+    # an index written before generations existed. ``previous``: the generation this one replaced, whose files
+    # are kept until the next commit. ``retired``: files (relative to the folder) this commit deleted, or
+    # whose deletion a later build or `shardsmith gc` finishes if it was interrupted.
+    generation: int = 0
+    previous: Generation | None = None
+    retired: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)  # the JSON as read (for tools; code reads typed fields)
 
     def field(self, name: str) -> FieldSpec:
@@ -300,6 +333,11 @@ class Index:
 
     def shard_path(self, entry: ShardEntry) -> Path:
         return self.root / SHARDS_DIR / entry.file
+
+    def files(self) -> list[str]:
+        """The files this generation names, relative to the dataset folder (shards, condition table)."""
+        return Generation(self.generation, "", [s.file for s in self.shards],
+                          self.conditions.file if self.conditions is not None else None).files()
 
     def section(self, name: str | None = None) -> dict[str, Any]:
         """This kind's (or ``name``'s) settings; {} when the index has none."""
@@ -318,6 +356,8 @@ class Index:
             "conditions": None if self.conditions is None else self.conditions.to_json(),
             "codec": self.codec, "sources": self.sources, "stats": self.stats, "provenance": self.provenance,
             "sections": self.sections, "primary_records": self.primary_records,
+            "generation": self.generation, "previous": None if self.previous is None else self.previous.to_json(),
+            "retired": list(self.retired),
         }
         # digested as it will read back (tuples become lists, keys strings), so verify recomputes the same
         return doc | {"digest": index_digest(json.loads(json.dumps({k: doc[k] for k in DIGEST_KEYS})))}
@@ -387,7 +427,9 @@ def read_index(root: str | Path, data: bytes | None = None) -> Index:
             sources=list(doc.get("sources") or []), stats=dict(doc.get("stats") or {}),
             provenance=dict(doc.get("provenance") or {}), sections=dict(doc.get("sections") or {}),
             primary_records=None if doc.get("primary_records") is None else int(doc["primary_records"]),
-            raw=raw,
+            generation=int(doc.get("generation") or 0),
+            previous=None if not doc.get("previous") else Generation.from_json(doc["previous"]),
+            retired=[str(f) for f in doc.get("retired") or []], raw=raw,
         )
     except FormatError as e:  # e.g. a field's bad layout or codec: say which index.json
         if str(path) in str(e):
@@ -443,6 +485,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~process_umask())  # mkstemp makes 0600: give it the mode open() gives shards
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -451,6 +494,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def process_umask() -> int:
+    """The process umask, read without changing it (os.umask sets it, racing other threads creating files)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): the classic read, set back at once
+    os.umask(mask)
+    return mask
 
 
 def content_hash(path: str | Path) -> str:

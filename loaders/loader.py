@@ -60,8 +60,9 @@ class ShardLoader:
         cuda = dev is not None and dev.type == "cuda"
         self.device = dev
         self.ship_csr = cuda if ship_csr is None else bool(ship_csr)
-        dataset.output = "parts" if self.ship_csr else ("dense" if dataset.densify else "sparse")
-        self._feeder = DeviceFeeder(dev, device_prefetch, densify=dataset.densify)
+        wanted = dataset.csr_output()  # what the user gets for CSR rows: "dense", "csr" parts or "sparse"
+        dataset.output = "parts" if self.ship_csr else wanted
+        self._feeder = DeviceFeeder(dev, device_prefetch, csr=wanted)
         persistent = persistent_workers and num_workers > 0
         if persistent:  # workers outlive iterations: they read epoch/start from shared memory
             dataset._shared = mp.get_context(multiprocessing_context).RawArray("q", 2)
@@ -112,6 +113,8 @@ class ShardLoader:
         # one process, nothing to pin: the dataset's own batches (torch's single-process iterator adds a
         # default_convert walk and a profiler record per batch, ~10% of a batch's cost here)
         direct = self._loader.num_workers == 0 and not self._loader.pin_memory
+        if self._loader.num_workers > 0:
+            self.dataset.start_broker()  # workers map the windows this process's decoder decodes once
         it = iter(self.dataset) if direct else iter(self._loader)
         watch = WorkerWatch(it, self.timeout) if self._loader.num_workers > 0 and self.timeout > 0 else None
         try:

@@ -105,8 +105,11 @@ class Gathered(Deferred):
         return self.dense(out)
 
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(crow int64 [m+1], cols int32 [nnz], vals [nnz])``."""
-        return (self.indptr.astype(np.int64), self.indices.astype(np.int32, copy=False), self.data)
+        """``(crow [m+1], cols [nnz], vals [nnz])`` as gathered, no copy: ``crow`` and ``cols`` share one index
+        dtype (int32 unless the window holds 2**31 entries or more), what torch's sparse CSR takes as is."""
+        if self.indptr.dtype != self.indices.dtype:
+            return self.indptr.astype(np.int64), self.indices.astype(np.int64), self.data
+        return self.indptr, self.indices, self.data
 
 
 @register_op(CSR_OP)

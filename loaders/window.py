@@ -125,11 +125,9 @@ class WindowReader:
         arena.set_units(units, width, [int(self.first_ids[s]) for s in shards])
         shard_idx, local_idx = order.window_units(self.counts, self.spec["seed"], epoch, self.spec["window"], w,
                                                   self.spec["shuffle"])
+        # positions of skipped shards' units: -1 (Arena.order_of), dropped from their batches (make_batch)
+        arena.skipped = [[shards[i], str(e)] for i, e in sorted(bad.items())]
         arena.set_order(shard_idx, local_idx)
-        if bad:  # positions of skipped shards' units: -1, dropped from their batches (ShardDataset.make_batch)
-            skipped = [shards[i] for i in sorted(bad)]
-            arena.order = np.where(np.isin(shard_idx, skipped), -1, arena.order)
-            arena.skipped = [[shards[i], str(e)] for i, e in sorted(bad.items())]
         return arena
 
     @property
@@ -146,7 +144,7 @@ class WindowReader:
     def _open(self, s: int, i: int, bad: dict[int, FormatError]) -> dict[str, Column]:
         sha = self.entries[s].sha256 if self.spec["verify"] else None
         try:
-            return open_checked(self.paths[s], self.encoding, self.keys, sha)
+            return open_checked(self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always")
         except FormatError as e:
             bad[i] = self._failed(s, e)
             return {}

@@ -153,6 +153,11 @@ class ThreadingBackend(_Joblib):
 class LokyBackend(_Joblib):
     name = "loky"
 
+    def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
+        from pipeline.orphans import watched  # workers end when the build dies (kill -9), not minutes later
+
+        return super()._run([watched(t) for t in tasks], desc, progress, on_result)
+
 
 @register_backend
 class DaskBackend(Backend):

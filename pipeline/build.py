@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
-from pipeline import __version__
+from pipeline import __version__, generations
 from pipeline.dryrun import drop_columns
 from pipeline.events import EventLog
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
-from pipeline.kinds import KindPlan, PackResult, PlanContext, ShardPlan, get_kind
-from pipeline.manifest import load_manifest
-from pipeline.shardfile import make_durable
+from pipeline.kinds import Kind, KindPlan, PackResult, PlanContext, ShardPlan, get_kind
+from pipeline.manifest import Manifest, load_manifest
+from pipeline.shardfile import make_durable, shard_suffix
 from pipeline.writers import Codec
 
 if TYPE_CHECKING:
@@ -96,33 +96,26 @@ def release_freed_memory() -> None:
         pass
 
 
-def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig) -> fmt.ConditionsRef:
-    """The condition table beside index.json, named by its content (so a rebuild with equal vectors reuses it)."""
-    from pipeline.shardfile import shard_suffix, write_columns
-
+def conditions_file(plan: KindPlan, cfg: PackConfig) -> str:
+    """The condition table's file name, from its content (so a rebuild with equal vectors reuses it)."""
     columns = plan.conditions or {}
     h = hashlib.sha256()
     for key in (fmt.CONDITION_VECTORS, fmt.CONDITION_CODES):  # same digest as of the bytes joined, no copies
         if key in columns:
             h.update(np.ascontiguousarray(columns[key]))
-    final = out / f"conditions-{h.hexdigest()[:16]}{shard_suffix(cfg)}"
+    return f"conditions-{h.hexdigest()[:16]}{shard_suffix(cfg)}"
+
+
+def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig, name: str) -> fmt.ConditionsRef:
+    """The condition table beside index.json, as ``name`` (`conditions_file`)."""
+    from pipeline.shardfile import write_columns
+
+    columns = plan.conditions or {}
+    final = out / name
     digest, stored = write_columns(columns, final, cfg)
     vectors = columns[fmt.CONDITION_VECTORS]
     return fmt.ConditionsRef(file=final.name, rows=int(vectors.shape[0]), dim=int(vectors.shape[1]), sha256=digest,
                              bytes=stored, segments=list(plan.condition_segments))
-
-
-def collect_garbage(out: Path, keep: Iterable[str]) -> int:
-    """After a commit: remove shards and condition tables the new index no longer references."""
-    keep = set(keep)
-    removed = 0
-    candidates = list((out / fmt.SHARDS_DIR).iterdir()) + list(out.glob("conditions-*"))
-    for p in candidates:
-        if p.name in keep:
-            continue
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        removed += 1
-    return removed
 
 
 def _source_doc(s: ScannedSource) -> dict[str, Any]:
@@ -136,13 +129,17 @@ def _source_doc(s: ScannedSource) -> dict[str, Any]:
 
 def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | None = None,
           backend: str = "threading", scheduler: str | None = None, progress: bool = True,
-          encoding: str | None = None, dry_run: bool = False, events: EventLog | None = None) -> BuildResult:
+          encoding: str | None = None, dry_run: bool = False, events: EventLog | None = None,
+          wait: float = 0.0) -> BuildResult:
     """Build or incrementally rebuild OUT from a manifest, through the manifest's kind (pipeline.kinds).
 
     `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing, file I/O)
     runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s) and
     hold its own copy of its tasks' plan. `dry_run`: scan and plan, report the difference
-    (`BuildResult.difference`), write and delete nothing. `events`: a JSON-lines log (pipeline.events)."""
+    (`BuildResult.difference`), write and delete nothing. `events`: a JSON-lines log (pipeline.events).
+
+    One writer per OUT (`pipeline.generations.writing`): another build holding it -> `LockHeldError` at once,
+    or after `wait` seconds; an OUT holding files that are not ours -> `OutputError`, nothing touched."""
     t0 = time.perf_counter()
     ev = events if events is not None else EventLog()
     manifest = load_manifest(manifest_path)
@@ -155,23 +152,39 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
 
     executor = get_backend(backend, jobs, scheduler)  # bad names and options fail before any work
     ev.emit("start", manifest=str(manifest.path), out=str(out), backend=backend, jobs=jobs, dry_run=dry_run)
+    if dry_run:  # writes nothing, so takes no lock; a folder that is not ours is refused all the same
+        generations.check_owned(out)
+        return _build_locked(t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run)
+    with generations.writing(out, wait):
+        return _build_locked(t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run)
+
+
+def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: Path, jobs: int, backend: str,
+                  executor: Any, progress: bool, dry_run: bool) -> BuildResult:
     prev = previous_index(out)
     saved = read_record(out) if prev is not None else {}
     if prev is not None and unchanged(manifest, kind, out, prev, saved):
         shards = [s.file for s in prev.shards]
+        if not dry_run:
+            generations.sweep(out, prev)  # leftovers of killed builds, an interrupted cleanup
         log.info("%s is up to date: %d shards, nothing to rebuild", out, len(shards))
         ev.emit("up_to_date", shards=len(shards))
         from pipeline.dryrun import nothing_to_do
 
         return BuildResult(out, prev.raw, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0},
                            changed=False, difference=nothing_to_do(prev) if dry_run else None)
+    if prev is not None and prev.name != manifest.name:
+        log.warning("%s holds dataset %r: this build of %r replaces it (its files go after two commits)", out,
+                    prev.name, manifest.name)
+    if not dry_run:
+        generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
     from pipeline.pack import PackConfig, budget
 
     cache = {str(s["path"]): s for s in (prev.sources if prev is not None else [])}
     # with more than one job, new sources are hashed on a second thread while metadata is read and planned
     hasher = ThreadPoolExecutor(1, thread_name_prefix="hash") if jobs > 1 else None
     spill = out.resolve() / f".spill-{os.getpid()}"  # absolute: remote workers get its paths
-    started = False
+    started, journal = False, None
     results: list[PackResult] = []
     try:
         scanned = kind.scan(manifest, cache, hasher)
@@ -203,11 +216,14 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
             plan = kind.plan(manifest, scanned, PlanContext(park, None, code_digest(), prev))
             todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         entries = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}
+        cond_file = conditions_file(plan, cfg) if plan.conditions else None
+        new_files = [f"{fmt.SHARDS_DIR}/{sh.file}{shard_suffix(cfg)}" for sh in plan.shards] + \
+            ([cond_file] if cond_file else [])
         if dry_run:
             from pipeline.dryrun import plan_difference
-            from pipeline.shardfile import shard_suffix
 
-            diff = plan_difference(out, prev, plan.shards, shard_suffix(cfg), reusable, scanned)
+            retired = generations.next_generation(out, prev, new_files)["retired"]
+            diff = plan_difference(out, prev, plan.shards, shard_suffix(cfg), reusable, scanned, retired)
             ev.emit("planned", shards=len(plan.shards), write=len(diff.write), reuse=len(diff.reuse),
                     delete=len(diff.delete), seconds=round(t_plan - t_scan, 3))
             return BuildResult(out, prev.raw if prev is not None else {}, [], sorted(diff.reuse),
@@ -217,7 +233,8 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
                 seconds=round(t_plan - t_scan, 3))
         executor.start()
         started = True
-        conditions = write_conditions(out, plan, cfg) if plan.conditions else None
+        journal = generations.write_journal(out, [new_files[i] for i in todo] + ([cond_file] if cond_file else []))
+        conditions = write_conditions(out, plan, cfg, cond_file) if cond_file else None
         from pipeline.resume import adopt_finished
 
         missing, adopted = adopt_finished(kind, plan.shards, todo, cfg)
@@ -234,6 +251,9 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
                 results.extend(r for rs in done for r in rs)
             if phase == "read sources":
                 t_scatter = time.perf_counter()
+    except BaseException as e:
+        generations.failed(out, prev, journal, e)
+        raise
     finally:
         shutil.rmtree(spill, ignore_errors=True)
         if hasher is not None:
@@ -257,10 +277,18 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
         sections={kind.name: section},
         primary_records=plan.primary_records if plan.primary_records is not None
         else int(sum(e.records for e in shard_entries)))
+    index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))
     before = fmt.index_path(out).read_bytes() if prev is not None else b""
-    fmt.write_index(index)
-    save_inputs(out, manifest, kind, scanned, plan)
-    removed = collect_garbage(out, [e.file for e in shard_entries] + side)
+    try:
+        fmt.write_index(index)  # the commit
+    except BaseException as e:
+        generations.failed(out, prev, journal, e)
+        raise
+    try:
+        save_inputs(out, manifest, kind, scanned, plan)
+    except OSError as e:  # a cache: the next build then plans everything
+        log.warning("%s: could not record the build's inputs (%s): the next build re-plans", out, e)
+    removed = generations.after_commit(out, index.retired)
     t_end = time.perf_counter()
     written = [shard_entries[i].file for i in todo]
     log.info("committed %s: %d shards (%d written, %d reused, %d stale removed)", out, len(shard_entries),

@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except (ShardsmithError, FormatError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return int(getattr(e, "exit_code", EXIT_BAD_INPUT))  # e.g. 3 for a held lock
 
 
 if __name__ == "__main__":

@@ -72,9 +72,11 @@ def raw_estimate(shard: ShardPlan, scanned: Sequence[ScannedSource]) -> int:
 
 
 def plan_difference(out: Path, prev: fmt.Index | None, shards: Sequence[ShardPlan], suffix: str,
-                    reusable: Mapping[str, fmt.ShardEntry], scanned: Sequence[ScannedSource]) -> PlanDifference:
-    """Compare the plan with OUT: reused shards keep their entry; every other planned shard is written; every
-    shard file in OUT the new index would not name is deleted."""
+                    reusable: Mapping[str, fmt.ShardEntry], scanned: Sequence[ScannedSource],
+                    retired: Sequence[str] = ()) -> PlanDifference:
+    """Compare the plan with OUT: reused shards keep their entry; every other planned shard is written; the
+    shards the commit would retire (``retired``: `pipeline.generations.next_generation`; the previous
+    generation's are kept) are deleted."""
     diff = PlanDifference()
     ratio = None
     if prev is not None and prev.shards:
@@ -88,12 +90,10 @@ def plan_difference(out: Path, prev: fmt.Index | None, shards: Sequence[ShardPla
         raw = raw_estimate(sh, scanned)
         diff.write_raw_bytes += raw
         diff.write[sh.file + suffix] = int(raw * ratio) if ratio is not None and raw else -1
-    keep = set(diff.write) | set(diff.reuse)
-    folder = out / fmt.SHARDS_DIR
-    if folder.is_dir():
-        for p in sorted(folder.iterdir()):
-            if p.name not in keep and not p.name.startswith("."):
-                diff.delete[p.name] = fmt.stored_bytes(p)
+    prefix = f"{fmt.SHARDS_DIR}/"
+    for rel in retired:
+        if rel.startswith(prefix):
+            diff.delete[rel[len(prefix):]] = fmt.stored_bytes(out / rel)
     return diff
 
 

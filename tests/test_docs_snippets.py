@@ -29,6 +29,8 @@ OWN_TEST = {"EXTENDING.md": "tests/test_docs_extending.py",  # a plug-in module,
 DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in OWN_TEST)]
 SKIP = re.compile(r"^\*\(Not run by the docs test: (?P<reason>.+?)\.?\)\*\s*$")
 FENCE = re.compile(r"^```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^```\s*$", re.S | re.M)
+HOW = ("fix the block, or, if it cannot run on a CPU-only test machine, put this line right above it: "
+       "*(Not run by the docs test: REASON.)*")
 SCRIPT = re.compile(r'^"""python (?P<name>[\w.-]+\.py)(?P<args>[^"\n]*?)(?:\s{2,}|\s*\(|""")')
 
 
@@ -80,7 +82,7 @@ def _run_bash(b: Block, cwd: Path) -> None:
     env = _env()
     env["PATH"] = f"{cwd / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
     res = subprocess.run(["bash", "-e", "-c", b.body], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, f"{b.doc}:{b.line} (bash) exited {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, f"{b.doc}:{b.line} (bash) exited {res.returncode}; {HOW}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
 
 
 def _run_script(b: Block, m: re.Match[str], cwd: Path) -> None:
@@ -88,7 +90,7 @@ def _run_script(b: Block, m: re.Match[str], cwd: Path) -> None:
     args = shlex.split(m.group("args"))
     res = subprocess.run([sys.executable, m.group("name"), *args], cwd=cwd, env=_env(), capture_output=True,
                          text=True, timeout=600)
-    assert res.returncode == 0, f"{b.doc}:{b.line} ({m.group('name')}) exited {res.returncode}\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, f"{b.doc}:{b.line} ({m.group('name')}) exited {res.returncode}; {HOW}\n{res.stderr[-3000:]}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -107,7 +109,10 @@ def test_doc_snippets_run(doc: Path, workdir: Path, monkeypatch: pytest.MonkeyPa
         if script:
             _run_script(b, script, workdir)
             continue
-        exec(compile(b.body, f"{doc.name}:{b.line}", "exec"), namespace)  # noqa: S102 - the doc's own snippet
+        try:
+            exec(compile(b.body, f"{doc.name}:{b.line}", "exec"), namespace)  # noqa: S102 - the doc's own snippet
+        except Exception as e:
+            raise AssertionError(f"{doc.name}:{b.line} (python) raised {type(e).__name__}: {e}; {HOW}") from e
 
 
 def test_docs_with_their_own_test_have_it() -> None:

@@ -124,6 +124,46 @@ def test_fuzzed_csr_blocks_round_trip_or_are_refused(block: dict[str, Any]) -> N
         np.testing.assert_array_equal(got[1], dense[a:b])
 
 
+@st.composite
+def dense_blocks(draw: st.DrawFn) -> dict[str, Any]:
+    shape = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    dtype = draw(st.sampled_from(INT_DTYPES + FLOAT_DTYPES))
+    if dtype in INT_DTYPES:
+        info = np.iinfo(dtype)
+        value = st.one_of(st.integers(0, 20), st.sampled_from([int(info.min), int(info.max), 0]))
+    else:
+        value = st.one_of(st.integers(0, 20).map(float), st.sampled_from(SPECIAL))
+    values = draw(st.lists(value, min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]))
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = np.asarray(values, dtype).reshape(shape)
+    return {"x": x, "counts": draw(st.booleans())}
+
+
+@FAST
+@given(block=dense_blocks())
+def test_fuzzed_dense_matrices_round_trip_or_are_refused(block: dict[str, Any]) -> None:
+    x = block["x"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("X", data=x)
+        try:
+            with H5CsrSource(path, counts=block["counts"]) as src:
+                got = src.read_rows(0, x.shape[0]).toarray().astype(np.float64)
+        except SourceError as e:
+            assert str(path) in str(e)
+            event("refused")
+            return
+    event("accepted")
+    exact = x.astype(np.float64)
+    assert np.isfinite(exact).all() and not (block["counts"] and (exact < 0).any())
+    if x.dtype.kind in "iu" or block["counts"]:
+        assert (np.abs(exact) <= FLOAT32_EXACT).all(), "a value float32 cannot hold was accepted"
+    else:
+        exact = x.astype(np.float32).astype(np.float64)
+    np.testing.assert_array_equal(got, exact)
+
+
 # --- manifests --------------------------------------------------------------------------------------------
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8)

@@ -103,3 +103,21 @@ def test_a_shard_is_not_an_anndata_store(built: tuple[Path, ad.AnnData]) -> None
     index = fmt.read_index(out)
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         ad.read_zarr(index.shard_path(index.shards[0]))
+
+
+def test_obs_names_read_in_chunks_and_gathered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.sources import obs_names as on
+
+    monkeypatch.setattr(on, "CHUNK", 7)  # chunk boundaries inside the 50 names
+    names = [f"bc{i}-" * (i % 3 + 1) + "é" for i in range(50)]  # varied lengths, non-ASCII
+    with h5py.File(tmp_path / "n.h5", "w") as f:
+        f.create_dataset("obs/_index", data=np.array(names, dtype=object), dtype=h5py.string_dtype())
+        got = on.read_obs_names(f["obs"], 50, tmp_path / "n.h5")
+        with pytest.raises(Exception, match="matrix has 49 rows"):
+            on.read_obs_names(f["obs"], 49, tmp_path / "n.h5")
+    rows = np.array([49, 0, 7, 7, 13])
+    off, val = got.take(rows)
+    from loaders.interop import decode_names
+
+    assert list(decode_names(off, val)) == [names[i] for i in rows]
+    assert list(decode_names(got.offsets, got.data)) == names

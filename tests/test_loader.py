@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import scipy.sparse as sp
 import torch
 
 from loaders import ShardDataset, ShardLoader
@@ -92,17 +93,29 @@ def test_natural_order_without_shuffle(fx: Fixture) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_sparse_and_shipped_parts_match_dense(fx: Fixture, workers: int) -> None:
     def make(**kw: object) -> ShardLoader:
-        return ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5, densify=kw.pop("densify", True)),
+        ds_kw = {k: kw.pop(k) for k in ("densify", "torch_sparse") if k in kw}
+        return ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5, **ds_kw),  # type: ignore[arg-type]
                            num_workers=workers, timeout=TIMEOUT, **kw)
 
     dense = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5)))
-    sparse = epoch(make(densify=False))
+    csr = epoch(make(densify=False))
+    sparse = epoch(make(densify=False, torch_sparse=True))
     parts = epoch(make(device="cpu", ship_csr=True))
-    for d, s, p in zip(dense, sparse, parts, strict=True):
+    csr_shipped = epoch(make(densify=False, device="cpu", ship_csr=True))  # the device path's CSR hand-over
+    n_cols = dense[0]["X"].shape[1]
+    for d, c, s, p, cs in zip(dense, csr, sparse, parts, csr_shipped, strict=True):
+        want = d["X"].numpy()
         assert s["X"].layout == torch.sparse_csr
-        np.testing.assert_array_equal(s["X"].to_dense().numpy(), d["X"].numpy())
-        np.testing.assert_array_equal(p["X"].numpy(), d["X"].numpy())
+        np.testing.assert_array_equal(s["X"].to_dense().numpy(), want)
+        np.testing.assert_array_equal(p["X"].numpy(), want)
         assert set(p) == set(d)
+        for got in (c, cs):  # densify=False: the CSR parts, nothing else in their place
+            assert set(got) == (set(d) - {"X"}) | {"X.crow", "X.cols", "X.vals"}
+            crow, cols, vals = (got[f"X.{n}"].numpy() for n in ("crow", "cols", "vals"))
+            assert crow.dtype == cols.dtype and vals.dtype == np.float32
+            rebuilt = sp.csr_matrix((vals, cols, crow), shape=(crow.size - 1, n_cols)).toarray()
+            np.testing.assert_array_equal(rebuilt, want)
+            np.testing.assert_array_equal(got["sample_id"].numpy(), d["sample_id"].numpy())
 
 
 def test_cuda_request_without_cuda_falls_back(fx: Fixture) -> None:
@@ -296,7 +309,7 @@ def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
     assert abs(np.mean(distinct) - uniform) / uniform < 0.10, (np.mean(distinct), uniform)
 
 
-@pytest.mark.parametrize("output", ["dense", "sparse", "parts"])
+@pytest.mark.parametrize("output", ["dense", "csr", "sparse", "parts"])
 def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
     from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
     from loaders.device import assemble, unpack_batch
@@ -322,6 +335,34 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
                       xs={"X": Rows([arena], None, order).csr("X", (2 * m, g))})
     want = np.concatenate([dense, dense])[order]
     for batch in (to_tensors(payload, output), unpack_batch(to_shared(payload, output))):
-        x = assemble(batch, densify_x=output != "sparse")["X"]
+        got = assemble(batch, "dense" if output == "parts" else output)
+        if output == "csr":
+            crow, cols, vals = (got[f"X.{n}"].numpy() for n in ("crow", "cols", "vals"))
+            x = torch.from_numpy(sp.csr_matrix((vals, cols, crow), shape=(crow.size - 1, g)).toarray())
+        else:
+            x = got["X"]
         np.testing.assert_array_equal((x.to_dense() if output == "sparse" else x).numpy(), want)
         np.testing.assert_array_equal(batch["sample_id"].numpy(), np.arange(2 * m))
+
+
+@pytest.mark.parametrize("decode_process", [False, True])
+def test_window_of_the_whole_split_is_decoded_once(fx: Fixture, decode_process: bool) -> None:
+    """window >= shards: every epoch is one window of the same shards; it is decoded once and re-ordered per
+    epoch, with the same batches as decoding it every epoch."""
+    def run(ds: ShardDataset) -> tuple[list[np.ndarray], int]:
+        calls: list[int] = []
+        decode = ds._decode_window
+        ds._decode_window = lambda *a, **k: calls.append(a[0]) or decode(*a, **k)  # type: ignore[method-assign]
+        dl, ids = ShardLoader(ds), []
+        for e in range(3):
+            dl.set_epoch(e)
+            ids += [np.concatenate([b["sample_id"].numpy() for b in dl])]
+        return ids, sum(e < 3 for e in calls)  # epoch 3's speculative decode may or may not find epoch 2's window
+
+    kw = {"batch_size": 40, "seed": 3, "window": 100, "decode_process": decode_process}
+    reused, decodes = run(ShardDataset(fx.root, **kw))  # type: ignore[arg-type]
+    fresh, fresh_decodes = run(ShardDataset(fx.root, decode_ahead=False, **kw))  # type: ignore[arg-type]
+    assert (decodes, fresh_decodes) == (1, 3)
+    for a, b in zip(reused, fresh, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(reused[0], reused[1])  # still a new shuffle every epoch

@@ -54,7 +54,9 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 def test_dry_run_changes_nothing_and_predicts_the_build(screens: tuple[Path, list[Path], Path], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     manifest, paths, out = screens
-    _source(paths[1], 1, 0.3)  # changed
+    _source(paths[1], 1, 0.4)  # a first change: generation 2 keeps generation 1's shards for its readers
+    build(manifest, out, jobs=1, progress=False)
+    _source(paths[1], 1, 0.3)  # changed: generation 3 retires generation 1's shards of source 1
     _source(tmp_path / "src" / "screen_3.h5ad", 1, 0.25)  # added (sorts last: the others keep their offsets)
     before = tree(tmp_path)
     code, text, summary = _cli([str(manifest), "--out", str(out), "--dry-run"], capsys)
@@ -65,6 +67,7 @@ def test_dry_run_changes_nothing_and_predicts_the_build(screens: tuple[Path, lis
     res = build(manifest, out, jobs=1, progress=False)
     assert sorted(diff.write) == sorted(res.written) and sorted(diff.reuse) == sorted(res.reused)
     assert len(diff.delete) == res.removed > 0
+    assert sorted(f"shards/{f}" for f in diff.delete) == [f for f in res.index["retired"] if f.startswith("shards/")]
     assert summary["write"] == len(res.written) and summary["delete"] == res.removed
     assert all(f"+ {f}" in text for f in res.written)
     # and once built, the dry run has nothing to do
@@ -126,14 +129,19 @@ def test_an_added_source_writes_only_its_shards(screens: tuple[Path, list[Path],
 
 
 def test_a_removed_source_deletes_only_its_shards(screens: tuple[Path, list[Path], Path]) -> None:
+    """Its shards stay one generation (a loader that opened the dataset may still read them), then go."""
     manifest, paths, out = screens
     before = shard_files(out)
     gone = {f.split("/")[1] for f in before if "-002-" in f}
     paths[2].unlink()
     res = build(manifest, out, jobs=1, progress=False)
-    assert res.written == [] and res.removed == len(gone) > 0 and res.changed
+    assert res.written == [] and res.removed == 0 and res.changed and shard_files(out) == before
+    _source(paths[1], 1, 0.3)  # the next commit retires them
+    res = build(manifest, out, jobs=1, progress=False)
+    assert res.removed == len(gone) > 0 and {f"shards/{f}" for f in gone} == set(res.index["retired"])
     after = shard_files(out)
-    assert after == {k: v for k, v in before.items() if k.split("/")[1] not in gone}
+    assert after == {k: v for k, v in before.items() if k.split("/")[1] not in gone} | \
+        {k: v for k, v in after.items() if "-001-" in k}
 
 
 def test_a_changed_source_rewrites_only_its_shards(screens: tuple[Path, list[Path], Path]) -> None:

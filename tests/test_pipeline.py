@@ -143,9 +143,17 @@ def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path) -> None:
     kept = {k: v for k, v in before.items() if "-001-" not in k}
     after = shard_files(tmp_path / "out")
     assert all(after[k] == v for k, v in kept.items())
-    assert not any(f in after for f in before if "-001-" in f), "stale shards of source 1 are removed"
+    old_1 = [f for f in before if "-001-" in f]
+    assert all(f in after for f in old_1), "the previous generation's shards stay for readers that opened it"
     assert len(third.reused) == len(first.index["shards"]) - len(third.written) or third.reused
     assert verify(tmp_path / "out") == []
+    # the next commit retires them (generation 1's source-1 shards: named by neither generation 4 nor 3)
+    write_perturb_h5ad(paths[1], n_cells=300, n_genes=N_GENES, n_perts=6, seed=1, density=0.3)
+    fourth = build(manifest, tmp_path / "out", jobs=1, progress=False)
+    final = shard_files(tmp_path / "out")
+    assert not any(f in final for f in old_1), "stale shards of source 1 are removed"
+    assert fourth.index["generation"] == 4 and all(k in final for k in kept)
+    assert {f"shards/{f}" for f in third.written} <= {f"shards/{s}" for s in fourth.index["previous"]["shards"]}
 
 
 def test_zeroshot_cell_types_never_reach_train(tmp_path: Path) -> None:

@@ -161,6 +161,21 @@ def test_damaged_shard_is_skipped_and_counted(case: hostile.Case, built: dict[st
         assert any(bad.name in str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
 
 
+@hostile.parametrize
+def test_shard_changed_after_it_was_checked(case: hostile.Case, built: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    root = _copy(built[case.data], tmp_path / "ds")
+    dl = ShardLoader(ShardDataset(root, batch_size=64, window=1, decode_process=False, decode_ahead=False))
+    _drain(dl)  # every train shard hashed once (and remembered)
+    path = fmt.read_index(root).shard_path(_train(fmt.read_index(root))[0])
+    target = _zarr_chunk(path / "X" / "data") if case.data == "zarr" else path
+    st = target.stat()
+    _flip(target, st.st_size - 3)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    dl.set_epoch(1)
+    with pytest.raises(fmt.FormatError, match=re.escape(str(path)) + ".*content hash mismatch"):
+        _drain(dl)
+
+
 def _rebuild_index(root: Path, rename: bool) -> None:
     """Commit a new index.json (another generation): train shards renamed to new files when ``rename``."""
     raw = json.loads(fmt.index_path(root).read_text())

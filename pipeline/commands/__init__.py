@@ -19,6 +19,7 @@ COMMAND_MODULES: dict[str, str] = {
     "build": "pipeline.commands.build",
     "verify": "pipeline.commands.verify",
     "inspect": "pipeline.commands.inspect",
+    "gc": "pipeline.commands.gc",
     "export": "pipeline.commands.export",
     "demo": "pipeline.commands.demo",
 }

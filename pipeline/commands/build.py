@@ -17,6 +17,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, help="dask scheduler / ray cluster address")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--format", choices=["zarr", "tar"], default=None, help="override the manifest's [dataset] format")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="if another build holds --out, wait up to SECONDS for it (default: fail at once, exit 3)")
     p.add_argument("--dry-run", action="store_true",
                    help="scan and plan only: print the shards that would be written, reused and deleted (and "
                         "their bytes); change nothing")
@@ -39,7 +41,7 @@ def _build(args: argparse.Namespace, events: object) -> object:
 
     res = build(args.manifest, args.out, args.jobs, args.backend, args.scheduler,
                 progress=not (args.no_progress or args.quiet), encoding=args.format, dry_run=args.dry_run,
-                events=events)  # type: ignore[arg-type]
+                events=events, wait=args.wait)  # type: ignore[arg-type]
     if res.difference is not None:
         print("\n".join([f"dry run of {res.out}: nothing was changed", *res.difference.lines()]))
         return res

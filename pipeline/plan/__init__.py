@@ -205,8 +205,11 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
     tables = hashlib.sha256(json.dumps(cells.vocabularies, sort_keys=True).encode())
     tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())
     tables.update(np.ascontiguousarray(cond.codes))
-    order = np.argsort(cells.source, kind="stable")
-    bounds = np.searchsorted(cells.source[order], np.arange(len(scanned) + 1))
+    # the cell table lists sources in order (build_cell_table fills it source by source): a source's cells are
+    # a slice, so no per-cell sort order is held while planning (8 bytes a cell); any other order is sorted
+    grouped = bool((cells.source[1:] >= cells.source[:-1]).all())
+    order = None if grouped else np.argsort(cells.source, kind="stable")
+    bounds = np.searchsorted(cells.source if order is None else cells.source[order], np.arange(len(scanned) + 1))
     shards: list[ShardPlan] = []
     stats: dict[str, object] = {"dropped": dict(cells.dropped)}
     totals: dict[str, int] = {}
@@ -218,7 +221,8 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
         if known is not None and key in known:
             src_shards, src_stats = known[key]
         else:
-            idx = order[bounds[src.ordinal]:bounds[src.ordinal + 1]]
+            lo, hi = int(bounds[src.ordinal]), int(bounds[src.ordinal + 1])
+            idx = np.arange(lo, hi, dtype=np.int64) if order is None else order[lo:hi]
             src_shards, src_stats = plan_source(manifest, src, cells, idx, split, cond, park, pool_split)
         keys.append(key)
         per_source.append(src_stats)

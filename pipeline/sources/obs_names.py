@@ -48,6 +48,17 @@ class ObsNames:
         return out, self.data[gather]
 
 
+CHUNK = 1 << 16  # names read per step: a Python object per name lives only for one chunk (~4 MB)
+
+
+def concat(parts: list[ObsNames]) -> ObsNames:
+    if not parts:
+        return ObsNames(np.zeros(1, np.int64), np.zeros(0, np.uint8))
+    shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
+    offsets = np.concatenate([np.zeros(1, np.int64), *(p.offsets[1:] + k for p, k in zip(parts, shifts, strict=True))])
+    return ObsNames(offsets, np.concatenate([p.data for p in parts]))
+
+
 def read_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> ObsNames:
     """The obs index of an h5ad / H5-CSR file: ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata,
     cell-load), the first field of a pre-0.7 compound obs table; the row numbers when there is none."""
@@ -55,17 +66,19 @@ def read_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str
 
     from pipeline.sources.h5csr import attr_str
 
-    values = None
+    read: Any = None  # (start, stop) -> the names of those rows
     if isinstance(obs, h5py.Dataset) and obs.dtype.names:
-        values = obs.fields(obs.dtype.names[0])[()]
+        first = obs.dtype.names[0]
+        read = lambda a, b: obs.fields(first)[a:b]  # noqa: E731
     elif isinstance(obs, h5py.Group):
         key = attr_str(obs.attrs.get("_index", "_index"))
         node = obs.get(key)
-        if isinstance(node, h5py.Dataset):
-            values = node[()]
-    if values is None:
+        if isinstance(node, h5py.Dataset) and node.ndim == 1:
+            read = lambda a, b: node[a:b]  # noqa: E731
+    if read is None:
         return ObsNames.default(n_rows)
-    names = ObsNames.from_values(values)
+    total = obs.shape[0] if isinstance(obs, h5py.Dataset) else node.shape[0]
+    names = concat([ObsNames.from_values(read(a, min(a + CHUNK, total))) for a in range(0, total, CHUNK)])
     if len(names) != n_rows:
         raise SourceError(path, f"obs index has {len(names)} names, the matrix has {n_rows} rows")
     return names

@@ -50,7 +50,7 @@ ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 @dataclass(frozen=True)
 class Case:
     id: str  # unique; the pytest id (lower case, digits, '-', '_', '.')
-    point: int  # the numbered case of issue 13 it belongs to (1-9)
+    point: int  # the numbered case of issue 13 it belongs to (1-9; 10: the full-disk bullet of its Deliver list)
     what: str  # what the attacker or unlucky operator does (markdown, one line)
     outcome: str  # what happens now: the behaviour the test asserts (markdown, one line)
     test: str  # "<test module>::<test function>" that runs it

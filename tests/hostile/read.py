@@ -13,6 +13,7 @@ from tests.hostile import Case
 
 DAMAGE = "test_reliability_read::test_damaged_shard"
 SKIP = "test_reliability_read::test_damaged_shard_is_skipped_and_counted"
+CHANGED = "test_reliability_read::test_shard_changed_after_it_was_checked"
 REBUILT = "test_reliability_read::test_loader_opened_before_a_rebuild"
 STOPPED_DECODER = "test_reliability_read::test_stopped_decoder_process"
 STOPPED_WORKER = "test_reliability_read::test_stopped_dataloader_worker"
@@ -46,6 +47,10 @@ CASES = [
            "a RuntimeWarning names the shard; its units are left out of their batches (same batch count), every "
            "other unit served once; `ds.skipped_shards` lists it", SKIP, (enc, damage, target, sample))
       for enc in ("zarr", "tar") for stem, what, damage, target, sample in _DAMAGES[:2] + _DAMAGES[3:4]],
+    *[Case(f"{enc}-changed-after-first-check", 3, f"{enc}: a byte of a train shard flipped after the loader's first "
+           "epoch checked it, its mtime restored with `os.utime`", "`FormatError` naming the shard in the next epoch: "
+           "a checked shard is hashed again whenever a file's inode, size, mtime or ctime changed (ctime cannot "
+           "be restored)", CHANGED, enc) for enc in ("zarr", "tar")],
     Case("rebuild-shards-gone", 4, "a rebuild commits a new index.json and removes the opened generation's shards "
          "while a loader is mid-epoch", "`DatasetRebuilt`: \"dataset rebuilt since this loader opened it ... reopen\" "
          "(was: \"missing shard\", or rows of the new files)", REBUILT, ("gone", 0)),

@@ -1,0 +1,257 @@
+"""Which files in an output folder are ours, which a reader may still use, and which may go.
+
+A build deletes only files that shardsmith itself named: those a committed index named (shards, condition
+tables), those a build announced in its journal before writing them, and its own temporary files
+(`.spill-<pid>/`, `.tmp-<name>-<pid>`, `.index.json.*.tmp`). Anything else in the folder is never touched,
+and a folder without an index that holds anything else is refused (`check_owned`), so `--out .` in a
+repository cannot wipe `./shards/*`.
+
+Generations: shards are immutable and content-named (their name holds the plan key, a digest of everything
+that decides their bytes; an existing file is never rewritten). Commit N+1 keeps generation N's files
+(`Index.previous`) and retires generation N-1's files that neither names: a reader that opened generation N
+keeps working until N+2 is committed. The retired list is written into the index before anything is deleted,
+so a kill during cleanup leaves a list that the next build (even an up-to-date one) or `shardsmith gc` finishes.
+
+Journal: before writing any shard, a build writes ``.build-<pid>.journal`` naming every file it is about to
+create. A build killed with ``kill -9`` leaves the journal; the next build under the lock (or gc) knows these
+files are ours: it reuses them if its plan names them, and deletes the rest.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from loaders import format as fmt
+from pipeline.errors import OutputError
+from pipeline.incremental import INPUTS_FILE
+from pipeline.lock import LOCK_FILE, exclusive, output_error
+
+log = logging.getLogger(__name__)
+
+JOURNAL_RE = re.compile(r"\.build-\d+\.journal$")
+SPILL_RE = re.compile(r"\.spill-\d+$")
+TMP_RE = re.compile(r"\.tmp-(?P<target>.+)-\d+$")  # pipeline.shardfile.write_columns' temp names
+OUR_NAME_RE = re.compile(r"(?:[a-z]+-\d{3,}-\d{3,}|conditions)-[0-9a-f]{16}(?:\.[a-z]+)?")  # shards, tables
+ATOMIC_TMP_RE = re.compile(r"\.(index\.json|\.build-inputs\.json)\.\w+\.tmp$")  # fmt.atomic_write_bytes'
+FIXED = {LOCK_FILE, INPUTS_FILE}
+SHOWN = 5  # foreign entries named in the refusal
+
+
+def journal_path(out: Path) -> Path:
+    return out / f".build-{os.getpid()}.journal"
+
+
+def write_journal(out: Path, files: Iterable[str]) -> Path:
+    """Announce the files (relative to ``out``) this build may create, before creating any."""
+    path = journal_path(out)
+    fmt.atomic_write_bytes(path, json.dumps({"pid": os.getpid(), "files": sorted(set(files))}).encode())
+    return path
+
+
+def journals(out: Path) -> list[Path]:
+    return sorted(p for p in out.glob(".build-*.journal") if JOURNAL_RE.fullmatch(p.name))
+
+
+def journaled(out: Path, skip: Path | None = None) -> set[str]:
+    """Every file named by a journal in ``out`` (but ``skip``): ours, whatever build wrote them."""
+    files: set[str] = set()
+    for p in journals(out):
+        if p == skip:
+            continue
+        try:
+            files.update(str(f) for f in json.loads(p.read_text())["files"])
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("ignoring an unreadable build journal %s", p)
+    return files
+
+
+def index_digest(out: Path) -> str:
+    return hashlib.sha256(fmt.index_path(out).read_bytes()).hexdigest()
+
+
+def live(index: fmt.Index | None) -> set[str]:
+    """Files a reader may use: the committed generation's and the one before it."""
+    if index is None:
+        return set()
+    return set(index.files()) | set(index.previous.files() if index.previous is not None else [])
+
+
+def _is_our_index(path: Path) -> bool:
+    """Whether index.json is a shardsmith index (of any version). Our writer's spelling is found without
+    parsing (an index with large vocabularies takes tens of ms to parse, on every build); else parse."""
+    try:
+        data = path.read_bytes()
+        if f'"format": "{fmt.FORMAT_NAME}"'.encode() in data:
+            return True
+        doc = json.loads(data)
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == fmt.FORMAT_NAME
+
+
+def _temp_of(name: str, prefix: str, owned: set[str]) -> bool:
+    """A half-written file of ours: the temp name of a file we own, or of one named the way we name shards
+    and condition tables (left by a build from before journals existed)."""
+    m = TMP_RE.fullmatch(name)
+    return bool(m) and (prefix + m.group("target") in owned or OUR_NAME_RE.fullmatch(m.group("target")) is not None)
+
+
+def check_owned(out: Path) -> None:
+    """Refuse an output folder that holds anything but a shardsmith dataset or what our builds left there.
+    Reads only: a refused folder is not touched."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise OutputError(f"--out {out} exists and is not a folder: pass a new or empty folder")
+    index = fmt.index_path(out)
+    if index.exists() and _is_our_index(index):
+        return  # a dataset: its other files are never deleted (only those its indexes and journals name)
+    owned = journaled(out)
+    foreign = []
+    for entry in sorted(out.iterdir()):
+        name = entry.name
+        if name in FIXED or JOURNAL_RE.fullmatch(name) or SPILL_RE.fullmatch(name) or ATOMIC_TMP_RE.fullmatch(name) \
+                or name in owned or _temp_of(name, "", owned):
+            continue
+        if name == fmt.SHARDS_DIR and entry.is_dir():
+            prefix = f"{fmt.SHARDS_DIR}/"
+            foreign += [f"{prefix}{p.name}" for p in sorted(entry.iterdir())
+                        if prefix + p.name not in owned and not _temp_of(p.name, prefix, owned)]
+            continue
+        foreign.append(name)
+    if foreign:
+        shown = ", ".join(foreign[:SHOWN]) + (f" and {len(foreign) - SHOWN} more" if len(foreign) > SHOWN else "")
+        what = "an index.json that is not a shardsmith index" if index.exists() else "no index.json"
+        raise OutputError(f"--out {out} is not a shardsmith dataset ({what}) and is not empty: it holds {shown}. "
+                          "A build deletes files in its output folder, so it only writes into a new or empty "
+                          "folder or an existing dataset: pass another --out (nothing was changed)")
+
+
+def remove(out: Path, rel: str) -> bool:
+    """Delete one of our files or folders (relative to ``out``); True if something was removed."""
+    p = out / rel
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+        return True
+    try:
+        p.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        log.warning("could not remove %s (%s): a later build or `shardsmith gc` retries", p, e)
+        return False
+
+
+def temporaries(out: Path, owned: set[str]) -> list[str]:
+    """Temporary files and folders of builds that are not running (the caller holds the lock): spill folders,
+    half-written shards or tables of a file we own, atomic-write temp files."""
+    found = [p.name for p in out.iterdir() if SPILL_RE.fullmatch(p.name) or ATOMIC_TMP_RE.fullmatch(p.name)
+             or (JOURNAL_RE.fullmatch(p.name) is None and _temp_of(p.name, "", owned))]
+    shards = out / fmt.SHARDS_DIR
+    if shards.is_dir():
+        prefix = f"{fmt.SHARDS_DIR}/"
+        found += [prefix + p.name for p in shards.iterdir() if _temp_of(p.name, prefix, owned)]
+    return sorted(found)
+
+
+def sweep(out: Path, index: fmt.Index | None, dead_builds: bool = True) -> list[str]:
+    """Remove what no live generation names (the caller holds the lock): temporaries, the index's retired
+    files and, with ``dead_builds``, the files journaled by builds that died, and their journals. A starting
+    build passes False: it may reuse those files by name, and retires the rest at its commit."""
+    keep = live(index)
+    journal = journaled(out)
+    retired = set(index.retired if index is not None else [])
+    doomed = temporaries(out, keep | retired | journal)
+    doomed += sorted(f for f in (retired | (journal if dead_builds else set())) - keep if (out / f).exists())
+    removed = [f for f in doomed if remove(out, f)]
+    if dead_builds:
+        for p in journals(out):
+            p.unlink(missing_ok=True)
+    if removed:
+        log.info("%s: removed %d leftover file(s) that no live generation names", out, len(removed))
+    return removed
+
+
+def next_generation(out: Path, prev: fmt.Index | None, new_files: Iterable[str]) -> dict[str, object]:
+    """The new index's generation fields: its number, the generation it keeps (``previous``) and the files it
+    retires (every file we know is ours that neither names and that still exists). ``previous`` is the
+    committed generation, unless that names exactly the new files (a rebuild that changed no shard, e.g.
+    after a ``touch``): then the older one stays protected instead."""
+    new_files = set(new_files)
+    if prev is not None and set(prev.files()) == new_files:
+        previous = prev.previous
+    else:
+        previous = None if prev is None else fmt.Generation(
+            prev.generation, index_digest(out), [s.file for s in prev.shards],
+            prev.conditions.file if prev.conditions is not None else None)
+    keep = new_files | set(previous.files() if previous is not None else [])
+    ours = live(prev) | journaled(out) | set(prev.retired if prev is not None else [])
+    retired = sorted(f for f in ours - keep if (out / f).exists())
+    return {"generation": (prev.generation if prev is not None else 0) + 1, "previous": previous, "retired": retired}
+
+
+def after_commit(out: Path, retired: Iterable[str]) -> int:
+    """Delete what the committed index retired, then every journal (all their files are now either named by
+    a live generation or retired). Interrupted: the index still lists them; the next build or gc finishes."""
+    removed = sum(remove(out, f) for f in retired)
+    for p in journals(out):
+        p.unlink(missing_ok=True)
+    return removed
+
+
+def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseException) -> None:
+    """A build failed before its commit. Out of space (or read-only): delete the files it journaled that no
+    live generation names, then its journal, so the disk gets its space back. Otherwise keep its finished
+    shards and their journal: the rerun adopts them (`pipeline.resume`), or the next commit or gc retires
+    them. Killed (no chance to run this): the journal stays, with the same effect."""
+    if journal is None or not journal.exists():
+        return
+    keep = live(prev)
+    try:
+        files = [f for f in json.loads(journal.read_text())["files"] if f not in keep and (out / f).exists()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if isinstance(error, OSError) and _fails_the_output(out, error):
+        for f in files:
+            remove(out, f)
+        files = []
+    if not files:
+        journal.unlink(missing_ok=True)
+
+
+def _fails_the_output(out: Path, e: OSError) -> bool:
+    """An OSError that means the output folder cannot take our writes (not, e.g., an unreadable source)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):
+        return True
+    if e.errno in (errno.EACCES, errno.EPERM) and e.filename:
+        return Path(os.path.abspath(e.filename)).is_relative_to(os.path.abspath(out))
+    return False
+
+
+@contextmanager
+def writing(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]:
+    """The one way to write into an output folder: refuse a folder that is not ours (before touching it),
+    create it, hold its lock (`pipeline.lock`), and turn a full disk or read-only folder into a clear error."""
+    check_owned(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(out, e, "creating the folder") from None
+    with exclusive(out, wait, what):
+        check_owned(out)  # again, now that no other build can be adding files
+        try:
+            yield
+        except OSError as e:
+            if _fails_the_output(out, e):
+                raise output_error(out, e, f"the {what} failed") from e
+            raise

@@ -1,0 +1,265 @@
+"""The output folder (issue 13, cases 1, 2, 9 and the full-disk bullet): one writer per --out, only our own
+files are deleted, index.json and shards get the umask's permissions, a failed write leaves the previous
+dataset intact. Concurrency is tested with real processes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from loaders import format as fmt
+from pipeline.build import build
+from pipeline.cli import main
+from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOCKED, LockHeldError, OutputError
+from pipeline.lock import LOCK_FILE
+from pipeline.verify import verify
+from tests import hostile
+from tests.out_helpers import cli, listing, popen, small_manifest
+from tests.pipeline_helpers import shard_files
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from pipeline.lock import exclusive
+with exclusive(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _holder(out: Path, seconds: float):  # type: ignore[no-untyped-def]
+    out.mkdir(parents=True, exist_ok=True)
+    proc = popen(HOLD, str(out), str(seconds))
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked", proc.stderr
+    return proc
+
+
+@hostile.parametrize
+def test_second_writer_fails_at_once_naming_the_holder(case: hostile.Case, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = small_manifest(tmp_path)
+    holder = _holder(tmp_path / "out", 60)
+    try:
+        t = time.monotonic()
+        rc = main(["build", str(manifest), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == EXIT_LOCKED and time.monotonic() - t < 5
+        assert f"pid {holder.pid}" in err and socket.gethostname() in err and "--wait" in err, err
+        with pytest.raises(LockHeldError, match="waited 0.3 s"):
+            build(manifest, tmp_path / "out", jobs=1, progress=False, wait=0.3)
+        assert main(["gc", str(tmp_path / "out")]) == EXIT_LOCKED
+        assert f"cannot gc {tmp_path / 'out'}: it is locked" in capsys.readouterr().err
+        assert not fmt.index_path(tmp_path / "out").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the kernel released the lock of the killed holder: no stale lock to remove by hand
+    assert build(manifest, tmp_path / "out", jobs=1, progress=False).written
+    assert (tmp_path / "out" / LOCK_FILE).read_text() == "", "a finished holder leaves an empty lock file"
+
+
+@hostile.parametrize
+def test_wait_takes_the_lock_when_the_holder_finishes(case: hostile.Case, tmp_path: Path) -> None:
+    manifest = small_manifest(tmp_path)
+    holder = _holder(tmp_path / "out", 1.0)
+    try:
+        res = build(manifest, tmp_path / "out", jobs=1, progress=False, wait=60)
+    finally:
+        holder.wait()
+    assert holder.returncode == 0 and res.written and verify(tmp_path / "out") == []
+
+
+@hostile.parametrize
+def test_two_builds_with_different_manifests_never_mix(case: hostile.Case, tmp_path: Path) -> None:
+    """Issue case 1: two real builds of different manifests into one --out, started together. Whoever wins,
+    the committed index names only existing, intact shards; a loser exits 3 (or ran after the winner)."""
+    a, b = small_manifest(tmp_path, seed=0, name="a.toml"), small_manifest(tmp_path, seed=1, name="b.toml")
+    out = tmp_path / "out"
+    procs = [cli("build", str(m), "--out", str(out), "--jobs", "1", "--no-progress") for m in (a, b)]
+    codes = [p.wait(timeout=300) for p in procs]
+    errors = [p.stderr.read() for p in procs if p.stderr is not None]
+    assert sorted(codes) in ([0, 0], [0, EXIT_LOCKED]), errors
+    for code, err in zip(codes, errors, strict=True):
+        if code == EXIT_LOCKED:
+            assert "it is locked by another shardsmith process" in err and "pid " in err, err
+    assert verify(out) == []
+    index = fmt.read_index(out)
+    assert all((out / f).exists() for f in index.files())
+
+
+@hostile.parametrize
+def test_a_folder_that_is_not_ours_is_refused_untouched(case: hostile.Case, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue case 2: a build into a folder holding anything but a dataset (or our leftovers) is refused with
+    exit 2 and a message naming the folder and what it holds; not one file is added, changed or removed."""
+    manifest, layout = small_manifest(tmp_path), dict(case.data)
+    out = tmp_path / "X"
+    for rel, text in layout.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    paths = sorted(out.rglob("*"))
+    rc = main(["build", str(manifest), "--out", str(out), "--jobs", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == EXIT_BAD_INPUT and f"--out {out} is not a shardsmith dataset" in err, err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(out.rglob("*")) == paths, "nothing created (no lock file, no shards/)"
+
+
+@hostile.parametrize
+def test_user_files_in_a_dataset_survive_rebuilds(case: hostile.Case, tmp_path: Path) -> None:
+    """Only files a committed index or a build's journal named are deleted: a user's note inside shards/
+    survives rebuilds that retire every shard around it."""
+    (tmp_path / "out").mkdir()
+    build(small_manifest(tmp_path, seed=0), tmp_path / "out", jobs=1, progress=False)
+    notes = [tmp_path / "out/shards/notes.txt", tmp_path / "out/conditions-notes.md", tmp_path / "out/README"]
+    for p in notes:
+        p.write_text("keep")
+    for seed in (1, 2, 3):  # generation 4 retires generation 2's shards, 3 retires 1's
+        res = build(small_manifest(tmp_path, seed=seed), tmp_path / "out", jobs=1, progress=False)
+        assert res.written
+    assert all(p.read_text() == "keep" for p in notes)
+    assert verify(tmp_path / "out") == []
+
+
+@hostile.parametrize
+def test_index_and_shards_get_the_umask_permissions(case: hostile.Case, tmp_path: Path) -> None:
+    """Issue case 9: index.json was 0600 (mkstemp) while shards were 0644."""
+    umask = int(case.data)
+    old = os.umask(umask)
+    try:
+        build(small_manifest(tmp_path), tmp_path / "out", jobs=1, progress=False)
+    finally:
+        os.umask(old)
+    out = tmp_path / "out"
+    expected = 0o666 & ~umask
+    shard_file = next(p for p in (out / "shards").rglob("*") if p.is_file())
+    for p in (out / "index.json", out / ".build-inputs.json", shard_file, out / LOCK_FILE):
+        assert stat.S_IMODE(p.stat().st_mode) == expected, (p, oct(p.stat().st_mode))
+
+
+def _fail_on(monkeypatch: pytest.MonkeyPatch, stage: str, err: int) -> None:
+    """Make one write of the next build fail with ``err`` (a full disk, a read-only mount)."""
+    import pipeline.shardfile
+    from pipeline.writers.zarr_writer import ZarrShardWriter
+
+    def raise_it(path: object) -> None:
+        raise OSError(err, os.strerror(err), str(path))
+
+    if stage == "shard":
+        calls = [0]
+        original = ZarrShardWriter.write
+
+        def write(self: ZarrShardWriter, path: Path, *a: object, **k: object) -> None:
+            calls[0] += 1
+            if calls[0] > 2:  # after the condition table and one shard were written
+                raise_it(path)
+            original(self, path, *a, **k)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(ZarrShardWriter, "write", write)
+    elif stage == "index":
+        original_atomic = fmt.atomic_write_bytes
+
+        def atomic(path: str | Path, data: bytes) -> None:
+            if Path(path).name == fmt.INDEX_FILE:
+                raise_it(path)
+            original_atomic(path, data)
+
+        monkeypatch.setattr(fmt, "atomic_write_bytes", atomic)
+    elif stage == "durable":
+        monkeypatch.setattr(pipeline.shardfile, "make_durable", lambda *a: raise_it("syncfs"))
+        monkeypatch.setattr("pipeline.build.make_durable", lambda *a: raise_it("syncfs"))
+
+
+@hostile.parametrize
+def test_a_failed_write_keeps_the_previous_dataset(case: hostile.Case, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A full disk or read-only --out ends with a clear error naming --out and the errno; the previous
+    dataset stays committed and intact, and the failed build's own files are removed (space given back)."""
+    stage, err, code = case.data
+    assert code in (EXIT_CRASH, EXIT_BAD_INPUT)
+    out = tmp_path / "out"
+    build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
+    index_bytes, shards, files = fmt.index_path(out).read_bytes(), shard_files(out), listing(out)
+    _fail_on(monkeypatch, stage, err)
+    rc = main(["build", str(small_manifest(tmp_path, seed=1)), "--out", str(out), "--jobs", "1", "--no-progress"])
+    msg = capsys.readouterr().err
+    assert rc == code, msg
+    assert f"cannot write to --out {out}" in msg and errno.errorcode[err] in msg and "intact" in msg, msg
+    assert fmt.index_path(out).read_bytes() == index_bytes and shard_files(out) == shards
+    assert listing(out) == files, "the failed build's shards, journal and spill are gone"
+    monkeypatch.undo()
+    assert verify(out) == []
+    assert build(small_manifest(tmp_path, seed=1), out, jobs=1, progress=False).written  # and it recovers
+
+
+def test_an_unreadable_source_is_not_blamed_on_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EACCES on a file outside --out is not an OutputError: the message must point at the right place."""
+    from pipeline.generations import _fails_the_output
+
+    out = tmp_path / "out"
+    assert _fails_the_output(out, OSError(errno.EACCES, "denied", str(out / "shards" / "x")))
+    assert not _fails_the_output(out, OSError(errno.EACCES, "denied", str(tmp_path / "src" / "s0.h5ad")))
+    assert _fails_the_output(out, OSError(errno.ENOSPC, "full"))
+    with pytest.raises(OutputError, match="is not a folder"):
+        (tmp_path / "file").write_text("x")
+        build(small_manifest(tmp_path), tmp_path / "file", jobs=1, progress=False)
+
+
+TMPFS_SCRIPT = """
+import json, subprocess, sys
+from pathlib import Path
+from loaders import format as fmt
+from pipeline.build import build
+from pipeline.cli import main
+from pipeline.verify import verify
+from tests.out_helpers import listing, small_manifest
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+build(small_manifest(root, seed=0), out, jobs=1, progress=False)
+st = __import__("os").statvfs(out)
+used_kib = (st.f_blocks - st.f_bfree) * st.f_frsize // 1024
+# room for half a generation more: the next one cannot fit beside the kept one
+subprocess.run(["mount", "-o", f"remount,size={used_kib * 3 // 2}k", str(out)], check=True)
+index, files = fmt.index_path(out).read_bytes(), listing(out)
+full = main(["build", str(small_manifest(root, seed=1)), "--out", str(out), "--jobs", "1", "-q"])
+same = fmt.index_path(out).read_bytes() == index and listing(out) == files and verify(out) == []
+subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+ro = main(["build", str(small_manifest(root, seed=2)), "--out", str(out), "--jobs", "1", "-q"])
+print(json.dumps({"full": full, "same": same, "ro": ro, "intact": verify(out) == []}))
+"""
+
+
+@hostile.parametrize
+def test_a_real_full_and_read_only_file_system(case: hostile.Case, tmp_path: Path,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    """The same guarantees on a real tmpfs (in a private mount namespace: `unshare -rm`, so nothing is left
+    mounted), where the platform allows it: shrunk after the first build to 1.5 times what it uses, so the
+    second generation does not fit beside the first."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.out_helpers import ENV, ROOT
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    small_manifest(tmp_path)
+    (tmp_path / "out").mkdir()
+    shell = 'mount -t tmpfs -o size=64m tmpfs "$1" 2>/dev/null || exit 77; shift; exec "$@"'
+    res = subprocess.run(["unshare", "-rm", "sh", "-c", shell, "sh", str(tmp_path / "out"), sys.executable, "-c",
+                          TMPFS_SCRIPT, str(tmp_path), str(tmp_path / "out")],
+                         capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    if res.returncode == 77 or "unshare" in res.stderr.split(":")[0]:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()[:200]}")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"full": EXIT_CRASH, "same": True, "ro": EXIT_BAD_INPUT, "intact": True}, res.stderr
+    assert "ENOSPC" in res.stderr and "EROFS" in res.stderr and "cannot write to --out" in res.stderr
