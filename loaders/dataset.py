@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import budget, decoder, interop, order
+from loaders.broker import Broker, BrokerClient, BrokerError
 from loaders.collate import Arena, BufferPool, Payload, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
@@ -131,6 +132,10 @@ class ShardDataset(IterableDataset):
         self._decoder_state: tuple[int, Decoder] | None = None  # (pid, this process's decoder process)
         self._live_state: tuple[int, dict[tuple[int, ...], list[Any]]] | None = None  # (pid, see _live)
         self._live_lock = threading.Lock()
+        self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
+        self._broker_address: str | None = None
+        self._broker_pid = 0
+        self._broker_client: BrokerClient | None = None
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
@@ -234,12 +239,17 @@ class ShardDataset(IterableDataset):
         state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
         state["_decoder_state"] = None  # and the decoder process
         state["_live_state"], state["_live_lock"] = None, None  # and the windows it holds
+        state["_broker"], state["_broker_client"] = None, None  # workers keep only the broker's address
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._ahead_lock = threading.Lock()
         self._live_lock = threading.Lock()
+        self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
+        self._broker_address: str | None = None
+        self._broker_pid = 0
+        self._broker_client: BrokerClient | None = None
 
     def buffers(self) -> BufferPool:
         """This process's recycled window buffers (kept across epochs; bounded by BufferPool.keep)."""
@@ -290,8 +300,10 @@ class ShardDataset(IterableDataset):
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:
         by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
         decoder, arena = self._decoder(), None
+        if self._broker_address is not None and get_worker_info() is not None:
+            arena = self._from_broker(epoch, w)
         try:
-            if decoder is not None and decoder.ready():
+            if arena is None and decoder is not None and decoder.ready():
                 arena = decoder.read_window(epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20))
                 self.buffers().clear()  # what the first, in-process windows used is not needed any more
         except DecoderError as e:  # the process died or could not start: go on without it, loudly
@@ -305,6 +317,30 @@ class ShardDataset(IterableDataset):
             self._note_skipped(arena.skipped)
         arena.seal()
         return arena
+
+    def start_broker(self) -> None:
+        """Before DataLoader workers start: they will get their windows from this process's decoder process,
+        each decoded once for all of them (:mod:`loaders.broker`), instead of decoding every window each."""
+        if get_worker_info() is not None or self._broker_address is not None and self._broker_pid == os.getpid():
+            return
+        dec = self._decoder()
+        if dec is None:
+            return
+        b = Broker(dec, lambda e, w: int(self.reader.raw_bytes(e, w) * 1.1) + (1 << 20))
+        weakref.finalize(self, b.close)
+        self._broker, self._broker_address, self._broker_pid = b, b.address, os.getpid()
+
+    def _from_broker(self, epoch: int, w: int) -> Arena | None:
+        """Window ``w`` of ``epoch`` from the training process's broker (a worker), or None: it went away."""
+        try:
+            if self._broker_client is None or self._broker_client.pid != os.getpid():
+                self._broker_client = BrokerClient(self._broker_address)  # type: ignore[arg-type]
+            return self._broker_client.read_window(epoch, w)
+        except BrokerError as e:
+            warnings.warn(f"{e}; {self.root}: this worker decodes its windows itself from now on", RuntimeWarning,
+                          stacklevel=3)
+            self._broker_address = None
+            return None
 
     def _note_skipped(self, skipped: list[list[Any]]) -> None:
         for s, why in skipped:

@@ -47,14 +47,15 @@ class Slab:
     """A memfd mapped into this process; arrays are views of it. The owner array is uint64 because scipy
     copies a CSR component whose ``base`` has more than twice its *elements* (``_prune_array``)."""
 
-    def __init__(self, sid: int, size: int, fd: int | None = None) -> None:
+    def __init__(self, sid: int, size: int, fd: int | None = None, readonly: bool = False) -> None:
         size = -(-max(size, ALIGN) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.id, self.size = sid, size
         if fd is None:
             fd = os.memfd_create(f"shardsmith-window-{sid}", getattr(os, "MFD_CLOEXEC", 0))
             os.ftruncate(fd, size)
         self.fd: int | None = fd
-        self._mm = mmap.mmap(fd, size)
+        # read-only in DataLoader workers (loaders.broker): a stray write raises instead of corrupting a window
+        self._mm = mmap.mmap(fd, size, prot=mmap.PROT_READ) if readonly else mmap.mmap(fd, size)
         self.words = np.frombuffer(self._mm, np.uint64)
         self.bytes = self.words.view(np.uint8)
         self.base = self.bytes.ctypes.data
@@ -230,6 +231,7 @@ class Decoder:
         self._ready: bool | None = None
         self._closed = False
         self._scale = 1.0
+        self.peak_bytes = 0  # the most slab bytes this process held at once (window memory)
         self._post({"kind": "start", "spec": spec, "threads": threads})
 
     def ready(self) -> bool:
@@ -292,6 +294,14 @@ class Decoder:
     def read_window(self, epoch: int, w: int, hint: int) -> Arena:
         """Window ``w`` of ``epoch`` decoded by the child into a slab (``hint``: bytes it will probably need).
         Bad shards raise FormatError naming the shard, as in-process; a dead child raises DecoderError."""
+        desc, slab = self.read_slab(epoch, w, hint)
+        arena = rebuild(desc, slab)
+        arena.on_release = lambda s=slab: self._give_back(s)
+        return arena
+
+    def read_slab(self, epoch: int, w: int, hint: int) -> tuple[dict[str, Any], Slab]:
+        """:meth:`read_window` as (the arena's description, its slab): what the broker hands to workers.
+        The slab is this caller's until :meth:`give_back`."""
         if self._closed or os.getpid() != self.pid:
             raise DecoderError("decoder process used after close() or from another process")
         with self._lock:
@@ -303,9 +313,7 @@ class Decoder:
                 self._post({"kind": "window", "slab": slab.id, "epoch": int(epoch), "w": int(w)})
                 reply = self._recv()
                 if reply["kind"] == "done":
-                    arena = rebuild(reply["arena"], slab)
-                    arena.on_release = lambda s=slab: self._give_back(s)
-                    return arena
+                    return reply["arena"], slab
                 self._give_back(slab)
                 if reply["kind"] == "need":
                     need = int(reply["bytes"])
@@ -328,6 +336,7 @@ class Decoder:
             del self._free[:len(drop)]
         for s in drop:
             del self._slabs[s.id]
+            s.close_fd()
             self._post({"kind": "drop", "id": s.id})
         if pick is not None:
             return pick
@@ -335,10 +344,16 @@ class Decoder:
         slab = Slab(self._next_id, int(need * HEADROOM))
         try:
             self._post({"kind": "slab", "id": slab.id, "size": slab.size}, slab.fd)
-        finally:
+        except BaseException:
             slab.close_fd()
-        self._slabs[slab.id] = slab
+            raise
+        self._slabs[slab.id] = slab  # its fd stays open: the broker sends it to DataLoader workers
+        self.peak_bytes = max(self.peak_bytes, sum(x.size for x in self._slabs.values()))
         return slab
+
+    def give_back(self, slab: Slab) -> None:
+        """The slab of a :meth:`read_slab` is free to be decoded into again."""
+        self._give_back(slab)
 
     def _give_back(self, slab: Slab) -> None:
         with self._free_lock:
@@ -350,6 +365,8 @@ class Decoder:
         if self._closed or os.getpid() != self.pid:
             return
         self._closed = True
+        for slab in list(self._slabs.values()):
+            slab.close_fd()
         try:
             self.conn.close()
         except OSError:

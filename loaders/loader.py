@@ -113,6 +113,8 @@ class ShardLoader:
         # one process, nothing to pin: the dataset's own batches (torch's single-process iterator adds a
         # default_convert walk and a profiler record per batch, ~10% of a batch's cost here)
         direct = self._loader.num_workers == 0 and not self._loader.pin_memory
+        if self._loader.num_workers > 0:
+            self.dataset.start_broker()  # workers map the windows this process's decoder decodes once
         it = iter(self.dataset) if direct else iter(self._loader)
         watch = WorkerWatch(it, self.timeout) if self._loader.num_workers > 0 and self.timeout > 0 else None
         try:
