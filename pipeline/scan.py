@@ -6,9 +6,11 @@ import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pipeline.errors import SourceError
 from pipeline.manifest import Manifest, SourceSpec
@@ -39,6 +41,7 @@ class ScannedSource:
     pending: Fingerprint | Future[Fingerprint]  # a Future while the content hash is computed in the background
     meta: SourceMeta | Any
     obs: dict[str, Categorical]  # logical field name -> categorical (cell_type may be the file stem)
+    has_obs_names: bool = False  # the source has cell barcodes: the plan reads them per source (see compact_meta)
 
     @property
     def fingerprint(self) -> Fingerprint:
@@ -85,13 +88,26 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
                 obs[logical] = filled
             else:
                 raise SourceError(spec.path, missing_column(logical, col, src.obs_columns()))
+        obs = {logical: cat.compact() for logical, cat in obs.items()}
     for key in fields.obsm:
         if key not in meta.obsm:
             raise SourceError(spec.path, f"missing obsm key {key!r} (has: {sorted(meta.obsm)})")
     if meta.n_rows == 0:
         raise SourceError(spec.path, "has no cells")
     return ScannedSource(ordinal, spec, fingerprint(spec.path, cache) if hasher is None
-                         else hasher.submit(fingerprint, spec.path, cache), meta, obs)
+                         else hasher.submit(fingerprint, spec.path, cache), compact_meta(meta), obs,
+                         meta.obs_names is not None)
+
+
+def compact_meta(meta: SourceMeta) -> SourceMeta:
+    """What the build keeps of a source's metadata until it ends, in a few bytes a cell: the per-row entry
+    counts as int32 (a row has at most n_cols entries), without the obs columns (the scan keeps them compact
+    under their logical names) and without the cell barcodes (checked here, read again per source by the plan
+    and by nothing else). The plan holds this for every source at once: at millions of cells it is the peak."""
+    nnz = meta.row_nnz
+    if nnz.dtype.itemsize > 4 and meta.n_cols <= np.iinfo(np.int32).max:
+        nnz = nnz.astype(np.int32)
+    return replace(meta, row_nnz=nnz, obs={}, obs_names=None)
 
 
 LIKELY = {"cell_type": ("cell_type", "celltype", "cell_line"), "batch": ("batch", "gem_group", "gemgroup")}

@@ -81,7 +81,7 @@ class PerturbationKind(Kind):
                fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
                fmt.FieldSpec(fmt.PRIMARY, "dense", "bool"),
                fmt.FieldSpec(fmt.COND_ID, "dense", "int32", bound=n_cond)]
-        if getattr(first, "obs_names", None) is not None:  # cell barcodes, for export and obs_names_for
+        if getattr(scanned[0], "has_obs_names", False):  # cell barcodes, for export and obs_names_for
             out.append(fmt.FieldSpec(fmt.OBS_NAMES, "ragged", "uint8"))
         out += [fmt.FieldSpec(fmt.OBS_PREFIX + f, "dense", "int32", bound=len(vocab[f])) for f in cfg.fields.obs_fields]
         out += [fmt.FieldSpec(fmt.OBSM_PREFIX + k, "dense", "float32", tuple(first.obsm[k][0][1:]))

@@ -22,7 +22,7 @@ from pipeline.plan.conditions import ConditionTable, VectorOptions, build_condit
 from pipeline.plan.pairing import LEVELS, ControlPools, MatchContext, combine, make_pairs, make_sentences
 from pipeline.plan.splits import DROPPED, SPLIT_NAMES, assign_splits, control_split, source_rng
 from pipeline.scan import ScannedSource
-from pipeline.sources.obs_names import obs_name_columns
+from pipeline.sources.obs_names import obs_name_columns, source_obs_names
 
 __all__ = ["Park", "Plan", "ShardPlan", "make_plan", "source_key"]
 
@@ -75,14 +75,14 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         home[members[perm]] = len(parts) + np.arange(members.size) * n_shards // members.size
         parts.extend((k, p) for p in range(n_shards))
 
-    codes = {f: cells.codes[f][idx] for f in fields}
+    codes = {f: cells.codes32(f, idx) for f in fields}
     batch = codes["batch"] if "batch" in codes else np.zeros(idx.size, np.int32)
     cell_type = codes["cell_type"] if "cell_type" in codes else np.zeros(idx.size, np.int32)
     ctx = MatchContext(home, sp, cell_type,
                        batch if manifest.config.pairing.strategy == "batch" else np.zeros_like(batch),
                        cells.is_control[idx], None if pool_split is None else pool_split[idx])
     pools = ControlPools(ctx)
-    pairs, pair_level = make_pairs(ctx, cond.cond_id[idx], manifest.config.pairing.max_pairs_per_condition,
+    pairs, pair_level = make_pairs(ctx, cond.cond_id[idx].astype(np.int32), manifest.config.pairing.max_pairs_per_condition,
                                    source_rng(seed, s, 20), pools)
     stats = {f"pairs_{lv}": int((pair_level == i).sum()) for i, lv in enumerate(LEVELS)}
     stats.update(group_checks(ctx, codes["perturbation"], pairs, manifest.config.pairing.sentence_size))
@@ -97,6 +97,7 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     duplicates = 0
     wanted = np.zeros(idx.size, bool)  # scratch, reset after each shard: O(shard) work per shard
     lut = np.full(idx.size, -1, np.int32)  # source cell -> local row, reset likewise
+    names = source_obs_names(src)  # one source's barcodes at a time (pipeline.scan.compact_meta)
     for local, (k, part) in enumerate(parts):
         primary = by_home[cell_bounds[local]:cell_bounds[local + 1]]
         pr = pairs[pair_bounds[local]:pair_bounds[local + 1]]
@@ -118,18 +119,19 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         is_primary = np.concatenate([np.ones(primary.size, bool), np.zeros(dups.size, bool)])[order]
         lut[members] = np.arange(members.size, dtype=np.int32)
         g = idx[members]
+        rows = cells.row[g].astype(np.int64)
         columns = {
-            fmt.SAMPLE_ID: cells.sample_id[g],
+            fmt.SAMPLE_ID: cells.sample_ids(g),
             fmt.PRIMARY: is_primary,
-            fmt.COND_ID: cond.cond_id[g],
-            **obs_name_columns(src, cells.row[g]),
-            **{fmt.OBS_PREFIX + f: cells.codes[f][g] for f in fields},
+            fmt.COND_ID: cond.cond_id[g].astype(np.int32),
+            **obs_name_columns(names, rows),
+            **{fmt.OBS_PREFIX + f: cells.codes32(f, g) for f in fields},
             fmt.PAIRS: lut[pr].reshape(-1, 2),
             fmt.SENTENCES_PERT: lut[spp].reshape(-1, size),
             fmt.SENTENCES_CTRL: lut[sc].reshape(-1, size),
         }
         lut[members] = -1
-        shard = ShardPlan(SPLIT_NAMES[k], s, part, cells.row[g], columns)
+        shard = ShardPlan(SPLIT_NAMES[k], s, part, rows, columns)
         shard.key = plan_key(shard, src, manifest)
         if park is not None:
             park(shard)

@@ -16,6 +16,7 @@ from pipeline.errors import SourceError
 from pipeline.manifest import Manifest
 from pipeline.scan import ScannedSource
 from pipeline.sources import Categorical
+from pipeline.sources.base import code_dtype
 
 log = logging.getLogger(__name__)
 MISSING = "NA"
@@ -23,12 +24,16 @@ MISSING = "NA"
 
 @dataclass
 class CellTable:
-    """Columns over the kept cells of all sources (vectorised plan input)."""
+    """Columns over the kept cells of all sources (vectorised plan input).
 
-    source: np.ndarray  # int32 source ordinal
-    row: np.ndarray  # int64 row in its source file
-    sample_id: np.ndarray  # int64 position in the concatenation of all sources
-    codes: dict[str, np.ndarray]  # logical field -> int32 global codes
+    The plan holds them for every cell of the dataset at once (its peak memory at millions of cells), so
+    each is in the smallest type its range allows (a few bytes a cell in all), and the sample id is not
+    stored: it is the row plus its source's offset. Shard columns are int32/int64 whatever these types."""
+
+    source: np.ndarray  # source ordinal (smallest integer type for the number of sources)
+    row: np.ndarray  # row in its source file (int32 below 2**31 rows a file, else int64)
+    offsets: np.ndarray  # int64 [ordinal]: sample id of each source's row 0 (rows of the sources before it)
+    codes: dict[str, np.ndarray]  # logical field -> global codes (smallest signed type for the vocabulary)
     is_control: np.ndarray  # bool
     vocabularies: dict[str, list[str]]
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> count
@@ -36,10 +41,19 @@ class CellTable:
     def __len__(self) -> int:
         return int(self.row.size)
 
+    def sample_ids(self, cells: np.ndarray) -> np.ndarray:
+        """int64 position of these cells in the concatenation of all sources."""
+        return self.row[cells].astype(np.int64) + self.offsets[self.source[cells]]
+
+    def codes32(self, f: str, cells: np.ndarray) -> np.ndarray:
+        """Field `f`'s codes of these cells as int32 (the type of the planned columns and of every
+        per-source computation)."""
+        return self.codes[f][cells].astype(np.int32)
+
     def cell_types(self) -> tuple[np.ndarray, list[str]]:
         """Cell type codes and names; without a cell type field, every cell is of one unnamed type."""
         if "cell_type" in self.codes:
-            return self.codes["cell_type"], self.vocabularies["cell_type"]
+            return self.codes["cell_type"], self.vocabularies["cell_type"]  # a compact type: index or widen
         return np.zeros(len(self), np.int32), [""]
 
     def subset(self, keep: np.ndarray, reason: str) -> CellTable:
@@ -48,7 +62,7 @@ class CellTable:
         n = int((~keep).sum())
         if n:
             dropped[reason] = dropped.get(reason, 0) + n
-        return CellTable(self.source[keep], self.row[keep], self.sample_id[keep],
+        return CellTable(self.source[keep], self.row[keep], self.offsets,
                          {f: c[keep] for f, c in self.codes.items()}, self.is_control[keep], self.vocabularies, dropped)
 
 
@@ -78,8 +92,11 @@ def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> Ce
 
     kept = [int((s.obs["perturbation"].codes >= 0).sum()) for s in scanned]
     total = sum(kept)
-    source, row, sample_id = np.empty(total, np.int32), np.empty(total, np.int64), np.empty(total, np.int64)
-    codes = {f: np.empty(total, np.int32) for f in fields}
+    longest = max((s.meta.n_rows for s in scanned), default=0)
+    source = np.empty(total, code_dtype(max((s.ordinal for s in scanned), default=0) + 1))
+    row = np.empty(total, np.int32 if longest <= np.iinfo(np.int32).max else np.int64)
+    offsets = np.zeros(max((s.ordinal for s in scanned), default=0) + 1, np.int64)
+    codes = {f: np.empty(total, code_dtype(len(vocab[f]))) for f in fields}
     is_control = np.empty(total, bool)
     dropped: dict[str, int] = {}
     offset = at = 0
@@ -102,9 +119,8 @@ def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> Ce
                               f"in obs column {manifest.config.fields.perturbation!r} (labels include: {found})")
         source[part] = s.ordinal
         row[part] = rows
-        sample_id[part] = rows
-        sample_id[part] += offset
+        offsets[s.ordinal] = offset
         offset += n
         at += k
-    return CellTable(source=source, row=row, sample_id=sample_id, codes=codes, is_control=is_control,
+    return CellTable(source=source, row=row, offsets=offsets, codes=codes, is_control=is_control,
                      vocabularies=vocab, dropped=dropped)

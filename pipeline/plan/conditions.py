@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.errors import ManifestError
 from pipeline.plan.pairing import combine
+from pipeline.sources.base import code_dtype
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ TRANSFORMS = {"log1p": np.log1p, "none": lambda v: v}
 
 @dataclass
 class ConditionTable:
-    cond_id: np.ndarray  # int32 [n_cells]
+    cond_id: np.ndarray  # [n_cells], smallest signed type for the number of conditions (planned columns: int32)
     codes: np.ndarray  # int32 [C, F]
     vectors: np.ndarray  # float32 [C, D]
     segments: list[dict[str, object]]  # field, offset, size, encoding
@@ -178,4 +179,5 @@ def build_conditions(codes: Mapping[str, np.ndarray], fields: Sequence[str], voc
         segments.append({"field": f, "offset": offset, "size": int(block.shape[1]), "encoding": enc, **extra})
         offset += block.shape[1]
     vectors = np.concatenate(blocks, axis=1).astype(np.float32) if blocks else np.zeros((1, 0), np.float32)
-    return ConditionTable(inverse, table, vectors, segments)
+    # every cell's id is held while planning: a compact type, as the cell table's codes (plan.cells)
+    return ConditionTable(inverse.astype(code_dtype(table.shape[0]), copy=False), table, vectors, segments)

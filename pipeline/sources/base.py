@@ -20,8 +20,18 @@ if TYPE_CHECKING:
 class Categorical:
     """An obs column as integer codes into a list of string categories (-1 = missing value)."""
 
-    codes: np.ndarray  # int32 [n_rows]
+    codes: np.ndarray  # int32 [n_rows] (the scan keeps them as the smallest type: see compact)
     categories: tuple[str, ...]
+
+    def compact(self) -> Categorical:
+        """The same column with codes in the smallest signed type its categories allow (1 byte a cell for
+        up to 127 categories instead of 4): the scan holds every cell's codes until the plan is made."""
+        return Categorical(self.codes.astype(code_dtype(len(self.categories)), copy=False), self.categories)
+
+
+def code_dtype(n: int) -> np.dtype:
+    """The smallest signed integer type holding codes -1 .. n - 1."""
+    return np.dtype(next(t for t in (np.int8, np.int16, np.int32, np.int64) if n <= np.iinfo(t).max))
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,11 @@ class MatrixSource(Source):
     def obs_columns(self) -> list[str]:
         """The file's obs column names (for errors that list what the manifest could name instead)."""
         return []
+
+    def read_obs_names(self, n_rows: int) -> ObsNames | None:
+        """The cell barcodes alone, read again when the plan needs them: the scan does not keep every
+        source's names (~20 bytes a cell). A source type reads them more cheaply than its whole `meta`."""
+        return self.meta([]).obs_names
 
     @abstractmethod
     def read_rows(self, start: int, stop: int) -> sp.csr_matrix:

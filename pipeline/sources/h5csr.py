@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
 from pipeline.sources.base import Categorical, MatrixSource, SourceMeta, register_source
-from pipeline.sources.obs_names import read_obs_names
+from pipeline.sources.obs_names import ObsNames, read_obs_names
 from pipeline.sources.validate import (
     CsrParts,
     check_float32_exact,
@@ -318,6 +318,10 @@ class H5Source(MatrixSource):
         named = self.matrix.strip("/").startswith("obsm/") or declared is not None
         return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm, named_genes=named,
                           obs_names=names)
+
+    def read_obs_names(self, n_rows: int) -> ObsNames | None:
+        with self._reading("obs names"):
+            return read_obs_names(self._node("obs"), n_rows, self.path)
 
     # --- rows -----------------------------------------------------------------------------------
     def _check_range(self, start: int, stop: int, n_rows: int) -> None:

@@ -84,12 +84,25 @@ def read_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str
     return names
 
 
-def obs_name_columns(src: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The ``obs_names`` field of a shard whose records are ``rows`` of the scanned source ``src``; {} when
+def source_obs_names(src: Any) -> ObsNames | None:
+    """The cell barcodes of the scanned source ``src`` (None when its source type reads none), read from its
+    file once per source by the plan: the scan checks them but keeps none (20+ bytes a cell of the dataset)."""
+    if not getattr(src, "has_obs_names", False):
+        return None
+    from pipeline.sources import open_source
+
+    with open_source(src.spec.type, src.spec.path, src.spec.matrix) as f:
+        names = f.read_obs_names(src.meta.n_rows)
+    if names is not None and len(names) != src.meta.n_rows:
+        raise SourceError(src.spec.path, f"obs index has {len(names)} names, the matrix has {src.meta.n_rows} rows")
+    return names
+
+
+def obs_name_columns(names: ObsNames | None, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The ``obs_names`` field of a shard whose records are ``rows`` of a source with these ``names``; {} when
     its source type reads no names (a plug-in's matrix source)."""
     from loaders import format as fmt
 
-    names = getattr(src.meta, "obs_names", None)
     if names is None:
         return {}
     offsets, data = names.take(rows)
