@@ -41,7 +41,7 @@ class ShardPlan:
     split: str
     source: int
     part: int
-    rows: np.ndarray  # int64: source rows (perturbation) or record numbers (record kinds), in shard order
+    rows: np.ndarray  # source rows (perturbation: int32 below 2**31) or record numbers (int64), in shard order
     columns: dict[str, np.ndarray | Path]
     key: str = ""
 

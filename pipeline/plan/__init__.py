@@ -119,7 +119,7 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         is_primary = np.concatenate([np.ones(primary.size, bool), np.zeros(dups.size, bool)])[order]
         lut[members] = np.arange(members.size, dtype=np.int32)
         g = idx[members]
-        rows = cells.row[g].astype(np.int64)
+        rows = cells.row[g]  # int32 (the cell table's type): every shard's rows wait in memory until packed
         columns = {
             fmt.SAMPLE_ID: cells.sample_ids(g),
             fmt.PRIMARY: is_primary,
@@ -161,7 +161,7 @@ def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
               "source": src.fingerprint.sha256, "matrix": src.spec.matrix, "values": manifest.config.fields.values,
               "obsm": list(manifest.config.fields.obsm)}
     h.update(json.dumps(config, sort_keys=True).encode())
-    for name, a in [("rows", shard.rows), *sorted(shard.columns.items())]:
+    for name, a in [("rows", shard.rows.astype(np.int64, copy=False)), *sorted(shard.columns.items())]:
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
         h.update(np.ascontiguousarray(a))  # the buffer itself: tobytes() would copy every column once more
     return h.hexdigest()
