@@ -6,11 +6,12 @@
 Three parts, each on the device named (``cuda`` by default):
 
 * ``kernel``: packed bits shaped like the spike bench (250 x 400, 40 frames, crops of 128 x 128 and odd
-  ones, clips of 1 and 3) through ``voxel_numpy`` on the host and ``voxel_torch`` on the device: equal
+  ones, clips of 1 and 3, 5 and 4 bins), in both bit orders, through the numpy finisher on the host
+  (``voxel_pixel_numpy`` / ``voxel_numpy``) and its torch twin on the device: equal
   element for element (a mismatch raises :class:`ParityError`; the result is never reported as measured);
   then the median time per batch of each, the device time counting the pinned host-to-device copy of the
   packed bits (what the loader ships) and the synchronisation.
-* ``loader``: the demo spike tree built (zarr) and read by ``ShardLoader(device=device)`` and by
+* ``loader``: the demo spike tree built (zarr, pixel-major) and read, with 4 and 5 bins, by ``ShardLoader(device=device)`` and by
   ``ShardLoader(device=None)`` with the same seed, shuffle and crop, ``num_workers`` 0 and 2: every key of
   every batch equal.
 * ``loader_rate``: samples/s of both loaders over that build, interleaved windows, median.
@@ -71,38 +72,67 @@ def _median_s(fn: Any, repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
-def kernel(device: str, repeats: int = 10, num_bins: int = 5) -> list[dict[str, Any]]:
-    """Parity and time of the voxel finisher per case (see the module docstring)."""
+def _pixel_case(rng: np.random.Generator, crop: tuple[int, int] | None, clip_len: int, b: int = 8,
+                size: tuple[int, int] = (250, 400), frames: int = 40) -> np.ndarray:
+    from loaders.samples.spike import crop_offsets
+    from loaders.spike_ops import crop_pixels
+
+    windows = list(rng.integers(0, 256, (b * clip_len, size[0], size[1], -(-frames // 8)), dtype=np.uint8))
+    offsets = crop_offsets(int(rng.integers(1 << 30)), 0, np.arange(b), size, crop)
+    return crop_pixels(windows, offsets, crop, clip_len)
+
+
+def _kernels(rng: np.random.Generator, crop: tuple[int, int] | None, clip_len: int, num_bins: int,
+             frames: int = 40) -> dict[str, tuple[Any, Any, np.ndarray]]:
+    """Bit order -> (numpy finisher, torch finisher taking the shipped device arrays, the packed bits)."""
     import torch
 
     from loaders import spike_torch
     from loaders.samples.spike import voxel_numpy
+    from loaders.spike_ops import voxel_pixel_numpy
+
+    bits, left, width = _case(rng, crop, clip_len)
+    pixel = _pixel_case(rng, crop, clip_len)
+    left_t = torch.from_numpy(left)
+    return {
+        "frame_major": (functools.partial(voxel_numpy, bits, left, width, num_bins, clip_len),
+                        lambda x, device: spike_torch.voxel_torch(x, left_t.to(device), width, num_bins, clip_len),
+                        bits),
+        "pixel_major": (functools.partial(voxel_pixel_numpy, pixel, frames, num_bins, clip_len),
+                        lambda x, device: spike_torch.voxel_pixel_torch(x, frames, num_bins, clip_len), pixel)}
+
+
+def kernel(device: str, repeats: int = 10, bins: tuple[int, ...] = (5, 4),
+           cases: tuple[tuple[tuple[int, int] | None, int], ...] = CASES) -> list[dict[str, Any]]:
+    """Parity and time of the voxel finishers per case, bit order and bin count (5: 8 frames a bin, the
+    popcount path; 4: 10, unpacked): see the module docstring."""
+    import torch
 
     rng = np.random.default_rng(0)
     out = []
-    for crop, clip_len in CASES:
-        bits, left, width = _case(rng, crop, clip_len)
-        want = voxel_numpy(bits, left, width, num_bins, clip_len)
-        host = torch.from_numpy(bits)
-        if device.startswith("cuda"):
-            host = host.pin_memory()
-        left_t = torch.from_numpy(left)
+    for (crop, clip_len), num_bins in ((c, n) for c in cases for n in bins):
+        for order, (on_host, finish, bits) in _kernels(rng, crop, clip_len, num_bins).items():
+            want = on_host()
+            host = torch.from_numpy(bits)
+            if device.startswith("cuda"):
+                host = host.pin_memory()
 
-        def on_device(host: Any = host, left_t: Any = left_t, width: int = width, clip_len: int = clip_len) -> Any:
-            return spike_torch.voxel_torch(host.to(device, non_blocking=True), left_t.to(device), width,
-                                           num_bins, clip_len)
+            def on_device(host: Any = host, finish: Any = finish) -> Any:
+                return finish(host.to(device, non_blocking=True), device)
 
-        got = on_device().cpu().numpy()
-        if got.shape != want.shape or not np.array_equal(got, want):
-            bad = int((got != want).sum()) if got.shape == want.shape else -1
-            raise ParityError(f"voxel_torch on {device} differs from voxel_numpy for crop={crop}, "
-                              f"clip_len={clip_len}: {bad} elements (-1: shapes {got.shape} vs {want.shape})")
-        t_np = _median_s(functools.partial(voxel_numpy, bits, left, width, num_bins, clip_len), repeats, "cpu")
-        t_dev = _median_s(on_device, repeats, device)
-        units = bits.shape[0] // clip_len
-        out.append({"crop": list(crop) if crop else None, "clip_len": clip_len, "units": units, "equal": True,
-                    "packed_bytes": int(bits.nbytes), "numpy_ms": 1e3 * t_np, "device_ms": 1e3 * t_dev,
-                    "numpy_units_per_s": units / t_np, "device_units_per_s": units / t_dev})
+            got = on_device().cpu().numpy()
+            if got.shape != want.shape or not np.array_equal(got, want):
+                bad = int((got != want).sum()) if got.shape == want.shape else -1
+                raise ParityError(f"the torch voxel op ({order}) on {device} differs from voxel_numpy for "
+                                  f"crop={crop}, clip_len={clip_len}, num_bins={num_bins}: {bad} elements "
+                                  f"(-1: shapes {got.shape} vs {want.shape})")
+            t_np = _median_s(on_host, repeats, "cpu")
+            t_dev = _median_s(on_device, repeats, device)
+            units = bits.shape[0] // clip_len
+            out.append({"bit_order": order, "crop": list(crop) if crop else None, "clip_len": clip_len,
+                        "num_bins": num_bins, "units": units, "equal": True, "packed_bytes": int(bits.nbytes),
+                        "numpy_ms": 1e3 * t_np, "device_ms": 1e3 * t_dev, "numpy_units_per_s": units / t_np,
+                        "device_units_per_s": units / t_dev})
     return out
 
 
@@ -123,20 +153,21 @@ def demo_build(work: Path) -> Path:
     return out
 
 
-def _loader(root: Path, device: str | None, workers: int, seed: int = 0) -> Any:
+def _loader(root: Path, device: str | None, workers: int, seed: int = 0, num_bins: int = 4) -> Any:
     from loaders import ShardDataset, ShardLoader
 
-    ds = ShardDataset(root, split="train", sample="spike", batch_size=2, num_bins=4, crop=(24, 40), seed=seed)
+    ds = ShardDataset(root, split="train", sample="spike", batch_size=2, num_bins=num_bins, crop=(24, 40), seed=seed)
     # ship_csr=True on the CPU too: the dry run exercises the shipped-parts path the GPU takes
     return ShardLoader(ds, num_workers=workers, device=device, ship_csr=device is not None)
 
 
-def loader_parity(root: Path, device: str, workers: tuple[int, ...] = (0, 2), epochs: int = 2) -> list[dict]:
+def loader_parity(root: Path, device: str, workers: tuple[int, ...] = (0, 2), epochs: int = 2,
+                  bins: tuple[int, ...] = (4, 5)) -> list[dict]:
     import torch
 
     out = []
-    for w in workers:
-        ref, dev = _loader(root, None, w), _loader(root, device, w)
+    for w, n in ((w, n) for w in workers for n in bins):  # 10 frames a bin (unpacked), 8 (popcount)
+        ref, dev = _loader(root, None, w, num_bins=n), _loader(root, device, w, num_bins=n)
         batches = 0
         for e in range(epochs):
             ref.set_epoch(e)
@@ -150,7 +181,7 @@ def loader_parity(root: Path, device: str, workers: tuple[int, ...] = (0, 2), ep
                     if isinstance(x, torch.Tensor) and not torch.equal(x, y):
                         raise ParityError(f"num_workers={w}, epoch {e}, batch {batches}: {k!r} differs on {device}")
                 batches += 1
-        out.append({"num_workers": w, "batches": batches, "equal": True})
+        out.append({"num_workers": w, "num_bins": n, "batches": batches, "equal": True})
     return out
 
 

@@ -16,8 +16,10 @@ Loader methods, measured in ONE process, interleaved (A, B, A, B; ``repeats`` wi
   unpack every frame, flip rows, keep the central window, sum into ``num_bins`` voxel bins (float32), random
   crop; a ``torch.utils.data.DataLoader`` (same batch size and ``num_workers``) collates;
 * ``shardsmith``: ``ShardDataset(sample="spike", num_bins, crop)`` over the built shards (zarr) with the
-  default spike codec (``[spike] codec = "spikebits"``: pixel-major bits + zstd, ``loaders/spikebits.py``), and
-  over shards without it (``[spike] codec = "dataset"`` with ``[dataset] codec = "none"``: the fastest to load).
+  default spike codec (``[spike] codec = "spikebits"``: the window stored pixel-major + zstd, voxels by
+  popcount, ``loaders/spike_ops.py``), over shards of the previous default (``"spikebits-v1"``: frame-major
+  column, the codec transposes back on every read, ``loaders/spikebits.py``), and over shards without a codec
+  (``[spike] codec = "dataset"`` with ``[dataset] codec = "none"``: frame-major, nothing to decode).
 
 Both give float32 voxels ``[B, num_bins, h, w]`` (ours ``[B, 1, num_bins, h, w]``: clips of one frame).
 ``num_workers`` is measured first (``result["loader"]``), then each of ``more_workers`` (both loaders with
@@ -114,12 +116,13 @@ codec = "{spike_codec}"
     return path
 
 
-NONE = "shardsmith, codec = none"
+NONE, V1 = "shardsmith, codec = none", "shardsmith, spikebits-v1"
 LAYOUTS = (("dat", "raw .dat files (whole streams)"), ("voxel_uint8", "uint8 voxel grids of the windows (.npy)"),
            ("voxel_uint8_npz", "uint8 voxel grids, np.savez_compressed"),
            ("voxel_uint8_zstd", "uint8 voxel grids, zstd"), ("voxel_float32", "float32 voxel grids (.npy)"),
            ("clip_cache_uint8", "uint8 voxel caches of 5-frame clips (stride 1, .npy)"),
-           ("shards", "shardsmith shards, spikebits (the default)"),
+           ("shards", "shardsmith shards, spikebits (the default: pixel-major + zstd)"),
+           ("shards_v1", "shardsmith shards, spikebits-v1 (frame-major, transposing codec)"),
            ("shards_lz4", "shardsmith shards, blosc-lz4 (the previous default)"),
            ("shards_none", "shardsmith shards, no codec"))
 
@@ -217,7 +220,8 @@ def run_spike_bench(data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchC
     tree, noisy = corpus(data_dir, cfg), corpus(data_dir, cfg, cfg.noise)
     files, noisy_files = sorted(tree.rglob("*.dat")), sorted(noisy.rglob("*.dat"))
     result: dict[str, Any] = {"config": asdict(cfg), "records": len(files)}
-    builds = {"shards": ("blosc-lz4", "spikebits", tree), "shards_lz4": ("blosc-lz4", "dataset", tree),
+    builds = {"shards": ("blosc-lz4", "spikebits", tree), "shards_v1": ("blosc-lz4", "spikebits-v1", tree),
+              "shards_lz4": ("blosc-lz4", "dataset", tree),
               "shards_none": ("none", "dataset", tree), "shards_noisy": ("blosc-lz4", "spikebits", noisy)}
     result["builds"] = {}
     for name, (codec, spike_codec, src) in builds.items():
@@ -241,16 +245,17 @@ def run_spike_bench(data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchC
 
         base = DataLoader(PerItemSpikes(files, cfg), batch_size=cfg.batch_size, shuffle=True, num_workers=workers,
                           persistent_workers=persistent, generator=torch.Generator().manual_seed(0))
-        lo = interleaved({"shardsmith": ours(work / "shards"), NONE: ours(work / "shards_none"),
-                          "per-item": Chain(lambda e: iter(base))}, cfg.seconds, cfg.repeats)
-        for m in ("shardsmith", NONE):
+        lo = interleaved({"shardsmith": ours(work / "shards"), V1: ours(work / "shards_v1"),
+                          NONE: ours(work / "shards_none"), "per-item": Chain(lambda e: iter(base))},
+                         cfg.seconds, cfg.repeats)
+        for m in ("shardsmith", V1, NONE):
             lo[m]["over_per_item"] = lo[m]["samples_per_s"] / lo["per-item"]["samples_per_s"]
         return lo
 
     result["loader"] = measure(cfg.num_workers)
     result["loader_workers"] = {w: measure(w) for w in cfg.more_workers if w != cfg.num_workers}
     result["bytes"] = {"dat": du(files), **voxel_cache_bytes(files, cfg),
-                       **{k: du(work / k) for k in ("shards", "shards_lz4", "shards_none")}}
+                       **{k: du(work / k) for k in ("shards", "shards_v1", "shards_lz4", "shards_none")}}
     result["bytes_noisy"] = {"dat": du(noisy_files), **voxel_cache_bytes(noisy_files, cfg),
                              "shards": du(work / "shards_noisy")}
     result["table"] = table(result, cfg)
@@ -265,14 +270,16 @@ def table(r: dict[str, Any], cfg: SpikeBenchConfig) -> str:
              f"num_workers={cfg.num_workers}; median of {cfg.repeats} interleaved {cfg.seconds:g} s windows:", "",
              "| method | samples/s |", "|---|---:|"]
     lines += [f"| {m} | {x['samples_per_s']:.1f} |" for m, x in lo.items()]
-    lines += ["", f"shardsmith / per-item: **{ratio:.1f}x** with the default spike codec (spikebits), "
+    lines += ["", f"shardsmith / per-item: **{ratio:.1f}x** with the default spike codec (spikebits, pixel-major), "
+              f"**{lo[V1]['over_per_item']:.1f}x** with the previous one (spikebits-v1), "
               f"**{lo[NONE]['over_per_item']:.1f}x** with `[spike] codec = \"dataset\"` and `codec = \"none\"` "
               f"(target >= 10x: {'met' if ratio >= 10 else 'missed'} / "
               f"{'met' if lo[NONE]['over_per_item'] >= 10 else 'missed'})"]
     for w, x in r.get("loader_workers", {}).items():
         lines += ["", f"num_workers={w} (all three, persistent workers): "
                   + ", ".join(f"{m} {v['samples_per_s']:.1f}" for m, v in x.items()) + " samples/s: "
-                  f"**{x['shardsmith']['over_per_item']:.1f}x** / **{x[NONE]['over_per_item']:.1f}x**"]
+                  f"**{x['shardsmith']['over_per_item']:.1f}x** / {x[V1]['over_per_item']:.1f}x / "
+                  f"**{x[NONE]['over_per_item']:.1f}x**"]
     jitter, dark = cfg.noise
     lines += ["", f"Bytes on disk; \"noisy\": the same scenes with threshold jitter {jitter:g} (relative sd) and "
               f"{dark:g} dark spikes per pixel-frame.", "",

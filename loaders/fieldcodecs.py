@@ -28,6 +28,8 @@ def register_field_codec(codec_id: str, module: str, zarr_module: str) -> None:
 
 
 register_field_codec("shardsmith.spikebits", "loaders.spikebits", "loaders.spikebits_zarr")
+# plain zstd (numcodecs' and zarr's own): pixel-major spike windows, whose layout already makes them compress
+register_field_codec("zstd", "numcodecs.zstd", "zarr.codecs")
 
 
 def check_config(config: Any, where: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import tarfile
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,18 @@ def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytearray:
     return data
 
 
+NPY_HEADER_LOCK = threading.Lock()
+
+
+def read_npy_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """numpy parses a .npy header with ``ast.literal_eval``; CPython 3.11 can fail that with ``SystemError: AST
+    constructor recursion depth mismatch`` when several threads parse at once (seen in the loader's tar reads),
+    so every header parse goes through one lock (a few microseconds per member)."""
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    with NPY_HEADER_LOCK:
+        return read(fh)
+
+
 def _npy(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> np.ndarray:
     """Parse the .npy header with numpy and view the payload in place: np.load(BytesIO) copies the data twice
     more (halving the read speed) and would also open a zip as an .npz. Object arrays (pickles) are refused."""
@@ -282,12 +295,9 @@ def _npy(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> np.ndarray:
     try:
         head = io.BytesIO(memoryview(data)[:_NPY_HEAD])
         version = np.lib.format.read_magic(head)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(head)
-        else:
+        if version not in ((1, 0), (2, 0)):
             raise ValueError(f"unsupported .npy version {version}")
+        shape, fortran, dtype = read_npy_header(head, version)
         if dtype.hasobject:
             raise ValueError("object arrays (pickled data) are refused")
         count = math.prod(shape)

@@ -1,6 +1,7 @@
-"""The torch finisher of the ``spike_voxel`` deferred op (see :mod:`loaders.samples.spike`): the packed bits
-are unpacked, cropped and binned on whatever device they are on (the GPU with ``device="cuda"``). Imported by
-:mod:`loaders.device` when it first meets the op, never by the decoder process."""
+"""The torch finishers of the spike voxel ops: ``spike_voxel`` (frame-major bits, :mod:`loaders.samples.spike`)
+and ``spike_voxel_pixel_major`` (:mod:`loaders.spike_ops`): the packed bits are unpacked or popcounted, cropped
+and binned on whatever device they are on (the GPU with ``device="cuda"``). Imported by :mod:`loaders.device`
+when it first meets an op, never by the decoder process."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from loaders.device import register_torch_op
 from loaders.samples.spike import VOXEL_OP
+from loaders.spike_ops import PIXEL_VOXEL_OP
 
 
 def voxel_torch(bits: torch.Tensor, left: torch.Tensor, width: int, num_bins: int, clip_len: int) -> torch.Tensor:
@@ -31,3 +33,28 @@ def voxel_torch(bits: torch.Tensor, left: torch.Tensor, width: int, num_bins: in
 @register_torch_op(VOXEL_OP)
 def _voxel(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
     return voxel_torch(parts["bits"], parts["left"], int(meta["width"]), int(meta["num_bins"]), int(meta["clip_len"]))
+
+
+def popcount8(x: torch.Tensor) -> torch.Tensor:
+    """Set bits of every uint8 (SWAR: three shift-and-mask rounds, no table gather on the device)."""
+    x = x - ((x >> 1) & 0x55)
+    x = (x & 0x33) + ((x >> 2) & 0x33)
+    return (x + (x >> 4)) & 0x0F
+
+
+def voxel_pixel_torch(bits: torch.Tensor, frames: int, num_bins: int, clip_len: int) -> torch.Tensor:
+    """What :func:`loaders.spike_ops.voxel_pixel_numpy` does, with torch ops (equal results)."""
+    m, h, w, _ = bits.shape
+    per = frames // num_bins
+    if per % 8 == 0:
+        counts = popcount8(bits).reshape(m, h, w, num_bins, per // 8)
+    else:
+        shifts = torch.arange(8, device=bits.device, dtype=torch.uint8)
+        counts = ((bits.unsqueeze(-1) >> shifts) & 1).flatten(-2)[..., :frames].reshape(m, h, w, num_bins, per)
+    sums = counts.sum(dim=-1, dtype=torch.float32)
+    return sums.reshape(m // clip_len, clip_len, h, w, num_bins).permute(0, 1, 4, 2, 3).contiguous()
+
+
+@register_torch_op(PIXEL_VOXEL_OP)
+def _pixel_voxel(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
+    return voxel_pixel_torch(parts["bits"], int(meta["frames"]), int(meta["num_bins"]), int(meta["clip_len"]))

@@ -8,7 +8,10 @@ byte and zstd stores them at ~0.55 of their size (docs/SPIKE.md, "Codec"). Decod
 zstd, then an 8x8 bit-matrix transpose on uint64 words (three mask-and-shift rounds), ~1 GB/s of packed bits.
 
 The logical column is unchanged: uint8 ``[n, T, *frame]`` (``T`` frames of ``prod(frame)`` bytes each; for
-spike shards ``[n, T, H, ceil(W/8)]``), so the loader, the voxel op and the GPU path never see the codec.
+spike shards ``[n, T, H, ceil(W/8)]``), so the loader, the voxel op and the GPU path never see the codec. That
+is also its cost: every read transposes back to frame-major bits. Default spike builds now store the column
+pixel-major instead (``loaders.spike_ops``: the same bytes on disk, plain zstd, voxels by popcount without any
+transpose); this codec is ``[spike] codec = "spikebits-v1"``, kept so its shards still read and for comparison.
 
 Stream: a 16-byte header (``b"SPKB"``, format version, ``n``, ``T``, bytes per frame ``R``; little endian), then
 one zstd frame of the transposed bytes ``[n, R, 8, ceil(T/8)]`` (frames past ``T`` are zero padding). The

@@ -205,6 +205,8 @@ def read_sidecar(path: Path) -> tuple[tuple[float, float, float] | None, tuple[f
 
 def inspect_volume(path: str | Path) -> VolumeInfo:
     """Check the ``.npy`` header and file size (never unpickling) and read the sidecar."""
+    from loaders.shardio import read_npy_header  # one lock for every .npy header parse (see there)
+
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -212,9 +214,8 @@ def inspect_volume(path: str | Path) -> VolumeInfo:
                 version = np.lib.format.read_magic(fh)
             except ValueError:
                 raise SourceError(path, "not a .npy file (bad magic bytes)") from None
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             try:
-                shape, fortran, dtype = read(fh)
+                shape, fortran, dtype = read_npy_header(fh, version)
             except (ValueError, SyntaxError) as e:
                 raise SourceError(path, f"corrupt .npy header ({e})") from None
             offset = fh.tell()

@@ -45,7 +45,9 @@ def code_digest() -> str:
 
     h = hashlib.sha256()
     root = Path(__file__).parent
-    for p in [*sorted(root.rglob("*.py")), Path(loaders.format.__file__), Path(loaders.shardio.__file__)]:
+    # loaders modules that decide stored bytes: the spike window's pixel-major packing and the field codecs
+    packing = [Path(loaders.format.__file__).parent / f for f in ("spike_ops.py", "spikebits.py", "fieldcodecs.py")]
+    for p in [*sorted(root.rglob("*.py")), Path(loaders.format.__file__), Path(loaders.shardio.__file__), *packing]:
         h.update(f"{p.parent.name}/{p.name}".encode() + b"\0" + p.read_bytes() + b"\0")
     libraries = ("numpy", "numcodecs", "zarr", "h5py", "anndata", "scipy")
     dists = sorted(name for folder in sys.path if os.path.isdir(folder) for name in os.listdir(folder)

@@ -88,6 +88,13 @@ def test_exit_codes_and_the_summary_line(screens: tuple[Path, list[Path], Path],
     code, _, summary = _cli([str(bad), "--out", str(tmp_path / "x")], capsys)
     assert (code, summary["exit_code"], summary["status"], summary["changed"]) == (2, 2, "failed", False)
 
+    from pipeline.lock import exclusive
+
+    _source(paths[1], 1, 0.3)
+    with exclusive(out):  # another build holds --out
+        code, _, summary = _cli([str(manifest), "--out", str(out)], capsys)
+    assert (code, summary["exit_code"], summary["status"], summary["changed"]) == (3, 3, "failed", False)
+
     def crash(*a: object, **k: object) -> None:
         raise RuntimeError("a bug")
 

@@ -255,9 +255,10 @@ def test_stopped_decoder_process(case: hostile.Case, built: dict[str, Path]) -> 
 def test_stopped_dataloader_worker(case: hostile.Case, built: dict[str, Path]) -> None:  # noqa: F811
     ds = ShardDataset(built["zarr"], batch_size=8, window=1, decode_process=False)
     dl = ShardLoader(ds, num_workers=2, timeout=case.data)
+    before = {p.pid for p in _children()}  # earlier tests' processes still alive are not this loader's workers
     it = iter(dl)
     next(it)
-    workers = _children()
+    workers = [p for p in _children() if p.pid not in before]
     assert len(workers) == 2
     os.kill(workers[1].pid, signal.SIGSTOP)
     t0 = time.monotonic()

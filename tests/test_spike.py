@@ -124,18 +124,18 @@ def test_build_verifies(built: Path) -> None:
     assert verify(built) == []
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_voxels_equal_the_binned_window_cropped(built: Path, demo: Path, workers: int) -> None:
+@pytest.mark.parametrize("workers, bins", [(0, 4), (2, 4), (0, 5), (2, 5), (0, 1)])  # 10, 8, 40 frames a bin
+def test_voxels_equal_the_binned_window_cropped(built: Path, demo: Path, workers: int, bins: int) -> None:
     windows = _windows(demo)
     seen = 0
     for split in ("train", "test"):
-        ds = ShardDataset(built, split=split, sample="spike", batch_size=2, crop=(24, 40), num_bins=4, seed=1)
+        ds = ShardDataset(built, split=split, sample="spike", batch_size=2, crop=(24, 40), num_bins=bins, seed=1)
         for b in ShardLoader(ds, num_workers=workers):
             for i in range(b["voxel"].shape[0]):
                 y, x = b["crop"][i].tolist()
                 for j, sid in enumerate(b["sample_id"][i].tolist()):
                     frames = windows[sid][1].astype(np.float32)
-                    want = frames.reshape(4, -1, HEIGHT, WIDTH).sum(1)[:, y:y + 24, x:x + 40]
+                    want = frames.reshape(bins, -1, HEIGHT, WIDTH).sum(1)[:, y:y + 24, x:x + 40]
                     np.testing.assert_array_equal(b["voxel"][i, j].numpy(), want)
                     seen += 1
                 assert b["blur"].shape[-2:] == (48, 80)  # images are 2x the spike resolution

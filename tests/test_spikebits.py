@@ -15,6 +15,7 @@ import pytest
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
 from loaders.shardio import read_shard
+from loaders.spike_ops import pack_pixel_major
 from loaders.spikebits import CODEC_ID, SpikeBits, from_pixel_major, to_pixel_major, transpose8
 from pipeline.build import build
 from pipeline.demo_spike import integrate_and_fire, scene, write_spike_demo
@@ -114,15 +115,18 @@ def test_field_spec_codec_json_and_layout() -> None:
 # -- builds ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The demo spike tree built with the spikebits default (zarr, tar) and with codec = "dataset" (zarr)."""
+    """The demo spike tree built with the spikebits default (pixel-major + zstd; zarr, tar), with the previous
+    default (spikebits-v1: frame-major, this codec; zarr, tar) and with codec = "dataset" (zarr)."""
     root = tmp_path_factory.mktemp("spikebits")
     write_spike_demo(root / "data" / "demo")
     (root / "m").mkdir()
     text = (MANIFESTS / "demo_spike.toml").read_text()
     (root / "m" / "a.toml").write_text(text)
     (root / "m" / "b.toml").write_text(text.replace("[spike]", '[spike]\ncodec = "dataset"'))
+    (root / "m" / "c.toml").write_text(text.replace("[spike]", '[spike]\ncodec = "spikebits-v1"'))
     outs = {}
-    for name, manifest, enc in (("zarr", "a", "zarr"), ("tar", "a", "tar"), ("plain", "b", "zarr")):
+    for name, manifest, enc in (("zarr", "a", "zarr"), ("tar", "a", "tar"), ("plain", "b", "zarr"),
+                                ("v1-zarr", "c", "zarr"), ("v1-tar", "c", "tar")):
         build(root / "m" / f"{manifest}.toml", root / name, jobs=1, progress=False, encoding=enc)
         outs[name] = root / name
     return outs
@@ -136,8 +140,11 @@ def _batches(root: Path) -> list[dict[str, np.ndarray]]:
 def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> None:
     for name in ("zarr", "tar"):
         index = fmt.read_index(builds[name])
+        assert index.field("spikes").codec == {"id": "zstd", "level": 5} and index.raw["version"] == 3
+        assert index.section()["codec"] == "spikebits" and index.section()["bit_order"] == "pixel_major"
+        index = fmt.read_index(builds[f"v1-{name}"])
         assert index.field("spikes").codec == CONFIG and index.raw["version"] == fmt.INDEX_VERSION == 3
-        assert index.section()["codec"] == "spikebits"
+        assert index.section()["codec"] == "spikebits-v1" and index.section()["bit_order"] == "frame_major"
     plain = fmt.read_index(builds["plain"])
     assert plain.field("spikes").codec is None and plain.raw["version"] == fmt.PLAIN_INDEX_VERSION == 2
     assert plain.section()["codec"] == "dataset"
@@ -146,7 +153,7 @@ def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> No
 def test_builds_with_and_without_the_codec_load_equal_batches(builds: dict[str, Path]) -> None:
     want = _batches(builds["plain"])
     assert want
-    for name in ("zarr", "tar"):
+    for name in ("zarr", "tar", "v1-zarr", "v1-tar"):
         got = _batches(builds[name])
         assert len(got) == len(want)
         for g, w in zip(got, want, strict=True):
@@ -157,11 +164,15 @@ def test_builds_with_and_without_the_codec_load_equal_batches(builds: dict[str, 
 
 def test_codec_shards_are_smaller_and_hold_the_same_bits(builds: dict[str, Path]) -> None:
     plain = fmt.read_index(builds["plain"])
-    for name in ("zarr", "tar"):
+    for name in ("zarr", "tar", "v1-zarr", "v1-tar"):
         index = fmt.read_index(builds[name])
         for e, p in zip(index.shards, plain.shards, strict=True):
             got = read_shard(index.shard_path(e), index.encoding, ["spikes"])["spikes"]
-            np.testing.assert_array_equal(got, read_shard(plain.shard_path(p), "zarr", ["spikes"])["spikes"])
+            want = read_shard(plain.shard_path(p), "zarr", ["spikes"])["spikes"]
+            if not name.startswith("v1"):  # pixel-major: the same bits, each pixel's frames together
+                want = np.stack([pack_pixel_major(np.unpackbits(w, axis=-1, bitorder="little")[..., :96])
+                                 for w in want])
+            np.testing.assert_array_equal(got, want)
     stored = {n: sum(s.bytes for s in fmt.read_index(builds[n]).shards) for n in ("zarr", "plain")}
     assert stored["zarr"] < stored["plain"]  # paired images (blosc-lz4 in both) dominate the demo's bytes
 
@@ -199,13 +210,13 @@ def test_codec_in_an_old_index_version_and_newer_versions_are_refused(builds: di
         fmt.read_index(root)
 
 
-@pytest.mark.parametrize("name", ["zarr", "tar"])
+@pytest.mark.parametrize("name", ["zarr", "tar", "v1-zarr", "v1-tar"])
 def test_corrupt_codec_bytes_name_the_shard(builds: dict[str, Path], tmp_path: Path, name: str) -> None:
     root = tmp_path / "d"
     shutil.copytree(builds[name], root)
     index = fmt.read_index(root)
     shard = index.shard_path(index.shards[0])
-    if name == "zarr":
+    if name.endswith("zarr"):
         chunk = next(p for p in (shard / "spikes").rglob("*") if p.is_file() and p.name != "zarr.json")
         data = bytearray(chunk.read_bytes())
         data[40:] = np.random.default_rng(0).bytes(len(data) - 40)  # past the header: zstd sees garbage

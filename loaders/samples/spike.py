@@ -1,7 +1,10 @@
 """The ``spike`` sample type: spike-camera windows made into voxel grids at load time (no torch here).
 
-Shards store each record's spike window bit-packed (``spikes`` uint8 ``[T, H, ceil(W/8)]``, 1 bit per pixel,
-LSB first along W, rows in the canonical orientation), optional paired images uint8 ``[C, H', W']`` and the
+Shards store each record's spike window bit-packed, 1 bit per pixel, rows in the canonical orientation, in one
+of two bit orders (``index.json`` spike section ``bit_order``): ``pixel_major`` (the default since the
+spikebits codec moved into the layout: ``spikes`` uint8 ``[H, W, ceil(T/8)]``, a byte = 8 frames of one pixel,
+voxels by popcount, :mod:`loaders.spike_ops`) or ``frame_major`` (as the camera writes them, and every index
+without ``bit_order``: ``[T, H, ceil(W/8)]``, LSB first along W, voxels by unpacking). Optional paired images uint8 ``[C, H', W']`` and the
 record's ``sequence`` and ``frame``. A unit is a clip: ``clip_len`` consecutive records of one sequence (the
 ``clips`` table the planner built), or one record when the dataset was built with ``clip_len = 1``.
 
@@ -15,7 +18,7 @@ op: with ``device="cuda"`` the packed bits cross to the GPU and are unpacked, cr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,6 +27,7 @@ import numpy as np
 from loaders.format import SAMPLE_ID, FormatError, Index
 from loaders.payload import Deferred, Payload, register_op
 from loaders.samples.base import SampleType, register_sample_type
+from loaders.spike_ops import FRAME_MAJOR, PIXEL_MAJOR, PixelVoxels, crop_pixels
 
 if TYPE_CHECKING:
     from loaders.gather import BatchRows
@@ -118,6 +122,39 @@ class Voxels(Deferred):
         return (self.bits.shape[0] // self.clip_len, self.clip_len, self.num_bins, self.bits.shape[2], self.width)
 
 
+def bit_order(index: Index) -> str:
+    """The stored bit order (indexes before pixel-major shards name none: frame-major); unknown -> FormatError."""
+    order = str(index.section("spike").get("bit_order", FRAME_MAJOR))
+    if order not in VOXELS:
+        raise FormatError(f"{index.root}: spike bit_order {order!r} is unknown to this shardsmith (known: "
+                          f"{sorted(VOXELS)}): upgrade shardsmith to read it")
+    return order
+
+
+def stored_frames(index: Index) -> int:
+    """Frames of a stored window: the frame-major column's first axis, or the section's ``window_frames``."""
+    if bit_order(index) == PIXEL_MAJOR:
+        return int(index.section("spike")["window_frames"])
+    return int(index.field(SPIKES).shape[0])
+
+
+def _frame_major(windows: list[np.ndarray], offsets: np.ndarray, crop: tuple[int, int] | None, length: int,
+                 width: int, frames: int, bins: int) -> Deferred:
+    bits, left = crop_bits(windows, offsets, crop, length)
+    return Voxels(bits, left, width, bins, length)
+
+
+def _pixel_major(windows: list[np.ndarray], offsets: np.ndarray, crop: tuple[int, int] | None, length: int,
+                 width: int, frames: int, bins: int) -> Deferred:
+    return PixelVoxels(crop_pixels(windows, offsets, crop, length), frames, bins, length)
+
+
+# bit order -> the batch's deferred voxel grid from the records' windows (views), crops, clip length, width,
+# stored frames and bins
+VOXELS: dict[str, Callable[[list[np.ndarray], np.ndarray, tuple[int, int] | None, int, int, int, int], Deferred]] = {
+    FRAME_MAJOR: _frame_major, PIXEL_MAJOR: _pixel_major}
+
+
 @register_sample_type
 class Spike(SampleType):
     name = "spike"
@@ -153,7 +190,7 @@ class Spike(SampleType):
         missing = [i for i in (self.images or []) if i not in sec.get("images", [])]
         if missing:
             raise ValueError(f"{index.root} stores images {sec.get('images', [])}, not {missing}")
-        frames, bins = int(index.field(SPIKES).shape[0]), self.num_bins or int(sec.get("num_bins", 1))
+        frames, bins = stored_frames(index), self.num_bins or int(sec.get("num_bins", 1))
         if frames % bins:
             raise ValueError(f"num_bins={bins} does not divide the {frames} stored frames of {index.root} "
                              f"(choose a divisor of {frames})")
@@ -167,6 +204,8 @@ class Spike(SampleType):
         return (CLIPS,) if (self._built_clip or 1) > 1 else ()
 
     _built_clip: int | None = None
+    bit_order: str = FRAME_MAJOR  # set by bind: the dataset's stored bit order and window frames
+    frames: int = 0
 
     def bind(self, index: Index) -> None:
         sec = index.section("spike")
@@ -174,6 +213,7 @@ class Spike(SampleType):
         self.num_bins = self.num_bins or int(sec.get("num_bins", 1))
         self.clip_len = self._built_clip
         self.size = (int(sec["height"]), int(sec["width"]))
+        self.bit_order, self.frames = bit_order(index), stored_frames(index)
         self.image_names = [f for f in self.fields(index)[4:]]
 
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -193,9 +233,9 @@ class Spike(SampleType):
         offsets = crop_offsets(batch.seed, batch.epoch, batch.unit_ids, self.size, self.crop)
         p = Payload()
         windows = [arena.columns[SPIKES][r] for arena, r in rows.pairs()]  # views: only the crops are copied
-        bits, left = crop_bits(windows, offsets, self.crop, length)
         width = self.crop[1] if self.crop is not None else self.size[1]
-        p.xs["voxel"] = Voxels(bits, left, width, int(self.num_bins or 1), length)
+        p.xs["voxel"] = VOXELS[self.bit_order](windows, offsets, self.crop, length, width, self.frames,
+                                               int(self.num_bins or 1))
         for key in (SAMPLE_ID, SEQUENCE, FRAME):
             p.arrays[key] = rows.take(key).astype(np.int64).reshape(b, length)
         p.arrays["crop"] = offsets

@@ -33,8 +33,8 @@ class PerturbationKind(Kind):
     sections = ("fields", "pairing", "split")
     samples = ("cells", "pairs", "sentences")
     # every planned column waits in a spill file until its shard is packed: the plan then holds only a few
-    # bytes per cell (source rows) however many cells there are (bench-scale: flat peak RSS to 2M cells)
-    parked = (*TABLES, fmt.SAMPLE_ID, fmt.PRIMARY, fmt.COND_ID, fmt.OBS_PREFIX)
+    # bytes per cell (source rows) however many cells there are (the peak is then in planning: BENCHMARKS.md)
+    parked = (*TABLES, fmt.SAMPLE_ID, fmt.PRIMARY, fmt.COND_ID, fmt.OBS_PREFIX, fmt.OBS_NAMES + "/")
     resumable = True  # pipeline.resume: a failed build's finished shards are read back, not rebuilt
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> PerturbationConfig:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
-from loaders.samples.spike import CLIPS, FRAME, SEQUENCE, SPIKES
+from loaders.samples.spike import CLIPS, FRAME, SEQUENCE, SPIKES, stored_frames
+from loaders.spike_ops import FRAME_MAJOR, PIXEL_MAJOR, pack_pixel_major
 from pipeline.errors import ManifestError
 from pipeline.kinds.base import KindPlan, PlanContext, register_kind
 from pipeline.kinds.records import Record, RecordKind, SkipRecord
@@ -34,9 +35,17 @@ log = logging.getLogger(__name__)
 LAYOUTS = ("files", "gopro")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 SPLIT_FOLDERS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
-# [spike] codec: the spikes column's own codec (loaders.spikebits: pixel-major bits + zstd, ~0.55 of the bits'
-# size), or "dataset": the [dataset] codec like every other column (e.g. "none", the fastest to load)
-SPIKE_CODECS = {"spikebits": {"id": "shardsmith.spikebits", "level": 5}, "dataset": None}
+# [spike] codec -> (the spikes column's own codec, its bit order). "spikebits" (default): the window stored
+# pixel-major (loaders.spike_ops) + zstd 5, ~0.55 of the bits' size, voxels by popcount; "spikebits-v1" (the
+# previous default): frame-major column, the pixel-major transpose inside the codec (loaders.spikebits), undone
+# on every read; "dataset": frame-major with the [dataset] codec like every other column (e.g. "none"). The
+# frame-major options keep the column as the camera writes it (and a plain "dataset" index at version 2).
+SPIKE_CODECS: dict[str, tuple[dict[str, Any] | None, str]] = {
+    "spikebits": ({"id": "zstd", "level": 5}, PIXEL_MAJOR),
+    "spikebits-v1": ({"id": "shardsmith.spikebits", "level": 5}, FRAME_MAJOR),
+    "dataset": (None, FRAME_MAJOR)}
+BITS = {PIXEL_MAJOR: "byte [y, x, k] = frames 8k..8k+7 of pixel (y, x), LSB first; rows top to bottom",
+        FRAME_MAJOR: "1 bit per pixel, LSB first along width, rows top to bottom"}
 UNSERVED = ("records_in_no_clip", "clips_lost_at_shard_cuts", "images_without_spikes",
             "sequences_without_spikes")
 
@@ -67,6 +76,7 @@ class SpikeKind(RecordKind):
     sections = ("spike", "split")
     samples = ("spike",)
     _shapes: dict[str, tuple[int, ...]] = {}
+    _window: int | None = None  # frames of a stored window (set by schema; "all": the first file's)
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> SpikeConfig:
         t = Table(path, "spike", sections.get("spike") or {}, {"height", "width", "packing", "flip_rows", "frames",
@@ -185,9 +195,11 @@ class SpikeKind(RecordKind):
     def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
         cfg: SpikeConfig = manifest.config
         n_seq = len({r.group for s in scanned for r in s.meta})
+        codec, order = SPIKE_CODECS[cfg.codec]
+        self._window = t = self._frames(manifest, scanned)
+        shape = (cfg.height, cfg.width, -(-t // 8)) if order == PIXEL_MAJOR else (t, cfg.height, -(-cfg.width // 8))
         fields = [fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
-                  fmt.FieldSpec(SPIKES, "dense", "uint8", (self._frames(manifest, scanned), cfg.height,
-                                                           -(-cfg.width // 8)), codec=SPIKE_CODECS[cfg.codec]),
+                  fmt.FieldSpec(SPIKES, "dense", "uint8", shape, codec=codec),
                   fmt.FieldSpec(SEQUENCE, "dense", "int32", bound=n_seq), fmt.FieldSpec(FRAME, "dense", "int32")]
         fields += [fmt.FieldSpec(n, "dense", "uint8", s) for n, s in self._image_shapes(manifest, scanned).items()]
         self._shapes = {f.name: f.shape for f in fields}  # what read_record checks each record against
@@ -201,10 +213,11 @@ class SpikeKind(RecordKind):
         keep = cfg.frames if cfg.frames is not None else int(record.info["frames"])
         if record.info["frames"] < keep:
             raise SkipRecord("fewer frames than [spike] frames", f"{record.info['frames']} < {keep}")
-        if cfg.frames is None and keep != self._shapes.get(SPIKES, (keep,))[0]:
+        if cfg.frames is None and keep != (self._window or keep):
             raise SkipRecord("frame count differs from the dataset's (frames = \"all\")")
         frames = read_frames(spec.path, cfg.height, cfg.width, cfg.packing, cfg.flip_rows, record.info["start"], keep)
-        out: dict[str, np.ndarray] = {SPIKES: pack_frames(frames), SEQUENCE: np.int32(record.info["seq"]),
+        pack = pack_pixel_major if SPIKE_CODECS[cfg.codec][1] == PIXEL_MAJOR else pack_frames
+        out: dict[str, np.ndarray] = {SPIKES: pack(frames), SEQUENCE: np.int32(record.info["seq"]),
                                       FRAME: np.int32(record.info["frame_no"])}
         for name in cfg.images:
             path = record.info["images"].get(name)
@@ -233,13 +246,13 @@ class SpikeKind(RecordKind):
         cfg: SpikeConfig = manifest.config
         return {"height": cfg.height, "width": cfg.width, "packing": cfg.packing, "flip_rows": cfg.flip_rows,
                 "frames": cfg.frames, "num_bins": cfg.num_bins, "layout": cfg.layout, "images": list(cfg.images),
-                "clip_len": cfg.clip_len, "codec": cfg.codec,
-                "bits": "1 bit per pixel, LSB first along width, rows top to bottom"}
+                "clip_len": cfg.clip_len, "codec": cfg.codec, "bit_order": (order := SPIKE_CODECS[cfg.codec][1]),
+                "window_frames": self._window or cfg.frames, "bits": BITS[order]}
 
     def describe(self, index: fmt.Index) -> dict[str, Any]:
         sec = index.section()
         out = {**super().describe(index), "resolution": f"{sec.get('height')}x{sec.get('width')}",
-               "frames": index.field(SPIKES).shape[0], "num_bins": sec.get("num_bins"),
+               "frames": stored_frames(index), "num_bins": sec.get("num_bins"),
                "clip_len": sec.get("clip_len"), "images": sec.get("images"),
                "sequences": len(index.vocabularies.get(SEQUENCE, []))}
         for key in UNSERVED:  # what the build counted but the loader never serves: shown only when it happened

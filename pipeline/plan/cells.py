@@ -67,7 +67,7 @@ def _used(cat: Categorical) -> np.ndarray:
 def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> CellTable:
     """The table, filled source by source into preallocated compact arrays: a source's codes go straight from
     its categories to the shared vocabularies (one int32 lookup), so the build holds no per-cell temporaries
-    beyond one source's (the plan's memory is what bench-scale's flat peak RSS from 200k to 2M cells needs)."""
+    beyond one source's: the plan's per-cell state is the build's peak memory at millions of cells."""
     fields = manifest.config.fields.obs_fields
     vocab: dict[str, list[str]] = {}
     for f in fields:
