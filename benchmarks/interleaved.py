@@ -210,3 +210,50 @@ def run_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
     return {"results": results, "rss_between_windows_mib": max(rss_between, default=0.0),
             "hwm_sum_mib": hwm_mib(me), "decoder_cpu_s": decoder_cpu(me) - cpu0,
             "rounds": int(spec["rounds"]), "seconds": float(spec["seconds"])}
+
+
+def run_workers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Decode CPU-seconds per epoch and peak window memory for each ``num_workers`` (``workers_scan``), dense
+    cells, ``scan_window`` shards a window (so every epoch decodes), persistent workers: one warm-up epoch, then
+    ``scan_epochs`` measured. Window memory: the most bytes of decoder slabs alive at once (the windows the
+    rank holds; workers map the same slabs) plus what workers decoded themselves (none with the broker)."""
+    from loaders import ShardDataset, ShardLoader
+
+    out = []
+    for w in spec.get("workers_scan", [0, 1, 2, 4]):
+        ds = ShardDataset(spec["shards_root"], split="train", sample="cells", batch_size=int(spec["batch_size"]),
+                          window=int(spec.get("scan_window", 2)), seed=0)
+        dl = ShardLoader(ds, num_workers=w, persistent_workers=w > 0)
+        me = psutil.Process(os.getpid())
+        dl.set_epoch(0)
+        for _ in dl:
+            pass
+        c0, t0, rows = decoder_cpu(me), time.perf_counter(), 0
+        wc0 = _workers_cpu(me)
+        epochs = int(spec.get("scan_epochs", 2))
+        for e in range(1, 1 + epochs):
+            dl.set_epoch(e)
+            for b in dl:
+                rows += rows_of(b)
+        dt = time.perf_counter() - t0
+        dec = ds._decoder_state[1] if ds._decoder_state else None
+        out.append({"num_workers": w, "cells_per_s": rows / dt, "epochs": epochs,
+                    "decode_cpu_s_per_epoch": (decoder_cpu(me) - c0) / epochs,
+                    "worker_cpu_s_per_epoch": (_workers_cpu(me) - wc0) / epochs,
+                    "window_decodes": ds._broker.decodes if ds._broker else None,
+                    "peak_window_mib": (dec.peak_bytes if dec else 0) / MIB})
+        del dl, ds
+    return out
+
+
+def _workers_cpu(root: psutil.Process) -> float:
+    """CPU seconds of the DataLoader workers under ``root`` (children that are not decoder processes)."""
+    total = 0.0
+    for p in root.children(recursive=False):
+        try:
+            if "loaders.decoder" not in " ".join(p.cmdline()):
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total

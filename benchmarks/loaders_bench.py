@@ -209,10 +209,11 @@ def run_task(spec: dict[str, Any]) -> dict[str, Any]:
 
     warm = warm_page_cache(spec.get("warm_paths", []))
     if task == "interleaved":  # no sampler thread: its memory figures are read between windows
-        from benchmarks.interleaved import run_interleaved
+        from benchmarks.interleaved import run_interleaved, run_workers
 
-        return {"task": task, "interleaved": run_interleaved(spec), "page_cache_warmed_bytes": warm,
-                "seconds": time.perf_counter() - t0}
+        il = run_interleaved(spec)
+        il["workers_scan"] = run_workers(spec) if spec.get("workers_scan") else []
+        return {"task": task, "interleaved": il, "page_cache_warmed_bytes": warm, "seconds": time.perf_counter() - t0}
     with RssSampler() as sampler:
         if task in BASELINES:
             results = run_baseline(spec, task, sampler)

@@ -151,6 +151,19 @@ def interleaved_table(res: dict[str, Any]) -> list[str]:
         dec = r.get("decode_cpu_s_per_epoch")
         lines.append(f"| {r['method']} | {_fmt(r['cells_per_s'])} | {_fmt(r.get('ratio'), 2)} | "
                      f"{r.get('baseline', '')} | {r['epochs']} | {_fmt(dec, 3)} | {_fmt(r['ttfb_s'], 2)} |")
+    scan = il.get("workers_scan") or []
+    if scan:
+        lines += ["", "Workers share one decode (dense cells, window of 2 shards so that every epoch decodes, persistent "
+                  "workers, one warm-up epoch then the epochs below; not interleaved: read the CPU and memory columns, "
+                  "not the rate). Decode CPU: the decoder process's CPU seconds per epoch; worker CPU: all workers "
+                  "together (gather, assembly, transport); window memory: the most decoder-slab bytes alive at once "
+                  "(workers map those slabs instead of decoding their own).", "",
+                  "| num_workers | cells/s | decode CPU s/epoch | worker CPU s/epoch | windows decoded | "
+                  "peak window memory (MiB) |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in scan:
+            lines.append(f"| {r['num_workers']} | {_fmt(r['cells_per_s'])} | {_fmt(r['decode_cpu_s_per_epoch'], 3)} | "
+                         f"{_fmt(r['worker_cpu_s_per_epoch'], 2)} | {r['window_decodes'] or '-'} | "
+                         f"{_fmt(r['peak_window_mib'])} |")
     return lines
 
 

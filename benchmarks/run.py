@@ -252,6 +252,8 @@ def loader_section(cfg: Config, main: SynthDataset, roots: dict[str, Path], work
     if not why and lz4 is not None and (lz4 / "index.json").exists():
         tasks.append(("interleaved", {"task": "interleaved", "shards_root": str(lz4), "rounds": cfg.il_rounds,
                                       "workers": list(cfg.il_workers), "windows": list(cfg.il_windows),
+                                      "workers_scan": [0, 1, 2, 4], "scan_window": 2,
+                                      "scan_epochs": 2 if cfg.mode.startswith("full") else 1,
                                       "warm_paths": [str(lz4), h5ad]}))
     for name, spec in tasks:
         doc = run_child(name, {**common, **spec}, work, cfg.task_timeout_s)

@@ -11,8 +11,10 @@ one shared buffer (see loaders.collate): it crosses as a single copy and is spli
 waits on an event per batch, and every tensor is ``record_stream``-ed so the caching allocator
 does not recycle it under the consumer.
 
-Without CUDA (or ``device=None``/"cpu") the same code runs minus streams and copies: CSR parts,
-if any were shipped, are densified on the CPU.
+``device="cpu"`` runs that same path (staging, side stream, finishing with the torch finishers, hand-over)
+through :class:`Backend`, whose pinning, streams and events are no-ops on the CPU: CI exercises everything but
+the CUDA calls themselves, and the batches equal the host path's exactly (tests/test_device_cpu.py).
+``device=None`` leaves batches as the host made them (CSR parts, if shipped, finished with numpy).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import numpy as np
@@ -117,13 +120,15 @@ def _csr_dense_torch(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any])
     return densify_torch(parts["crow"], parts["cols"], parts["vals"], [int(s) for s in meta["shape"]])
 
 
-def finish(op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
+def finish(op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any], on_device: bool = False
+           ) -> torch.Tensor:
     """A shipped deferred item finished where its parts are: numpy on the CPU (no intra-op torch threads),
-    the registered torch finisher on a device."""
+    the registered torch finisher on a device, or on the CPU when ``on_device`` (``device="cpu"``: the device
+    path run on the host, so that CI exercises it)."""
     first = next(iter(parts.values()))
     if op not in TORCH_OPS and op in TORCH_MODULES:
         importlib.import_module(TORCH_MODULES[op])
-    if first.device.type == "cpu" or op not in TORCH_OPS:
+    if (first.device.type == "cpu" and not (on_device and op in TORCH_OPS)) or op not in TORCH_OPS:
         if op not in TORCH_OPS and first.device.type != "cpu":
             raise ValueError(f"deferred op {op!r} has no torch finisher (register one with register_torch_op)")
         return torch.from_numpy(get_op(op)({k: v.numpy() for k, v in parts.items()}, meta, None))
@@ -165,7 +170,7 @@ def unpack_batch(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def assemble(batch: dict[str, Any], csr: str = "dense") -> dict[str, Any]:
+def assemble(batch: dict[str, Any], csr: str = "dense", on_device: bool = False) -> dict[str, Any]:
     """Finish shipped deferred items where they are. CSR rows become ``csr``: ``"dense"`` (densified),
     ``"csr"`` (the three part tensors, as the user asked with ``densify=False``) or ``"sparse"`` (a torch
     sparse CSR tensor); other ops are always finished."""
@@ -176,7 +181,7 @@ def assemble(batch: dict[str, Any], csr: str = "dense") -> dict[str, Any]:
         elif op == CSR_OP and csr == "sparse":
             batch[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
         else:
-            batch[key] = finish(op, parts, meta)
+            batch[key] = finish(op, parts, meta, on_device)
     return batch
 
 
@@ -186,8 +191,51 @@ def _components(t: torch.Tensor) -> list[torch.Tensor]:
     return [t]
 
 
+class Backend:
+    """What differs between feeding a CUDA device and feeding the CPU through the same steps: pinning, the side
+    stream, events. On the CPU every one is a no-op, so ``device="cpu"`` runs the whole device path (staging,
+    copy, on-device finish with the torch finishers, hand-over) and only these CUDA calls go untested in CI."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def stream(self) -> Any:
+        return torch.cuda.Stream(device=self.device) if self.cuda else None
+
+    def on(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream) if self.cuda else nullcontext()
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        """A page-locked staging copy (the DataLoader's pin thread usually made it already)."""
+        return t.pin_memory() if self.cuda and not t.is_pinned() else t
+
+    def event(self, stream: Any) -> Any:
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, event: Any) -> None:
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(event)
+
+    def keep(self, t: torch.Tensor) -> None:
+        """Tell the caching allocator the consumer's stream uses ``t`` (allocated on the side stream)."""
+        if self.cuda and t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(self.device))
+
+
+def stage(batch: Batch, backend: Backend) -> Batch:
+    """Host tensors in staging (pinned) memory; layouts and shapes stay Python values."""
+    return {k: backend.pin(v) if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v
+            for k, v in batch.items()}
+
+
 class DeviceFeeder:
-    """Turns an iterable of host batches into batches on ``device`` (see module docstring)."""
+    """Turns an iterable of host batches into batches on ``device`` (see module docstring). ``device=None``:
+    batches stay as the host made them; any device, ``"cpu"`` included, goes through :class:`Backend`."""
 
     def __init__(self, device: torch.device | str | None, depth: int = 2, csr: str = "dense") -> None:
         self.device = None if device is None else torch.device(device)
@@ -196,36 +244,33 @@ class DeviceFeeder:
         self.csr = csr  # what shipped CSR rows become: "dense", "csr" (parts) or "sparse" (see assemble)
 
     def _move(self, batch: Batch) -> Batch:
-        if self.device is None or self.device.type == "cpu":
-            return batch
+        assert self.device is not None
         # layouts and shapes are Python values and stay on the host: reading them never synchronises
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        if not self.cuda:
+        if self.device is None or (self.device.type == "cuda" and not self.cuda):
             for batch in batches:
-                yield assemble(unpack_batch(self._move(batch)), self.csr)
+                yield assemble(unpack_batch(batch), self.csr)
             return
-        stream = torch.cuda.Stream(device=self.device)
-        staged: deque[tuple[Batch, torch.cuda.Event]] = deque()
+        backend = Backend(self.device)
+        stream = backend.stream()
+        staged: deque[tuple[Batch, Any]] = deque()
         for batch in batches:
-            with torch.cuda.stream(stream):
-                moved = assemble(unpack_batch(self._move(batch)), self.csr)
-                event = torch.cuda.Event()
-                event.record(stream)
+            with backend.on(stream):
+                moved = assemble(unpack_batch(self._move(stage(batch, backend))), self.csr, on_device=True)
+                event = backend.event(stream)
             staged.append((moved, event))
             if len(staged) > self.depth:
-                yield self._hand_over(*staged.popleft())
+                yield self._hand_over(*staged.popleft(), backend)
         while staged:
-            yield self._hand_over(*staged.popleft())
+            yield self._hand_over(*staged.popleft(), backend)
 
-    def _hand_over(self, batch: Batch, event: torch.cuda.Event) -> Batch:
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(event)
+    @staticmethod
+    def _hand_over(batch: Batch, event: Any, backend: Backend) -> Batch:
+        backend.wait(event)
         for value in batch.values():
-            if not isinstance(value, torch.Tensor):
-                continue
-            for t in _components(value):
-                if t.is_cuda:
-                    t.record_stream(current)
+            if isinstance(value, torch.Tensor):
+                for t in _components(value):
+                    backend.keep(t)
         return batch

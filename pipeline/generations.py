@@ -243,6 +243,7 @@ def writing(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]
     """The one way to write into an output folder: refuse a folder that is not ours (before touching it),
     create it, hold its lock (`pipeline.lock`), and turn a full disk or read-only folder into a clear error."""
     check_owned(out)
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -252,6 +253,30 @@ def writing(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]
         try:
             yield
         except OSError as e:
+            _drop_if_bare(out, created)
             if _fails_the_output(out, e):
                 raise output_error(out, e, f"the {what} failed") from e
             raise
+        except BaseException:
+            _drop_if_bare(out, created)
+            raise
+
+
+def _drop_if_bare(out: Path, created: bool) -> None:
+    """A first build failed before anything worth keeping (bad input, typically): leave ``out`` as it found
+    it (no folder if it made it, else an empty one). Only an empty ``shards/`` and our lock file go; anything
+    else (finished shards a rerun adopts, their journal) stays, and so does the folder. Unlinking the lock while holding it is safe: `exclusive`
+    re-checks, after locking, that the path still names the file it locked."""
+    if fmt.index_path(out).exists():
+        return
+    try:
+        (out / fmt.SHARDS_DIR).rmdir()
+    except OSError:
+        pass  # absent, or holds shards
+    try:
+        if [p.name for p in out.iterdir()] == [LOCK_FILE]:
+            (out / LOCK_FILE).unlink()
+            if created:
+                out.rmdir()
+    except OSError:
+        pass

@@ -52,15 +52,17 @@ def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[Non
     """Hold the exclusive lock on ``out`` (which must exist) for the ``with`` block. Another holder: raise
     `LockHeldError` at once, or after retrying for ``wait`` seconds."""
     path = out / LOCK_FILE
+    deadline = time.monotonic() + max(0.0, wait)
+    fd = _open(out, path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask decides the mode
-    except OSError as e:
-        raise output_error(out, e, "creating the lock file") from None
-    try:
-        deadline = time.monotonic() + max(0.0, wait)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if not _still_named(fd, path):  # its holder removed it (a failed first build): lock the new one
+                    os.close(fd)
+                    fd = -1
+                    fd = _open(out, path)
+                    continue
                 break
             except BlockingIOError:
                 left = deadline - time.monotonic()
@@ -86,4 +88,23 @@ def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[Non
         finally:
             os.ftruncate(fd, 0)  # a finished holder leaves an empty file (the same bytes after every build)
     finally:
-        os.close(fd)  # releases the flock
+        if fd >= 0:
+            os.close(fd)  # releases the flock
+
+
+def _open(out: Path, path: Path) -> int:
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # gone if a failed first build removed its folder meanwhile
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask decides the mode
+    except OSError as e:
+        raise output_error(out, e, "creating the lock file") from None
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file ``fd`` locked (not unlinked or replaced since we opened it)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (here.st_ino, here.st_dev)

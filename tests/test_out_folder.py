@@ -263,3 +263,53 @@ def test_a_real_full_and_read_only_file_system(case: hostile.Case, tmp_path: Pat
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got == {"full": EXIT_CRASH, "same": True, "ro": EXIT_BAD_INPUT, "intact": True}, res.stderr
     assert "ENOSPC" in res.stderr and "EROFS" in res.stderr and "cannot write to --out" in res.stderr
+
+
+@pytest.mark.parametrize("existed", [False, True], ids=["new-folder", "empty-folder"])
+def test_a_failed_first_build_leaves_out_as_it_found_it(tmp_path: Path, existed: bool) -> None:
+    """Bad input found after the lock is taken (a missing obs column): no lock file, no empty ``shards/``,
+    no folder the build made (issue 14: nothing left in --out by a build that failed before its first commit)."""
+    m = small_manifest(tmp_path)
+    m.write_text(m.read_text().replace('perturbation = "perturbation"', 'perturbation = "no_such_column"', 1))
+    out = tmp_path / "out"
+    if existed:
+        out.mkdir()
+    with pytest.raises(Exception, match="no_such_column"):
+        build(m, out, jobs=1, progress=False)
+    assert out.exists() == existed
+    if existed:
+        assert list(out.iterdir()) == []
+
+
+def test_a_waiter_never_locks_a_lock_file_its_holder_removed(tmp_path: Path) -> None:
+    """A failed first build unlinks its lock file (and its folder) while holding it; a build that was waiting
+    on that file must lock a new one at the path, or two writers could each hold 'the' lock."""
+    import threading
+
+    from pipeline.lock import exclusive
+
+    out = tmp_path / "out"
+    out.mkdir()
+    held = threading.Event()
+    seen: list[object] = []
+
+    def waiter() -> None:
+        try:
+            with exclusive(out, wait=10):
+                ino = os.stat(out / LOCK_FILE).st_ino
+                try:  # the lock at the path is really held (by us): a third writer is refused
+                    with exclusive(out):
+                        seen.append("third writer got in")
+                except LockHeldError:
+                    seen.append(ino)
+        except Exception as e:  # noqa: BLE001  (reported by the assertion below)
+            seen.append(e)
+
+    with exclusive(out):
+        t = threading.Thread(target=waiter)
+        t.start()
+        held.wait(0.5)  # the waiter has opened the same file and polls it
+        (out / LOCK_FILE).unlink()
+        out.rmdir()
+    t.join(15)
+    assert len(seen) == 1 and isinstance(seen[0], int), seen

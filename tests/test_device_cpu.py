@@ -1,0 +1,54 @@
+"""The device path (staging, side stream, finish on the device, hand-over) run on the CPU: the same functions
+as on CUDA minus the CUDA calls (loaders.device.Backend), batches equal to the host path's exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from loaders import ShardDataset, ShardLoader, device
+from loaders.payload import CSR_OP
+from tests.shard_fixtures import Fixture, make_dataset
+from tests.test_loader import TIMEOUT
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+    return make_dataset(tmp_path_factory.mktemp("devcpu"), n_shards=4, cells_per_shard=70, n_genes=33, seed=5)
+
+
+def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
+    dl.set_epoch(1)
+    return list(dl)
+
+
+@pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_device_cpu_runs_the_device_path_and_equals_the_host_path(fx: Fixture, sample: str, workers: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"finish": 0, "pin": 0, "event": 0}
+    torch_densify = device.TORCH_OPS[CSR_OP]
+
+    def counted(parts: dict[str, torch.Tensor], meta: dict[str, object]) -> torch.Tensor:
+        calls["finish"] += 1
+        return torch_densify(parts, meta)
+
+    pin, event = device.Backend.pin, device.Backend.event
+    monkeypatch.setitem(device.TORCH_OPS, CSR_OP, counted)
+    monkeypatch.setattr(device.Backend, "pin", lambda self, t: calls.__setitem__("pin", calls["pin"] + 1) or pin(self, t))
+    monkeypatch.setattr(device.Backend, "event",
+                        lambda self, s: calls.__setitem__("event", calls["event"] + 1) or event(self, s))
+    kw = {"sample": sample, "batch_size": 3 if sample == "sentences" else 24, "seed": 9}
+    host = epoch(ShardLoader(ShardDataset(fx.root, **kw), num_workers=workers, timeout=TIMEOUT))  # type: ignore[arg-type]
+    assert calls == {"finish": 0, "pin": 0, "event": 0}  # the host path never touches the device path
+    dev = epoch(ShardLoader(ShardDataset(fx.root, **kw), num_workers=workers, timeout=TIMEOUT,  # type: ignore[arg-type]
+                            device="cpu", ship_csr=True))
+    assert len(dev) == len(host) > 0
+    per_batch = 1 if sample == "cells" else 2  # x_ctrl and x_pert
+    assert calls["finish"] == per_batch * len(dev) and calls["event"] == len(dev) and calls["pin"] > 0
+    for h, d in zip(host, dev, strict=True):
+        assert h.keys() == d.keys()
+        for k in h:
+            assert h[k].dtype == d[k].dtype and h[k].shape == d[k].shape, k
+            np.testing.assert_array_equal(h[k].numpy(), d[k].numpy(), err_msg=k)
