@@ -237,15 +237,29 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             lo, hi = np.searchsorted(rows, [a, b])
             if lo < hi:
-                part = (rows[lo:hi], shard_of[lo:hi], pos[lo:hi])
+                part = _park_routed(cfg.spill, s, tasks, (rows[lo:hi], shard_of[lo:hi], pos[lo:hi]))
                 read.append((size // k, partial(_scatter, spec, n_rows, part, a, b, tasks, cfg)))
                 tasks += 1
         pack += [(raw_bytes(t, cfg), partial(_pack, t, sh, tasks, cfg)) for t, sh in items]
     return ([t for _, t in sorted(read, key=lambda x: -x[0])], [t for _, t in sorted(pack, key=lambda x: -x[0])])
 
 
-def _scatter(*args: Any) -> list[PackResult]:
-    scatter_range(*args)
+def _park_routed(spill: Path, source: int, task: int, routed: tuple[np.ndarray, ...]) -> tuple[str, ...]:
+    """A read task's routed rows (12 bytes a row of its range) wait in the spill folder, not in the task:
+    every task is made before the first runs, and the task lists live until their phase ends, so in memory
+    they would add 12 bytes per cell of the dataset to the build's peak."""
+    paths = []
+    for name, a in zip(("rows", "shard", "pos"), routed, strict=True):
+        path = spill / f"routed-{source:05d}-{task:05d}-{name}.npy"
+        np.save(path, a, allow_pickle=False)
+        paths.append(str(path))
+    return tuple(paths)
+
+
+def _scatter(spec: SourceSpec, n_rows: int, part: tuple[str, ...], start: int, stop: int, task: int,
+             cfg: PackConfig) -> list[PackResult]:
+    rows, shard_of, pos = (np.load(p, allow_pickle=False) for p in part)
+    scatter_range(spec, n_rows, (rows, shard_of, pos), start, stop, task, cfg)
     return []
 
 
