@@ -92,7 +92,10 @@ class PerturbationKind(Kind):
                    cfg: PackConfig) -> tuple[list[Task], list[Task]]:
         from pipeline.pack import pack_tasks
 
-        return pack_tasks(plan.shards, scanned, todo, cfg)  # type: ignore[return-value]
+        tasks = pack_tasks(plan.shards, scanned, todo, cfg)
+        for src in scanned:  # the plan is final: every cell's obs codes (kept for a re-plan) can go
+            src.obs.clear()
+        return tasks  # type: ignore[return-value]
 
     def pack_options(self, manifest: Manifest) -> dict[str, Any]:
         """The matrix-specific settings of the pack."""
