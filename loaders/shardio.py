@@ -9,7 +9,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
+import sys
 import tarfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +25,19 @@ from loaders.format import FORMAT_NAME, SHARD_VERSION, FormatError
 
 ShardReader = Callable[[Path, Sequence[str]], dict[str, np.ndarray]]
 READERS: dict[str, ShardReader] = {}
+
+
+def _zarr_lock_after_fork() -> None:
+    """zarr resets its event loop in a forked child but not the lock that guards creating a new one: a
+    DataLoader worker forked while one of our decode threads held it (creating the loop) waits on it forever
+    (seen as a hung bench). A child has only the forking thread, so a fresh lock is always right."""
+    sync = sys.modules.get("zarr.core.sync")
+    if sync is not None:
+        sync._lock = None  # zarr allocates a new one on first use
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_zarr_lock_after_fork)
 
 
 def register_reader(encoding: str) -> Callable[[ShardReader], ShardReader]:
