@@ -40,11 +40,10 @@ from loaders.device import prefetch
 from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.gather import BatchRows
 from loaders.integrity import check_on_corrupt
+from loaders.live import LiveWindows
 from loaders.samples import get_sample_type
 from loaders.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
 from loaders.window import WindowReader
-
-Claim = tuple[dict[tuple[int, ...], list[Any]], tuple[int, ...], "list[Any] | None"]  # (live, shard ids, entry)
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -53,7 +52,7 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-class ShardDataset(IterableDataset):
+class ShardDataset(interop.DatasetInfo, IterableDataset):
     """Batches of one split of a dataset folder (``index.json`` + ``shards/``).
 
     ``sample``: a registered sample type (:mod:`loaders.samples`): "cells" (primary cells), "pairs"
@@ -130,8 +129,7 @@ class ShardDataset(IterableDataset):
         self._ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, window), its decode)
         self._ahead_lock = threading.Lock()
         self._decoder_state: tuple[int, Decoder] | None = None  # (pid, this process's decoder process)
-        self._live_state: tuple[int, dict[tuple[int, ...], list[Any]]] | None = None  # (pid, see _live)
-        self._live_lock = threading.Lock()
+        self._live: LiveWindows | None = None  # this process's decoded windows still served (loaders.live)
         self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
         self._broker_address: str | None = None
         self._broker_pid = 0
@@ -141,35 +139,6 @@ class ShardDataset(IterableDataset):
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
         self._skip_flags: Any = None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
-
-    # -- what the dataset holds (loaders.interop: read from index.json, never on the training path) --
-    @property
-    def var_names(self) -> list[str]:
-        """Gene names, in the column order of ``batch["X"]`` ([] for a kind without a gene matrix)."""
-        return interop.var_names(read_index(self.root))
-
-    @property
-    def splits(self) -> list[str]:
-        """The splits of the dataset (each a valid ``split=``)."""
-        return interop.splits(read_index(self.root))
-
-    @property
-    def condition_dim(self) -> int:
-        """Width of ``batch["cond"]`` (0 without a condition table): to size a model's condition input."""
-        return interop.condition_dim(read_index(self.root))
-
-    @property
-    def vectors(self) -> np.ndarray | None:
-        """The condition table, float32 [conditions, condition_dim] (``batch["cond"]`` is its rows at
-        ``batch["cond_id"]``); None when the dataset has none. A property, loaded once per process."""
-        get = getattr(self.sample_type, "vectors", None)
-        return get() if get is not None else None
-
-    def obs_names_for(self, sample_ids: Any) -> np.ndarray:
-        """Cell barcodes (the sources' ``obs_names``) of ``batch["sample_id"]``, in that order, from this
-        split's shards."""
-        ids = sample_ids.numpy() if isinstance(sample_ids, torch.Tensor) else sample_ids
-        return interop.obs_names_for(self.root, ids, self.split)
 
     def csr_output(self) -> str:
         """What CSR rows (X) become in a batch: dense float32, their CSR parts (``densify=False``: ``X.crow``,
@@ -238,14 +207,13 @@ class ShardDataset(IterableDataset):
         state["_pool"] = None  # buffers belong to one process
         state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
         state["_decoder_state"] = None  # and the decoder process
-        state["_live_state"], state["_live_lock"] = None, None  # and the windows it holds
+        state["_live"] = None  # and the windows it holds
         state["_broker"], state["_broker_client"] = None, None  # workers keep only the broker's address
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._ahead_lock = threading.Lock()
-        self._live_lock = threading.Lock()
         self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
         self._broker_address: str | None = None
         self._broker_pid = 0
@@ -262,39 +230,20 @@ class ShardDataset(IterableDataset):
         """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process holds one
         (the next epoch's first window while the last is served: with ``window >= n_shards`` every epoch
         is one window of the same shards, so the split is decoded once, not once per epoch), else decoded."""
-        live, key, entry = self.claim(epoch, w)
+        live = self.live_windows()
+        key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
+        entry = live.claim(key)
         if entry is not None:
             wu = order.window_units(self.counts, self.seed, epoch, self.window, w, self.shuffle)
-            return self._view(live, key, entry, entry[0].order_of(*wu))
-        entry = [self._decode_window(epoch, w, pool), 1]
-        with self._live_lock:
-            live.setdefault(key, entry)  # a concurrent decode of the same shards keeps its own entry
-        return self._view(live, key, entry, entry[0].order)
+            return live.view(key, entry, entry[0].order_of(*wu))  # type: ignore[attr-defined]
+        arena = self._decode_window(epoch, w, pool)
+        return live.view(key, live.add(key, arena), arena.order)
 
-    def claim(self, epoch: int, w: int) -> Claim:
-        """Take a reference on the live window holding the shards of ``w`` (entry None: none is live)."""
-        key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
-        if self._live_state is None or self._live_state[0] != os.getpid():
-            self._live_state = (os.getpid(), {})
-        live = self._live_state[1]
-        with self._live_lock:
-            entry = live.get(key)
-            if entry is not None:
-                entry[1] += 1
-        return live, key, entry
-
-    def _unref(self, live: dict[tuple[int, ...], list[Any]], key: tuple[int, ...], entry: list[Any]) -> None:
-        with self._live_lock:
-            entry[1] -= 1
-            if entry[1]:
-                return
-            if live.get(key) is entry:
-                del live[key]
-        entry[0].release(self.buffers())
-
-    def _view(self, live: dict[tuple[int, ...], list[Any]], key: tuple[int, ...], entry: list[Any],
-              order_: np.ndarray) -> Arena:
-        return entry[0].view(order_, lambda: self._unref(live, key, entry))
+    def live_windows(self) -> LiveWindows:
+        """This process's registry of decoded windows still served (a fork starts its own)."""
+        if self._live is None or self._live.pid != os.getpid():
+            self._live = LiveWindows(lambda arena: arena.release(self.buffers()))
+        return self._live
 
     def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from loaders.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
 
 FORMAT_NAME = "shardsmith"
 SHARD_VERSION = 1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
@@ -145,58 +143,6 @@ def ragged_keys(name: str) -> tuple[str, str]:
 def shard_keys(fields: Iterable[FieldSpec], tables: Iterable[str] = ()) -> list[str]:
     """Every flat key a shard with these fields and tables holds, in a fixed order."""
     return [k for f in fields for k in f.keys()] + list(tables)
-
-
-def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSpec], tables: Iterable[str] = (),
-                     name: str = "shard") -> int:
-    """Check shapes, dtypes, bounds, CSR/ragged consistency and table references; return the number of
-    records. Tables (``[T, k]`` local row ids) are checked when present in ``columns``."""
-    n: int | None = None
-
-    def count(k: str, m: int) -> None:
-        nonlocal n
-        if n is None:
-            n = m
-        elif n != m:
-            raise FormatError(f"{name}: column {k!r} has {m} records, expected {n}")
-
-    for f in fields:
-        for k in f.keys():
-            if k not in columns:
-                raise FormatError(f"{name}: missing column {k!r}")
-        if f.layout == "dense":
-            a = columns[f.name]
-            if tuple(a.shape[1:]) != f.shape or a.dtype != np.dtype(f.dtype):
-                raise FormatError(f"{name}: {f.name!r} is {a.dtype}{list(a.shape)}, schema says {f.dtype}[n,{f.shape}]")
-            if f.bound is not None and a.size and (a.min() < 0 or a.max() >= f.bound):
-                raise FormatError(f"{name}: {f.name!r} has values outside [0, {f.bound})")
-            count(f.name, a.shape[0])
-            continue
-        ptr_key, payload_key = f.keys()[0], f.keys()[-1]
-        ptr = columns[ptr_key]
-        if ptr.ndim != 1 or ptr.size == 0 or ptr[0] != 0 or np.any(np.diff(ptr) < 0):
-            raise FormatError(f"{name}: {ptr_key!r} is not a monotonic pointer array starting at 0")
-        payload = columns[payload_key]
-        if int(ptr[-1]) != payload.shape[0] or payload.dtype != np.dtype(f.dtype):
-            raise FormatError(f"{name}: {payload_key!r} has {payload.shape[0]} {payload.dtype} entries, pointers say {ptr[-1]} {f.dtype}")
-        if f.layout == "csr":
-            idx = columns[f"{f.name}/indices"]
-            if idx.shape != payload.shape or (idx.size and (idx.min() < 0 or idx.max() >= f.shape[0])):
-                raise FormatError(f"{name}: {f.name}/indices out of range [0, {f.shape[0]})")
-        elif tuple(payload.shape[1:]) != f.shape:
-            raise FormatError(f"{name}: {payload_key!r} inner shape {payload.shape[1:]} != {f.shape}")
-        if f.bound is not None and payload.size and (payload.min() < 0 or payload.max() >= f.bound):
-            raise FormatError(f"{name}: {payload_key!r} has values outside [0, {f.bound})")
-        count(ptr_key, ptr.size - 1)
-    n = 0 if n is None else n
-    for t in tables:
-        if t in columns:
-            a = columns[t]
-            if a.ndim != 2:
-                raise FormatError(f"{name}: table {t!r} is {list(a.shape)}, expected [rows, k] local row ids")
-            if a.size and (a.min() < 0 or a.max() >= n):
-                raise FormatError(f"{name}: table {t!r} refers to rows outside [0, {n})")
-    return n
 
 
 @dataclass(frozen=True)
@@ -478,57 +424,3 @@ def write_index(index: Index) -> Path:
     path = index_path(index.root)
     atomic_write_bytes(path, data)
     return path
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~process_umask())  # mkstemp makes 0600: give it the mode open() gives shards
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def process_umask() -> int:
-    """The process umask, read without changing it (os.umask sets it, racing other threads creating files)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # no /proc (not Linux): the classic read, set back at once
-    os.umask(mask)
-    return mask
-
-
-def content_hash(path: str | Path) -> str:
-    """sha256 of a file, or of a folder as the sorted (relative path, bytes) of every file in it."""
-    path = Path(path)
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    if not files and not path.exists():
-        raise FormatError(f"{path}: missing")
-    for p in files:
-        if p != path:
-            h.update(p.relative_to(path).as_posix().encode() + b"\0")
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def stored_bytes(path: str | Path) -> int:
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

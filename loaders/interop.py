@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,3 +74,40 @@ def obs_names_for(root: str | Path | fmt.Index, sample_ids: Iterable[int] | np.n
         raise KeyError(f"sample_id {int(wanted[~found][0])} is not in {index.root}"
                        + (f" (split {split})" if split is not None else ""))
     return all_names[order][pos]
+
+
+class DatasetInfo:
+    """What a `ShardDataset` holds, for users and tools (a mixin: it needs ``root``, ``split`` and
+    ``sample_type``): read from index.json on demand, never on the training path."""
+
+    root: Path
+    split: str
+    sample_type: Any
+
+    @property
+    def var_names(self) -> list[str]:
+        """Gene names, in the column order of ``batch["X"]`` ([] for a kind without a gene matrix)."""
+        return var_names(fmt.read_index(self.root))
+
+    @property
+    def splits(self) -> list[str]:
+        """The splits of the dataset (each a valid ``split=``)."""
+        return splits(fmt.read_index(self.root))
+
+    @property
+    def condition_dim(self) -> int:
+        """Width of ``batch["cond"]`` (0 without a condition table): to size a model's condition input."""
+        return condition_dim(fmt.read_index(self.root))
+
+    @property
+    def vectors(self) -> np.ndarray | None:
+        """The condition table, float32 [conditions, condition_dim] (``batch["cond"]`` is its rows at
+        ``batch["cond_id"]``); None when the dataset has none. A property, loaded once per process."""
+        get = getattr(self.sample_type, "vectors", None)
+        return get() if get is not None else None
+
+    def obs_names_for(self, sample_ids: Any) -> np.ndarray:
+        """Cell barcodes (the sources' ``obs_names``) of ``batch["sample_id"]``, in that order, from this
+        split's shards."""
+        ids = sample_ids.numpy() if hasattr(sample_ids, "numpy") else sample_ids  # a torch tensor, or array-like
+        return obs_names_for(self.root, ids, self.split)

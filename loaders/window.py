@@ -25,6 +25,7 @@ import numpy as np
 
 from loaders import order
 from loaders.arena import Arena, Buffers
+from loaders.columns import validate_columns
 from loaders.format import (
     FieldSpec,
     FormatError,
@@ -32,7 +33,6 @@ from loaders.format import (
     index_sha256,
     read_index,
     read_index_bytes,
-    validate_columns,
 )
 from loaders.integrity import DatasetRebuilt, Generation, bounded_fields, check_on_corrupt, open_checked
 from loaders.samples import SampleType, from_config

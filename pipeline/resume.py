@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Sequence
 
 from loaders import format as fmt
+from loaders.columns import validate_columns
 from loaders.shardio import read_shard
 from pipeline.kinds.base import Kind, PackResult, ShardPlan
 from pipeline.pack import PackConfig
@@ -40,7 +41,7 @@ def adopt_finished(kind: Kind, shards: Sequence[ShardPlan], todo: Sequence[int],
             continue
         try:
             columns = read_shard(final, cfg.encoding, keys)
-            n = fmt.validate_columns(columns, cfg.fields, cfg.tables, name=final.name)
+            n = validate_columns(columns, cfg.fields, cfg.tables, name=final.name)
             if n != shards[i].n:
                 raise fmt.FormatError(f"{final}: {n} records, the plan has {shards[i].n}")
             entry = shard_entry(columns, n, final, fmt.content_hash(final), fmt.stored_bytes(final), shards[i], cfg)

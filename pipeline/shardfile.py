@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loaders import format as fmt
+from loaders.columns import validate_columns
 from pipeline.writers import get_writer
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def shard_suffix(cfg: PackConfig) -> str:
 def finish_shard(columns: Mapping[str, Any], shard: ShardPlan, cfg: PackConfig) -> fmt.ShardEntry:
     """Validate ``columns`` against the schema, write them as ``shard``'s file and return its index entry
     (records, and units per sample type counted by the sample types themselves)."""
-    n = fmt.validate_columns(columns, cfg.fields, cfg.tables, name=shard.file)
+    n = validate_columns(columns, cfg.fields, cfg.tables, name=shard.file)
     final = cfg.out / fmt.SHARDS_DIR / (shard.file + shard_suffix(cfg))
     digest, stored = write_columns(columns, final, cfg, cfg.tables)
     return shard_entry(columns, n, final, digest, stored, shard, cfg)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
+from loaders.columns import validate_columns
 from loaders.shardio import read_shard
 
 
@@ -63,7 +64,7 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
             cols = read_shard(path, index.encoding, fmt.shard_keys(index.fields))
             tables = _read_tables(path, index, problems)
             cols.update(tables)
-            n = fmt.validate_columns(cols, index.fields, index.tables, name=str(path))
+            n = validate_columns(cols, index.fields, index.tables, name=str(path))
         except fmt.FormatError as e:
             problems.append(str(e))
             continue

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from loaders import format as fmt
+from loaders.columns import validate_columns
 from loaders.shardio import READERS, read_shard
 from pipeline.build import build
 from pipeline.demo import write_perturb_h5ad
@@ -95,7 +96,7 @@ class ShardEncodingConformance:
         cols = make_columns(n)
         got = read_shard(self.write(tmp_path, cols), self.encoding, KEYS)
         assert_same_columns(got, cols)
-        assert fmt.validate_columns(got, FIELDS) == n
+        assert validate_columns(got, FIELDS) == n
 
     def test_subset_of_keys(self, tmp_path: Path) -> None:
         cols = make_columns(BIG)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from loaders import ShardDataset
 from loaders import format as fmt
+from loaders.columns import validate_columns
 from loaders.samples import SAMPLE_TYPES, from_config, get_sample_type
 from loaders.shardio import read_shard
 from tests import plugin_toy  # noqa: F401  (registers the test-only "toyvec" sample type)
@@ -55,7 +56,7 @@ class SampleTypeTests:
         for entry in index.shards:
             cols = read_shard(index.shard_path(entry), index.encoding, fmt.shard_keys(index.fields, index.tables))
             units = st_.units(cols)
-            n = fmt.validate_columns(cols, index.fields, index.tables)
+            n = validate_columns(cols, index.fields, index.tables)
             assert units.ndim == 2 and units.dtype == np.int64
             assert units.size == 0 or (units.min() >= 0 and units.max() < n)
             assert st_.count(cols) == units.shape[0] == entry.units[self.name]
