@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loaders.format import OBS_PREFIX, FieldSpec, FormatError, Index, index_sha256, read_index_bytes
-from loaders.shardio import Column, open_zarr_columns, read_tar_shard
+from loaders.shardio import Column, import_zarr, open_zarr_columns, read_tar_shard
 
 ON_CORRUPT = ("raise", "skip")  # a shard that fails its checks: raise naming it, or skip it and count it
 
@@ -138,6 +138,7 @@ def open_checked(path: str | Path, encoding: str, keys: Sequence[str], sha256: s
         return {k: Column(path, k, a.shape, a.dtype, a) for k, a in read_tar_shard(path, keys, files[""]).items()}
     if encoding != "zarr":
         raise FormatError(f"{path}: no checked reader for encoding {encoding!r}")
+    import_zarr()
     from zarr.core.buffer import default_buffer_prototype
     from zarr.storage import MemoryStore
 

@@ -39,6 +39,19 @@ def _zarr_lock_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_zarr_lock_after_fork)
 
+_ZARR_IMPORT_LOCK = threading.Lock()
+
+
+def import_zarr() -> None:
+    """Import zarr's modules we use once, under a lock: decode threads importing zarr for the first time at
+    once can see a partially initialised module (``cannot import name 'StorePath' ... circular import``)."""
+    if "zarr.storage" in sys.modules and "zarr.core.buffer" in sys.modules:
+        return
+    with _ZARR_IMPORT_LOCK:
+        import zarr  # noqa: F401
+        import zarr.core.buffer  # noqa: F401
+        import zarr.storage  # noqa: F401
+
 
 def register_reader(encoding: str) -> Callable[[ShardReader], ShardReader]:
     def deco(fn: ShardReader) -> ShardReader:
@@ -81,6 +94,7 @@ class Column:
             if isinstance(self.source, np.ndarray):
                 out[:n] = self.source
             elif n:
+                import_zarr()
                 from zarr.core.buffer import default_buffer_prototype
 
                 dest = default_buffer_prototype().nd_buffer.from_numpy_array(out[:n])
@@ -95,6 +109,7 @@ class Column:
 def open_zarr_columns(path: Path, keys: Sequence[str], store: Any = None) -> dict[str, Column]:
     """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard. ``store``: a zarr store
     holding the shard's bytes already (``loaders.integrity`` reads and checks them first), else the folder."""
+    import_zarr()
     import zarr
 
     from loaders.fieldcodecs import load_zarr_codecs
