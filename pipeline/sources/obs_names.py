@@ -26,10 +26,14 @@ class ObsNames:
 
     @staticmethod
     def from_values(values: Any) -> ObsNames:
-        raw = [v if isinstance(v, bytes) else str(v).encode() for v in np.asarray(values, dtype=object).ravel()]
+        vals = np.asarray(values, dtype=object).ravel()
+        raw: Any = vals
+        if not set(map(type, vals)) <= {bytes, np.bytes_}:  # h5py's strings are bytes: no Python step per name
+            raw = [v if isinstance(v, bytes) else str(v).encode() for v in vals]  # str, numbers: encoded
+        joined = b"".join(raw)
         offsets = np.zeros(len(raw) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)), out=offsets[1:])
-        return ObsNames(offsets, np.frombuffer(b"".join(raw), np.uint8).copy())
+        return ObsNames(offsets, np.frombuffer(joined, np.uint8).copy())
 
     @staticmethod
     def default(n: int) -> ObsNames:
