@@ -29,6 +29,7 @@ from pipeline.events import EventLog
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
 from pipeline.kinds import Kind, KindPlan, PackResult, PlanContext, ShardPlan, get_kind
 from pipeline.manifest import Manifest, load_manifest
+from pipeline.memory import release_freed_memory, trim_heap
 from pipeline.shardfile import make_durable, shard_suffix
 from pipeline.writers import Codec
 
@@ -75,25 +76,6 @@ def park_tables(spill: Path, reused: set[str], names: tuple[str, ...], shard: Sh
             path = spill / f"plan-{shard.source}-{shard.split}-{shard.part}-{name.replace('/', '~')}.npy"
             np.save(path, a, allow_pickle=False)
             shard.columns[name] = path
-
-
-def release_freed_memory() -> None:
-    """Make glibc return big freed blocks to the OS at once (a fixed 1 MiB mmap threshold).
-
-    By default glibc raises its mmap threshold to the largest block freed so far (up to 32 MiB), after
-    which chunk-sized numpy temporaries are carved from per-thread heaps that are rarely trimmed: peak RSS
-    then grows with every task a thread runs (+150 MiB at 400k cells, --jobs 2). The price is a fresh
-    mmap per big temporary, hence the pack's reused buffers (`pipeline.spill.Scratch`), and the plan runs
-    before this is set. No-op off glibc.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
-        libc.malloc_trim(0)  # and hand back what the plan's temporaries left in the heap
-    except (OSError, AttributeError):
-        pass
 
 
 def conditions_file(plan: KindPlan, cfg: PackConfig) -> str:
@@ -235,6 +217,8 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         started = True
         journal = generations.write_journal(out, [new_files[i] for i in todo] + ([cond_file] if cond_file else []))
         conditions = write_conditions(out, plan, cfg, cond_file) if cond_file else None
+        plan.conditions = None  # written: its vectors (conditions x dimensions, 27 MB at 2M cells) can go,
+        trim_heap()  # and their pages with them, before the pack tasks' buffers come (pipeline.memory)
         from pipeline.resume import adopt_finished
 
         missing, adopted = adopt_finished(kind, plan.shards, todo, cfg)

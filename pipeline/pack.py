@@ -30,6 +30,7 @@ from loaders import format as fmt
 from pipeline.errors import SourceError
 from pipeline.kinds.base import PackResult, ShardPlan
 from pipeline.manifest import SourceSpec
+from pipeline.memory import trim_heap
 from pipeline.scan import ScannedSource
 from pipeline.shardfile import finish_shard
 from pipeline.sources import open_source, validate_block
@@ -227,7 +228,7 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
         spec, n_rows = scanned[s].spec, scanned[s].meta.n_rows
         size = sum(raw_bytes(t, cfg) for t, _ in items)
         if size <= cfg.fuse_bytes:
-            read.append((size, partial(pack_source, spec, n_rows, items, cfg)))
+            read.append((size, partial(_fused, spec, n_rows, items, cfg)))
             continue
         rows, shard_of, pos = route([t for t, _ in items])
         k = max(1, -(-size // cfg.scatter_bytes))
@@ -260,11 +261,22 @@ def _scatter(spec: SourceSpec, n_rows: int, part: tuple[str, ...], start: int, s
              cfg: PackConfig) -> list[PackResult]:
     rows, shard_of, pos = (np.load(p, allow_pickle=False) for p in part)
     scatter_range(spec, n_rows, (rows, shard_of, pos), start, stop, task, cfg)
+    del rows, shard_of, pos
+    trim_heap()  # each task's buffers, freed: their pages back to the OS (pipeline.memory)
     return []
 
 
 def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[PackResult]:
-    return [pack_shard(t, shard, tasks, cfg)]
+    out = [pack_shard(t, shard, tasks, cfg)]
+    trim_heap()
+    return out
+
+
+def _fused(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
+           cfg: PackConfig) -> list[PackResult]:
+    out = pack_source(spec, n_rows, shards, cfg)
+    trim_heap()
+    return out
 
 
 def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackConfig,

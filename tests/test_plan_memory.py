@@ -61,3 +61,43 @@ def test_the_plan_holds_a_few_compact_bytes_per_cell(tmp_path: Path) -> None:
         assert all(c[fmt.OBS_PREFIX + f].dtype == np.int32 for f in manifest.config.fields.obs_fields)
         got = [bytes(c[val_key][a:b]).decode() for a, b in zip(c[off_key][:-1], c[off_key][1:], strict=True)]
         assert got == names[sh.source][sh.rows].tolist()
+
+
+def test_condition_vectors_are_made_after_the_plan_and_equal_the_blocks(tmp_path: Path) -> None:
+    """The vectors (conditions x dimensions, growing with the dataset) are not held while sources are planned:
+    made on first use, in place, equal to the per-field blocks concatenated (one-hot, features, numeric)."""
+    codes = {"perturbation": np.array([0, 1, 2, 2, 1], np.int8), "cell_type": np.array([1, 0, 1, 1, 0], np.int8),
+             "dose": np.array([0, 1, 1, 0, 1], np.int8)}
+    vocab = {"perturbation": ["a", "b", "ctrl"], "cell_type": ["x", "y"], "dose": ["1", "10"]}
+    feats = np.arange(9, dtype=np.float64).reshape(3, 3) / 7  # float64 features: cast like the concatenation
+    opts = conditions.VectorOptions(numeric=("dose",))
+    t = conditions.build_conditions(codes, ["perturbation", "cell_type", "dose"], vocab, feats, opts)
+    assert "vectors" not in t.__dict__  # not made yet
+    onehot = np.eye(2, dtype=np.float32)[t.codes[:, 1]]
+    dose = conditions.numeric_values("dose", vocab["dose"], opts)[t.codes[:, 2]]
+    want = np.concatenate([feats[t.codes[:, 0]], onehot, dose], axis=1).astype(np.float32)
+    assert t.vectors.dtype == np.float32 and np.array_equal(t.vectors, want)
+    assert [s["offset"] for s in t.segments] == [0, 3, 5] and [s["size"] for s in t.segments] == [3, 2, 1]
+
+
+def test_every_pack_task_hands_its_freed_memory_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read, pack and fused tasks each end with a heap trim (pipeline.memory.trim_heap): freed blocks
+    otherwise stay resident, and the build's RSS crept up with the number of tasks it ran."""
+    import pipeline.pack
+    from pipeline.build import build
+    from pipeline.events import EventLog
+    from tests.pipeline_helpers import write_manifest
+    from tests.test_pipeline import make_sources
+
+    make_sources(tmp_path, n=2, cells=300)
+    manifest = write_manifest(tmp_path / "m.toml")
+    trims: list[int] = []
+    monkeypatch.setattr(pipeline.pack, "trim_heap", lambda: trims.append(1))
+    for fuse, out in ((1 << 30, "fused"), (0, "spilled")):
+        monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", fuse)
+        monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 40_000)
+        trims.clear()
+        ev = EventLog()
+        build(manifest, tmp_path / out, jobs=2, progress=False, events=ev)
+        tasks = sum(e["count"] for e in ev.events if e["event"] == "tasks")
+        assert tasks >= 2 and len(trims) == tasks

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +38,29 @@ TRANSFORMS = {"log1p": np.log1p, "none": lambda v: v}
 
 @dataclass
 class ConditionTable:
+    """Per cell its condition id; per condition its codes, and its vector, made on first use (`vectors`):
+    the vectors grow with the dataset (conditions x dimensions, 27 MB at 2M cells here) and are needed only
+    to write the table, so they are not held while the plan's per-source temporaries are."""
+
     cond_id: np.ndarray  # [n_cells], smallest signed type for the number of conditions (planned columns: int32)
     codes: np.ndarray  # int32 [C, F]
-    vectors: np.ndarray  # float32 [C, D]
     segments: list[dict[str, object]]  # field, offset, size, encoding
+    per_label: list[np.ndarray | None]  # per field: its vector part of each label [V, size], None for one-hot
+
+    @cached_property
+    def vectors(self) -> np.ndarray:
+        """float32 [C, D]: each field's part of every condition's vector, filled in place (no per-field
+        blocks, concatenation and cast: three copies of the table)."""
+        if not self.segments:
+            return np.zeros((1, 0), np.float32)
+        out = np.zeros((self.codes.shape[0], sum(int(g["size"]) for g in self.segments)), np.float32)  # type: ignore[call-overload]
+        for j, (seg, labels) in enumerate(zip(self.segments, self.per_label, strict=True)):
+            at = int(seg["offset"])  # type: ignore[call-overload]
+            if labels is None:
+                out[np.arange(self.codes.shape[0]), at + self.codes[:, j]] = 1.0
+            else:
+                out[:, at:at + labels.shape[1]] = labels[self.codes[:, j]]
+        return out
 
 
 def load_features(path: Path, names: Sequence[str], controls: Sequence[str]) -> np.ndarray:
@@ -155,29 +175,28 @@ def distinct_rows(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 def build_conditions(codes: Mapping[str, np.ndarray], fields: Sequence[str], vocab: Mapping[str, list[str]],
                      features: np.ndarray | None = None, opts: VectorOptions = VectorOptions()) -> ConditionTable:
     inverse, table = distinct_rows([codes[f] for f in fields])
-    blocks: list[np.ndarray] = []
+    per_label: list[np.ndarray | None] = []
     segments: list[dict[str, object]] = []
     offset = 0
-    for j, f in enumerate(fields):
+    for f in fields:
         extra: dict[str, object] = {}
+        labels: np.ndarray | None = None
         if f == "perturbation" and opts.separator is not None:
-            block = combination_matrix(vocab[f], opts, features)[table[:, j]]
+            labels = combination_matrix(vocab[f], opts, features)
             enc = "combination"
             extra = {"separator": opts.separator, "encoding_of_parts": "features" if features is not None else "onehot",
                      "parts": split_combinations(vocab[f], opts.separator, opts.controls)[0]}
         elif f == "perturbation" and features is not None:
-            block = features[table[:, j]]
+            labels = features
             enc = "features"
         elif f in opts.numeric:
-            block = numeric_values(f, vocab[f], opts)[table[:, j]]
+            labels = numeric_values(f, vocab[f], opts)
             enc, extra = "numeric", {"transform": opts.transform}
         else:
-            block = np.zeros((table.shape[0], len(vocab[f])), np.float32)
-            block[np.arange(table.shape[0]), table[:, j]] = 1.0
             enc = "onehot"
-        blocks.append(block)
-        segments.append({"field": f, "offset": offset, "size": int(block.shape[1]), "encoding": enc, **extra})
-        offset += block.shape[1]
-    vectors = np.concatenate(blocks, axis=1).astype(np.float32) if blocks else np.zeros((1, 0), np.float32)
+        width = int(labels.shape[1]) if labels is not None else len(vocab[f])
+        per_label.append(labels)
+        segments.append({"field": f, "offset": offset, "size": width, "encoding": enc, **extra})
+        offset += width
     # every cell's id is held while planning: a compact type, as the cell table's codes (plan.cells)
-    return ConditionTable(inverse.astype(code_dtype(table.shape[0]), copy=False), table, vectors, segments)
+    return ConditionTable(inverse.astype(code_dtype(table.shape[0]), copy=False), table, segments, per_label)

@@ -1,0 +1,195 @@
+"""A zarr v3 array's files written directly: its ``zarr.json`` serialised by zarr's own metadata class, its
+chunks encoded by the numcodecs codec that zarr's codec wraps, each file written with one plain write.
+
+Why: zarr-python writes an array through its async store and codec pipeline (an event loop, a thread hop
+per chunk and per file, futures): ~11 ms of CPU per array at 13 arrays a shard, more than the Blosc
+compression of the shard's bytes (benchmarks/ANALYSIS.md, "3 — build throughput"). The bytes must stay
+zarr's, so nothing here is a second definition of the format:
+
+* metadata: zarr-python writes a probe array of the same dtype, trailing shape and codecs into a memory
+  store; its ``zarr.json`` is the template, and each array's file is that template with its own shape and
+  chunk shape, parsed and serialised again by ``ArrayV3Metadata`` (what zarr-python itself writes with);
+* chunks: zarr-python pads an edge chunk with the fill value to the full chunk shape and encodes it with
+  the ``bytes`` codec (little-endian C order) then its compressors; here the same padded chunk goes
+  through the same numcodecs codec (``blosc``, ``zstd``), built from the template's codec configuration;
+* the probe's chunk files (a full and a padded edge chunk) and ``zarr.json`` must equal ours byte for byte,
+  once per signature per process; a signature that differs, or a codec not listed in ``ENCODERS``, gets
+  ``None`` from `array_template` and the caller writes that array through zarr-python.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GROUP_JSON: bytes | None = None  # an implicit group's zarr.json, as zarr-python writes it (see group_json)
+_TEMPLATES: dict[tuple[Any, ...], ArrayTemplate | None] = {}
+_LOCK = threading.Lock()  # pack tasks on threads probe the same signatures at once
+Encoder = Callable[[np.ndarray], bytes]
+
+
+def _blosc(conf: dict[str, Any]) -> Encoder:
+    import numcodecs
+
+    shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[conf["shuffle"]]
+    codec = numcodecs.Blosc(cname=conf["cname"], clevel=conf["clevel"], shuffle=shuffle,
+                            blocksize=conf["blocksize"], typesize=conf["typesize"])
+    return codec.encode  # type: ignore[no-any-return]
+
+
+def _zstd(conf: dict[str, Any]) -> Encoder:
+    from numcodecs.zstd import Zstd
+
+    return Zstd(level=conf["level"], checksum=conf.get("checksum", False)).encode  # type: ignore[no-any-return]
+
+
+# zarr v3 codec name -> the numcodecs codec zarr-python's own codec calls (zarr.codecs.blosc / .zstd)
+ENCODERS: dict[str, Callable[[dict[str, Any]], Encoder]] = {"blosc": _blosc, "zstd": _zstd}
+
+
+class ArrayTemplate:
+    """One signature's zarr.json template and chunk encoders (see the module docstring)."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        self.meta = meta
+        codecs = meta["codecs"]
+        first = codecs[0]
+        if first["name"] != "bytes" or first.get("configuration", {}).get("endian", "little") != "little":
+            raise ValueError(f"first codec {first!r} is not little-endian bytes")
+        self.encoders = [ENCODERS[c["name"]](c.get("configuration", {})) for c in codecs[1:]]
+
+    def metadata(self, shape: Sequence[int], chunks: Sequence[int]) -> bytes:
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.metadata.v3 import ArrayV3Metadata
+
+        doc = copy.deepcopy(self.meta)
+        doc["shape"] = list(shape)
+        doc["chunk_grid"]["configuration"]["chunk_shape"] = list(chunks)
+        return ArrayV3Metadata.from_dict(doc).to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
+
+    def encode(self, chunk: np.ndarray) -> bytes:
+        out: Any = np.ascontiguousarray(chunk).view(np.uint8).reshape(-1)
+        for enc in self.encoders:
+            out = enc(out)
+        return bytes(out) if not isinstance(out, bytes) else out
+
+
+def _zarr_files(a: np.ndarray, chunks: tuple[int, ...], compressors: list[object]) -> dict[str, bytes]:
+    """Every file zarr-python writes for array ``a`` (as the shard writer calls it), from a memory store."""
+    import zarr
+
+    store = zarr.storage.MemoryStore()
+    group = zarr.open_group(store, mode="w-", zarr_format=3)
+    arr = group.create_array("a", shape=a.shape, dtype=a.dtype, chunks=chunks, compressors=compressors,
+                             fill_value=0, config={"write_empty_chunks": True})
+    arr[...] = a
+    return {k: v.to_bytes() for k, v in store._store_dict.items()}  # noqa: SLF001 (a test double of the store)
+
+
+def group_json() -> bytes:
+    """The zarr.json of a group with no attributes (the shard root and each implicit parent group)."""
+    global GROUP_JSON
+    if GROUP_JSON is None:
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.group import GroupMetadata
+
+        GROUP_JSON = GroupMetadata(zarr_format=3).to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
+    return GROUP_JSON
+
+
+def array_template(dtype: np.dtype, trailing: tuple[int, ...], compressors: list[object]) -> ArrayTemplate | None:
+    """The verified template of arrays of ``dtype`` with rows of shape ``trailing`` and these compressors,
+    or None: zarr-python writes such arrays itself (an unknown codec, or bytes that would differ)."""
+    if any(d <= 0 for d in trailing):
+        return None
+    try:
+        conf = json.dumps([c.to_dict() for c in compressors], sort_keys=True)  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return None
+    key = (np.dtype(dtype).str, trailing, conf)
+    with _LOCK:
+        if key not in _TEMPLATES:
+            _TEMPLATES[key] = _probe(np.dtype(dtype), trailing, compressors)
+        return _TEMPLATES[key]
+
+
+def _probe(dtype: np.dtype, trailing: tuple[int, ...], compressors: list[object]) -> ArrayTemplate | None:
+    """Write a 5-row probe (a full chunk of 3 rows, an edge chunk of 2 padded to 3) both ways; compare."""
+    rng = np.random.default_rng(0)
+    probe = (rng.integers(0, 2, (5, *trailing)) if dtype.kind == "b"
+             else rng.integers(0, 100, (5, *trailing))).astype(dtype)
+    chunks = (3, *trailing)
+    try:
+        theirs = _zarr_files(probe, chunks, compressors)
+        template = ArrayTemplate(json.loads(theirs["a/zarr.json"]))
+        ours = {"zarr.json": group_json(), **{f"a/{k}": v for k, v in array_files(template, probe, chunks[0])}}
+    except (KeyError, ValueError, TypeError):
+        return None
+    return template if ours == theirs else None
+
+
+def chunk_key(i: int, ndim: int) -> str:
+    """zarr's default chunk key ("/" separator) of the i-th chunk along the first axis."""
+    return "c/" + "/".join([str(i), *("0" * (ndim - 1))])
+
+
+def array_files(t: ArrayTemplate, a: Any, rows: int) -> list[tuple[str, bytes]]:
+    """(relative path, bytes) of every file of array ``a`` (an ndarray, or a lazy column sliced by rows)
+    chunked by ``rows`` along the first axis: zarr.json, then its chunks, each padded with zeros (the fill
+    value) to the full chunk shape as zarr-python stores an edge chunk. For a small array (one chunk)."""
+    return [("zarr.json", t.metadata(a.shape, (rows, *a.shape[1:]))),
+            *((name, data) for name, data in chunks(t, a, rows))]
+
+
+def chunks(t: ArrayTemplate, a: Any, rows: int) -> Any:
+    """Yield (relative path, encoded bytes) of each chunk; one chunk's rows in memory at a time."""
+    n = int(a.shape[0])
+    if n == 0 or int(np.prod(a.shape, dtype=np.int64)) == 0:
+        return
+    pad: np.ndarray | None = None
+    for i, lo in enumerate(range(0, n, rows)):
+        block = np.asarray(a[lo:lo + rows])
+        if block.shape[0] < rows:
+            if pad is None:
+                pad = np.zeros((rows, *a.shape[1:]), block.dtype)
+            pad[:block.shape[0]] = block
+            pad[block.shape[0]:] = 0
+            block = pad
+        yield chunk_key(i, len(a.shape)), t.encode(block)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """One file in one write (the shard folder is a temporary name until the writer's caller renames it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def write_array(root: Path, key: str, t: ArrayTemplate, a: Any, rows: int, made: set[Path]) -> None:
+    """Array ``key`` of the group at ``root``, with the zarr.json of every parent group zarr-python would
+    create (``made``: folders this shard already has)."""
+    folder = root / key
+    for parent in [*reversed(folder.relative_to(root).parents)][1:]:
+        if root / parent not in made:
+            (root / parent).mkdir(exist_ok=True)
+            write_file(root / parent / "zarr.json", group_json())
+            made.add(root / parent)
+    folder.mkdir()
+    write_file(folder / "zarr.json", t.metadata(a.shape, (rows, *a.shape[1:])))
+    for name, data in chunks(t, a, rows):
+        path = folder / name
+        if path.parent not in made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made.add(path.parent)
+        write_file(path, data)
