@@ -40,6 +40,7 @@ from pipeline.spill import (
     OBSM,
     RANGE,
     ROW_ARRAYS,
+    OpenFiles,
     Piece,
     Scratch,
     ShardRows,
@@ -198,14 +199,18 @@ def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> Pack
     pieces: list[Piece] = []
     ranges = [np.zeros(0, np.int64)]
     summed = 0
-    for task in range(tasks):
-        files = {name: _spill_file(cfg.spill, t.number, task, name) for name in names}
-        if files["pos"].exists():
-            pieces += file_pieces(files, cfg.obsm_widths)
-            ranges.append(np.fromfile(files[RANGE], np.int64))
-        if files[SUMMED].exists():  # written only by segments whose rows repeated a column
-            summed += int(np.fromfile(files[SUMMED], np.int64).sum())
-    return write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
+    opened = OpenFiles()
+    try:
+        for task in range(tasks):
+            files = {name: _spill_file(cfg.spill, t.number, task, name) for name in names}
+            if files["pos"].exists():
+                pieces += file_pieces(files, cfg.obsm_widths, opened)
+                ranges.append(np.fromfile(files[RANGE], np.int64))
+            if files[SUMMED].exists():  # written only by segments whose rows repeated a column
+                summed += int(np.fromfile(files[SUMMED], np.int64).sum())
+        return write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
+    finally:
+        opened.close()
 
 
 def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], todo: Sequence[int],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -73,7 +74,10 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
     columns = [fields.column(f) for f in fields.obs_fields]
     counts = fields.values == "counts"
     with open_source(spec.type, spec.path, spec.matrix, counts=counts) as src:
-        meta = src.meta(columns, optional=columns)  # a missing column is reported below, with its manifest key
+        # a missing column is reported below, with its manifest key; barcodes are checked, not read (a plug-in
+        # source written before `names` existed reads them)
+        lean = {"names": False} if "names" in inspect.signature(src.meta).parameters else {}
+        meta = src.meta(columns, optional=columns, **lean)
         if counts and meta.n_rows:  # normalised data under values = "counts": fail now, before any output
             src.read_rows(0, min(meta.n_rows, PROBE_ROWS))
         unset = [f for f in ("cell_type", "batch") if getattr(fields, f) is None]
@@ -96,7 +100,7 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
         raise SourceError(spec.path, "has no cells")
     return ScannedSource(ordinal, spec, fingerprint(spec.path, cache) if hasher is None
                          else hasher.submit(fingerprint, spec.path, cache), compact_meta(meta), obs,
-                         meta.obs_names is not None)
+                         meta.obs_names is not None or meta.has_obs_names)
 
 
 def compact_meta(meta: SourceMeta) -> SourceMeta:

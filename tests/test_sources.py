@@ -24,7 +24,6 @@ from pipeline.sources import (
     MatrixSource,
     Source,
     open_source,
-    validate,
     validate_block,
     validate_dense,
 )
@@ -449,17 +448,3 @@ def test_h5csr_plain_columns_shapeless_csr_and_fallback_names(tmp_path: Path) ->
     path = tmp_path / "plain.h5"
     _raises(lambda: H5CsrSource(path, "csc/X").read_rows(0, 1), path, "CSC")
 
-
-@pytest.mark.parametrize("at", [0, 5, validate.SCAN - 1, validate.SCAN, 3 * validate.SCAN + 17])
-def test_value_checks_find_the_first_bad_entry_in_any_step(at: int) -> None:
-    """The value checks run on min/max and in SCAN-sized steps: the first bad entry is found wherever it is."""
-    data = np.arange(4 * validate.SCAN, dtype=np.float32) % 7
-    assert validate._check_values(data, counts=True) is None
-    for value, problem in ((0.5, "non-integer value (0.5)"), (-2.0, "negative value (-2.0)"),
-                           (np.inf, "NaN or inf value (inf)"), (np.nan, "NaN or inf value (nan)")):
-        bad = data.copy()
-        bad[at] = value
-        bad[-1] = value  # a later one too: the first is named
-        got = validate._check_values(bad, counts=True)
-        assert got is not None and got[0] == at and got[1].startswith(problem)
-    assert validate._check_values(np.where(np.arange(data.size) == at, 0.5, data).astype(np.float32), False) is None

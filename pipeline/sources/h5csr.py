@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
 from pipeline.sources.base import Categorical, MatrixSource, SourceMeta, register_source
-from pipeline.sources.obs_names import ObsNames, read_obs_names
+from pipeline.sources.obs_names import ObsNames, check_obs_names, read_obs_names
 from pipeline.sources.validate import (
     CsrParts,
     check_float32_exact,
@@ -286,7 +286,7 @@ class H5Source(MatrixSource):
         validate_indptr(indptr, self.path, 0, nnz=nnz)
         return np.diff(indptr).astype(np.int64)
 
-    def meta(self, obs_columns: Sequence[str], optional: Sequence[str] = ()) -> SourceMeta:
+    def meta(self, obs_columns: Sequence[str], optional: Sequence[str] = (), names: bool = True) -> SourceMeta:
         layout = self._matrix_layout()
         n_rows, n_cols = layout.shape
         with self._reading("metadata"):
@@ -314,10 +314,13 @@ class H5Source(MatrixSource):
                         self.path, f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}"
                     )
             obsm = self._obsm_info()
-            names = read_obs_names(self._node("obs"), n_rows, self.path)
+            if names:
+                barcodes = read_obs_names(self._node("obs"), n_rows, self.path)
+            else:
+                check_obs_names(self._node("obs"), n_rows, self.path)
         named = self.matrix.strip("/").startswith("obsm/") or declared is not None
         return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm, named_genes=named,
-                          obs_names=names)
+                          obs_names=barcodes if names else None, has_obs_names=True)
 
     def read_obs_names(self, n_rows: int) -> ObsNames | None:
         with self._reading("obs names"):

@@ -26,10 +26,14 @@ class ObsNames:
 
     @staticmethod
     def from_values(values: Any) -> ObsNames:
-        raw = [v if isinstance(v, bytes) else str(v).encode() for v in np.asarray(values, dtype=object).ravel()]
+        vals = np.asarray(values, dtype=object).ravel()
+        raw: Any = vals
+        if not set(map(type, vals)) <= {bytes, np.bytes_}:  # h5py's strings are bytes: no Python step per name
+            raw = [v if isinstance(v, bytes) else str(v).encode() for v in vals]  # str, numbers: encoded
+        joined = b"".join(raw)
         offsets = np.zeros(len(raw) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)), out=offsets[1:])
-        return ObsNames(offsets, np.frombuffer(b"".join(raw), np.uint8).copy())
+        return ObsNames(offsets, np.frombuffer(joined, np.uint8).copy())
 
     @staticmethod
     def default(n: int) -> ObsNames:
@@ -59,29 +63,42 @@ def concat(parts: list[ObsNames]) -> ObsNames:
     return ObsNames(offsets, np.concatenate([p.data for p in parts]))
 
 
-def read_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> ObsNames:
-    """The obs index of an h5ad / H5-CSR file: ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata,
-    cell-load), the first field of a pre-0.7 compound obs table; the row numbers when there is none."""
+def _obs_index(obs: h5py.Group | h5py.Dataset | None) -> tuple[Any, int] | None:
+    """(read(start, stop) -> those rows' names, number of names) of the obs index of an h5ad / H5-CSR file:
+    ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata, cell-load), the first field of a pre-0.7 compound
+    obs table; None when there is none."""
     import h5py
 
     from pipeline.sources.h5csr import attr_str
 
-    read: Any = None  # (start, stop) -> the names of those rows
     if isinstance(obs, h5py.Dataset) and obs.dtype.names:
         first = obs.dtype.names[0]
-        read = lambda a, b: obs.fields(first)[a:b]  # noqa: E731
-    elif isinstance(obs, h5py.Group):
-        key = attr_str(obs.attrs.get("_index", "_index"))
-        node = obs.get(key)
+        return (lambda a, b: obs.fields(first)[a:b]), obs.shape[0]
+    if isinstance(obs, h5py.Group):
+        node = obs.get(attr_str(obs.attrs.get("_index", "_index")))
         if isinstance(node, h5py.Dataset) and node.ndim == 1:
-            read = lambda a, b: node[a:b]  # noqa: E731
-    if read is None:
+            return (lambda a, b: node[a:b]), node.shape[0]
+    return None
+
+
+def read_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> ObsNames:
+    """The obs index of an h5ad / H5-CSR file (`_obs_index`); the row numbers when there is none."""
+    index = _obs_index(obs)
+    if index is None:
         return ObsNames.default(n_rows)
-    total = obs.shape[0] if isinstance(obs, h5py.Dataset) else node.shape[0]
+    read, total = index
     names = concat([ObsNames.from_values(read(a, min(a + CHUNK, total))) for a in range(0, total, CHUNK)])
     if len(names) != n_rows:
         raise SourceError(path, f"obs index has {len(names)} names, the matrix has {n_rows} rows")
     return names
+
+
+def check_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> None:
+    """What `read_obs_names` checks, without reading the names: one per row (the scan's check; the plan
+    reads each source's names when it plans that source)."""
+    index = _obs_index(obs)
+    if index is not None and index[1] != n_rows:
+        raise SourceError(path, f"obs index has {index[1]} names, the matrix has {n_rows} rows")
 
 
 def source_obs_names(src: Any) -> ObsNames | None:

@@ -153,16 +153,26 @@ def chunks(t: ArrayTemplate, a: Any, rows: int) -> Any:
     n = int(a.shape[0])
     if n == 0 or int(np.prod(a.shape, dtype=np.int64)) == 0:
         return
-    pad: np.ndarray | None = None
     for i, lo in enumerate(range(0, n, rows)):
         block = np.asarray(a[lo:lo + rows])
         if block.shape[0] < rows:
-            if pad is None:
-                pad = np.zeros((rows, *a.shape[1:]), block.dtype)
+            pad = _pad_buffer((rows, *a.shape[1:]), block.dtype)
             pad[:block.shape[0]] = block
             pad[block.shape[0]:] = 0
             block = pad
         yield chunk_key(i, len(a.shape)), t.encode(block)
+
+
+_PAD = threading.local()  # per thread: the buffer edge chunks are padded in, reused (fresh pages cost a copy)
+
+
+def _pad_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A reused buffer of this shape and dtype (contents undefined), one per thread, grown as needed."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    buf = getattr(_PAD, "buf", None)
+    if buf is None or buf.size < nbytes:
+        buf = _PAD.buf = np.empty(nbytes, np.uint8)
+    return buf[:nbytes].view(dtype).reshape(shape)
 
 
 def write_file(path: Path, data: bytes) -> None:
