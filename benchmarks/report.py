@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from benchmarks.annbatch_bench import markdown as annbatch_md
 from benchmarks.gpu import NOT_MEASURED
 from benchmarks.targets import SMOKE_NOTE
 
@@ -232,6 +233,7 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
         L += [f"Not measured for our loader: {res['loader']['skipped']}.", ""]
     L += loader_table(res)
     L += interleaved_table(res)
+    L += annbatch_md(res.get("annbatch"))
     if "loader" in plots:
         L += ["", f"![loader throughput]({plots['loader']})"]
     pipe = res.get("pipeline", {})

@@ -10,6 +10,7 @@ DATA_DIR/work/<mode>/ and are rebuilt on every run.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import pipeline_bench as pb
+from benchmarks.annbatch_bench import ENV_VAR as ANNBATCH_ENV
+from benchmarks.annbatch_bench import run_annbatch, skip_record, summary_line
 from benchmarks.gpu import NOT_MEASURED, cuda_available
 from benchmarks.measure import machine_info, package_versions
 from benchmarks.report import write_report
@@ -94,7 +97,11 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     ap.add_argument("--build-jobs", type=int, help="--jobs of the sweep, zstd and incremental builds (default 2)")
     ap.add_argument("--jobs-compare", help="comma-separated --jobs values timed on the main dataset (default 1,2)")
     ap.add_argument("--keep-shards", action="store_true", help="keep the built shards under DATA_DIR/work/")
-    ap.add_argument("--skip", default="", help="comma list of: pipeline, loader, baselines, scdataset, gpu, spike, ct")
+    ap.add_argument("--skip", default="",
+                    help="comma list of: pipeline, loader, baselines, scdataset, annbatch, gpu, spike, ct")
+    ap.add_argument("--torch-spec", default=default_torch_spec(),
+                    help="pip requirement(s) for torch in the annbatch venv (make bench: the Makefile's TORCH_SPEC; "
+                         "default: the torch this interpreter has)")
     a = ap.parse_args(argv)
     cfg = PRESETS[a.mode or "quick"]
     over: dict[str, Any] = {k: v for k, v in {
@@ -111,6 +118,33 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     if any([a.cells, a.genes, a.sizes, a.incr_cells]):
         cfg = replace(cfg, mode=f"{cfg.mode}-custom")
     return cfg, a
+
+
+def default_torch_spec() -> str:
+    """The torch this interpreter runs, as a pin for the annbatch venv (both sides on one torch)."""
+    try:
+        return f"torch=={importlib.metadata.version('torch').split('+')[0]}"
+    except importlib.metadata.PackageNotFoundError:
+        return "torch"
+
+
+def annbatch_section(cfg: Config, a: argparse.Namespace, main: SynthDataset, roots: dict[str, Path], data_dir: Path,
+                     work: Path, skip: set[str]) -> dict[str, Any]:
+    """annbatch paired with our loader, process by process (benchmarks/annbatch_bench.py); optional: a skip or
+    failure is a record with its reason, never an exception."""
+    if "annbatch" in skip:
+        rec = skip_record("--skip annbatch")
+    elif not cfg.mode.startswith("full") and not os.environ.get(ANNBATCH_ENV):  # a first run installs torch: minutes
+        rec = skip_record(f"smoke run: it runs in `make bench`, or here when {ANNBATCH_ENV} is set")
+    elif "loader" in skip or loader_available():
+        rec = skip_record("our loader is not measured in this run, nothing to pair annbatch with")
+    else:
+        lz4 = roots.get(CODECS[0])
+        rec = run_annbatch(str(main.files[0]), str(lz4) if lz4 and (lz4 / "index.json").exists() else None,
+                           data_dir, work, batch_size=cfg.batch_size, warmup=cfg.warmup, seconds=cfg.seconds,
+                           rounds=cfg.il_rounds, torch_spec=a.torch_spec, timeout=cfg.task_timeout_s)
+    print(f"[loader] {summary_line(rec)}", flush=True)
+    return rec
 
 
 def loader_available() -> str:
@@ -325,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             res["pipeline"] = {"skipped": f"the pipeline benchmark failed: {type(e).__name__}: {e}"}
             notes.append(res["pipeline"]["skipped"])
     res["loader"] = loader_section(cfg, main_ds, roots, work, skip, notes)
+    res["annbatch"] = annbatch_section(cfg, a, main_ds, roots, data_dir, work, skip)
     if "gpu" in skip or not cuda_available():
         res["gpu"] = {"status": NOT_MEASURED if "gpu" not in skip else "not measured (--skip gpu)"}
     else:

@@ -38,8 +38,12 @@ def _positive(x: object) -> bool:
     return isinstance(x, (int, float)) and x > 0
 
 
-def test_harness_tiny_run(tmp_path: Path) -> None:
+def test_harness_tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out, data = tmp_path / "out", tmp_path / "data"
+    py311 = tmp_path / "python3.11"  # annbatch's interpreter, too old: its skip reason, nothing installed
+    py311.write_text("#!/bin/sh\necho 3 11 9\n")
+    py311.chmod(0o755)
+    monkeypatch.setenv("SHARDSMITH_ANNBATCH_PYTHON", str(py311))
     rc = run.main(["--quick", "--out", str(out), "--data-dir", str(data), "--cells", "3000", "--genes", "100",
                    "--perturbations", "10", "--sizes", "1500,3000", "--incr-cells", "2400", "--sentence-size", "8",
                    "--shard-size-mb", "0.2", "--seconds", "0.05", "--repeats", "1", "--build-jobs", "1",
@@ -99,7 +103,9 @@ def test_harness_tiny_run(tmp_path: Path) -> None:
     assert res["spike"]["loader"]["shardsmith"]["samples_per_s"] > 0 and res["spike"]["bytes"]["shards"] > 0
     assert res["ct"]["loader"]["shardsmith"]["volumes_per_s"] > 0
 
+    assert res["annbatch"]["status"] == "skipped" and "3.11.9" in res["annbatch"]["reason"], res["annbatch"]
     md = (out / "BENCHMARKS.md").read_text()
+    assert f"annbatch: skipped — {res['annbatch']['reason']}" in md
     assert "smoke run" in md.lower() and "**missed" not in md.split("## Loader")[0]
     for heading in ("## Machine", "## Data", "## Targets", "## Loader", "## Pipeline", "## GPU", "## Spike", "## CT"):
         assert heading in md
