@@ -97,7 +97,8 @@ def test_a_build_is_byte_identical_either_way(tmp_path: Path, monkeypatch: pytes
         build(manifest, tmp_path / "zarr", jobs=2, progress=False)
     a, b = tmp_path / "direct", tmp_path / "zarr"
     assert fmt.index_path(a).read_bytes() == fmt.index_path(b).read_bytes()
-    names = [e.file for e in fmt.read_index(a).shards]
-    assert len(names) > 2
-    for name in names:
-        assert tree(a / fmt.SHARDS_DIR / name) == tree(b / fmt.SHARDS_DIR / name)
+    index = fmt.read_index(a)
+    names = [e.file for e in index.shards]
+    assert len(names) > 2 and index.conditions is not None
+    for name in [f"{fmt.SHARDS_DIR}/{n}" for n in names] + [index.conditions.file]:  # written on pack threads
+        assert tree(a / name) == tree(b / name)  # and in the main thread (the condition table)
