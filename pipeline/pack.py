@@ -70,6 +70,11 @@ class PackConfig:
     samples: tuple[str, ...] = ()  # sample types whose units each shard entry counts
     fuse_bytes: int = FUSE_BYTES  # read at build time (see budget()), so a test can lower them
     scatter_bytes: int = SCATTER_BYTES
+    # local backends: a task deletes the spill files it has consumed. Files deleted before the kernel writes
+    # them back never reach the disk: a 2M-cell build's ~4 GB of spill and parked columns crossed the dirty
+    # page limits, and writeback and write throttling made spill I/O grow ~2.5x for 2x the cells. A cluster
+    # backend reruns a lost worker's tasks, which need their files: the build's end removes them there.
+    drop_spill: bool = False
 
     @property
     def obsm_widths(self) -> dict[str, tuple[int, ...]]:
@@ -208,9 +213,18 @@ def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> Pack
                 ranges.append(np.fromfile(files[RANGE], np.int64))
             if files[SUMMED].exists():  # written only by segments whose rows repeated a column
                 summed += int(np.fromfile(files[SUMMED], np.int64).sum())
-        return write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
+        result = write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
     finally:
         opened.close()
+    _drop(cfg, [_spill_file(cfg.spill, t.number, task, name) for task in range(tasks) for name in names])
+    return result
+
+
+def _drop(cfg: PackConfig, paths: Sequence[Path]) -> None:
+    """Delete consumed spill files now (`PackConfig.drop_spill`), not when the build ends."""
+    if cfg.drop_spill:
+        for path in paths:
+            path.unlink(missing_ok=True)
 
 
 def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], todo: Sequence[int],
@@ -265,6 +279,7 @@ def _park_routed(spill: Path, source: int, task: int, routed: tuple[np.ndarray, 
 def _scatter(spec: SourceSpec, n_rows: int, part: tuple[str, ...], start: int, stop: int, task: int,
              cfg: PackConfig) -> list[PackResult]:
     rows, shard_of, pos = (np.load(p, allow_pickle=False) for p in part)
+    _drop(cfg, [Path(p) for p in part])
     scatter_range(spec, n_rows, (rows, shard_of, pos), start, stop, task, cfg)
     del rows, shard_of, pos
     trim_heap()  # each task's buffers, freed: their pages back to the OS (pipeline.memory)
@@ -297,5 +312,6 @@ def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackCon
     matrix = ShardRows(pieces, shard.n, cfg.fields[0].shape[0], cfg.obsm_widths, f"shard {number} ({shard.file})",
                        index_ranges)
     planned = {k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v for k, v in shard.columns.items()}
-    return PackResult(number, finish_shard({**planned, **matrix.columns()}, shard, cfg),
-                      counts={DUPLICATES_SUMMED: summed} if summed else {})
+    entry = finish_shard({**planned, **matrix.columns()}, shard, cfg)
+    _drop(cfg, [v for v in shard.columns.values() if isinstance(v, Path)])
+    return PackResult(number, entry, counts={DUPLICATES_SUMMED: summed} if summed else {})

@@ -4,6 +4,7 @@ presence table equals np.unique's (rows, order and inverse)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -101,3 +102,42 @@ def test_every_pack_task_hands_its_freed_memory_back(tmp_path: Path, monkeypatch
         build(manifest, tmp_path / out, jobs=2, progress=False, events=ev)
         tasks = sum(e["count"] for e in ev.events if e["event"] == "tasks")
         assert tasks >= 2 and len(trims) == tasks
+
+
+def test_local_pack_tasks_delete_their_spill_files_as_they_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With threads, each pack task deletes the spill files it consumed (so their dirty pages never reach the
+    disk), each read task its routed rows, each shard its parked columns; the shards are those of a build
+    that keeps everything to the end (what cluster backends do: a rerun task needs its files)."""
+    import pipeline.pack
+    from pipeline.build import build
+    from tests.pipeline_helpers import write_manifest
+    from tests.test_pipeline import make_sources
+
+    make_sources(tmp_path, n=2, cells=300)
+    manifest = write_manifest(tmp_path / "m.toml")
+    monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", 0)
+    monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 40_000)
+    left: list[list[str]] = []
+    real = pipeline.pack.pack_shard
+
+    def spy(t: Any, shard: Any, tasks: int, cfg: Any) -> Any:
+        out = real(t, shard, tasks, cfg)
+        left.append([p.name for p in cfg.spill.iterdir() if p.name.startswith(f"{t.number:06d}-")
+                     or (p.name.startswith("plan-") and p in shard.columns.values())])
+        return out
+
+    monkeypatch.setattr(pipeline.pack, "pack_shard", spy)
+    build(manifest, tmp_path / "dropped", jobs=2, progress=False)
+    assert len(left) > 2 and not any(left)
+    monkeypatch.setattr(pipeline.pack.PackConfig, "__init__", _keeping(pipeline.pack.PackConfig.__init__))
+    left.clear()
+    build(manifest, tmp_path / "kept", jobs=2, progress=False)
+    assert all(left)  # every shard's spill files were still there after its task
+    for a in sorted((tmp_path / "dropped" / "shards").iterdir()):
+        assert fmt.content_hash(a) == fmt.content_hash(tmp_path / "kept" / "shards" / a.name)
+
+
+def _keeping(init: Any) -> Any:
+    def keep(self: Any, *a: Any, **k: Any) -> None:
+        init(self, *a, **{**k, "drop_spill": False})
+    return keep
