@@ -187,7 +187,7 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         cfg = PackConfig(out=out.resolve(), spill=spill, encoding=manifest.format, codec=Codec(manifest.codec, manifest.codec_level),
                          **{"counts": False, "obsm": (), **kind.pack_options(manifest)}, fields=plan.fields,
                          block_rows=manifest.block_rows, tables=tuple(plan.tables), samples=tuple(kind.samples),
-                         drop_spill=not executor.remote, **budget())
+                         drop_spill=not executor.remote, jobs=jobs, **budget())
         todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         moved = {sh.key for sh in plan.shards if sh.key in reusable and reusable[sh.key].split != sh.split}
         if moved:  # equal rows planned for another split (the split rules changed): a new shard, not a reuse

@@ -75,6 +75,7 @@ class PackConfig:
     # page limits, and writeback and write throttling made spill I/O grow ~2.5x for 2x the cells. A cluster
     # backend reruns a lost worker's tasks, which need their files: the build's end removes them there.
     drop_spill: bool = False
+    jobs: int = 1  # the build's parallelism: with 2 sources a job or more, a source is one task (pack_tasks)
 
     @property
     def obsm_widths(self) -> dict[str, tuple[int, ...]]:
@@ -235,6 +236,11 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
     spill). A bigger one is read by several phase-1 tasks over row ranges of about `cfg.scatter_bytes`
     (aligned to blocks, so one big file still keeps every job busy) that spill, and each of its shards is
     a phase-2 task. Tasks are listed biggest first so that parallel jobs finish together.
+
+    With at least two sources a job (`cfg.jobs`), each spilled source is instead one phase-1 task that reads
+    it and then packs its shards (`_whole_source`): every job stays busy without splitting files, there is
+    no barrier between the phases, and only the sources being worked on wait in spill files (all of them
+    did, ~4 GB at 2M cells: past the kernel's dirty-page limits, so they were written back to disk).
     """
     by_source: dict[int, list[tuple[Target, ShardPlan]]] = {}
     for i in todo:
@@ -250,6 +256,10 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
             read.append((size, partial(_fused, spec, n_rows, items, cfg)))
             continue
         rows, shard_of, pos = route([t for t, _ in items])
+        if len(by_source) >= 2 * cfg.jobs:
+            part = _park_routed(cfg.spill, s, 0, (rows, shard_of, pos))
+            read.append((size, partial(_whole_source, spec, n_rows, part, items, cfg)))
+            continue
         k = max(1, -(-size // cfg.scatter_bytes))
         cuts = sorted({0, n_rows, *(int(rows[rows.size * j // k]) // cfg.block_rows * cfg.block_rows
                                     for j in range(1, k))})
@@ -284,6 +294,13 @@ def _scatter(spec: SourceSpec, n_rows: int, part: tuple[str, ...], start: int, s
     del rows, shard_of, pos
     trim_heap()  # each task's buffers, freed: their pages back to the OS (pipeline.memory)
     return []
+
+
+def _whole_source(spec: SourceSpec, n_rows: int, part: tuple[str, ...], shards: Sequence[tuple[Target, ShardPlan]],
+                  cfg: PackConfig) -> list[PackResult]:
+    """One spilled source in one task: read it all (one scatter), then pack each of its shards."""
+    _scatter(spec, n_rows, part, 0, n_rows, 0, cfg)
+    return [r for t, sh in shards for r in _pack(t, sh, 1, cfg)]
 
 
 def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[PackResult]:

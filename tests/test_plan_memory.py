@@ -141,3 +141,27 @@ def _keeping(init: Any) -> Any:
     def keep(self: Any, *a: Any, **k: Any) -> None:
         init(self, *a, **{**k, "drop_spill": False})
     return keep
+
+
+def test_whole_source_tasks_build_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two spilled sources a job, a source is one task (read, then pack its shards): no phase-2 tasks,
+    and the same bytes as the two phases of row-range reads and per-shard packs."""
+    import pipeline.pack
+    from pipeline.build import build
+    from pipeline.events import EventLog
+    from tests.pipeline_helpers import write_manifest
+    from tests.test_pipeline import make_sources
+
+    make_sources(tmp_path, n=2, cells=300)
+    manifest = write_manifest(tmp_path / "m.toml")
+    monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", 0)
+    monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 40_000)
+    phases = {}
+    for jobs in (1, 2):  # 2 sources: one job has two a job (whole sources), two jobs do not (two phases)
+        ev = EventLog()
+        build(manifest, tmp_path / f"j{jobs}", jobs=jobs, progress=False, events=ev)
+        phases[jobs] = {e["phase"]: e["count"] for e in ev.events if e["event"] == "tasks"}
+    assert phases[1] == {"read sources": 2} and phases[2]["pack shards"] > 2
+    assert fmt.index_path(tmp_path / "j1").read_bytes() == fmt.index_path(tmp_path / "j2").read_bytes()
+    for a in sorted((tmp_path / "j1" / "shards").iterdir()):
+        assert fmt.content_hash(a) == fmt.content_hash(tmp_path / "j2" / "shards" / a.name)
