@@ -159,6 +159,8 @@ def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarra
                 if summed is not None:
                     seg[SUMMED] = np.array([summed[sel].sum()], np.int64)
                 yield int(sh[u]), seg
+            del block, indices, data, ptr
+            trim_heap()  # per block: a whole-source task reads ~16 blocks before its end (pipeline.memory)
 
 
 def pack_source(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
