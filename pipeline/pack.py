@@ -10,7 +10,8 @@ has been read. Until then they wait, as sorted pieces (`pipeline.spill`):
   source and packs its shards, with no intermediate files;
 * in spill files (`scatter_range` then `pack_shard`), for bigger sources: several tasks read row ranges of
   the source (so a single big file still keeps every job busy) and append each shard's rows to plain binary
-  files; one task per shard packs it from its files.
+  files; one task per shard packs it from its files. With two sources or more a job there is no need to
+  split files: one task reads a source and then packs its shards (`_whole_source`).
 
 Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task holds a few
 chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not the dataset size.
