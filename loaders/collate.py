@@ -1,9 +1,11 @@
 """Batch transport: a :class:`~loaders.payload.Payload` made into tensors (gathers: :mod:`loaders.gather`).
 
 In the main process batches are zero-copy tensors (:func:`to_tensors`). A DataLoader worker ships ONE
-shared-memory buffer per batch (:func:`to_shared`, finished values written straight into it): torch
-otherwise creates a shared-memory segment per tensor (~1 ms each here). The consumer splits it back into
-views (:func:`loaders.device.unpack_batch`), on the GPU after a single host-to-device copy.
+buffer per run of consecutive batches (:func:`to_shared` -> :class:`Shipped`, finished values written straight
+into it), in a reused slot of its :mod:`loaders.ring` when one is free: torch otherwise creates a shared-memory
+segment per tensor (~1 ms each here), and even one segment per batch cost more than gathering it. The
+consumer splits it back into views (:func:`loaders.device.unpack_batches`), on the GPU after a single
+host-to-device copy.
 
 ``output`` (:data:`OUTPUTS`): ``"dense"`` finishes deferred items here (numpy); ``"csr"`` hands CSR rows over as
 their three parts, ``key.crow`` / ``key.cols`` / ``key.vals`` (zero-copy views of the gather's output, index
@@ -16,6 +18,8 @@ device: :func:`loaders.device.assemble`). A shipped item is ``key + "." + part``
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,10 +28,10 @@ import torch
 from loaders.arena import ALIGN, Arena, BufferPool
 from loaders.gather import BatchRows, Rows
 from loaders.payload import CSR_OP, Deferred, Gathered, Payload
+from loaders.ring import Ring, receive
 
-__all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "sparse", "to_shared",
-           "to_tensors"]
-PACKED, LAYOUT = "__packed__", "__layout__"  # keys of a batch in shared-buffer transport
+__all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "Shipped", "sparse",
+           "to_shared", "to_tensors"]
 META = ".meta"  # key + META: (op, meta, part names) of a shipped deferred item
 OUTPUTS = ("dense", "csr", "sparse", "parts")
 
@@ -76,43 +80,101 @@ def _shared_bytes(n: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(new_shared(n), 0, (n,), (1,))
 
 
-def to_shared(p: Payload, output: str) -> dict[str, Any]:
-    """Worker transport: one shared buffer + layout; finished values are written straight into it."""
-    layout: list[tuple[str, str, tuple[int, ...], int]] = []
+Entry = tuple[str, str, tuple[int, ...], int]  # (key, numpy dtype str, shape, byte offset in the buffer)
+
+
+@dataclass
+class Shipped:
+    """What a worker ships for a run of consecutive batches: ONE uint8 buffer (a ring slot or a torch shared
+    segment), each batch's layout (:data:`Entry` tuples) and its extras (a shipped item's op/meta), and the
+    output form. The consumer splits it with :func:`loaders.device.unpack_batches`, on whatever device the
+    buffer now is. Pickles small when the buffer is a ring slot (:mod:`loaders.ring`)."""
+
+    buffer: torch.Tensor
+    layouts: tuple[tuple[Entry, ...], ...]
+    output: str
+    extras: tuple[dict[str, Any], ...]
+    slot: tuple[Ring, int] | None = None  # worker side: the ring slot ``buffer`` views
+
+    def __len__(self) -> int:
+        return len(self.layouts)
+
+    def with_buffer(self, buffer: torch.Tensor) -> Shipped:
+        """The same batches over another copy of the buffer (pinned, or on a device)."""
+        return replace(self, buffer=buffer, slot=None)
+
+    def pin_memory(self, device: Any = None) -> Shipped:
+        """For the DataLoader's pin thread: one page-locked copy of the whole buffer (frees a ring slot)."""
+        return self.with_buffer(self.buffer.pin_memory())
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.slot is None:  # torch's reduction shares the segment
+            return (Shipped, (self.buffer, self.layouts, self.output, self.extras))
+        r, i = self.slot
+        return (_from_ring, (r.id, r.registration(), i, int(self.buffer.numel()), self.layouts, self.output,
+                             self.extras))
+
+
+def _from_ring(ring_id: str, registration: Any, slot: int, nbytes: int, layouts: tuple[tuple[Entry, ...], ...],
+               output: str, extras: tuple[dict[str, Any], ...]) -> Shipped:
+    return Shipped(torch.from_numpy(receive(ring_id, registration, slot, nbytes)), layouts, output, extras)
+
+
+def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None) -> Shipped:
+    """Worker transport: consecutive batches in ONE buffer (a free slot of the worker's ``ring`` if it
+    has one, else a fresh shared segment); finished values are written straight into it."""
+    layouts: list[tuple[Entry, ...]] = []
     offset = 0
 
-    def reserve(key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    def reserve(layout: list[Entry], key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         nonlocal offset
         layout.append((key, dtype.str, tuple(int(s) for s in shape), offset))
         offset += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // ALIGN) * ALIGN
 
-    for k, v in p.arrays.items():
-        reserve(k, v.dtype, v.shape)
-    shipped = {key: d.parts() for key, d in p.xs.items() if _shipped(d, output)}
-    for key, d in p.xs.items():
-        if key in shipped:
-            for n, a in shipped[key].items():
-                reserve(f"{key}.{n}", a.dtype, a.shape)
-        else:
-            reserve(key, d.out_dtype, d.out_shape())
-    buf = _shared_bytes(max(offset, ALIGN))
-    raw = buf.numpy()
+    shipped_parts = []
+    for p in payloads:
+        layout: list[Entry] = []
+        for k, v in p.arrays.items():
+            reserve(layout, k, v.dtype, v.shape)
+        shipped = {key: d.parts() for key, d in p.xs.items() if _shipped(d, output)}
+        for key, d in p.xs.items():
+            if key in shipped:
+                for n, a in shipped[key].items():
+                    reserve(layout, f"{key}.{n}", a.dtype, a.shape)
+            else:
+                reserve(layout, key, d.out_dtype, d.out_shape())
+        layouts.append(tuple(layout))
+        shipped_parts.append(shipped)
+    size = max(offset, ALIGN)
+    slot = None if ring is None else ring.slot_for(size)
+    if slot is None:
+        buf = _shared_bytes(size)  # reads as zeros
+        raw = buf.numpy()
+    else:
+        raw = ring.view(slot, size)  # type: ignore[union-attr]  # holds an earlier item's bytes
+        buf = torch.from_numpy(raw)
 
-    def view(entry: tuple[str, str, tuple[int, ...], int]) -> np.ndarray:
+    def view(entry: Entry) -> np.ndarray:
         _, dt, shape, off = entry
         n = int(np.prod(shape, dtype=np.int64))
         return raw[off:off + n * np.dtype(dt).itemsize].view(dt)
 
-    entries = {e[0]: e for e in layout}
-    for k, v in p.arrays.items():
-        view(entries[k])[...] = v.reshape(-1)
-    extras: dict[str, Any] = {}
-    for key, d in p.xs.items():
-        if key in shipped:
-            for n, a in shipped[key].items():
-                view(entries[f"{key}.{n}"])[...] = a.reshape(-1)
-            if output != "csr":
-                extras[key + META] = _describe(d, shipped[key])
-        else:
-            d.finish(out=view(entries[key]))
-    return {PACKED: buf, LAYOUT: (tuple(layout), output, extras)}
+    extras: list[dict[str, Any]] = []
+    for p, layout, shipped in zip(payloads, layouts, shipped_parts, strict=True):
+        entries = {e[0]: e for e in layout}
+        extra: dict[str, Any] = {}
+        for k, v in p.arrays.items():
+            view(entries[k])[...] = v.reshape(-1)
+        for key, d in p.xs.items():
+            if key in shipped:
+                for n, a in shipped[key].items():
+                    view(entries[f"{key}.{n}"])[...] = a.reshape(-1)
+                if output != "csr":
+                    extra[key + META] = _describe(d, shipped[key])
+            else:
+                out = view(entries[key])
+                if slot is not None:
+                    out.fill(0)  # finishers take a zero-filled buffer
+                d.finish(out=out)
+        extras.append(extra)
+    return Shipped(buf, tuple(layouts), output, tuple(extras), None if slot is None else (ring, slot))

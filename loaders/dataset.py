@@ -23,8 +23,9 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.gather import BatchRows
 from loaders.integrity import check_on_corrupt
 from loaders.live import LiveWindows
+from loaders.ring import worker_ring
 from loaders.samples import get_sample_type
 from loaders.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
 from loaders.window import WindowReader
@@ -139,6 +141,8 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
         self._skip_flags: Any = None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
+        self.ship_batches = 1  # batches per item a DataLoader worker ships (ShardLoader sets its worker_batches)
+        self.ring_slots = 0  # reused shared-memory slots per worker (loaders.ring; ShardLoader sets them)
 
     def csr_output(self) -> str:
         """What CSR rows (X) become in a batch: dense float32, their CSR parts (``densify=False``: ``X.crow``,
@@ -320,15 +324,33 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         return self._decoder_state[1]
 
     # -- iteration -------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
+        """Batches (dicts of tensors) in the main process; in a DataLoader worker, :class:`Shipped` runs of
+        ``ship_batches`` batches (:func:`loaders.device.unpack_batches` splits them; ShardLoader does)."""
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
         epoch, start = self._iteration()
-        batches = order.worker_batches(self.num_batches(epoch), worker, n_workers, start)
-        if len(batches):
-            yield from self._serve(epoch, batches, worker, n_workers)
+        runs = order.worker_runs(self.num_batches(epoch), worker, n_workers, start, self._group())
+        if not len(runs):
+            return
+        served = self._serve(epoch, runs.batches(), worker, n_workers)
+        if info is None:
+            yield from served
+            return
+        ring = worker_ring(self.ring_slots)
+        try:
+            for run in runs:
+                yield to_shared(list(islice(served, len(run))), self.output, ring)
+        finally:
+            close = getattr(served, "close", None)
+            if close is not None:
+                close()
 
-    def _serve(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, torch.Tensor]]:
+    def _group(self) -> int:
+        """Batches a DataLoader worker ships per item (1 in the main process)."""
+        return max(1, self.ship_batches) if get_worker_info() is not None else 1
+
+    def _serve(self, epoch: int, batches: Iterable[int], worker: int, n_workers: int) -> Iterator[Any]:
         """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take and scipy's gather and densify
         release the GIL, so with ``num_workers=0`` the training thread only waits on a queue."""
         if self.batches_ahead == 0:
@@ -361,11 +383,11 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         window_pool, shard_pool = self._executors()
         if window_pool is None or (get_worker_info() is not None and self._shared is None):
             return
-        first = order.worker_batches(self.num_batches(epoch), worker, n_workers, 0)
+        first = order.worker_runs(self.num_batches(epoch), worker, n_workers, 0, self._group())
         if not len(first):
             return
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
-        w = self._plans(epoch, wstarts)(first[0])[1][0]
+        w = self._plans(epoch, wstarts)(first[0][0])[1][0]
         with self._ahead_lock:
             old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w, shard_pool))
         if old is not None:
@@ -382,9 +404,10 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         self._release(ahead[1])
         return {}
 
-    def _produce(self, epoch: int, batches: range, worker: int, n_workers: int) -> Iterator[dict[str, Any]]:
+    def _produce(self, epoch: int, batches: Iterable[int], worker: int, n_workers: int) -> Iterator[Any]:
+        """Batches in order: tensors in the main process, payloads in a worker (its caller ships runs of them)."""
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
-        finish = to_shared if get_worker_info() is not None else to_tensors
+        in_worker = get_worker_info() is not None
         plan_of: Callable[[int], Plan] = self._plans(epoch, wstarts)
         window_pool, shard_pool = self._executors()
         loaded = self._adopt(epoch)
@@ -414,7 +437,8 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
                 for w in [w for w in loaded if w not in keep]:
                     self._release(loaded.pop(w))  # windows behind us: recycle their memory
                 arenas = {w: loaded[w].result() for w in wins}
-                yield finish(self.make_batch(arenas, segments, epoch), self.output)
+                payload = self.make_batch(arenas, segments, epoch)
+                yield payload if in_worker else to_tensors(payload, self.output)
         finally:
             # windows still held go back once the next epoch's first window is read (it may be a view of one
             # of them: released first, it would be decoded again)

@@ -1,14 +1,14 @@
 """Feeding batches ahead of use: a background prefetch thread, and the consumer side of batch transport.
 
 :func:`prefetch` runs a batch generator in a thread a few items ahead (used for batch assembly).
-:func:`unpack_batch`/:func:`assemble` turn what a worker shipped (one shared buffer, CSR parts) back
-into tensors, on whatever device the batch now is.
+:func:`unpack_batches`/:func:`assemble` turn what a worker shipped (one buffer for a run of batches, CSR
+parts) back into tensors, on whatever device the buffer now is.
 
 On CUDA: batches arrive pinned (the DataLoader's pin thread), are copied with ``non_blocking=True``
 on a side stream ``depth`` batches ahead, and CSR parts are densified *there*: a 10%-dense batch
-crosses PCIe at ~1/5 of its dense size and the GPU scatter is nearly free. A batch from a worker is
-one shared buffer (see loaders.collate): it crosses as a single copy and is split into views on the device. The consumer's stream
-waits on an event per batch, and every tensor is ``record_stream``-ed so the caching allocator
+crosses PCIe at ~1/5 of its dense size and the GPU scatter is nearly free. A worker's item (a run of batches,
+see loaders.collate) is one buffer: it crosses as a single copy and is split into views on the device. The
+consumer's stream waits on an event per item, and every tensor is ``record_stream``-ed so the caching allocator
 does not recycle it under the consumer.
 
 ``device="cpu"`` runs that same path (staging, side stream, finishing with the torch finishers, hand-over)
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from loaders.collate import LAYOUT, META, PACKED, sparse
+from loaders.collate import META, Shipped, sparse
 from loaders.payload import CSR_OP, TORCH_MODULES, get_op
 
 Batch = dict[str, Any]
@@ -153,21 +153,32 @@ def _pop(batch: dict[str, Any], key: str) -> tuple[str, dict[str, Any], dict[str
     return op, meta, {n: batch.pop(f"{key}.{n}") for n in names}
 
 
-def unpack_batch(batch: dict[str, Any]) -> dict[str, Any]:
-    """Views into a shared-buffer batch (wherever the buffer now lives); other batches pass through."""
-    if PACKED not in batch:
-        return batch
-    buf, (layout, output, extras) = batch[PACKED], batch[LAYOUT]
-    out: dict[str, Any] = {}
-    for key, dt, shape, off in layout:
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-        out[key] = buf[off:off + n].view(_torch_dtype(dt)).view(shape)
-    out.update(extras)
-    if output == "sparse":  # the worker shipped CSR parts; the sparse tensor is built here
-        for key in _shipped_keys(out):
-            op, meta, parts = _pop(out, key)
-            out[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
+def unpack_batches(item: Shipped) -> list[Batch]:
+    """The batches of a worker's item: views into its one buffer, wherever the buffer now lives. On the host
+    the views are numpy's (with ``torch.from_numpy``: ~8x cheaper than slicing a tensor per field)."""
+    buf = item.buffer
+    raw = buf.numpy() if buf.device.type == "cpu" else None
+    out: list[Batch] = []
+    for layout, extras in zip(item.layouts, item.extras, strict=True):
+        batch: Batch = {}
+        for key, dt, shape, off in layout:
+            n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            if raw is not None:
+                batch[key] = torch.from_numpy(raw[off:off + n].view(dt).reshape(shape))
+            else:
+                batch[key] = buf[off:off + n].view(_torch_dtype(dt)).view(shape)
+        batch.update(extras)
+        if item.output == "sparse":  # the worker shipped CSR parts; the sparse tensor is built here
+            for key in _shipped_keys(batch):
+                op, meta, parts = _pop(batch, key)
+                batch[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
+        out.append(batch)
     return out
+
+
+def batches_of(item: Batch | Shipped) -> list[Batch]:
+    """A worker's item as batches; a main-process batch is one batch."""
+    return unpack_batches(item) if isinstance(item, Shipped) else [item]
 
 
 def assemble(batch: dict[str, Any], csr: str = "dense", on_device: bool = False) -> dict[str, Any]:
@@ -227,10 +238,12 @@ class Backend:
             t.record_stream(torch.cuda.current_stream(self.device))
 
 
-def stage(batch: Batch, backend: Backend) -> Batch:
+def stage(item: Batch | Shipped, backend: Backend) -> Batch | Shipped:
     """Host tensors in staging (pinned) memory; layouts and shapes stay Python values."""
+    if isinstance(item, Shipped):
+        return item.with_buffer(backend.pin(item.buffer)) if item.buffer.device.type == "cpu" else item
     return {k: backend.pin(v) if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v
-            for k, v in batch.items()}
+            for k, v in item.items()}
 
 
 class DeviceFeeder:
@@ -243,34 +256,43 @@ class DeviceFeeder:
         self.depth = max(1, int(depth))
         self.csr = csr  # what shipped CSR rows become: "dense", "csr" (parts) or "sparse" (see assemble)
 
-    def _move(self, batch: Batch) -> Batch:
+    def _move(self, item: Batch | Shipped) -> Batch | Shipped:
         assert self.device is not None
+        if isinstance(item, Shipped):  # one copy for the whole run of batches
+            return item.with_buffer(item.buffer.to(self.device, non_blocking=True))
         # layouts and shapes are Python values and stay on the host: reading them never synchronises
-        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in item.items()}
 
-    def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+    def __call__(self, items: Iterable[Batch | Shipped]) -> Iterator[Batch]:
+        """Batches from ``items``: main-process batches, or workers' runs of batches (:class:`Shipped`)."""
         if self.device is None or (self.device.type == "cuda" and not self.cuda):
-            for batch in batches:
-                yield assemble(unpack_batch(batch), self.csr)
+            for item in items:
+                for batch in batches_of(item):
+                    yield assemble(batch, self.csr)
             return
         backend = Backend(self.device)
         stream = backend.stream()
-        staged: deque[tuple[Batch, Any]] = deque()
-        for batch in batches:
+        staged: deque[tuple[list[Batch], Any]] = deque()
+        ready = 0  # batches staged
+        for item in items:
             with backend.on(stream):
-                moved = assemble(unpack_batch(self._move(stage(batch, backend))), self.csr, on_device=True)
+                moved = [assemble(b, self.csr, on_device=True) for b in batches_of(self._move(stage(item, backend)))]
                 event = backend.event(stream)
             staged.append((moved, event))
-            if len(staged) > self.depth:
-                yield self._hand_over(*staged.popleft(), backend)
+            ready += len(moved)
+            while staged and ready - len(staged[0][0]) >= self.depth:  # keep ``depth`` batches staged ahead
+                done, ev = staged.popleft()
+                ready -= len(done)
+                yield from self._hand_over(done, ev, backend)
         while staged:
-            yield self._hand_over(*staged.popleft(), backend)
+            yield from self._hand_over(*staged.popleft(), backend)
 
     @staticmethod
-    def _hand_over(batch: Batch, event: Any, backend: Backend) -> Batch:
+    def _hand_over(batches: list[Batch], event: Any, backend: Backend) -> Iterator[Batch]:
         backend.wait(event)
-        for value in batch.values():
-            if isinstance(value, torch.Tensor):
-                for t in _components(value):
-                    backend.keep(t)
-        return batch
+        for batch in batches:
+            for value in batch.values():
+                if isinstance(value, torch.Tensor):
+                    for t in _components(value):
+                        backend.keep(t)
+            yield batch

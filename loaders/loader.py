@@ -40,15 +40,20 @@ class ShardLoader:
 
     ``device``: where batches should end up (``None`` keeps them on the CPU). On CUDA the workers
     ship CSR parts and the densify happens on the GPU (``ship_csr`` forces either way).
-    ``num_workers``: processes decoding/gathering in parallel; each decodes every window of the
-    rank (batches are dealt round-robin), so workers add gather throughput, not decode throughput.
+    ``num_workers``: processes gathering and assembling batches in parallel; the windows are decoded once, by
+    this process's decoder process, and mapped by every worker (:mod:`loaders.broker`).
+    ``worker_batches``: consecutive batches a worker ships as one item (one buffer, in a reused slot of the
+    worker's :mod:`loaders.ring`): the per-item cost of the DataLoader's queues and pickling is paid once per
+    run. ``prefetch_factor`` counts items (runs), as in torch: 2 items of 4 batches keep 8 batches ahead
+    per worker.
     The loader configures its dataset (output form, shared epoch state): one loader per dataset.
     """
 
     def __init__(self, dataset: ShardDataset, num_workers: int = 0, pin_memory: bool = True,
-                 prefetch_factor: int = 4, device: torch.device | str | None = None,
+                 prefetch_factor: int = 2, device: torch.device | str | None = None,
                  persistent_workers: bool = False, multiprocessing_context: str | None = None,
-                 timeout: float = 0.0, device_prefetch: int = 2, ship_csr: bool | None = None) -> None:
+                 timeout: float = 0.0, device_prefetch: int = 2, ship_csr: bool | None = None,
+                 worker_batches: int = 4) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError("ShardLoader needs a ShardDataset")
         self.dataset = dataset
@@ -63,6 +68,13 @@ class ShardLoader:
         wanted = dataset.csr_output()  # what the user gets for CSR rows: "dense", "csr" parts or "sparse"
         dataset.output = "parts" if self.ship_csr else wanted
         self._feeder = DeviceFeeder(dev, device_prefetch, csr=wanted)
+        if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
+            raise ValueError(f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1")
+        dataset.ship_batches = int(worker_batches) if num_workers > 0 else 1
+        # items a worker may have out at once: its prefetched ones, the one being unpacked, the one whose batch the
+        # trainer holds, the pin thread's, and those the device feeder stages; beyond that, fresh segments
+        dataset.ring_slots = prefetch_factor + 3 + -(-max(1, device_prefetch) // dataset.ship_batches) \
+            if num_workers > 0 else 0
         persistent = persistent_workers and num_workers > 0
         if persistent:  # workers outlive iterations: they read epoch/start from shared memory
             dataset._shared = mp.get_context(multiprocessing_context).RawArray("q", 2)

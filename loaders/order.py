@@ -12,9 +12,9 @@ Vocabulary:
 * the *global order* is the concatenation of the windows, each one's units shuffled. It does not
   depend on the world size, the number of workers or the batch size;
 * rank ``r`` of ``world`` takes the contiguous slice ``[r*n, (r+1)*n)`` of global positions;
-  batch ``j`` of a rank covers its positions ``[j*B, (j+1)*B)``; worker ``w`` of ``W`` takes batches
-  ``start + w, start + w + W, ...`` so the DataLoader's round-robin over workers gives back the
-  rank's batch sequence exactly (``start`` > 0 resumes mid-epoch).
+  batch ``j`` of a rank covers its positions ``[j*B, (j+1)*B)``; worker ``w`` of ``W`` takes runs of
+  ``group`` consecutive batches, runs ``w, w + W, ...`` from ``start``, so the DataLoader's round-robin over
+  workers gives back the rank's batch sequence exactly (``start`` > 0 resumes mid-epoch).
 
 Memory: only the windows a request overlaps are materialised; nothing is O(total units) except
 per-shard arrays.
@@ -22,7 +22,9 @@ per-shard arrays.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -158,16 +160,50 @@ def batch_positions(n_units: int, rank: int, world: int, batch_size: int, j: int
     return rank_positions(n_units, rank, world, pad, j * batch_size, (j + 1) * batch_size)
 
 
-def worker_batches(n_batches: int, worker: int, num_workers: int, start: int = 0) -> range:
-    """Batch ids of one DataLoader worker (``num_workers`` 0 means the main process does everything).
+@dataclass(frozen=True)
+class WorkerRuns(Sequence[range]):
+    """The runs of consecutive batch ids one DataLoader worker ships, one item each; lazy (O(1) memory)."""
 
-    Worker ``w`` takes ``start + w, start + w + W, ...``: the DataLoader asks workers round-robin from
-    worker 0, so merging them back reproduces the rank's sequence from ``start`` on, for any ``W``.
+    firsts: range  # each run's first batch id
+    group: int
+    n_batches: int
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    @overload
+    def __getitem__(self, i: int) -> range: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[range]: ...
+
+    def __getitem__(self, i: int | slice) -> range | list[range]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        a = self.firsts[i]
+        return range(a, min(a + self.group, self.n_batches))
+
+    def batches(self) -> Iterator[int]:
+        """The worker's batch ids, in the order it makes them."""
+        for run in self:
+            yield from run
+
+
+def worker_runs(n_batches: int, worker: int, num_workers: int, start: int = 0, group: int = 1) -> WorkerRuns:
+    """The runs of batches worker ``worker`` of ``num_workers`` ships (0 workers: the main process does all).
+
+    From ``start`` on, batches are cut into runs of ``group`` and dealt round-robin from worker 0: worker ``w``
+    takes runs ``w, w + W, ...``. The DataLoader asks workers in that same order, so merging their items back
+    reproduces the rank's batch sequence from ``start`` on, for any ``W`` and ``group``.
     """
-    w_total = max(1, num_workers)
+    w_total, group, start = max(1, num_workers), max(1, int(group)), max(0, int(start))
     if not 0 <= worker < w_total:
         raise ValueError(f"worker {worker} outside [0, {w_total})")
-    return range(max(0, start) + worker, n_batches, w_total)
+    return WorkerRuns(range(start + worker * group, n_batches, w_total * group), group, n_batches)
+
+
+def worker_batches(n_batches: int, worker: int, num_workers: int, start: int = 0, group: int = 1) -> list[int]:
+    """Batch ids of one worker, in order (tests and small counts; the loader iterates :func:`worker_runs`)."""
+    return list(worker_runs(n_batches, worker, num_workers, start, group).batches())
 
 
 def batch_units(counts: np.ndarray | list[int], seed: int, epoch: int, window: int, rank: int, world: int,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -186,3 +187,23 @@ def make_dataset(root: str | Path, n_shards: int = 6, cells_per_shard: int = 200
                       vocabularies=vocab, obs_fields=list(OBS_FIELDS),
                       conditions=ConditionsRef(file=CONDITIONS_FILE, rows=N_PERTS + 1, dim=COND_DIM)))
     return Fixture(root=root, n_genes=n_genes, shards=shards, splits=shard_splits, vectors=vectors)
+
+
+def transported(payload: Any, output: str) -> list[dict[str, Any]]:
+    """One payload through every transport: main-process tensors, a worker's fresh shared segment, and a
+    worker's ring slot that held an earlier item's bytes (0x7F everywhere: finishers must not assume zeros),
+    shipped as the second batch of a run of two."""
+    from loaders.collate import to_shared, to_tensors
+    from loaders.device import unpack_batches
+    from loaders.ring import Ring
+
+    ring = Ring(1, max_bytes=64 << 20)
+    stale = to_shared([payload, payload], output, ring)
+    assert stale.slot is not None
+    stale.buffer.numpy()[:] = 0x7F
+    ring.control[stale.slot[1]] = 0  # the consumer let it go
+    del stale
+    item = to_shared([payload, payload], output, ring)
+    assert item.slot is not None, "the ring must have served this item"
+    return [to_tensors(payload, output), unpack_batches(to_shared([payload], output))[0],
+            unpack_batches(item)[1]]

@@ -311,9 +311,10 @@ def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
 
 @pytest.mark.parametrize("output", ["dense", "csr", "sparse", "parts"])
 def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
-    from loaders.collate import Arena, BufferPool, Payload, Rows, to_shared, to_tensors
-    from loaders.device import assemble, unpack_batch
+    from loaders.collate import Arena, BufferPool, Payload, Rows
+    from loaders.device import assemble
     from loaders.format import FieldSpec
+    from tests.shard_fixtures import transported
 
     rng = np.random.default_rng(0)
     m, g = 37, 101
@@ -334,7 +335,7 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
     payload = Payload(arrays={"sample_id": np.arange(2 * m, dtype=np.int64)},
                       xs={"X": Rows([arena], None, order).csr("X", (2 * m, g))})
     want = np.concatenate([dense, dense])[order]
-    for batch in (to_tensors(payload, output), unpack_batch(to_shared(payload, output))):
+    for batch in transported(payload, output):
         got = assemble(batch, "dense" if output == "parts" else output)
         if output == "csr":
             crow, cols, vals = (got[f"X.{n}"].numpy() for n in ("crow", "cols", "vals"))

@@ -15,18 +15,21 @@ counts_st = st.lists(st.integers(0, 40), min_size=0, max_size=12)
 
 def rank_sequence(counts: list[int], seed: int, epoch: int, window: int, rank: int, world: int, bs: int,
                   pad: bool, drop_last: bool, shuffle: bool = True, num_workers: int = 0,
-                  start: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The batches a rank sees, merging workers the way torch's DataLoader does (round-robin from worker 0)."""
+                  start: int = 0, group: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The batches a rank sees, merging workers' items (runs of ``group`` batches) the way torch's DataLoader
+    does (round-robin from worker 0, an item at a time)."""
     total = int(np.sum(counts))
     nb = order.num_batches(order.rank_size(total, world, pad), bs, drop_last)
     per_worker = [
-        [order.batch_units(counts, seed, epoch, window, rank, world, bs, j, pad, shuffle)
-         for j in order.worker_batches(nb, w, num_workers, start)]
+        [[order.batch_units(counts, seed, epoch, window, rank, world, bs, j, pad, shuffle) for j in run]
+         for run in order.worker_runs(nb, w, num_workers, start, group)]
         for w in range(max(1, num_workers))
     ]
     merged = []
     for i in range(max((len(p) for p in per_worker), default=0)):
-        merged.extend(p[i] for p in per_worker if i < len(p))
+        for p in per_worker:
+            if i < len(p):
+                merged.extend(p[i])
     return merged
 
 
@@ -90,24 +93,27 @@ def test_consecutive_epochs_differ(counts: list[int], seed: int, epoch: int, win
 @SETTINGS
 @given(counts=counts_st, seed=st.integers(0, 1000), epoch=st.integers(0, 3), window=st.integers(1, 5),
        world=st.integers(1, 5), bs=st.integers(1, 9), workers=st.integers(1, 4), pad=st.booleans(),
-       drop_last=st.booleans())
+       drop_last=st.booleans(), group=st.integers(1, 5))
 def test_order_independent_of_num_workers(counts: list[int], seed: int, epoch: int, window: int, world: int,
-                                          bs: int, workers: int, pad: bool, drop_last: bool) -> None:
+                                          bs: int, workers: int, pad: bool, drop_last: bool, group: int) -> None:
     for rank in range(world):
         ref = rank_sequence(counts, seed, epoch, window, rank, world, bs, pad, drop_last, num_workers=0)
-        got = rank_sequence(counts, seed, epoch, window, rank, world, bs, pad, drop_last, num_workers=workers)
+        got = rank_sequence(counts, seed, epoch, window, rank, world, bs, pad, drop_last, num_workers=workers,
+                            group=group)
         assert as_pairs(got) == as_pairs(ref)
         assert [len(b[0]) for b in got] == [len(b[0]) for b in ref]
 
 
 @SETTINGS
 @given(counts=counts_st, seed=st.integers(0, 1000), window=st.integers(1, 5), world=st.integers(1, 3),
-       bs=st.integers(1, 9), workers=st.integers(0, 4), k=st.integers(0, 20), pad=st.booleans())
+       bs=st.integers(1, 9), workers=st.integers(0, 4), k=st.integers(0, 20), pad=st.booleans(),
+       group=st.integers(1, 5))
 def test_resume_yields_exactly_the_remaining_batches(counts: list[int], seed: int, window: int, world: int, bs: int,
-                                                     workers: int, k: int, pad: bool) -> None:
+                                                     workers: int, k: int, pad: bool, group: int) -> None:
     for rank in range(world):
         full = rank_sequence(counts, seed, 2, window, rank, world, bs, pad, False)
-        rest = rank_sequence(counts, seed, 2, window, rank, world, bs, pad, False, num_workers=workers, start=k)
+        rest = rank_sequence(counts, seed, 2, window, rank, world, bs, pad, False, num_workers=workers, start=k,
+                             group=group)
         assert len(rest) == max(0, len(full) - k)
         for a, b in zip(rest, full[k:], strict=True):
             assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])

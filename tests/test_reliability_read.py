@@ -205,7 +205,8 @@ def test_loader_opened_before_a_rebuild(case: hostile.Case, built: dict[str, Pat
         np.testing.assert_array_equal(got, want)
         return
     ds = ShardDataset(root, decode_process=False, **kw)  # type: ignore[arg-type]
-    dl = ShardLoader(ds, num_workers=workers, timeout=60)
+    # workers ahead by one batch only, so that the files are still to be read when they change
+    dl = ShardLoader(ds, num_workers=workers, timeout=60, worker_batches=1, prefetch_factor=1)
     it = iter(dl)
     first = next(it)["sample_id"].numpy()
     if mode == "kept":
