@@ -172,9 +172,6 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
                 if output != "csr":
                     extra[key + META] = _describe(d, shipped[key])
             else:
-                out = view(entries[key])
-                if slot is not None:
-                    out.fill(0)  # finishers take a zero-filled buffer
-                d.finish(out=out)
+                d.finish(out=view(entries[key]), zeroed=slot is None)  # a ring slot holds old bytes
         extras.append(extra)
     return Shipped(buf, tuple(layouts), output, tuple(extras), None if slot is None else (ring, slot))

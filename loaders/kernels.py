@@ -80,18 +80,32 @@ def row_gather(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows: 
     return crow, cols, vals
 
 
+ZERO_BLOCK_ROWS = 32  # rows zeroed then filled together: ~256 KB at 2,000 genes, still in the core's cache
+
+
 def densify(crow: np.ndarray, indices: np.ndarray, data: np.ndarray, n_cols: int,
-            out: np.ndarray | None = None) -> np.ndarray:
-    """Dense float32 ``[m, n_cols]`` of CSR rows; into ``out`` (zero-filled, float32) when given. Without
-    ``out`` the result is calloc'ed: fresh zero pages, no memset."""
+            out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
+    """Dense float32 ``[m, n_cols]`` of CSR rows; into ``out`` (float32) when given. Without ``out`` the result
+    is calloc'ed: fresh zero pages, no memset. ``zeroed=False``: ``out`` holds old bytes (a reused ring slot);
+    it is zeroed a block of rows at a time, each block filled while still in cache (a separate memset of the
+    whole batch first went to DRAM and back: 2.3x the densify's own time in a DataLoader worker)."""
     m = crow.size - 1
     vals = data if data.dtype == np.float32 else data.astype(np.float32)
     dense = np.zeros((m, n_cols), np.float32) if out is None else out.reshape(m, n_cols)
     if native():
         idx = np.result_type(crow.dtype, indices.dtype)
-        _NATIVE[1](m, n_cols, crow.astype(idx, copy=False), indices.astype(idx, copy=False), vals,  # type: ignore[index]
-                   dense)
+        crow, indices = crow.astype(idx, copy=False), indices.astype(idx, copy=False)
+        if out is None or zeroed:
+            _NATIVE[1](m, n_cols, crow, indices, vals, dense)  # type: ignore[index]
+            return dense
+        for a in range(0, m, ZERO_BLOCK_ROWS):  # crow slices keep absolute offsets into indices/vals
+            b = min(a + ZERO_BLOCK_ROWS, m)
+            block = dense[a:b]
+            block.fill(0)
+            _NATIVE[1](b - a, n_cols, crow[a:b + 1], indices, vals, block)  # type: ignore[index]
         return dense
+    if out is not None and not zeroed:
+        dense.fill(0)
     try:
         sp.csr_matrix((vals, indices, crow), shape=(m, n_cols), copy=False).toarray(out=dense)
     except Exception as e:

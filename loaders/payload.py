@@ -43,8 +43,11 @@ class Deferred(ABC):
 
     out_dtype: ClassVar[np.dtype] = np.dtype(np.float32)
 
-    def finish(self, out: np.ndarray | None = None) -> np.ndarray:
-        """The finished value in numpy (into ``out``, a flat zero-filled buffer of the right size, if given)."""
+    def finish(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
+        """The finished value in numpy (into ``out``, a flat buffer of the right size, if given; finishers take
+        it zero-filled: ``zeroed=False`` says it holds old bytes, and it is zeroed first)."""
+        if out is not None and not zeroed:
+            out.fill(0)
         return get_op(self.op)(self.parts(), self.meta(), out)
 
 
@@ -98,11 +101,12 @@ class Gathered(Deferred):
     def out_shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self.shape)
 
-    def dense(self, out: np.ndarray | None = None) -> np.ndarray:
-        return kernels.densify(self.indptr, self.indices, self.data, int(self.shape[-1]), out).reshape(self.shape)
+    def dense(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
+        return kernels.densify(self.indptr, self.indices, self.data, int(self.shape[-1]), out,
+                               zeroed).reshape(self.shape)
 
-    def finish(self, out: np.ndarray | None = None) -> np.ndarray:
-        return self.dense(out)
+    def finish(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
+        return self.dense(out, zeroed)
 
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(crow [m+1], cols [nnz], vals [nnz])`` as gathered, no copy: ``crow`` and ``cols`` share one index

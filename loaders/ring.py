@@ -54,7 +54,6 @@ class Ring:
         self.maps = [mmap.mmap(fd, self.capacity) for fd in self.fds]
         self.used = [0] * self.n_slots  # bytes ever written per slot (its allocated pages)
         self.registered = False  # the descriptors went out with an item already
-        self._next = 0
         weakref.finalize(self, _close, self.maps + [self.control], self.fds + [self.control_fd])
 
     def nbytes(self) -> int:
@@ -65,8 +64,7 @@ class Ring:
         """A free slot that can take ``nbytes`` (now marked busy), or None: the caller falls back."""
         if nbytes > self.capacity:
             return None
-        for k in range(self.n_slots):
-            i = (self._next + k) % self.n_slots
+        for i in range(self.n_slots):  # the lowest free slot: the most recently used ones stay in cache
             if self.control[i] != FREE:
                 continue
             grow = max(0, nbytes - self.used[i])
@@ -74,7 +72,6 @@ class Ring:
                 continue
             self.used[i] = max(self.used[i], nbytes)
             self.control[i] = BUSY
-            self._next = (i + 1) % self.n_slots
             return i
         return None
 

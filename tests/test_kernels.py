@@ -54,6 +54,16 @@ def test_row_gather_into_caller_buffers(path: str) -> None:
     np.testing.assert_array_equal(sp.csr_matrix((vals, cols, crow), shape=(4, 57)).toarray(), x[rows].toarray())
 
 
+def test_densify_into_a_buffer_holding_old_bytes(path: str) -> None:
+    """``zeroed=False`` (a reused ring slot): every row is zeroed before it is filled, in blocks or not."""
+    x = _matrix(4)
+    for m in (1, kernels.ZERO_BLOCK_ROWS, 2 * kernels.ZERO_BLOCK_ROWS + 5):
+        sub = x[:m]
+        out = np.full(m * 57, 7.0, np.float32)
+        got = kernels.densify(sub.indptr, sub.indices, sub.data, 57, out, zeroed=False)
+        np.testing.assert_array_equal(got, sub.toarray())
+
+
 def test_densify_matches_toarray_with_and_without_out(path: str) -> None:
     x = _matrix(3)
     np.testing.assert_array_equal(kernels.densify(x.indptr, x.indices, x.data, 57), x.toarray())
