@@ -19,7 +19,7 @@ from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
 from loaders.samples.spike import crop_bits, crop_offsets, voxel_numpy
 from loaders.shardio import read_shard
-from loaders.spike_ops import POPCOUNT, crop_pixels, pack_pixel_major, voxel_pixel_numpy
+from loaders.spike_ops import POPCOUNT, crop_pixels, pack_pixel_major, popcount, voxel_pixel_numpy
 from loaders.spike_torch import popcount8, voxel_pixel_torch, voxel_torch
 from pipeline.build import build
 from pipeline.demo_spike import vidar_bytes
@@ -53,6 +53,17 @@ def test_pack_pixel_major_layout_and_popcounts() -> None:
     x = np.arange(256, dtype=np.uint8)
     np.testing.assert_array_equal(POPCOUNT, np.unpackbits(x[:, None], axis=1).sum(1))
     np.testing.assert_array_equal(popcount8(torch.from_numpy(x)).numpy(), POPCOUNT)
+    np.testing.assert_array_equal(popcount(x.reshape(16, 16)), POPCOUNT.reshape(16, 16))
+
+
+def test_voxels_without_numpys_popcount_ufunc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy < 2.0 has no ``bitwise_count``: the table gives the same voxels."""
+    frames = _frames(2, 40, 41)
+    pixel = crop_pixels([pack_pixel_major(f) for f in frames], np.zeros((2, 2), np.int64), None, 1)
+    want = voxel_pixel_numpy(pixel, 40, 5, 1)
+    monkeypatch.delattr(np, "bitwise_count", raising=False)
+    np.testing.assert_array_equal(voxel_pixel_numpy(pixel, 40, 5, 1), want)
+    np.testing.assert_array_equal(want, _want(frames, np.zeros((2, 2), np.int64), None, 5, 1))
 
 
 @pytest.mark.parametrize("t, bins", [(40, 5), (48, 3), (40, 1), (40, 4), (36, 4)])  # frames/bin 8 16 40 10 9
