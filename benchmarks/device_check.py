@@ -11,7 +11,8 @@ synthetic screen), ``csr.h5`` (4,096 CSR rows of it, h5py), ``gpu_spike/`` (the 
   ``num_workers`` 0, 2 and 4;
 * the host loader's rate for ``num_workers`` 0, 1, 2, 4, 8 on 16 cores (dense, persistent workers, the
   whole split one window): what docs/LOADER.md says to expect on 16+ cores, measured;
-* the spike voxel op and loader on the GPU (``benchmarks.gpu_spike``), equal to numpy or an error.
+* the spike voxel op and loader on the GPU (``benchmarks.gpu_spike``), equal to numpy or an error;
+* cells, pairs and sentences through ``device="cuda"`` equal to the host loader's, key by key (or an error).
 
 Results go to ``--out/device.json`` and a markdown summary to stdout. Not interleaved across processes: the
 rates of the worker scan are from consecutive windows of one process, on a machine nobody else uses.
@@ -52,12 +53,45 @@ def worker_scan(root: str, workers: tuple[int, ...], seconds: float, batch_size:
     return out
 
 
+def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str, Any]]:
+    """``device="cuda"`` (CSR parts shipped, densified on the GPU) against ``device=None``: every key of every
+    batch equal, for cells, pairs and sentences, dense and ``densify=False``; raises on the first difference."""
+    import torch
+
+    from loaders import ShardDataset, ShardLoader
+
+    out = []
+    for sample, densify, w in ((s, d, w) for s in ("cells", "pairs", "sentences") for d in (True, False)
+                               for w in workers):
+        kw = {"sample": sample, "batch_size": 2 if sample == "sentences" else 128, "seed": 3, "densify": densify}
+        host = ShardLoader(ShardDataset(root, split="train", **kw), num_workers=w)  # type: ignore[arg-type]
+        dev = ShardLoader(ShardDataset(root, split="train", **kw), num_workers=w, device="cuda")  # type: ignore[arg-type]
+        n = 0
+        for e in (0, 1):
+            host.set_epoch(e)
+            dev.set_epoch(e)
+            for a, b in zip(host, dev, strict=True):
+                assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+                for k in a:
+                    x, y = a[k], b[k]
+                    if isinstance(x, torch.Tensor):
+                        assert y.device.type == "cuda", (k, y.device)
+                        assert x.dtype == y.dtype and torch.equal(x, y.cpu()), f"{sample} w={w} epoch {e}: {k} differs"
+                n += 1
+        out.append({"sample": sample, "densify": densify, "num_workers": w, "batches": n, "equal": True})
+        print(f"[device] parity {sample} densify={densify} num_workers={w}: {n} batches equal", flush=True)
+        del host, dev
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=".devdata")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--parts", default="cells_parity,gpu_cells,host_workers,gpu_spike", help="comma list of the parts to run")
     a = ap.parse_args(argv)
+    parts = set(a.parts.split(","))
     import torch
 
     from benchmarks.gpu import run_gpu
@@ -67,15 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(),
                            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     print(f"[device] {res}", flush=True)
-    res["gpu_cells"] = run_gpu({"n_genes": 2000, "batch_size": 256, "h5ad": str(data / "csr.h5"),
-                                "shards_root": str(data / "cells"), "workers": [0, 2, 4], "seconds": a.seconds,
-                                "warmup": 5})
-    print(f"[device] gpu cells: {json.dumps(res['gpu_cells'])}", flush=True)
-    res["host_workers"] = worker_scan(str(data / "cells"), (0, 1, 2, 4, 8), a.seconds)
-    spike = run_gpu_spike(data / "gpu_spike", "cuda", seconds=2.0, repeats=3)
-    res["gpu_spike"] = spike
+    if "gpu_cells" in parts:
+        res["gpu_cells"] = run_gpu({"n_genes": 2000, "batch_size": 256, "h5ad": str(data / "csr.h5"),
+                                    "shards_root": str(data / "cells"), "workers": [0, 2, 4], "seconds": a.seconds,
+                                    "warmup": 5})
+        print(f"[device] gpu cells: {json.dumps(res['gpu_cells'])}", flush=True)
+    if "cells_parity" in parts:
+        res["cells_parity"] = cells_parity(str(data / "cells"))
+    if "host_workers" in parts:
+        res["host_workers"] = worker_scan(str(data / "cells"), (0, 1, 2, 4, 8), a.seconds)
+    if "gpu_spike" in parts:
+        res["gpu_spike"] = run_gpu_spike(data / "gpu_spike", "cuda", seconds=2.0, repeats=3)
+        print(table(res["gpu_spike"]), flush=True)
     Path(a.out, "device.json").write_text(json.dumps(res, indent=1, default=str))
-    print(table(spike), flush=True)
     return 0
 
 

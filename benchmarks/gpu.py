@@ -73,34 +73,41 @@ def densify_rate(h5ad: str, n_genes: int, rows: int = 4096, repeats: int = 20, d
 
 
 def loader_on_cuda(root: str, n_genes: int, batch_size: int, workers: int, seconds: float,
-                   warmup: int, device: str = "cuda") -> dict[str, Any]:
-    from benchmarks.loaders_bench import shard_loader_factory
+                   warmup: int, device: str | None = "cuda") -> dict[str, Any]:
+    """Cells/s of ``ShardLoader(device=device)`` over epochs after them (persistent workers, the first epoch a
+    warm-up), and how long the trainer waits for each batch (synchronised: the batch is usable). ``device=None``:
+    the host loader, for reference in the same run."""
     from benchmarks.measure import payload
+    from loaders import ShardDataset, ShardLoader
 
-    _dl, make = shard_loader_factory(root, "cells", batch_size, workers, device=device)
-    sink: list[str] = []
-    it = make(0, sink)
+    ds = ShardDataset(root, split="train", sample="cells", batch_size=batch_size, shuffle=True, seed=0)
+    cuda = device is not None and device.startswith("cuda")
+    dl = ShardLoader(ds, num_workers=workers, pin_memory=cuda, device=device, persistent_workers=workers > 0)
     t0 = time.perf_counter()
+    dl.set_epoch(0)
+    it = iter(dl)
     next(it)
     ttfb = time.perf_counter() - t0
-    for _ in range(warmup):
-        next(it)
-    waits, cells = [], 0
+    for _ in it:  # the rest of the first epoch: decode, workers' start
+        pass
+    waits, cells, epoch = [], 0, 1
     t1 = time.perf_counter()
-    for _ in range(100_000):
-        tw = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            break
-        _sync(device)
-        waits.append(time.perf_counter() - tw)
-        cells += payload(batch, n_genes)[0]
-        if time.perf_counter() - t1 >= seconds:
-            break
+    while time.perf_counter() - t1 < seconds:
+        dl.set_epoch(epoch)
+        epoch += 1
+        it = iter(dl)
+        while True:
+            tw = time.perf_counter()
+            batch = next(it, None)
+            if batch is None:
+                break
+            if cuda:
+                _sync(device)
+            waits.append(time.perf_counter() - tw)
+            cells += payload(batch, n_genes)[0]
     el = time.perf_counter() - t1
-    it.close()
-    return {"num_workers": workers, "cells_per_s": cells / el if el > 0 else 0.0, "ttfb_s": ttfb,
+    return {"num_workers": workers, "device": device or "host", "cells_per_s": cells / el if el > 0 else 0.0,
+            "ttfb_s": ttfb, "epochs": epoch - 1,
             "gpu_wait_ms_median": 1e3 * statistics.median(waits) if waits else None,
             "gpu_wait_ms_p95": 1e3 * float(np.percentile(waits, 95)) if waits else None, "batches": len(waits)}
 
@@ -121,9 +128,11 @@ def run_gpu(spec: dict[str, Any]) -> dict[str, Any]:
     out["loader"] = []
     if spec.get("shards_root"):
         for w in spec["workers"]:
-            try:
-                out["loader"].append(loader_on_cuda(spec["shards_root"], n_genes, bs, w, float(spec["seconds"]),
-                                                    int(spec["warmup"]), device=device))
-            except Exception as e:
-                out["loader"].append({"num_workers": w, "error": f"{type(e).__name__}: {e}"})
+            for dev in (device, None):  # the host loader in the same run, for reference
+                try:
+                    out["loader"].append(loader_on_cuda(spec["shards_root"], n_genes, bs, w, float(spec["seconds"]),
+                                                        int(spec["warmup"]), device=dev))
+                except Exception as e:
+                    out["loader"].append({"num_workers": w, "device": dev or "host",
+                                          "error": f"{type(e).__name__}: {e}"})
     return out

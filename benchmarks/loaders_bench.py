@@ -154,7 +154,7 @@ class EpochProbe:
             self.first = False
             key = "sample_id" if isinstance(batch, dict) and "sample_id" in batch else None
             t = batch[key] if key else (next(iter(batch.values())) if isinstance(batch, dict) else batch)
-            self.sink.append(hashlib.sha1(t[:8].contiguous().numpy().tobytes()).hexdigest()[:12])
+            self.sink.append(hashlib.sha1(t[:8].contiguous().cpu().numpy().tobytes()).hexdigest()[:12])
         return batch
 
     def close(self) -> None:

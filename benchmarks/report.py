@@ -286,13 +286,17 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
         L += [f"Device: {gpu['device']}. H2D (pinned) {gpu['h2d_batch']['gb_per_s']:.1f} GB/s for one batch, "
               f"{gpu['h2d_64mb']['gb_per_s']:.1f} GB/s for 64 MiB. On-device densify (torch sparse CSR -> dense): "
               f"{gpu['densify']['cells_per_s']:,.0f} cells/s ({gpu['densify']['dense_gb_per_s']:.1f} GB/s dense).", "",
-              "| loader device=cuda | cells/s | first batch (s) | GPU wait/batch median (ms) | p95 (ms) |",
+              "Loader rows: epochs after a warm-up epoch, persistent workers; `device=cuda` ships CSR parts and "
+              "densifies on the GPU, `host` is the same loader with `device=None` in the same run. Wait: from asking "
+              "for a batch to its being usable (synchronised).", "",
+              "| loader | cells/s | first batch (s) | wait/batch median (ms) | p95 (ms) |",
               "|---|---:|---:|---:|---:|"]
         for r in gpu.get("loader", []):
+            name = f"num_workers={r['num_workers']}, {r.get('device', 'cuda')}"
             if "error" in r:
-                L.append(f"| num_workers={r['num_workers']} | FAILED: {r['error']} | | | |")
+                L.append(f"| {name} | FAILED: {r['error']} | | | |")
             else:
-                L.append(f"| num_workers={r['num_workers']} | {r['cells_per_s']:,.0f} | {r['ttfb_s']:.3f} | "
+                L.append(f"| {name} | {r['cells_per_s']:,.0f} | {r['ttfb_s']:.3f} | "
                          f"{_fmt(r['gpu_wait_ms_median'], 2)} | {_fmt(r['gpu_wait_ms_p95'], 2)} |")
     for key, title in (("spike", "Spike"), ("ct", "CT")):
         sec = res.get(key) or {}

@@ -18,7 +18,7 @@ device: :func:`loaders.device.assemble`). A shipped item is ``key + "." + part``
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from loaders.payload import CSR_OP, Deferred, Gathered, Payload
 from loaders.ring import Ring, receive
 
 __all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "Shipped", "sparse",
-           "to_shared", "to_tensors"]
+           "staging_buffer", "to_shared", "to_tensors"]
 META = ".meta"  # key + META: (op, meta, part names) of a shipped deferred item
 OUTPUTS = ("dense", "csr", "sparse", "parts")
 
@@ -120,9 +120,17 @@ def _from_ring(ring_id: str, registration: Any, slot: int, nbytes: int, layouts:
     return Shipped(torch.from_numpy(receive(ring_id, registration, slot, nbytes)), layouts, output, extras)
 
 
-def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None) -> Shipped:
+def staging_buffer(n: int, pinned: bool) -> torch.Tensor:
+    """``n`` bytes (old contents) to stage a batch for a device in; page-locked when ``pinned`` (torch's
+    caching host allocator recycles them once the copies that read them are done)."""
+    return torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
+
+
+def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None,
+              alloc: Callable[[int], torch.Tensor] | None = None) -> Shipped:
     """Worker transport: consecutive batches in ONE buffer (a free slot of the worker's ``ring`` if it
-    has one, else a fresh shared segment); finished values are written straight into it."""
+    has one, else a fresh shared segment); finished values are written straight into it. ``alloc(n)``: the
+    buffer comes from there instead (the training process staging a batch for a device: pinned memory)."""
     layouts: list[tuple[Entry, ...]] = []
     offset = 0
 
@@ -147,7 +155,11 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
         shipped_parts.append(shipped)
     size = max(offset, ALIGN)
     slot = None if ring is None else ring.slot_for(size)
-    if slot is None:
+    zeroed = slot is None and alloc is None
+    if alloc is not None:
+        buf = alloc(size)  # holds old bytes
+        raw = buf.numpy()
+    elif slot is None:
         buf = _shared_bytes(size)  # reads as zeros
         raw = buf.numpy()
     else:
@@ -172,6 +184,6 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
                 if output != "csr":
                     extra[key + META] = _describe(d, shipped[key])
             else:
-                d.finish(out=view(entries[key]), zeroed=slot is None)  # a ring slot holds old bytes
+                d.finish(out=view(entries[key]), zeroed=zeroed)
         extras.append(extra)
     return Shipped(buf, tuple(layouts), output, tuple(extras), None if slot is None else (ring, slot))

@@ -25,6 +25,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import budget, decoder, interop, order
 from loaders.broker import Broker, BrokerClient, BrokerError
-from loaders.collate import Arena, BufferPool, Payload, to_shared, to_tensors
+from loaders.collate import Arena, BufferPool, Payload, staging_buffer, to_shared, to_tensors
 from loaders.decoder import Decoder, DecoderError
 from loaders.device import prefetch
 from loaders.format import index_sha256, read_index, read_index_bytes
@@ -143,6 +144,7 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         self._skip_flags: Any = None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
         self.ship_batches = 1  # batches per item a DataLoader worker ships (ShardLoader sets its worker_batches)
         self.ring_slots = 0  # reused shared-memory slots per worker (loaders.ring; ShardLoader sets them)
+        self.staging: bool | None = None  # main-process batches for a device: None tensors, else one buffer
 
     def csr_output(self) -> str:
         """What CSR rows (X) become in a batch: dense float32, their CSR parts (``densify=False``: ``X.crow``,
@@ -438,7 +440,12 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
                     self._release(loaded.pop(w))  # windows behind us: recycle their memory
                 arenas = {w: loaded[w].result() for w in wins}
                 payload = self.make_batch(arenas, segments, epoch)
-                yield payload if in_worker else to_tensors(payload, self.output)
+                if in_worker:
+                    yield payload
+                elif self.staging is None:
+                    yield to_tensors(payload, self.output)
+                else:  # for a device: one (pinned) buffer, one host-to-device copy (loaders.device)
+                    yield to_shared([payload], self.output, alloc=partial(staging_buffer, pinned=self.staging))
         finally:
             # windows still held go back once the next epoch's first window is read (it may be a view of one
             # of them: released first, it would be decoded again)

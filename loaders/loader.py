@@ -67,6 +67,8 @@ class ShardLoader:
         self.ship_csr = cuda if ship_csr is None else bool(ship_csr)
         wanted = dataset.csr_output()  # what the user gets for CSR rows: "dense", "csr" parts or "sparse"
         dataset.output = "parts" if self.ship_csr else wanted
+        # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy like a worker's
+        dataset.staging = (cuda and pin_memory) if dev is not None and self.ship_csr else None
         self._feeder = DeviceFeeder(dev, device_prefetch, csr=wanted)
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
             raise ValueError(f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1")
@@ -122,9 +124,9 @@ class ShardLoader:
         self.dataset._set_iteration(self._epoch, start)
         if start >= len(self):
             return
-        # one process, nothing to pin: the dataset's own batches (torch's single-process iterator adds a
-        # default_convert walk and a profiler record per batch, ~10% of a batch's cost here)
-        direct = self._loader.num_workers == 0 and not self._loader.pin_memory
+        # one process: the dataset's own batches (torch's single-process iterator adds a default_convert walk, a
+        # profiler record and a pin per tensor per batch; the device feeder stages and pins what it needs)
+        direct = self._loader.num_workers == 0
         if self._loader.num_workers > 0:
             self.dataset.start_broker()  # workers map the windows this process's decoder decodes once
         it = iter(self.dataset) if direct else iter(self._loader)
