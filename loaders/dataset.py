@@ -142,6 +142,7 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
         self._skip_flags: Any = None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
+        self.shipped = False  # workers ship Shipped runs (ShardLoader unpacks them), not tensors
         self.ship_batches = 1  # batches per item a DataLoader worker ships (ShardLoader sets its worker_batches)
         self.ring_slots = 0  # reused shared-memory slots per worker (loaders.ring; ShardLoader sets them)
         self.staging: bool | None = None  # main-process batches for a device: None tensors, else one buffer
@@ -327,8 +328,9 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """Batches (dicts of tensors) in the main process; in a DataLoader worker, :class:`Shipped` runs of
-        ``ship_batches`` batches (:func:`loaders.device.unpack_batches` splits them; ShardLoader does)."""
+        """Batches (dicts of tensors). In a worker of a :class:`~loaders.loader.ShardLoader` (``shipped``):
+        :class:`Shipped` runs of ``ship_batches`` batches, which the loader splits
+        (:func:`loaders.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch ships."""
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
         epoch, start = self._iteration()
@@ -338,6 +340,9 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         served = self._serve(epoch, runs.batches(), worker, n_workers)
         if info is None:
             yield from served
+            return
+        if not self.shipped:  # a plain DataLoader: it gets what it can use, at torch's transport cost
+            yield from (to_tensors(p, self.output) for p in served)
             return
         ring = worker_ring(self.ring_slots)
         try:

@@ -72,6 +72,7 @@ class ShardLoader:
         self._feeder = DeviceFeeder(dev, device_prefetch, csr=wanted)
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
             raise ValueError(f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1")
+        dataset.shipped = num_workers > 0
         dataset.ship_batches = int(worker_batches) if num_workers > 0 else 1
         # items a worker may have out at once: its prefetched ones, the one being unpacked, the one whose batch the
         # trainer holds, the pin thread's, and those the device feeder stages; beyond that, fresh segments

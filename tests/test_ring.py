@@ -98,3 +98,17 @@ def test_batches_released_as_used_come_through_the_ring(fx: Fixture) -> None:
         assert len(np.unique(np.concatenate(ids))) == sum(i.size for i in ids)
     workers = [p for p in ring.receivers() if p != os.getpid()]
     assert len(workers) == 2  # the last epoch's workers' rings; the first epoch's (exited) were dropped
+
+
+def test_a_plain_dataloader_gets_dict_batches(fx: Fixture) -> None:
+    """Without ShardLoader, workers yield what torch can ship and a trainer can use: dicts of tensors."""
+    from torch.utils.data import DataLoader
+
+    want = loader_batches(fx, 0)
+    ds = ShardDataset(fx.root, split="train", batch_size=16, seed=4)
+    ds.set_epoch(1)
+    got = list(DataLoader(ds, batch_size=None, num_workers=2, timeout=TIMEOUT))
+    assert len(got) == len(want) and all(isinstance(b, dict) for b in got)
+    for g, w in zip(got, want, strict=True):
+        for k in w:
+            np.testing.assert_array_equal(g[k].numpy(), w[k].numpy(), err_msg=k)  # type: ignore[attr-defined]
