@@ -17,6 +17,7 @@ device: :func:`loaders.device.assemble`). A shipped item is ``key + "." + part``
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -137,7 +138,7 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
     def reserve(layout: list[Entry], key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         nonlocal offset
         layout.append((key, dtype.str, tuple(int(s) for s in shape), offset))
-        offset += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // ALIGN) * ALIGN
+        offset += -(-math.prod(int(x) for x in shape) * dtype.itemsize // ALIGN) * ALIGN
 
     shipped_parts = []
     for p in payloads:
@@ -166,10 +167,10 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
         raw = ring.view(slot, size)  # type: ignore[union-attr]  # holds an earlier item's bytes
         buf = torch.from_numpy(raw)
 
-    def view(entry: Entry) -> np.ndarray:
+    def view(entry: Entry) -> np.ndarray:  # math.prod: np.prod costs ~5 us a call, 10% of a sparse batch
         _, dt, shape, off = entry
-        n = int(np.prod(shape, dtype=np.int64))
-        return raw[off:off + n * np.dtype(dt).itemsize].view(dt)
+        dtype = np.dtype(dt)
+        return raw[off:off + math.prod(shape) * dtype.itemsize].view(dtype)
 
     extras: list[dict[str, Any]] = []
     for p, layout, shipped in zip(payloads, layouts, shipped_parts, strict=True):

@@ -20,6 +20,7 @@ the CUDA calls themselves, and the batches equal the host path's exactly (tests/
 from __future__ import annotations
 
 import importlib
+import math
 import queue
 import threading
 from collections import deque
@@ -162,7 +163,7 @@ def unpack_batches(item: Shipped) -> list[Batch]:
     for layout, extras in zip(item.layouts, item.extras, strict=True):
         batch: Batch = {}
         for key, dt, shape, off in layout:
-            n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            n = math.prod(shape) * np.dtype(dt).itemsize
             if raw is not None:
                 batch[key] = torch.from_numpy(raw[off:off + n].view(dt).reshape(shape))
             else:
