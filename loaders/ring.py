@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 import uuid
 import warnings
 import weakref
@@ -29,6 +28,8 @@ from multiprocessing.reduction import DupFd
 from typing import Any
 
 import numpy as np
+
+from loaders.forksafe import ForkSafeLock
 
 FREE, BUSY = 0, 1
 MAX_BYTES = 256 << 20  # written slot pages per worker, at most
@@ -143,7 +144,7 @@ def _free(control: mmap.mmap, slot: int) -> None:
 
 
 _RECEIVERS: dict[str, Receiver] = {}
-_LOCK = threading.Lock()
+_LOCK = ForkSafeLock()  # a forked worker gets it unlocked (loaders/forksafe.py)
 
 
 def _alive(pid: int) -> bool:

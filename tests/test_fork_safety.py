@@ -11,6 +11,27 @@ import pytest
 import loaders.shardio  # noqa: F401  (registers the at-fork reset under test)
 
 
+def _child_finishes(work: object) -> None:
+    """Fork; the child runs ``work()`` and must exit 0 within 20 s (a hang is the bug)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            work()  # type: ignore[operator]
+            os._exit(0)
+        except BaseException:
+            os._exit(3)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on a lock its parent held at the fork")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> None:
     import zarr.core.sync as sync
@@ -18,22 +39,29 @@ def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> No
     lock = sync._get_lock()
     lock.acquire()  # as a decode thread does while it creates zarr's event loop
     try:
-        pid = os.fork()
-        if pid == 0:  # the child: zarr's loop was reset by zarr, its lock by us
-            try:
-                sync._get_loop()
-                os._exit(0)
-            except BaseException:
-                os._exit(3)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                assert os.waitstatus_to_exitcode(status) == 0
-                return
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung on zarr's inherited lock")
+        _child_finishes(sync._get_loop)  # the child: zarr's loop was reset by zarr, its lock by us
     finally:
         lock.release()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one() -> None:
+    """Seen in CI: a DataLoader forked its workers while a thread of the training process held the .npy header
+    lock; both workers' decode threads then waited on it forever."""
+    import io
+
+    import numpy as np
+
+    from loaders import shardio
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(3))
+    head = buf.getvalue()
+
+    def parse() -> None:
+        fh = io.BytesIO(head)
+        version = np.lib.format.read_magic(fh)
+        assert shardio.read_npy_header(fh, version)[0] == (3,)
+
+    with shardio.NPY_HEADER_LOCK:  # as a decode thread of the parent does at the moment of the fork
+        _child_finishes(parse)
