@@ -1,9 +1,11 @@
 """One prepared run on a lent GPU node (the device machine: a GPU, 16 cores, no network, no build tools of ours).
 
-    python -m benchmarks.device_check --data .devdata --out $OUT
+    python -m benchmarks.device_check --prepare --data .devdata     # here, on the CPU machine (~1 min)
+    python -m benchmarks.device_check --data .devdata --out $OUT    # there
 
-Everything it reads is made beforehand on the CPU machine, under ``--data``: ``cells/`` (shards of the bench's
-synthetic screen), ``csr.h5`` (4,096 CSR rows of it, h5py), ``gpu_spike/`` (the demo spike build,
+Everything it reads is made beforehand on the CPU machine by ``--prepare``, under ``--data`` (~46 MB, under
+the device tool's 64 MiB with zarr/numcodecs wheels): ``cells/`` (shards of the bench's synthetic screen, 50k x
+2,000), ``csr.h5`` (4,096 CSR rows of it, h5py), ``gpu_spike/`` (the demo spike build,
 ``benchmarks.gpu_spike.demo_build``). It measures, on the device's own CPU and GPU:
 
 * the GPU section of ``make bench`` (``benchmarks.gpu.run_gpu``): host-to-device GB/s, on-device densify, and
@@ -60,6 +62,8 @@ def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str,
 
     from loaders import ShardDataset, ShardLoader
 
+    if not torch.cuda.is_available():
+        return [{"status": "not measured (no CUDA device)"}]
     out = []
     for sample, densify, w in ((s, d, w) for s in ("cells", "pairs", "sentences") for d in (True, False)
                                for w in workers):
@@ -84,13 +88,36 @@ def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str,
     return out
 
 
+def prepare(data: Path, bench_data: Path = Path("bench_data")) -> None:
+    """Make ``data`` for a device run (on the CPU machine, where the pipeline and anndata are installed)."""
+    import h5py
+
+    from benchmarks.gpu_spike import demo_build
+    from benchmarks.synth import SynthParams, ensure_dataset, write_manifest
+    from pipeline.build import build
+
+    ds = ensure_dataset(SynthParams(n_cells=50_000, n_genes=2_000), bench_data.resolve())
+    manifest = write_manifest(data / "cells.toml", ds, name="device-50000", codec="blosc-lz4")
+    build(manifest, data / "cells", jobs=1, progress=False)
+    with h5py.File(ds.files[0], "r") as f, h5py.File(data / "csr.h5", "w") as o:
+        g = f["X"]
+        ip = g["indptr"][:4097]
+        x = o.create_group("X")
+        x["indptr"], x["indices"], x["data"] = ip, g["indices"][: int(ip[-1])], g["data"][: int(ip[-1])]
+    demo_build((data / "gpu_spike").resolve())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=".devdata")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--parts", default="cells_parity,gpu_cells,host_workers,gpu_spike", help="comma list of the parts to run")
+    ap.add_argument("--prepare", action="store_true", help="make --data here (CPU machine) and exit")
     a = ap.parse_args(argv)
+    if a.prepare:
+        prepare(Path(a.data))
+        return 0
     parts = set(a.parts.split(","))
     import torch
 
