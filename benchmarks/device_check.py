@@ -25,33 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 
-def worker_scan(root: str, workers: tuple[int, ...], seconds: float, batch_size: int = 256) -> list[dict[str, Any]]:
-    from benchmarks.interleaved import rows_of
-    from loaders import ShardDataset, ShardLoader
+def worker_scan(root: str, workers: tuple[int, ...], seconds: float) -> list[dict[str, Any]]:
+    """The host loader (dense, the whole split one window) for each ``num_workers``: ``benchmarks.gpu``'s loader
+    measure with ``device=None``."""
+    from benchmarks.gpu import loader_on_cuda
 
     out = []
     for w in workers:
-        ds = ShardDataset(root, split="train", sample="cells", batch_size=batch_size, seed=0, window=8)
-        dl = ShardLoader(ds, num_workers=w, persistent_workers=w > 0)
-        e, rows, t0, started = 0, 0, 0.0, False
-        while True:
-            dl.set_epoch(e)
-            e += 1
-            for b in dl:
-                if not started and e > 1:  # the first epoch warms up (decode, workers' start)
-                    started, t0 = True, time.perf_counter()
-                elif started:
-                    rows += rows_of(b)
-            if started and time.perf_counter() - t0 >= seconds:
-                break
-        out.append({"num_workers": w, "cells_per_s": rows / (time.perf_counter() - t0), "epochs": e})
+        out.append(loader_on_cuda(root, 2000, 256, w, seconds, device=None, window=8))
         print(f"[device] host loader num_workers={w}: {out[-1]['cells_per_s']:,.0f} cells/s", flush=True)
-        del dl, ds
     return out
 
 
@@ -131,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if "gpu_cells" in parts:
         res["gpu_cells"] = run_gpu({"n_genes": 2000, "batch_size": 256, "h5ad": str(data / "csr.h5"),
                                     "shards_root": str(data / "cells"), "workers": [0, 2, 4], "seconds": a.seconds,
-                                    "warmup": 5})
+                                    })
         print(f"[device] gpu cells: {json.dumps(res['gpu_cells'])}", flush=True)
     if "cells_parity" in parts:
         res["cells_parity"] = cells_parity(str(data / "cells"))

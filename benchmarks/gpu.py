@@ -73,14 +73,15 @@ def densify_rate(h5ad: str, n_genes: int, rows: int = 4096, repeats: int = 20, d
 
 
 def loader_on_cuda(root: str, n_genes: int, batch_size: int, workers: int, seconds: float,
-                   warmup: int, device: str | None = "cuda") -> dict[str, Any]:
-    """Cells/s of ``ShardLoader(device=device)`` over epochs after them (persistent workers, the first epoch a
-    warm-up), and how long the trainer waits for each batch (synchronised: the batch is usable). ``device=None``:
-    the host loader, for reference in the same run."""
+                   device: str | None = "cuda", window: int = 4) -> dict[str, Any]:
+    """Cells/s of ``ShardLoader(device=device)`` over ``seconds`` of epochs after a warm-up epoch (persistent
+    workers), and how long the trainer waits for each batch (synchronised: the batch is usable). ``device=None``:
+    the host loader (for reference in the same run, and the worker scan of ``benchmarks.device_check``)."""
     from benchmarks.measure import payload
     from loaders import ShardDataset, ShardLoader
 
-    ds = ShardDataset(root, split="train", sample="cells", batch_size=batch_size, shuffle=True, seed=0)
+    ds = ShardDataset(root, split="train", sample="cells", batch_size=batch_size, shuffle=True, seed=0,
+                      window=window)
     cuda = device is not None and device.startswith("cuda")
     dl = ShardLoader(ds, num_workers=workers, pin_memory=cuda, device=device, persistent_workers=workers > 0)
     t0 = time.perf_counter()
@@ -131,7 +132,7 @@ def run_gpu(spec: dict[str, Any]) -> dict[str, Any]:
             for dev in (device, None):  # the host loader in the same run, for reference
                 try:
                     out["loader"].append(loader_on_cuda(spec["shards_root"], n_genes, bs, w, float(spec["seconds"]),
-                                                        int(spec["warmup"]), device=dev))
+                                                        device=dev))
                 except Exception as e:
                     out["loader"].append({"num_workers": w, "device": dev or "host",
                                           "error": f"{type(e).__name__}: {e}"})

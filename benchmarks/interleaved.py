@@ -257,3 +257,41 @@ def _workers_cpu(root: psutil.Process) -> float:
         except psutil.Error:
             pass
     return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The same-process run alone, e.g. for an A/B of a loader change (``make bench`` runs it with every other
+    section):
+
+        python -m benchmarks.interleaved --h5ad bench_data/synth_.../part_00.h5ad --shards SHARDS
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--h5ad", required=True, help="the source the shards were built from (the scipy baselines)")
+    ap.add_argument("--shards", required=True, help="a built dataset folder (index.json + shards/)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--workers", default="0,2", help="comma list of num_workers")
+    ap.add_argument("--window", type=int, default=4, help="shuffle window (shards)")
+    a = ap.parse_args(argv)
+    workers = [int(w) for w in a.workers.split(",")]
+    r = run_interleaved({"h5ad": a.h5ad, "shards_root": a.shards, "batch_size": 256, "seconds": a.seconds,
+                         "rounds": a.rounds, "warmup": 5, "workers": workers, "windows": [a.window]})
+    rows = {x["method"]: x for x in r["results"]}
+    for name, row in rows.items():
+        extra = f", {row['ratio']:.3f}x {row['baseline']}" if "ratio" in row else ""
+        print(f"{name}: {row['cells_per_s']:,.0f} cells/s{extra}")
+    for w in workers[1:]:
+        for kind in ("dense", "sparse"):
+            a_w = rows[f"shards cells {kind} (w={w}, window={a.window})"]["windows"]
+            b_w = rows[f"shards cells {kind} (w={workers[0]}, window={a.window})"]["windows"]
+            per = [x / y for x, y in zip(a_w, b_w, strict=True)]
+            print(f"{kind}: w={w} / w={workers[0]} per round {', '.join(f'{x:.2f}' for x in per)}; "
+                  f"median {statistics.median(per):.3f}")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -31,7 +31,7 @@ from loaders.gather import BatchRows, Rows
 from loaders.payload import CSR_OP, Deferred, Gathered, Payload
 from loaders.ring import Ring, receive
 
-__all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "Shipped", "sparse",
+__all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "RunShipping", "Shipped", "sparse",
            "staging_buffer", "to_shared", "to_tensors"]
 META = ".meta"  # key + META: (op, meta, part names) of a shipped deferred item
 OUTPUTS = ("dense", "csr", "sparse", "parts")
@@ -97,9 +97,6 @@ class Shipped:
     extras: tuple[dict[str, Any], ...]
     slot: tuple[Ring, int] | None = None  # worker side: the ring slot ``buffer`` views
 
-    def __len__(self) -> int:
-        return len(self.layouts)
-
     def with_buffer(self, buffer: torch.Tensor) -> Shipped:
         """The same batches over another copy of the buffer (pinned, or on a device)."""
         return replace(self, buffer=buffer, slot=None)
@@ -114,6 +111,15 @@ class Shipped:
         r, i = self.slot
         return (_from_ring, (r.id, r.registration(), i, int(self.buffer.numel()), self.layouts, self.output,
                              self.extras))
+
+
+@dataclass(frozen=True)
+class RunShipping:
+    """How a ShardLoader's workers ship: runs of ``batches`` consecutive batches as one :class:`Shipped` item,
+    in a ring of ``ring_slots`` reused slots per worker (:mod:`loaders.ring`)."""
+
+    batches: int
+    ring_slots: int
 
 
 def _from_ring(ring_id: str, registration: Any, slot: int, nbytes: int, layouts: tuple[tuple[Entry, ...], ...],

@@ -35,7 +35,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import budget, decoder, interop, order
 from loaders.broker import Broker, BrokerClient
-from loaders.collate import Arena, BufferPool, Payload, staging_buffer, to_shared, to_tensors
+from loaders.collate import Arena, BufferPool, Payload, RunShipping, staging_buffer, to_shared, to_tensors
 from loaders.decoder import Decoder
 from loaders.device import prefetch
 from loaders.format import index_sha256, read_index, read_index_bytes
@@ -142,9 +142,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
         self._skip_flags: Any = None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
-        self.shipped = False  # workers ship Shipped runs (ShardLoader unpacks them), not tensors
-        self.ship_batches = 1  # batches per item a DataLoader worker ships (ShardLoader sets its worker_batches)
-        self.ring_slots = 0  # reused shared-memory slots per worker (loaders.ring; ShardLoader sets them)
+        # set by ShardLoader: its workers ship runs of batches (it unpacks them); None: a plain DataLoader's
+        # workers yield dicts of tensors
+        self.shipping: RunShipping | None = None
         self.staging: bool | None = None  # main-process batches for a device: None tensors, else one buffer
 
     def csr_output(self) -> str:
@@ -228,8 +228,8 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """Batches (dicts of tensors). In a worker of a :class:`~loaders.loader.ShardLoader` (``shipped``):
-        :class:`Shipped` runs of ``ship_batches`` batches, which the loader splits
+        """Batches (dicts of tensors). In a worker of a :class:`~loaders.loader.ShardLoader` (``shipping``):
+        :class:`Shipped` runs of ``shipping.batches`` batches, which the loader splits
         (:func:`loaders.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch ships."""
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
@@ -241,10 +241,10 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         if info is None:
             yield from served
             return
-        if not self.shipped:  # a plain DataLoader: it gets what it can use, at torch's transport cost
+        if self.shipping is None:  # a plain DataLoader: it gets what it can use, at torch's transport cost
             yield from (to_tensors(p, self.output) for p in served)
             return
-        ring = worker_ring(self.ring_slots)
+        ring = worker_ring(self.shipping.ring_slots)
         try:
             for run in runs:
                 yield to_shared(list(islice(served, len(run))), self.output, ring)
@@ -255,7 +255,7 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
 
     def _group(self) -> int:
         """Batches a DataLoader worker ships per item (1 in the main process)."""
-        return max(1, self.ship_batches) if get_worker_info() is not None else 1
+        return self.shipping.batches if self.shipping is not None and get_worker_info() is not None else 1
 
     def _serve(self, epoch: int, batches: Iterable[int], worker: int, n_workers: int) -> Iterator[Any]:
         """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take and scipy's gather and densify

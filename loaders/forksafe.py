@@ -30,6 +30,3 @@ class ForkSafeLock:
 
     def __exit__(self, *exc: Any) -> None:
         self._lock.release()
-
-    def locked(self) -> bool:
-        return self._lock.locked()

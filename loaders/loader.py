@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from loaders.collate import RunShipping
 from loaders.dataset import ShardDataset
 from loaders.device import DeviceFeeder
 from loaders.resume import STATE_VERSION, check_state
@@ -72,12 +73,11 @@ class ShardLoader:
         self._feeder = DeviceFeeder(dev, device_prefetch, csr=wanted)
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
             raise ValueError(f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1")
-        dataset.shipped = num_workers > 0
-        dataset.ship_batches = int(worker_batches) if num_workers > 0 else 1
-        # items a worker may have out at once: its prefetched ones, the one being unpacked, the one whose batch the
-        # trainer holds, the pin thread's, and those the device feeder stages; beyond that, fresh segments
-        dataset.ring_slots = prefetch_factor + 3 + -(-max(1, device_prefetch) // dataset.ship_batches) \
-            if num_workers > 0 else 0
+        # ring slots: the items a worker may have out at once: its prefetched ones, the one being unpacked, the one
+        # whose batch the trainer holds, the pin thread's, and those the device feeder stages; beyond, fresh segments
+        dataset.shipping = RunShipping(int(worker_batches), prefetch_factor + 3 + -(-max(1, device_prefetch)
+                                                                                    // int(worker_batches))) \
+            if num_workers > 0 else None
         persistent = persistent_workers and num_workers > 0
         if persistent:  # workers outlive iterations: they read epoch/start from shared memory
             dataset._shared = mp.get_context(multiprocessing_context).RawArray("q", 2)
