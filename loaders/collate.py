@@ -11,8 +11,10 @@ host-to-device copy.
 their three parts, ``key.crow`` / ``key.cols`` / ``key.vals`` (zero-copy views of the gather's output, index
 dtypes as gathered: int32 below 2**31 entries), and finishes the other items; ``"sparse"`` makes CSR rows torch
 sparse tensors; ``"parts"`` ships every deferred item's parts so that the consumer finishes them (on the
-device: :func:`loaders.device.assemble`). A shipped item is ``key + "." + part`` tensors, plus
-``key + META`` = (op, meta, part names) unless the output is ``"csr"`` (what the user gets carries no meta).
+device: :func:`loaders.device.assemble`); ``"positions"`` is ``"parts"`` with CSR rows shipped as flat
+positions and values (:class:`~loaders.payload.Scattered`), for a device that wants them dense. A shipped
+item is ``key + "." + part`` tensors, plus ``key + META`` = (op, meta, part names) unless the output is
+``"csr"`` (what the user gets carries no meta).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from loaders.ring import Ring, receive
 __all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "RunShipping", "Shipped", "sparse",
            "staging_buffer", "to_shared", "to_tensors"]
 META = ".meta"  # key + META: (op, meta, part names) of a shipped deferred item
-OUTPUTS = ("dense", "csr", "sparse", "parts")
+OUTPUTS = ("dense", "csr", "sparse", "parts", "positions")
+FINISHED_BY_CONSUMER = ("parts", "positions")  # outputs whose shipped items carry META for the consumer
 
 
 def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n_cols: int) -> torch.Tensor:
@@ -49,7 +52,12 @@ def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n_cols: i
 
 
 def _shipped(d: Deferred, output: str) -> bool:
-    return output == "parts" or (output != "dense" and d.op == CSR_OP)
+    return output in FINISHED_BY_CONSUMER or (output != "dense" and d.op == CSR_OP)
+
+
+def _as_shipped(d: Deferred, output: str) -> Deferred:
+    """What a shipped item crosses as: CSR rows for a device that densifies them go as flat positions."""
+    return d.scattered() if output == "positions" and isinstance(d, Gathered) else d
 
 
 def _describe(d: Deferred, parts: dict[str, np.ndarray]) -> tuple[str, dict[str, Any], tuple[str, ...]]:
@@ -63,12 +71,13 @@ def to_tensors(p: Payload, output: str) -> dict[str, Any]:
         if not _shipped(d, output):
             batch[key] = torch.from_numpy(d.finish())
             continue
+        d = _as_shipped(d, output)
         parts = d.parts()
         if output == "sparse":
             batch[key] = sparse(*(torch.from_numpy(parts[n]) for n in ("crow", "cols", "vals")), d.out_shape()[-1])
             continue
         batch.update({f"{key}.{n}": torch.from_numpy(a) for n, a in parts.items()})
-        if output == "parts":
+        if output in FINISHED_BY_CONSUMER:
             batch[key + META] = _describe(d, parts)
     return batch
 
@@ -151,7 +160,8 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
         layout: list[Entry] = []
         for k, v in p.arrays.items():
             reserve(layout, k, v.dtype, v.shape)
-        shipped = {key: d.parts() for key, d in p.xs.items() if _shipped(d, output)}
+        crossing = {key: _as_shipped(d, output) for key, d in p.xs.items() if _shipped(d, output)}
+        shipped = {key: d.parts() for key, d in crossing.items()}
         for key, d in p.xs.items():
             if key in shipped:
                 for n, a in shipped[key].items():
@@ -159,7 +169,7 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
             else:
                 reserve(layout, key, d.out_dtype, d.out_shape())
         layouts.append(tuple(layout))
-        shipped_parts.append(shipped)
+        shipped_parts.append((crossing, shipped))
     size = max(offset, ALIGN)
     slot = None if ring is None else ring.slot_for(size)
     zeroed = slot is None and alloc is None
@@ -179,7 +189,7 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
         return raw[off:off + math.prod(shape) * dtype.itemsize].view(dtype)
 
     extras: list[dict[str, Any]] = []
-    for p, layout, shipped in zip(payloads, layouts, shipped_parts, strict=True):
+    for p, layout, (crossing, shipped) in zip(payloads, layouts, shipped_parts, strict=True):
         entries = {e[0]: e for e in layout}
         extra: dict[str, Any] = {}
         for k, v in p.arrays.items():
@@ -189,7 +199,7 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
                 for n, a in shipped[key].items():
                     view(entries[f"{key}.{n}"])[...] = a.reshape(-1)
                 if output != "csr":
-                    extra[key + META] = _describe(d, shipped[key])
+                    extra[key + META] = _describe(crossing[key], shipped[key])
             else:
                 d.finish(out=view(entries[key]), zeroed=zeroed)
         extras.append(extra)

@@ -107,7 +107,7 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         self.batches_ahead = (2 if cores >= 4 else 0) if batches_ahead is None else max(0, int(batches_ahead))
         self.decode_threads = max(1, min(window, cores, 4) if decode_threads is None else int(decode_threads))
         self.decoder_threads = 1 if decode_threads is None else self.decode_threads  # one core for the process
-        self.output = self.csr_output()  # ShardLoader switches to "parts" to finish batches on a device
+        self.output = self.csr_output()  # ShardLoader switches to "positions"/"parts" to finish on a device
 
         # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is served;
         # on_corrupt="skip" drops a failing shard's units from their batches and counts it (skipped_shards)

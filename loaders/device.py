@@ -5,11 +5,13 @@
 parts) back into tensors, on whatever device the buffer now is.
 
 On CUDA: batches arrive pinned (the DataLoader's pin thread), are copied with ``non_blocking=True``
-on a side stream ``depth`` batches ahead, and CSR parts are densified *there*: a 10%-dense batch
-crosses PCIe at ~1/5 of its dense size and the GPU scatter is nearly free. A worker's item (a run of batches,
-see loaders.collate) is one buffer: it crosses as a single copy and is split into views on the device. The
-consumer's stream waits on an event per item, and every tensor is ``record_stream``-ed so the caching allocator
-does not recycle it under the consumer.
+on a side stream ``depth`` batches ahead, and deferred items are finished *there*: dense rows cross as flat
+positions and values (~1/3 of the dense bytes at 10% density) and become dense with one zero-fill and one
+scatter. A worker's item (a run of batches, see loaders.collate) is one buffer: it crosses as a single copy and
+is cut into views on the device (:class:`TorchViews`). The training thread's cost per batch is what bounds this
+path (launches and dispatches: docs/LOADER.md, "On a GPU"), hence the fewest ops per batch. The consumer's
+stream waits on an event per item; the buffer and every finished value are ``record_stream``-ed so the caching
+allocator does not recycle them under the consumer.
 
 ``device="cpu"`` runs that same path (staging, side stream, finishing with the torch finishers, hand-over)
 through :class:`Backend`, whose pinning, streams and events are no-ops on the CPU: CI exercises everything but
@@ -26,13 +28,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from loaders.collate import META, Shipped, sparse
-from loaders.payload import CSR_OP, TORCH_MODULES, get_op
+from loaders.payload import CSR_OP, SCATTER_OP, TORCH_MODULES, get_op
 
 Batch = dict[str, Any]
 T = TypeVar("T")
@@ -121,6 +124,15 @@ def _csr_dense_torch(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any])
     return densify_torch(parts["crow"], parts["cols"], parts["vals"], [int(s) for s in meta["shape"]])
 
 
+@register_torch_op(SCATTER_OP)
+def _scatter_dense_torch(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
+    """Flat positions -> dense: one zero-fill and one scatter (``densify_torch`` launches ~10 kernels)."""
+    shape = [int(s) for s in meta["shape"]]
+    vals = parts["vals"]
+    out = torch.zeros(math.prod(shape), dtype=torch.float32, device=vals.device)
+    return out.scatter_(0, parts["pos"], vals).view(shape)
+
+
 def finish(op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any], on_device: bool = False
            ) -> torch.Tensor:
     """A shipped deferred item finished where its parts are: numpy on the CPU (no intra-op torch threads),
@@ -154,20 +166,47 @@ def _pop(batch: dict[str, Any], key: str) -> tuple[str, dict[str, Any], dict[str
     return op, meta, {n: batch.pop(f"{key}.{n}") for n in names}
 
 
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for s in reversed(shape):
+        out.append(step)
+        step *= s
+    return tuple(reversed(out))
+
+
+class TorchViews:
+    """Fields of one device buffer as tensors: one typed view of the whole buffer per dtype, then ONE
+    ``as_strided`` per field (slice + view + view cost three dispatches, ~8 us a field on an H100 node's CPU:
+    ~20 fields a batch). Offsets are multiples of ALIGN, hence of every itemsize."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf = buf
+        self.typed: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def __call__(self, dt: str, shape: tuple[int, ...], off: int) -> torch.Tensor:
+        typed = self.typed.get(dt)
+        if typed is None:
+            size = np.dtype(dt).itemsize
+            typed = self.typed[dt] = (self.buf[:self.buf.numel() // size * size].view(_torch_dtype(dt)), size)
+        return typed[0].as_strided(shape, _strides(shape), off // typed[1])
+
+
 def unpack_batches(item: Shipped) -> list[Batch]:
     """The batches of a worker's item: views into its one buffer, wherever the buffer now lives. On the host
-    the views are numpy's (with ``torch.from_numpy``: ~8x cheaper than slicing a tensor per field)."""
+    the views are numpy's (with ``torch.from_numpy``: ~8x cheaper than slicing a tensor per field); on a
+    device, :class:`TorchViews`."""
     buf = item.buffer
     raw = buf.numpy() if buf.device.type == "cpu" else None
+    views = TorchViews(buf) if raw is None else None
     out: list[Batch] = []
     for layout, extras in zip(item.layouts, item.extras, strict=True):
         batch: Batch = {}
         for key, dt, shape, off in layout:
-            n = math.prod(shape) * np.dtype(dt).itemsize
-            if raw is not None:
-                batch[key] = torch.from_numpy(raw[off:off + n].view(dt).reshape(shape))
+            if views is None:
+                n = math.prod(shape) * np.dtype(dt).itemsize
+                batch[key] = torch.from_numpy(raw[off:off + n].view(dt).reshape(shape))  # type: ignore[index]
             else:
-                batch[key] = buf[off:off + n].view(_torch_dtype(dt)).view(shape)
+                batch[key] = views(dt, shape, off)
         batch.update(extras)
         if item.output == "sparse":  # the worker shipped CSR parts; the sparse tensor is built here
             for key in _shipped_keys(batch):
@@ -277,29 +316,51 @@ class DeviceFeeder:
             return
         backend = Backend(self.device)
         stream = backend.stream()
-        staged: deque[tuple[list[Batch], Any]] = deque()
+        staged: deque[Staged] = deque()
         ready = 0  # batches staged
         for item in items:
             with backend.on(stream):
-                moved = [assemble(b, self.csr, on_device=True) for b in batches_of(self._move(stage(item, backend)))]
+                moved = self._move(stage(item, backend))
+                shared = moved.buffer if isinstance(moved, Shipped) else None
+                batches = []
+                for b in batches_of(moved):
+                    # in one buffer, only what the finishers allocate is not a view of it (see _hand_over)
+                    fresh = _shipped_keys(b) if shared is not None else None
+                    batches.append((assemble(b, self.csr, on_device=True), fresh))
                 event = backend.event(stream)
-            staged.append((moved, event))
-            ready += len(moved)
-            while staged and ready - len(staged[0][0]) >= self.depth:  # keep ``depth`` batches staged ahead
-                done, ev = staged.popleft()
-                ready -= len(done)
-                yield from self._hand_over(done, ev, backend)
+            staged.append(Staged(batches, event, shared))
+            ready += len(batches)
+            while staged and ready - len(staged[0].batches) >= self.depth:  # keep ``depth`` batches staged ahead
+                done = staged.popleft()
+                ready -= len(done.batches)
+                yield from self._hand_over(done, backend)
         while staged:
-            yield from self._hand_over(*staged.popleft(), backend)
+            yield from self._hand_over(staged.popleft(), backend)
 
     @staticmethod
-    def _hand_over(batches: list[Batch], event: Any, backend: Backend) -> Iterator[Batch]:
-        backend.wait(event)
+    def _hand_over(staged: Staged, backend: Backend) -> Iterator[Batch]:
+        """Batches usable on the consumer's stream: it waits for the item's copy and finish, and the caching
+        allocator learns that the consumer uses their memory (``record_stream``): once for the item's buffer,
+        which every view of it shares, then per finished value (allocated on the side stream)."""
+        backend.wait(staged.event)
         consumer = backend.consumer()  # looked up once an item: ~30 us a call on CUDA
-        for batch in batches:
+        if consumer is not None and staged.shared is not None:
+            backend.keep(staged.shared, consumer)
+        for batch, fresh in staged.batches:
             if consumer is not None:
-                for value in batch.values():
+                values = batch.values() if fresh is None else [batch[k] for k in fresh if k in batch]
+                for value in values:
                     if isinstance(value, torch.Tensor):
                         for t in _components(value):
                             backend.keep(t, consumer)
             yield batch
+
+
+@dataclass
+class Staged:
+    """An item on its way to the consumer: its batches (each with the keys whose values the finishers made,
+    or None: every value is its own allocation), the event its copy and finish recorded, its device buffer."""
+
+    batches: list[tuple[Batch, list[str] | None]]
+    event: Any
+    shared: torch.Tensor | None

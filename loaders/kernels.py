@@ -80,6 +80,18 @@ def row_gather(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, rows: 
     return crow, cols, vals
 
 
+def flat_positions(crow: np.ndarray, indices: np.ndarray, n_cols: int) -> np.ndarray:
+    """int64 ``row * n_cols + col`` of every entry of CSR rows: where each value lands in the flattened dense
+    batch. Made on the host (~45 us for 51k entries, in a DataLoader worker) so that a device densifies with
+    two kernels (zero, scatter) instead of rebuilding row ids from ``crow`` (~10 launches, ~0.3 ms of the
+    training thread a batch on an H100 node)."""
+    rows = np.arange(crow.size - 1, dtype=np.int64)
+    rows *= n_cols
+    pos = np.repeat(rows, np.diff(crow))
+    pos += indices
+    return pos
+
+
 ZERO_BLOCK_ROWS = 32  # rows zeroed then filled together: ~256 KB at 2,000 genes, still in the core's cache
 
 

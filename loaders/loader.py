@@ -67,7 +67,8 @@ class ShardLoader:
         self.device = dev
         self.ship_csr = cuda if ship_csr is None else bool(ship_csr)
         wanted = dataset.csr_output()  # what the user gets for CSR rows: "dense", "csr" parts or "sparse"
-        dataset.output = "parts" if self.ship_csr else wanted
+        # shipped for a device: dense rows as flat positions (two kernels there), CSR parts for csr/sparse output
+        dataset.output = ("positions" if wanted == "dense" else "parts") if self.ship_csr else wanted
         # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy like a worker's
         dataset.staging = (cuda and pin_memory) if dev is not None and self.ship_csr else None
         self._feeder = DeviceFeeder(dev, device_prefetch, csr=wanted)

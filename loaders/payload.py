@@ -12,6 +12,7 @@ Registry in the style of numcodecs: :func:`register_op` / :func:`get_op`.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,11 @@ class Gathered(Deferred):
     def finish(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
         return self.dense(out, zeroed)
 
+    def scattered(self) -> Scattered:
+        """The same rows as flat positions and values (what a device densifies fastest: see Scattered)."""
+        return Scattered(kernels.flat_positions(self.indptr, self.indices, int(self.shape[-1])),
+                         self.data if self.data.dtype == np.float32 else self.data.astype(np.float32), self.shape)
+
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(crow [m+1], cols [nnz], vals [nnz])`` as gathered, no copy: ``crow`` and ``cols`` share one index
         dtype (int32 unless the window holds 2**31 entries or more), what torch's sparse CSR takes as is."""
@@ -120,6 +126,39 @@ class Gathered(Deferred):
 def _csr_dense(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None) -> np.ndarray:
     shape = tuple(int(s) for s in meta["shape"])
     return kernels.densify(parts["crow"], parts["cols"], parts["vals"], shape[-1], out).reshape(shape)
+
+
+# -- flat positions -> dense (CSR rows shipped for a device that densifies them) ---------------------------
+SCATTER_OP = "scatter_dense"
+
+
+@dataclass
+class Scattered(Deferred):
+    """Values and their int64 positions in the flattened dense ``shape`` (row * n_cols + col). Shipped instead
+    of CSR parts when the consumer is a device that wants dense rows: there the finish is one zero-fill and
+    one scatter, the fewest launches, at 4 more bytes per entry over PCIe (~5 us a batch at 40 GB/s)."""
+
+    op: ClassVar[str] = SCATTER_OP
+    pos: np.ndarray  # int64 [nnz]
+    vals: np.ndarray  # float32 [nnz]
+    shape: tuple[int, ...]
+
+    def parts(self) -> dict[str, np.ndarray]:
+        return {"pos": self.pos, "vals": self.vals}
+
+    def meta(self) -> dict[str, Any]:
+        return {"shape": [int(s) for s in self.shape]}
+
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.shape)
+
+
+@register_op(SCATTER_OP)
+def _scatter_dense(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None) -> np.ndarray:
+    shape = tuple(int(s) for s in meta["shape"])
+    dense = np.zeros(math.prod(shape), np.float32) if out is None else out.reshape(-1)
+    dense[parts["pos"]] = parts["vals"]
+    return dense.reshape(shape)
 
 
 @dataclass

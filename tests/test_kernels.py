@@ -109,3 +109,27 @@ def test_loader_batches_are_equal_on_both_paths(tmp_path: Path) -> None:
             assert x.keys() == y.keys()
             for k in x:
                 np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_scattered_rows_finish_like_csr_rows_in_numpy_and_torch() -> None:
+    """CSR rows shipped to a device as flat positions (loaders.payload.Scattered) densify to the same batch as
+    the CSR parts, with the numpy finisher (also into a buffer holding old bytes) and the torch one."""
+    import torch
+
+    from loaders.device import TORCH_OPS
+    from loaders.payload import SCATTER_OP, Gathered
+
+    x = _matrix(3)
+    rows = np.array([5, 7, 0, 299, 5, 120])  # repeated and empty rows too
+    crow, cols, vals = kernels.row_gather(x.indptr, x.indices, x.data, rows)
+    g = Gathered(crow, cols, vals, (2, 3, x.shape[1]))
+    want = x[rows].toarray().reshape(2, 3, -1)
+    s = g.scattered()
+    assert s.op == SCATTER_OP and s.pos.dtype == np.int64 and s.vals.dtype == np.float32
+    np.testing.assert_array_equal(s.pos, np.flatnonzero(x[rows].toarray()))  # canonical rows: sorted, no zeros
+    np.testing.assert_array_equal(g.finish(), want)
+    np.testing.assert_array_equal(s.finish(), want)
+    stale = np.full(want.size, 7.0, np.float32)
+    np.testing.assert_array_equal(s.finish(out=stale, zeroed=False), want)
+    parts = {k: torch.from_numpy(v) for k, v in s.parts().items()}
+    np.testing.assert_array_equal(TORCH_OPS[SCATTER_OP](parts, s.meta()).numpy(), want)
