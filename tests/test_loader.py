@@ -102,13 +102,15 @@ def test_sparse_and_shipped_parts_match_dense(fx: Fixture, workers: int) -> None
     sparse = epoch(make(densify=False, torch_sparse=True))
     parts = epoch(make(device="cpu", ship_csr=True))
     csr_shipped = epoch(make(densify=False, device="cpu", ship_csr=True))  # the device path's CSR hand-over
+    host_shipped = epoch(make(ship_csr=True))  # shipped as for a device, finished by the numpy finisher here
     n_cols = dense[0]["X"].shape[1]
-    for d, c, s, p, cs in zip(dense, csr, sparse, parts, csr_shipped, strict=True):
+    for d, c, s, p, cs, hs in zip(dense, csr, sparse, parts, csr_shipped, host_shipped, strict=True):
         want = d["X"].numpy()
         assert s["X"].layout == torch.sparse_csr
         np.testing.assert_array_equal(s["X"].to_dense().numpy(), want)
-        np.testing.assert_array_equal(p["X"].numpy(), want)
-        assert set(p) == set(d)
+        for shipped in (p, hs):
+            np.testing.assert_array_equal(shipped["X"].numpy(), want)
+            assert set(shipped) == set(d)
         for got in (c, cs):  # densify=False: the CSR parts, nothing else in their place
             assert set(got) == (set(d) - {"X"}) | {"X.crow", "X.cols", "X.vals"}
             crow, cols, vals = (got[f"X.{n}"].numpy() for n in ("crow", "cols", "vals"))
