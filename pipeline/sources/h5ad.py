@@ -1,8 +1,10 @@
 """scPerturb-style `.h5ad` files, in anndata's modern encoding and in the pre-0.7 layout of archived screens.
 
 Rows come through the shared h5py block reader (anndata's backed mode reads a row block no faster and
-holds more state). Metadata goes through anndata's own element readers where they understand the file,
-because the modern encoding has many spellings of a column (categorical, string-array, nullable arrays).
+holds more state). Metadata in the encodings anndata writes for nearly every column (categorical,
+string-array, array) is read with h5py too (:func:`plain_encoding`: importing anndata costs more than an
+incremental rebuild's scan); the other spellings of a column (nullable arrays, anndata 0.7 frames) go
+through anndata's own element readers.
 `anndata.io.read_elem` does not understand pre-0.7 files: the obs table is a compound dataset that it
 returns as a raw structured array, and the categories live in `uns/<col>_categories` where only
 `read_h5ad` reattaches them. Reading the requested fields of that table directly is both simpler and
