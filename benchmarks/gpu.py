@@ -75,8 +75,12 @@ def densify_rate(h5ad: str, n_genes: int, rows: int = 4096, repeats: int = 20, d
 def loader_on_cuda(root: str, n_genes: int, batch_size: int, workers: int, seconds: float,
                    device: str | None = "cuda", window: int = 4) -> dict[str, Any]:
     """Cells/s of ``ShardLoader(device=device)`` over ``seconds`` of epochs after a warm-up epoch (persistent
-    workers), and how long the trainer waits for each batch (synchronised: the batch is usable). ``device=None``:
-    the host loader (for reference in the same run, and the worker scan of ``benchmarks.device_check``)."""
+    workers), and how long the trainer waits for each batch (the consumer stream synchronised: the batch is
+    usable; until 2026-11-26 the whole device was, which also waited for the batches staged behind it).
+    ``device=None``: the host loader (for reference in the same run, and the worker scan of
+    ``benchmarks.device_check``)."""
+    import torch
+
     from benchmarks.measure import payload
     from loaders import ShardDataset, ShardLoader
 
@@ -102,8 +106,8 @@ def loader_on_cuda(root: str, n_genes: int, batch_size: int, workers: int, secon
             batch = next(it, None)
             if batch is None:
                 break
-            if cuda:
-                _sync(device)
+            if cuda:  # usable: the consumer stream has waited for this batch's copy and finish (not the
+                torch.cuda.current_stream().synchronize()  # batches staged behind it, as a device-wide sync would)
             waits.append(time.perf_counter() - tw)
             cells += payload(batch, n_genes)[0]
     el = time.perf_counter() - t1
