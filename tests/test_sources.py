@@ -447,5 +447,3 @@ def test_h5csr_plain_columns_shapeless_csr_and_fallback_names(tmp_path: Path) ->
     assert dense.var_names == tuple(f"gene_{i}" for i in range(6)) and dense.row_nnz.tolist() == [6] * 50
     path = tmp_path / "plain.h5"
     _raises(lambda: H5CsrSource(path, "csc/X").read_rows(0, 1), path, "CSC")
-
-
