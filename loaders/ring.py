@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.forksafe import ForkSafeLock
+from loaders.forksafe import fork_safe_lock
 
 FREE, BUSY = 0, 1
 MAX_BYTES = 256 << 20  # written slot pages per worker, at most
@@ -144,7 +144,7 @@ def _free(control: mmap.mmap, slot: int) -> None:
 
 
 _RECEIVERS: dict[str, Receiver] = {}
-_LOCK = ForkSafeLock()  # a forked worker gets it unlocked (loaders/forksafe.py)
+_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/forksafe.py)
 
 
 def _alive(pid: int) -> bool:

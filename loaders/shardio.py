@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.forksafe import ForkSafeLock
+from loaders.forksafe import fork_safe_lock
 from loaders.format import FORMAT_NAME, SHARD_VERSION, FormatError
 
 ShardReader = Callable[[Path, Sequence[str]], dict[str, np.ndarray]]
@@ -39,7 +39,7 @@ def _zarr_lock_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_zarr_lock_after_fork)
 
-_ZARR_IMPORT_LOCK = ForkSafeLock()  # a forked worker gets it unlocked (loaders/forksafe.py)
+_ZARR_IMPORT_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/forksafe.py)
 
 
 def import_zarr() -> None:
@@ -306,7 +306,7 @@ def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytearray:
     return data
 
 
-NPY_HEADER_LOCK = ForkSafeLock()  # a forked worker gets it unlocked (loaders/forksafe.py)
+NPY_HEADER_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/forksafe.py)
 
 
 def read_npy_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:

@@ -65,3 +65,29 @@ def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one
 
     with shardio.NPY_HEADER_LOCK:  # as a decode thread of the parent does at the moment of the fork
         _child_finishes(parse)
+
+
+def test_an_exception_while_entering_the_lock_does_not_leave_it_held() -> None:
+    """A signal handler can raise inside a Python-level ``__enter__``, after its ``acquire()`` (torch's SIGCHLD
+    check raises when a DataLoader worker dies): no ``__exit__`` runs, and with a wrapper class the lock stayed
+    held forever (a ring receive hung in CI). The trace function raises at every return of a frame of
+    loaders/forksafe.py, as such a handler would; the module's locks have no such frame to raise in."""
+    import sys
+
+    from loaders import forksafe, ring, shardio
+
+    def tracer(frame: object, event: str, arg: object) -> object:
+        if event == "return" and frame.f_code.co_filename.endswith("forksafe.py"):  # type: ignore[attr-defined]
+            raise RuntimeError("raised by a signal handler")
+        return tracer
+
+    for lock in (forksafe.fork_safe_lock(), ring._LOCK, shardio.NPY_HEADER_LOCK):
+        sys.settrace(tracer)
+        try:
+            with lock:
+                pass
+        except RuntimeError:
+            pass
+        finally:
+            sys.settrace(None)
+        assert not lock.locked()
