@@ -11,12 +11,12 @@ Before/after a change of the transport, in one lease, alternating processes (A B
 
     git archive BEFORE loaders | tar -x -C .devdata/old
     for r in 1 2; do
-      PYTHONPATH=.devdata/old python -m benchmarks.device_transport --label old$r --out $OUT
-      python -m benchmarks.device_transport --label new$r --out $OUT
+      PYTHONPATH=.devdata/old python benchmarks/device_transport.py --label old$r --out $OUT
+      PYTHONPATH=. python benchmarks/device_transport.py --label new$r --out $OUT
     done
 
-(``-m`` puts the working directory first on ``sys.path``; run the "old" side as a script path instead,
-``python benchmarks/device_transport.py``, so that ``PYTHONPATH`` decides which ``loaders`` it imports.)
+(Run as a script path, not with ``-m``: ``-m`` puts the working directory first on ``sys.path``, and the
+"old" side would import this checkout's ``loaders`` instead of ``PYTHONPATH``'s.)
 ``--profile`` adds cProfile and torch.profiler tables of ``device="cuda"`` to ``--out/profile-LABEL.txt``.
 """
 

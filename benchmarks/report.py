@@ -284,9 +284,9 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
     if gpu.get("status") != "measured":
         L += [gpu.get("status", NOT_MEASURED)]
         for f in sorted(Path(__file__).with_name("device").glob("*.json")):  # runs on lent GPU nodes
-            command = str(json.loads(f.read_text()).get("command", "python -m benchmarks.device_check"))
+            command = json.loads(f.read_text()).get("command", "python -m benchmarks.device_check")
             L += ["", f"Measured on a lent GPU node instead: `benchmarks/device/{f.name}` "
-                  f"(`{command.split(',')[0].split(' (')[0]}`; summarised in docs/LOADER.md, \"On a GPU\", and docs/SPIKE.md)."]
+                  f"(`{command}`; summarised in docs/LOADER.md, \"On a GPU\", and docs/SPIKE.md)."]
     else:
         L += [f"Device: {gpu['device']}. H2D (pinned) {gpu['h2d_batch']['gb_per_s']:.1f} GB/s for one batch, "
               f"{gpu['h2d_64mb']['gb_per_s']:.1f} GB/s for 64 MiB. On-device densify (torch sparse CSR -> dense): "

@@ -11,8 +11,9 @@ host-to-device copy.
 their three parts, ``key.crow`` / ``key.cols`` / ``key.vals`` (zero-copy views of the gather's output, index
 dtypes as gathered: int32 below 2**31 entries), and finishes the other items; ``"sparse"`` makes CSR rows torch
 sparse tensors; ``"parts"`` ships every deferred item's parts so that the consumer finishes them (on the
-device: :func:`loaders.device.assemble`); ``"positions"`` is ``"parts"`` with CSR rows shipped as flat
-positions and values (:class:`~loaders.payload.Scattered`), for a device that wants them dense. A shipped
+device: :func:`loaders.device.assemble`); ``"positions"`` is ``"parts"`` with every item in its device form
+(``Deferred.for_device``: CSR rows as flat positions and values, :class:`~loaders.payload.Scattered`), for a
+device that finishes them dense. A shipped
 item is ``key + "." + part`` tensors, plus ``key + META`` = (op, meta, part names) unless the output is
 ``"csr"`` (what the user gets carries no meta).
 """
@@ -56,8 +57,8 @@ def _shipped(d: Deferred, output: str) -> bool:
 
 
 def _as_shipped(d: Deferred, output: str) -> Deferred:
-    """What a shipped item crosses as: CSR rows for a device that densifies them go as flat positions."""
-    return d.scattered() if output == "positions" and isinstance(d, Gathered) else d
+    """What a shipped item crosses as: its device form (:meth:`Deferred.for_device`) for ``"positions"``."""
+    return d.for_device() if output == "positions" else d
 
 
 def _describe(d: Deferred, parts: dict[str, np.ndarray]) -> tuple[str, dict[str, Any], tuple[str, ...]]:

@@ -51,6 +51,11 @@ class Deferred(ABC):
             out.fill(0)
         return get_op(self.op)(self.parts(), self.meta(), out)
 
+    def for_device(self) -> Deferred:
+        """The form this item crosses in when a device finishes it (collate's ``"positions"`` output): itself,
+        unless another op is cheaper to finish there (CSR rows -> :class:`Scattered`)."""
+        return self
+
 
 OPS: dict[str, NumpyFinish] = {}
 TORCH_MODULES: dict[str, str] = {}  # op -> module that registers its torch finisher (imported on first use)
@@ -109,7 +114,7 @@ class Gathered(Deferred):
     def finish(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
         return self.dense(out, zeroed)
 
-    def scattered(self) -> Scattered:
+    def for_device(self) -> Scattered:
         """The same rows as flat positions and values (what a device densifies fastest: see Scattered)."""
         return Scattered(kernels.flat_positions(self.indptr, self.indices, int(self.shape[-1])),
                          self.data if self.data.dtype == np.float32 else self.data.astype(np.float32), self.shape)

@@ -1,4 +1,4 @@
-"""h5ad metadata read with h5py alone (pipeline.sources.h5ad.plain_encoding): the same codes and categories as
+"""h5ad metadata read with h5py alone (pipeline.sources.h5ad.is_plain): the same codes and categories as
 anndata's reader for the encodings it takes, and no anndata import for a build's scan."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:
     gives, column by column; encodings it does not know still go through anndata."""
     import pandas as pd
 
-    from pipeline.sources.h5ad import plain_encoding, read_elem
+    from pipeline.sources.h5ad import is_plain, read_elem
     from pipeline.sources.h5csr import to_categorical
 
     adata = demo.make_perturb_adata(**SMALL)
@@ -36,7 +36,7 @@ def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:
     columns = [c for c in adata.obs.columns]
     with h5py.File(path, "r") as f:
         expected = {c: to_categorical(read_elem(f["obs"][c])) for c in columns}
-        plain = {c: plain_encoding(f["obs"][c]) is not None for c in columns}
+        plain = {c: is_plain(f["obs"][c]) for c in columns}
     assert not plain["nullable_int"] and all(v for c, v in plain.items() if c != "nullable_int")
     got = H5adSource(path).meta(columns)
     for c in columns:

@@ -124,7 +124,7 @@ def test_scattered_rows_finish_like_csr_rows_in_numpy_and_torch() -> None:
     crow, cols, vals = kernels.row_gather(x.indptr, x.indices, x.data, rows)
     g = Gathered(crow, cols, vals, (2, 3, x.shape[1]))
     want = x[rows].toarray().reshape(2, 3, -1)
-    s = g.scattered()
+    s = g.for_device()
     assert s.op == SCATTER_OP and s.pos.dtype == np.int64 and s.vals.dtype == np.float32
     np.testing.assert_array_equal(s.pos, np.flatnonzero(x[rows].toarray()))  # canonical rows: sorted, no zeros
     np.testing.assert_array_equal(g.finish(), want)

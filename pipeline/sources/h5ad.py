@@ -2,7 +2,7 @@
 
 Rows come through the shared h5py block reader (anndata's backed mode reads a row block no faster and
 holds more state). Metadata in the encodings anndata writes for nearly every column (categorical,
-string-array, array) is read with h5py too (:func:`plain_encoding`: importing anndata costs more than an
+string-array, array) is read with h5py too (:func:`is_plain`: importing anndata costs more than an
 incremental rebuild's scan); the other spellings of a column (nullable arrays, anndata 0.7 frames) go
 through anndata's own element readers.
 `anndata.io.read_elem` does not understand pre-0.7 files: the obs table is a compound dataset that it
@@ -36,29 +36,30 @@ else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy
 
 
 def read_elem(elem: object) -> object:
-    """anndata's element reader, imported on first use: anndata (with pandas and dask.array) costs ~0.6-0.8 s
-    to import, which a no-change rebuild should not pay (and see :func:`plain_encoding`)."""
+    """anndata's element reader, imported on first use: anndata (with pandas and dask.array) costs ~0.5 s
+    to import, which a no-change rebuild should not pay (and see :func:`is_plain`)."""
     from anndata.io import read_elem as _read_elem
 
     return _read_elem(elem)
 
 
-def plain_encoding(node: h5py.Group | h5py.Dataset) -> np.ndarray | tuple[np.ndarray, np.ndarray] | None:
-    """The encodings anndata writes for nearly every scPerturb column, read with h5py alone: a ``string-array``
-    or ``array`` dataset (its values), or a ``categorical`` group of two datasets (codes, categories). None for
-    anything else (nullable arrays, nested encodings), which goes through :func:`read_elem`.
+def is_plain(node: h5py.Group | h5py.Dataset) -> bool:
+    """Whether ``node`` is in an encoding anndata writes for nearly every scPerturb column and h5py reads as it
+    is (then :func:`~pipeline.sources.h5csr.read_plain_column`, the hand-written files' reader, reads it): a
+    ``string-array`` or ``array`` dataset, or a ``categorical`` group of two datasets (codes, categories). Not
+    for anything else (nullable arrays, nested encodings), which goes through :func:`read_elem`.
 
     Why: importing anndata for these costs more than a changed source's whole scan in an incremental build
-    (~0.6 s of a 1.4 s rebuild), and both readers give the same codes and categories (tested)."""
+    (~0.5 s of a 1.4 s rebuild), and both readers give the same codes and categories (tested)."""
     encoding = attr_str(node.attrs.get("encoding-type", ""))
-    if isinstance(node, h5py.Dataset) and encoding in ("string-array", "array"):
-        return node[()]
-    if isinstance(node, h5py.Group) and encoding == "categorical" and set(node) == {"codes", "categories"}:
-        codes, categories = node["codes"], node["categories"]
-        if isinstance(codes, h5py.Dataset) and isinstance(categories, h5py.Dataset) and attr_str(
-                categories.attrs.get("encoding-type", "")) in ("", "string-array", "array"):
-            return codes[()], categories[()]
-    return None
+    if isinstance(node, h5py.Dataset):
+        return encoding in ("string-array", "array")
+    if encoding != "categorical" or set(node) != {"codes", "categories"}:
+        return False
+    codes, categories = node["codes"], node["categories"]
+    return isinstance(codes, h5py.Dataset) and isinstance(categories, h5py.Dataset) and attr_str(
+        categories.attrs.get("encoding-type", "")) in ("", "string-array", "array")
+
 
 @register_source
 class H5adSource(H5Source):
@@ -77,9 +78,8 @@ class H5adSource(H5Source):
         if index not in var:
             return None
         node = var[index]
-        plain = plain_encoding(node) if "encoding-type" in node.attrs else node[()]
-        values = plain if isinstance(plain, np.ndarray) else read_elem(node)
-        return tuple(decode_strings(np.asarray(values)))
+        plain = "encoding-type" not in node.attrs or (isinstance(node, h5py.Dataset) and is_plain(node))
+        return tuple(decode_strings(np.asarray(node[()] if plain else read_elem(node))))
 
     def _obs_columns(self) -> list[str]:
         obs = self._node("obs")
@@ -110,13 +110,8 @@ class H5adSource(H5Source):
         return {c: read_plain_column(obs[c], self.path, c) for c in columns}
 
     def _modern_column(self, node: h5py.Group | h5py.Dataset, column: str) -> Categorical:
-        if "encoding-type" not in node.attrs:
+        if "encoding-type" not in node.attrs or is_plain(node):
             return read_plain_column(node, self.path, column)
-        plain = plain_encoding(node)
-        if isinstance(plain, tuple):
-            return categorical_from_codes(plain[0], plain[1], self.path, column)
-        if plain is not None:
-            return to_categorical(plain)
         # nullable-* and other encodings come back from anndata as something pandas can factorize;
         # anndata's Categorical.from_codes also rejects out-of-range codes (-> SourceError via _reading)
         return to_categorical(read_elem(node))
