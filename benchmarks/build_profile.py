@@ -46,8 +46,8 @@ LEAVES: dict[str, list[tuple[str, ...]]] = {
 }
 STAGES = {"scan (with source sha256)": ("kinds/perturbation.py", "scan"),
           "plan": ("kinds/perturbation.py", "plan"),
-          "read tasks (read, validate, route, spill)": ("pipeline/pack.py", "_scatter"),
-          "pack tasks (gather, encode, write, hash)": ("pipeline/pack.py", "_pack")}
+          "read tasks (read, validate, route, spill)": ("pipeline/modalities/perturbation/pack.py", "_scatter"),
+          "pack tasks (gather, encode, write, hash)": ("pipeline/modalities/perturbation/pack.py", "_pack")}
 
 
 def _match(key: tuple[str, int, str], file: str, name: str) -> bool:

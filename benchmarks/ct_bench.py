@@ -4,7 +4,7 @@
     result = run_ct_bench(data_dir, work_dir)      # -> dict; result["table"] is a markdown table
     python -m benchmarks.ct_bench --data-dir bench_data --work-dir bench_data/work/ct
 
-Two corpora, both synthetic chest CTs (pipeline.demo_ct, cached by parameters under ``data_dir``):
+Two corpora, both synthetic chest CTs (pipeline.modalities.ct.demo, cached by parameters under ``data_dir``):
 
 * the **loader** figure uses ``loader_volumes`` volumes of ``loader_shape`` (default 8 of 512 x 512 x 48,
   the size of the real scans the issue measured). Methods, measured in ONE process, interleaved
@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from loaders.ct_ops import collate
-from pipeline.demo_ct import write_large_chest
+from loaders.modalities.ct.ops import collate
+from pipeline.modalities.ct.demo import write_large_chest
 
 REPO = Path(__file__).resolve().parents[1]
 LEVEL, WIDTH, BAND, THRESHOLD = -600.0, 1500.0, (-1000.0, -400.0), -500.0
@@ -257,7 +257,7 @@ def volume_memory(path: Path, max_points: int) -> dict[str, float]:
     code = f"""
 import json, time, tracemalloc
 import numpy as np
-from pipeline.ct_volume import CtSettings, process_volume
+from pipeline.modalities.ct.volume import CtSettings, process_volume
 def hwm():
     return int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) * 1024
 base = hwm()

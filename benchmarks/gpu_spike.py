@@ -52,7 +52,7 @@ def _sync(device: str) -> None:
 
 def _case(rng: np.random.Generator, crop: tuple[int, int] | None, clip_len: int, b: int = 8,
           size: tuple[int, int] = (250, 400), frames: int = 40) -> tuple[np.ndarray, np.ndarray, int]:
-    from loaders.samples.spike import crop_bits, crop_offsets
+    from loaders.modalities.spike.samples import crop_bits, crop_offsets
 
     windows = list(rng.integers(0, 256, (b * clip_len, frames, size[0], -(-size[1] // 8)), dtype=np.uint8))
     offsets = crop_offsets(int(rng.integers(1 << 30)), 0, np.arange(b), size, crop)
@@ -74,8 +74,8 @@ def _median_s(fn: Any, repeats: int, device: str) -> float:
 
 def _pixel_case(rng: np.random.Generator, crop: tuple[int, int] | None, clip_len: int, b: int = 8,
                 size: tuple[int, int] = (250, 400), frames: int = 40) -> np.ndarray:
-    from loaders.samples.spike import crop_offsets
-    from loaders.spike_ops import crop_pixels
+    from loaders.modalities.spike.samples import crop_offsets
+    from loaders.modalities.spike.ops import crop_pixels
 
     windows = list(rng.integers(0, 256, (b * clip_len, size[0], size[1], -(-frames // 8)), dtype=np.uint8))
     offsets = crop_offsets(int(rng.integers(1 << 30)), 0, np.arange(b), size, crop)
@@ -87,9 +87,9 @@ def _kernels(rng: np.random.Generator, crop: tuple[int, int] | None, clip_len: i
     """Bit order -> (numpy finisher, torch finisher taking the shipped device arrays, the packed bits)."""
     import torch
 
-    from loaders import spike_torch
-    from loaders.samples.spike import voxel_numpy
-    from loaders.spike_ops import voxel_pixel_numpy
+    from loaders.modalities.spike import torch_ops as spike_torch
+    from loaders.modalities.spike.samples import voxel_numpy
+    from loaders.modalities.spike.ops import voxel_pixel_numpy
 
     bits, left, width = _case(rng, crop, clip_len)
     pixel = _pixel_case(rng, crop, clip_len)
@@ -137,9 +137,9 @@ def kernel(device: str, repeats: int = 10, bins: tuple[int, ...] = (5, 4),
 
 
 def demo_build(work: Path) -> Path:
-    """The demo spike tree (pipeline.demo_spike) built as zarr under ``work`` (reused when present)."""
+    """The demo spike tree (pipeline.modalities.spike.demo) built as zarr under ``work`` (reused when present)."""
     from pipeline.build import build
-    from pipeline.demo_spike import write_spike_demo
+    from pipeline.modalities.spike.demo import write_spike_demo
 
     out = work / "shards"
     if (out / "index.json").exists():

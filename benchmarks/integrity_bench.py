@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from loaders import ShardDataset, ShardLoader
-    from loaders.arena import BufferPool
+    from loaders.engine.arena import BufferPool
 
     root = build(args.cells, Path(args.data_dir), args.codec)
     kw = {"batch_size": 256, "window": args.window, "seed": 0}

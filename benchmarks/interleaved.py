@@ -117,7 +117,7 @@ class Stream:
 
 
 def decoder_cpu(root: psutil.Process) -> float:
-    """CPU seconds of the decoder processes under ``root`` (``python -m loaders.decoder``)."""
+    """CPU seconds of the decoder processes under ``root`` (``python -m loaders.engine.decoder``)."""
     total = 0.0
     try:
         procs = root.children(recursive=True)
@@ -125,7 +125,7 @@ def decoder_cpu(root: psutil.Process) -> float:
         return 0.0
     for p in procs:
         try:
-            if "loaders.decoder" in " ".join(p.cmdline()):
+            if "loaders.engine.decoder" in " ".join(p.cmdline()):
                 t = p.cpu_times()
                 total += t.user + t.system
         except psutil.Error:
@@ -251,7 +251,7 @@ def _workers_cpu(root: psutil.Process) -> float:
     total = 0.0
     for p in root.children(recursive=False):
         try:
-            if "loaders.decoder" not in " ".join(p.cmdline()):
+            if "loaders.engine.decoder" not in " ".join(p.cmdline()):
                 t = p.cpu_times()
                 total += t.user + t.system
         except psutil.Error:

@@ -7,7 +7,7 @@ build records/s and peak RSS.
 
 Data (generated once, cached under ``data_dir``): ``sequences`` x ``frames_per_sequence`` ``.dat`` files of
 250 x 400 pixels (Vidar: bit-packed, rows flipped), ``file_frames`` frames each, in a GoPro-style
-tree (no images), spikes from an integrate-and-fire model of a drifting pattern (``pipeline.demo_spike``), as a
+tree (no images), spikes from an integrate-and-fire model of a drifting pattern (``pipeline.modalities.spike.demo``), as a
 spike camera makes them (about 30% of pixels fire per frame). Each record keeps the central ``window`` frames.
 
 Loader methods, measured in ONE process, interleaved (A, B, A, B; ``repeats`` windows of ``seconds``), median:
@@ -17,8 +17,8 @@ Loader methods, measured in ONE process, interleaved (A, B, A, B; ``repeats`` wi
   crop; a ``torch.utils.data.DataLoader`` (same batch size and ``num_workers``) collates;
 * ``shardsmith``: ``ShardDataset(sample="spike", num_bins, crop)`` over the built shards (zarr) with the
   default spike codec (``[spike] codec = "spikebits"``: the window stored pixel-major + zstd, voxels by
-  popcount, ``loaders/spike_ops.py``), over shards of the previous default (``"spikebits-v1"``: frame-major
-  column, the codec transposes back on every read, ``loaders/spikebits.py``), and over shards without a codec
+  popcount, ``loaders/modalities/spike/ops.py``), over shards of the previous default (``"spikebits-v1"``: frame-major
+  column, the codec transposes back on every read, ``loaders/modalities/spike/bits.py``), and over shards without a codec
   (``[spike] codec = "dataset"`` with ``[dataset] codec = "none"``: frame-major, nothing to decode).
 
 Both give float32 voxels ``[B, num_bins, h, w]`` (ours ``[B, 1, num_bins, h, w]``: clips of one frame).
@@ -48,7 +48,7 @@ import numpy as np
 
 from benchmarks.ct_bench import build as build_child
 from benchmarks.ct_bench import du
-from pipeline.demo_spike import integrate_and_fire, scene, vidar_bytes
+from pipeline.modalities.spike.demo import integrate_and_fire, scene, vidar_bytes
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 In the main process batches are zero-copy tensors (:func:`to_tensors`). A DataLoader worker ships ONE
 buffer per run of consecutive batches (:func:`to_shared` -> :class:`Shipped`, finished values written straight
-into it), in a reused slot of its :mod:`loaders.ring` when one is free: torch otherwise creates a shared-memory
+into it), in a reused slot of its :mod:`loaders.engine.ring` when one is free: torch otherwise creates a shared-memory
 segment per tensor (~1 ms each here), and even one segment per batch cost more than gathering it. The
 consumer splits it back into views (:func:`loaders.device.unpack_batches`), on the GPU after a single
 host-to-device copy.
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaders.arena import ALIGN, Arena, BufferPool
+from loaders.engine.arena import ALIGN, Arena, BufferPool
+from loaders.engine.ring import Ring, receive
 from loaders.gather import BatchRows, Rows
 from loaders.payload import CSR_OP, Deferred, Gathered, Payload
-from loaders.ring import Ring, receive
 
 __all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "RunShipping", "Shipped", "sparse",
            "staging_buffer", "to_shared", "to_tensors"]
@@ -99,7 +99,7 @@ class Shipped:
     """What a worker ships for a run of consecutive batches: ONE uint8 buffer (a ring slot or a torch shared
     segment), each batch's layout (:data:`Entry` tuples) and its extras (a shipped item's op/meta), and the
     output form. The consumer splits it with :func:`loaders.device.unpack_batches`, on whatever device the
-    buffer now is. Pickles small when the buffer is a ring slot (:mod:`loaders.ring`)."""
+    buffer now is. Pickles small when the buffer is a ring slot (:mod:`loaders.engine.ring`)."""
 
     buffer: torch.Tensor
     layouts: tuple[tuple[Entry, ...], ...]
@@ -126,7 +126,7 @@ class Shipped:
 @dataclass(frozen=True)
 class RunShipping:
     """How a ShardLoader's workers ship: runs of ``batches`` consecutive batches as one :class:`Shipped` item,
-    in a ring of ``ring_slots`` reused slots per worker (:mod:`loaders.ring`)."""
+    in a ring of ``ring_slots`` reused slots per worker (:mod:`loaders.engine.ring`)."""
 
     batches: int
     ring_slots: int

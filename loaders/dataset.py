@@ -5,9 +5,9 @@ for 256 rows at once with a few vectorised numpy calls avoids per-sample ``__get
 whose Python overhead alone exceeds the whole vectorised gather.
 
 Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards are
-decoded once, straight into an :class:`~loaders.arena.Arena` (one CSR matrix), and it serves every
+decoded once, straight into an :class:`~loaders.engine.arena.Arena` (one CSR matrix), and it serves every
 batch that falls in it; the next window a worker will touch is decoded meanwhile: by the decoder process
-(:mod:`loaders.decoder`) in the training process, by background threads in DataLoader workers. Threads in
+(:mod:`loaders.engine.decoder`) in the training process, by background threads in DataLoader workers. Threads in
 the training process itself slowed batch assembly 1.5-1.9x (GIL hand-offs), a separate process 7-10%.
 At an epoch's last window, the next epoch's first one is decoded ahead the same way (in the main process
 and in persistent workers), so an epoch boundary does not stall the GPU on a whole window's decode.
@@ -33,20 +33,21 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders import budget, decoder, interop, order
-from loaders.broker import Broker, BrokerClient
+from loaders import budget, interop, order
 from loaders.collate import Arena, BufferPool, Payload, RunShipping, staging_buffer, to_shared, to_tensors
-from loaders.decoder import Decoder
 from loaders.device import prefetch
+from loaders.engine import decoder
+from loaders.engine.broker import Broker, BrokerClient
+from loaders.engine.decoder import Decoder
+from loaders.engine.live import LiveWindows
+from loaders.engine.ring import worker_ring
+from loaders.engine.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
+from loaders.engine.supply import WindowSupply
+from loaders.engine.window import WindowReader
 from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.gather import BatchRows
 from loaders.integrity import check_on_corrupt
-from loaders.live import LiveWindows
-from loaders.ring import worker_ring
 from loaders.samples import get_sample_type
-from loaders.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
-from loaders.supply import WindowSupply
-from loaders.window import WindowReader
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -132,7 +133,7 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         self._ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, window), its decode)
         self._ahead_lock = threading.Lock()
         self._decoder_state: tuple[int, Decoder] | None = None  # (pid, this process's decoder process)
-        self._live: LiveWindows | None = None  # this process's decoded windows still served (loaders.live)
+        self._live: LiveWindows | None = None  # this process's decoded windows still served (loaders.engine.live)
         self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
         self._broker_address: str | None = None
         self._broker_pid = 0
@@ -183,7 +184,7 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         return self._budget[1]
 
     def _plans(self, epoch: int, wstarts: np.ndarray) -> Callable[[int], Plan]:
-        """Batch ``j`` -> its :data:`~loaders.schedule.Plan` (segments of windows) for ``epoch``."""
+        """Batch ``j`` -> its :data:`~loaders.engine.schedule.Plan` (segments of windows) for ``epoch``."""
         bounds, rb = wstarts.tolist(), self._budget_bounds(epoch)
         if rb is not None:
             return lambda j: range_segments(bounds, int(rb[j]), int(rb[j + 1]))

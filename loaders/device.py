@@ -21,7 +21,6 @@ the CUDA calls themselves, and the batches equal the host path's exactly (tests/
 
 from __future__ import annotations
 
-import importlib
 import math
 import queue
 import threading
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 
 from loaders.collate import META, Shipped, sparse
-from loaders.payload import CSR_OP, SCATTER_OP, TORCH_MODULES, get_op
+from loaders.payload import CSR_OP, SCATTER_OP, TORCH_OPS, get_op
 
 Batch = dict[str, Any]
 T = TypeVar("T")
@@ -106,15 +105,13 @@ def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, sh
 
 
 TorchFinish = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
-TORCH_OPS: dict[str, TorchFinish] = {}
 
 
 def register_torch_op(name: str) -> Callable[[TorchFinish], TorchFinish]:
     """Register the torch finisher of deferred op ``name`` (its numpy twin: ``loaders.payload.register_op``)."""
 
     def deco(fn: TorchFinish) -> TorchFinish:
-        TORCH_OPS[name] = fn
-        return fn
+        return TORCH_OPS.register(name, fn)
 
     return deco
 
@@ -139,13 +136,14 @@ def finish(op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any], 
     the registered torch finisher on a device, or on the CPU when ``on_device`` (``device="cpu"``: the device
     path run on the host, so that CI exercises it)."""
     first = next(iter(parts.values()))
-    if op not in TORCH_OPS and op in TORCH_MODULES:
-        importlib.import_module(TORCH_MODULES[op])
-    if (first.device.type == "cpu" and not (on_device and op in TORCH_OPS)) or op not in TORCH_OPS:
-        if op not in TORCH_OPS and first.device.type != "cpu":
+    has_torch = op in TORCH_OPS
+    if has_torch:
+        finisher = TORCH_OPS.get(op)  # imports the module that registers it, on first use
+    if (first.device.type == "cpu" and not (on_device and has_torch)) or not has_torch:
+        if not has_torch and first.device.type != "cpu":
             raise ValueError(f"deferred op {op!r} has no torch finisher (register one with register_torch_op)")
         return torch.from_numpy(get_op(op)({k: v.numpy() for k, v in parts.items()}, meta, None))
-    return TORCH_OPS[op](parts, meta)
+    return finisher(parts, meta)
 
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {}

@@ -18,16 +18,18 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from loaders.format import FormatError
+from loaders.errors import FormatError
+from loaders.plugins import load_loader_modalities
+from loaders.registry import Registry
 
-FIELD_CODECS: dict[str, tuple[str, str]] = {}  # id -> (module registering the numcodecs codec, the zarr one)
+# id -> (module registering the numcodecs codec, the zarr one); a modality registers its own on import
+FIELD_CODECS: Registry[tuple[str, str]] = Registry("field codec", discover=load_loader_modalities)
 
 
 def register_field_codec(codec_id: str, module: str, zarr_module: str) -> None:
-    FIELD_CODECS[codec_id] = (module, zarr_module)
+    FIELD_CODECS.register(codec_id, (module, zarr_module))
 
 
-register_field_codec("shardsmith.spikebits", "loaders.spikebits", "loaders.spikebits_zarr")
 # plain zstd (numcodecs' and zarr's own): pixel-major spike windows, whose layout already makes them compress
 register_field_codec("zstd", "numcodecs.zstd", "zarr.codecs")
 
@@ -37,15 +39,17 @@ def check_config(config: Any, where: str) -> dict[str, Any]:
     if not isinstance(config, Mapping) or not isinstance(config.get("id"), str):
         raise FormatError(f"{where}: codec must be an object with an \"id\", got {config!r}")
     if config["id"] not in FIELD_CODECS:
+        FIELD_CODECS.discover()
+    if config["id"] not in FIELD_CODECS:
         raise FormatError(f"{where}: codec {config['id']!r} is unknown to this shardsmith (known: "
-                          f"{sorted(FIELD_CODECS)}): upgrade shardsmith to read it")
+                          f"{FIELD_CODECS.names()}): upgrade shardsmith, or install the plug-in that adds it")
     return dict(config)
 
 
 def get_field_codec(config: Any, where: str) -> Any:
     """The numcodecs codec of ``config``; an unknown id or a config it refuses -> FormatError."""
     cfg = check_config(config, where)
-    importlib.import_module(FIELD_CODECS[cfg["id"]][0])
+    importlib.import_module(FIELD_CODECS.get(cfg["id"])[0])
     import numcodecs
 
     try:
@@ -58,7 +62,7 @@ def zarr_codec(config: Any, where: str) -> Any:
     """The zarr v3 codec object of ``config`` (for a writer's ``compressors``)."""
     cfg = check_config(config, where)
     get_field_codec(cfg, where)  # the same validation as on read
-    importlib.import_module(FIELD_CODECS[cfg["id"]][1])
+    importlib.import_module(FIELD_CODECS.get(cfg["id"])[1])
     from zarr.registry import get_codec_class
 
     rest = {k: v for k, v in cfg.items() if k != "id"}
@@ -67,5 +71,5 @@ def zarr_codec(config: Any, where: str) -> Any:
 
 def load_zarr_codecs() -> None:
     """Register every field codec with zarr (before opening a store whose arrays may name one)."""
-    for _, zarr_module in FIELD_CODECS.values():
+    for _, (_, zarr_module) in FIELD_CODECS.items():
         importlib.import_module(zarr_module)

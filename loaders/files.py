@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from loaders.errors import FormatError
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
@@ -45,7 +47,6 @@ def content_hash(path: str | Path) -> str:
     h = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     if not files and not path.exists():
-        from loaders.format import FormatError  # here: format imports this module
 
         raise FormatError(f"{path}: missing")
     for p in files:

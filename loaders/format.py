@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loaders.errors import FormatError  # noqa: F401 (part of this contract)
 from loaders.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
 
 FORMAT_NAME = "shardsmith"
@@ -53,10 +54,6 @@ SENTENCES_PERT = "sentences/pert"  # int32 [S, L]: local rows of one (cell_type,
 SENTENCES_CTRL = "sentences/ctrl"  # int32 [S, L]: matched control rows
 CONDITION_VECTORS = "vectors"  # the condition table file: float32 [C, D]
 CONDITION_CODES = "codes"  # and the obs codes each condition row stands for
-
-
-class FormatError(Exception):
-    """A dataset or shard does not follow this contract (missing, corrupt, wrong version)."""
 
 
 @dataclass(frozen=True)

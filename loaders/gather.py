@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loaders import kernels
-from loaders.arena import Arena
+from loaders.engine.arena import Arena
 from loaders.payload import Gathered
 
 
@@ -145,7 +145,7 @@ class Rows:
 
 @dataclass
 class BatchRows:
-    """What :meth:`loaders.samples.base.SampleType.assemble` gets: the batch's units as arena rows."""
+    """What :meth:`loaders.samples.SampleType.assemble` gets: the batch's units as arena rows."""
 
     arenas: list[Arena]
     group: np.ndarray | None  # int64 [b]: the arena of each unit (None: all in arenas[0])

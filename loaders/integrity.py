@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loaders.forksafe import fork_safe_lock
+from loaders.engine.forksafe import fork_safe_lock
 from loaders.format import OBS_PREFIX, FieldSpec, FormatError, Index, index_sha256, read_index_bytes
 from loaders.shardio import Column, import_zarr, open_zarr_columns, read_tar_shard
 
@@ -74,7 +74,7 @@ def _files(path: Path) -> list[Path]:
 # or addition through the filesystem changes it (ctime cannot be set from user space), so only silent media
 # corruption after the first check goes unseen; ``verify="always"`` hashes every read.
 _VERIFIED: dict[str, tuple[tuple[tuple[object, ...], ...], str]] = {}
-_VERIFIED_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/forksafe.py)
+_VERIFIED_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
 
 
 def read_checked(path: Path, sha256: str | None, always: bool = False) -> dict[str, bytes]:

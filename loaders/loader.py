@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader
 from loaders.collate import RunShipping
 from loaders.dataset import ShardDataset
 from loaders.device import DeviceFeeder
+from loaders.engine.watchdog import LoaderTimeout, WorkerWatch
 from loaders.resume import STATE_VERSION, check_state
-from loaders.watchdog import LoaderTimeout, WorkerWatch
 
 __all__ = ["LoaderTimeout", "ShardLoader"]
 
@@ -42,9 +42,9 @@ class ShardLoader:
     ``device``: where batches should end up (``None`` keeps them on the CPU). On CUDA the workers
     ship CSR parts and the densify happens on the GPU (``ship_csr`` forces either way).
     ``num_workers``: processes gathering and assembling batches in parallel; the windows are decoded once, by
-    this process's decoder process, and mapped by every worker (:mod:`loaders.broker`).
+    this process's decoder process, and mapped by every worker (:mod:`loaders.engine.broker`).
     ``worker_batches``: consecutive batches a worker ships as one item (one buffer, in a reused slot of the
-    worker's :mod:`loaders.ring`): the per-item cost of the DataLoader's queues and pickling is paid once per
+    worker's :mod:`loaders.engine.ring`): the per-item cost of the DataLoader's queues and pickling is paid once per
     run. ``prefetch_factor`` counts items (runs), as in torch: 2 items of 4 batches keep 8 batches ahead
     per worker.
     The loader configures its dataset (output form, shared epoch state): one loader per dataset.

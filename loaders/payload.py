@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from loaders import kernels
+from loaders.plugins import load_loader_modalities
+from loaders.registry import Registry
 
 NumpyFinish = Callable[[Mapping[str, np.ndarray], Mapping[str, Any], "np.ndarray | None"], np.ndarray]
 
@@ -57,8 +59,9 @@ class Deferred(ABC):
         return self
 
 
-OPS: dict[str, NumpyFinish] = {}
-TORCH_MODULES: dict[str, str] = {}  # op -> module that registers its torch finisher (imported on first use)
+OPS: Registry[NumpyFinish] = Registry("deferred op", discover=load_loader_modalities)
+# op -> its torch finisher, registered lazily: the module is imported by the device layer on first use
+TORCH_OPS: Registry[Any] = Registry("torch finisher of deferred op", discover=load_loader_modalities)
 
 
 def register_op(name: str, torch_module: str | None = None) -> Callable[[NumpyFinish], NumpyFinish]:
@@ -67,19 +70,16 @@ def register_op(name: str, torch_module: str | None = None) -> Callable[[NumpyFi
     meets the op (so this module, and the decoder process, never import torch)."""
 
     def deco(fn: NumpyFinish) -> NumpyFinish:
-        OPS[name] = fn
+        OPS.register(name, fn)
         if torch_module:
-            TORCH_MODULES[name] = torch_module
+            TORCH_OPS.register_lazy(name, torch_module)
         return fn
 
     return deco
 
 
 def get_op(name: str) -> NumpyFinish:
-    try:
-        return OPS[name]
-    except KeyError:
-        raise ValueError(f"unknown deferred op {name!r} (registered: {sorted(OPS)})") from None
+    return OPS.get(name)
 
 
 # -- CSR rows -> dense ----------------------------------------------------------------------------------

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from loaders.forksafe import fork_safe_lock
+from loaders.engine.forksafe import fork_safe_lock
 from loaders.format import FORMAT_NAME, SHARD_VERSION, FormatError
+from loaders.registry import Registry
 
 ShardReader = Callable[[Path, Sequence[str]], dict[str, np.ndarray]]
-READERS: dict[str, ShardReader] = {}
+READERS: Registry[ShardReader] = Registry("shard encoding", error=FormatError)
 
 
 def _zarr_lock_after_fork() -> None:
@@ -39,7 +40,7 @@ def _zarr_lock_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_zarr_lock_after_fork)
 
-_ZARR_IMPORT_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/forksafe.py)
+_ZARR_IMPORT_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
 
 
 def import_zarr() -> None:
@@ -55,8 +56,7 @@ def import_zarr() -> None:
 
 def register_reader(encoding: str) -> Callable[[ShardReader], ShardReader]:
     def deco(fn: ShardReader) -> ShardReader:
-        READERS[encoding] = fn
-        return fn
+        return READERS.register(encoding, fn)
 
     return deco
 
@@ -306,7 +306,7 @@ def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytearray:
     return data
 
 
-NPY_HEADER_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/forksafe.py)
+NPY_HEADER_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
 
 
 def read_npy_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -386,8 +386,6 @@ def read_shard(path: str | Path, encoding: str, keys: Sequence[str]) -> dict[str
     path = Path(path)
     if not path.exists():
         raise FormatError(f"{path}: shard is missing")
-    try:
-        reader = READERS[encoding]
-    except KeyError:
-        raise FormatError(f"{path}: no reader for encoding {encoding!r} (known: {sorted(READERS)})") from None
-    return reader(path, keys)
+    if encoding not in READERS:
+        raise FormatError(f"{path}: no reader for encoding {encoding!r} (known: {READERS.names()})")
+    return READERS.get(encoding)(path, keys)

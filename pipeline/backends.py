@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from loaders.registry import Registry
 from pipeline.errors import ShardsmithError
 from pipeline.taskspill import Descriptor, describe, run_descriptor
 
@@ -91,19 +92,16 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="task", disable=not progress)
 
 
-BACKENDS: dict[str, type[Backend]] = {}
+BACKENDS: Registry[type[Backend]] = Registry("backend", error=BackendError)
 
 
 def register_backend(cls: type[Backend]) -> type[Backend]:
-    BACKENDS[cls.name] = cls
-    return cls
+    return BACKENDS.register(cls.name, cls)
 
 
 def get_backend(name: str, jobs: int, scheduler: str | None = None) -> Backend:
     """A backend (not started). Unknown names and options are bad input (exit code 2)."""
-    if name not in BACKENDS:
-        raise BackendError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
-    cls = BACKENDS[name]
+    cls = BACKENDS.get(name)
     if scheduler and not cls.remote:
         raise BackendError(f"--scheduler is for the dask and ray backends, not --backend {name}")
     from pipeline.extras import MissingExtraError, require_backend

@@ -27,16 +27,15 @@ from pipeline import __version__, generations
 from pipeline.dryrun import drop_columns
 from pipeline.events import EventLog
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
-from pipeline.kinds import Kind, KindPlan, PackResult, PlanContext, ShardPlan, get_kind
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.memory import release_freed_memory, trim_heap
+from pipeline.model import Kind, KindPlan, PackConfig, PackResult, PlanContext, ShardPlan, get_kind
 from pipeline.shardfile import make_durable, shard_suffix
 from pipeline.writers import Codec
 
 if TYPE_CHECKING:
     from pipeline.dryrun import PlanDifference
-    from pipeline.pack import PackConfig
-    from pipeline.scan import ScannedSource
+    from pipeline.model import ScannedSource
 
 log = logging.getLogger(__name__)
 BACKENDS = ("threading", "loky", "dask", "ray")
@@ -160,7 +159,6 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
                     prev.name, manifest.name)
     if not dry_run:
         generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
-    from pipeline.pack import PackConfig, budget
 
     cache = {str(s["path"]): s for s in (prev.sources if prev is not None else [])}
     # with more than one job, new sources are hashed on a second thread while metadata is read and planned
@@ -185,9 +183,9 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         t_plan = time.perf_counter()
         release_freed_memory()  # after planning: its many short-lived temporaries are cheaper from the heap
         cfg = PackConfig(out=out.resolve(), spill=spill, encoding=manifest.format, codec=Codec(manifest.codec, manifest.codec_level),
-                         **{"counts": False, "obsm": (), **kind.pack_options(manifest)}, fields=plan.fields,
-                         block_rows=manifest.block_rows, tables=tuple(plan.tables), samples=tuple(kind.samples),
-                         drop_spill=not executor.remote, jobs=jobs, **budget())
+                         fields=plan.fields, block_rows=manifest.block_rows, tables=tuple(plan.tables),
+                         samples=tuple(kind.samples), drop_spill=not executor.remote, jobs=jobs,
+                         options=kind.pack_options(manifest))
         todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         moved = {sh.key for sh in plan.shards if sh.key in reusable and reusable[sh.key].split != sh.split}
         if moved:  # equal rows planned for another split (the split rules changed): a new shard, not a reuse

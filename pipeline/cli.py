@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from loaders.format import FormatError
-from pipeline.commands import COMMAND_MODULES, get_command
+from pipeline.commands import command_names, get_command
 from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
 
 DESCRIPTION = ("Build shard datasets from a manifest, check and inspect them, export a split to AnnData. "
@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="`shardsmith COMMAND --help` describes a command's arguments.")
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
-    for name in COMMAND_MODULES:
+    for name in command_names():
         cmd = get_command(name)
         c = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help)
         cmd.configure(c)

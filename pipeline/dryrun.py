@@ -19,8 +19,7 @@ import numpy as np
 from loaders import format as fmt
 
 if TYPE_CHECKING:
-    from pipeline.kinds import ShardPlan
-    from pipeline.scan import ScannedSource
+    from pipeline.model import ScannedSource, ShardPlan
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What makes a rebuild cheap: a record, next to index.json, of what produced it.
 
 `OUT/.build-inputs.json` holds the digest of all inputs of the committed build and, per source, the key of
-everything that source's shards depend on (`pipeline.plan.source_key`) with its pairing stats. It names
+everything that source's shards depend on (`pipeline.modalities.perturbation.plan.source_key`) with its pairing stats. It names
 the sha256 of the index it belongs to, so a record left by an older or interrupted build is never trusted;
 it is a cache, never required: without it the build simply plans everything.
 
@@ -30,8 +30,7 @@ from pipeline import __version__
 from pipeline.manifest import Manifest
 
 if TYPE_CHECKING:
-    from pipeline.kinds import Kind, KindPlan, ShardPlan
-    from pipeline.scan import ScannedSource
+    from pipeline.model import Kind, KindPlan, ScannedSource, ShardPlan
 
 INPUTS_FILE = ".build-inputs.json"
 
@@ -41,13 +40,13 @@ def code_digest() -> str:
     """The pipeline's own code, the format module and the libraries that decide shard bytes: a rebuild with
     other code must not be taken for a no-change rebuild, whatever the version string says."""
     import loaders.format
-    import loaders.shardio
 
     h = hashlib.sha256()
-    root = Path(__file__).parent
-    # loaders modules that decide stored bytes: the spike window's pixel-major packing and the field codecs
-    packing = [Path(loaders.format.__file__).parent / f for f in ("spike_ops.py", "spikebits.py", "fieldcodecs.py")]
-    for p in [*sorted(root.rglob("*.py")), Path(loaders.format.__file__), Path(loaders.shardio.__file__), *packing]:
+    root, read_side = Path(__file__).parent, Path(loaders.format.__file__).parent
+    # read-side modules that decide stored bytes: the format, the readers, the field codecs, and the
+    # modalities' own packing and codecs (e.g. a pixel-major spike window)
+    decides = [read_side / f for f in ("format.py", "shardio.py", "fieldcodecs.py")]
+    for p in [*sorted(root.rglob("*.py")), *decides, *sorted((read_side / "modalities").rglob("*.py"))]:
         h.update(f"{p.parent.name}/{p.name}".encode() + b"\0" + p.read_bytes() + b"\0")
     libraries = ("numpy", "numcodecs", "zarr", "h5py", "anndata", "scipy")
     dists = sorted(name for folder in sys.path if os.path.isdir(folder) for name in os.listdir(folder)
@@ -121,7 +120,7 @@ def known_sources(out: Path, prev: fmt.Index, saved: Mapping[str, Any]) -> dict[
                                                                                            dict[str, int]]]:
     """Source key -> (that source's shards in the committed index, as stubs; its planning stats), for the
     sources whose shard files all exist."""
-    from pipeline.kinds import ShardPlan
+    from pipeline.model import ShardPlan
 
     by_source: dict[int, list[fmt.ShardEntry]] = {}
     for s in prev.shards:

@@ -2,8 +2,8 @@
 the key.
 
 The generic part is ``[dataset]`` and ``[[sources]]``; every other top-level table belongs to the dataset
-kind (``pipeline.kinds``), which parses and validates it. Source types come from the source registry
-(``pipeline.sources``): a missing ``type`` is inferred from the file suffix among the types feeding the kind.
+kind (``pipeline.model.Kind``), which parses and validates it. Source types come from the source registry
+(``pipeline.source``): a missing ``type`` is inferred from the file suffix among the types feeding the kind.
 ``[dataset] plugins`` lists modules imported first, so user-defined kinds, sources and sample types register.
 """
 
@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import importlib
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
+from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
+from pipeline.model import Manifest, SourceSpec, get_kind, kind_names
+from pipeline.source import get_source, infer_type, source_types_for
 from pipeline.writers.base import CODECS, LEVELS
 
 FORMATS = ("zarr", "tar")
@@ -29,33 +30,8 @@ MIN_SHARD_MB = 1e-4
 DATASET_KEYS = {"name", "kind", "format", "seed", "shard_size_mb", "codec", "codec_level", "block_rows", "plugins"}
 
 
-@dataclass(frozen=True)
-class SourceSpec:
-    path: Path
-    type: str
-    matrix: str = "X"  # for matrix sources: which matrix in the file
-    options: tuple[tuple[str, Any], ...] = ()  # other [[sources]] keys the source type accepts
-
-    def option(self, key: str, default: Any = None) -> Any:
-        return dict(self.options).get(key, default)
 
 
-@dataclass(frozen=True)
-class Manifest:
-    path: Path
-    name: str
-    kind: str
-    format: str
-    seed: int
-    shard_size_mb: float
-    codec: str
-    codec_level: int
-    block_rows: int
-    sources: tuple[SourceSpec, ...]
-    config: Any  # the kind's parsed sections (pipeline.kinds.<kind>)
-    plugins: tuple[str, ...] = ()
-    sha256: str = ""
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 class Table:
@@ -94,16 +70,17 @@ class Table:
 
 
 def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
+    """Import each plug-in module and its build half (``BUILD_MODULE``), so its kinds and sources register."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            load_plugin(name, build=True)
+        except PluginError as e:
+            raise ManifestError(path, "dataset.plugins", str(e)) from None
         except ImportError as e:
             raise ManifestError(path, "dataset.plugins", f"cannot import plug-in module {name!r} ({e})") from None
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    from pipeline.kinds import get_kind, kind_names
-
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -150,8 +127,6 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, Any]) -> tuple[SourceSpec, ...]:
-    from pipeline.sources import get_source, infer_type, source_types_for
-
     if not items:
         raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
     out: list[SourceSpec] = []

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from loaders import format as fmt
 from loaders.columns import validate_columns
 from loaders.shardio import read_shard
-from pipeline.kinds.base import Kind, PackResult, ShardPlan
-from pipeline.pack import PackConfig
+from pipeline.model import Kind, PackConfig, PackResult, ShardPlan
 from pipeline.shardfile import shard_entry, shard_suffix
 
 log = logging.getLogger(__name__)

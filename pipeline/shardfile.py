@@ -15,8 +15,7 @@ from loaders.columns import validate_columns
 from pipeline.writers import get_writer
 
 if TYPE_CHECKING:
-    from pipeline.kinds.base import ShardPlan
-    from pipeline.pack import PackConfig
+    from pipeline.model import PackConfig, ShardPlan
 
 
 def write_columns(columns: Mapping[str, Any], final: Path, cfg: PackConfig, tables: Sequence[str] = ()) -> tuple[str, int]:

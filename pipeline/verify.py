@@ -18,7 +18,7 @@ from loaders.shardio import read_shard
 
 
 def _kind(index: fmt.Index) -> Any:
-    from pipeline.kinds import get_kind
+    from pipeline.model import get_kind
 
     try:
         return get_kind(index.kind)
@@ -171,7 +171,7 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["skipped"]:
         lines.append("  skipped: " + ", ".join(f"{k}={v}" for k, v in s["skipped"].items()))
     if s["details"]:
-        from pipeline.kinds import get_kind
+        from pipeline.model import get_kind
 
         lines += get_kind(s["kind"]).describe_lines(s["details"])
     lines += [f"  warning: {w}" for w in s.get("warnings", [])]

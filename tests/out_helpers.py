@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from tests.pipeline_helpers import write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +55,8 @@ def cli(*args: str) -> subprocess.Popen[str]:
 # "module:function", N. Sources go through spill files, as big ones do.
 KILLED_BUILD = """
 import importlib, os, signal, sys
-import pipeline.pack
-pipeline.pack.FUSE_BYTES, pipeline.pack.SCATTER_BYTES = 0, 1
+import pipeline.modalities.perturbation.pack
+pipeline.modalities.perturbation.pack.FUSE_BYTES, pipeline.modalities.perturbation.pack.SCATTER_BYTES = 0, 1
 manifest, out, target, after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 module, name = target.split(":")
 mod = importlib.import_module(module)

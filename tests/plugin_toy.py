@@ -21,11 +21,11 @@ from loaders.gather import BatchRows
 from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
 from pipeline.errors import SourceError
-from pipeline.kinds import register_kind
-from pipeline.kinds.records import Record, RecordKind, SkipRecord
+from pipeline.model import register_kind
+from pipeline.records import Record, RecordKind, SkipRecord
 from pipeline.manifest import Manifest, SourceSpec, Table
-from pipeline.scan import ScannedSource
-from pipeline.sources import Source, register_source
+from pipeline.model import ScannedSource
+from pipeline.source import Source, register_source
 
 VOCAB = 50
 

@@ -195,7 +195,7 @@ def transported(payload: Any, output: str) -> list[dict[str, Any]]:
     shipped as the second batch of a run of two."""
     from loaders.collate import to_shared, to_tensors
     from loaders.device import unpack_batches
-    from loaders.ring import Ring
+    from loaders.engine.ring import Ring
 
     ring = Ring(1, max_bytes=64 << 20)
     stale = to_shared([payload, payload], output, ring)

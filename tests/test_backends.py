@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pipeline.pack
+import pipeline.modalities.perturbation.pack
 from loaders import format as fmt
 from pipeline.backends import BackendError, get_backend
 from pipeline.build import build
@@ -45,8 +45,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _force_spill(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(pipeline.pack, "FUSE_BYTES", 0)
-    mp.setattr(pipeline.pack, "SCATTER_BYTES", 40_000)
+    mp.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
+    mp.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
 
 
 def _same_bytes(a: Path, b: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.cli import main
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.errors import ManifestError
 from pipeline.manifest import load_manifest
 from pipeline.verify import verify

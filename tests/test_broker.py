@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from loaders import ShardDataset, ShardLoader
-from loaders.broker import Broker, BrokerClient
-from loaders.decoder import AVAILABLE
+from loaders.engine.broker import Broker, BrokerClient
+from loaders.engine.decoder import AVAILABLE
 from tests.shard_fixtures import Fixture, make_dataset
 from tests.test_decoder import assert_same, batches, started
 from tests.test_loader import TIMEOUT

@@ -17,9 +17,10 @@ import pytest
 
 from loaders import format as fmt
 from pipeline.build import build
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.errors import ManifestError
-from pipeline.plan.splits import _by_fraction, stable_unit
+from pipeline.modalities.perturbation.splits import _by_fraction
+from pipeline.seeding import stable_unit
 from pipeline.verify import summary, verify
 from tests.pipeline_helpers import read_all
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main, parser
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from tests.pipeline_helpers import write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent

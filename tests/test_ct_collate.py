@@ -1,4 +1,4 @@
-"""Collation and coordinate augmentation of sparse-voxel batches (loaders.ct_ops)."""
+"""Collation and coordinate augmentation of sparse-voxel batches (loaders.modalities.ct.ops)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import ct_ops
+from loaders.modalities.ct import ops as ct_ops
 
 SETTINGS = settings(max_examples=80, deadline=None)
 
@@ -95,7 +95,7 @@ def test_augment_matches_brute_force_and_torch(batch: tuple, crop: tuple | None,
         assert np.all((rows[:, cols] >= 0) & (rows[:, cols] < e))
     d = ct_ops.CtCoords(np.concatenate(xyz)[keep], off, aug.origin, aug.extent, aug.flip, bd)
     parts = {k: torch.from_numpy(v) for k, v in d.parts().items()}
-    from loaders import ct_torch
+    from loaders.modalities.ct import torch_ops as ct_torch
 
     np.testing.assert_array_equal(ct_torch.finish_coords_torch(parts, d.meta()).numpy(), got)
     np.testing.assert_array_equal(finish(d.op, parts, d.meta()).numpy(), got)  # the device layer's path (CPU)

@@ -17,9 +17,9 @@ import pytest
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
 from pipeline.build import build
-from pipeline.demo_ct import write_ct_demo
+from pipeline.modalities.ct.demo import write_ct_demo
 from pipeline.errors import ManifestError, SourceError
-from pipeline.kinds import get_kind
+from pipeline.model import get_kind
 from pipeline.manifest import load_manifest
 from pipeline.verify import format_summary, summary, verify
 from tests.test_ct_reference import reference_points
@@ -372,7 +372,7 @@ def test_shipped_manifests_build(tmp_path: Path) -> None:
 
 
 def test_split_groups_by_folder(tmp_path: Path) -> None:
-    from pipeline.kinds.base import PlanContext
+    from pipeline.model import PlanContext
 
     vol = np.full((8, 8, 4), 40, np.int16)
     for p in range(8):

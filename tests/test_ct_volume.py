@@ -1,4 +1,4 @@
-"""Per-volume CT processing (pipeline.ct_volume, pipeline.ct_mask) against the independent reference."""
+"""Per-volume CT processing (pipeline.modalities.ct.volume, pipeline.modalities.ct.mask) against the independent reference."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.ct_mask import resample
-from pipeline.ct_volume import CtSettings, inspect_volume, process_volume
-from pipeline.demo_ct import DEMO_VOLUMES, make_chest_volume, write_ct_demo, write_large_chest
+from pipeline.modalities.ct.mask import resample
+from pipeline.modalities.ct.volume import CtSettings, inspect_volume, process_volume
+from pipeline.modalities.ct.demo import DEMO_VOLUMES, make_chest_volume, write_ct_demo, write_large_chest
 from pipeline.errors import ManifestError, SourceError
 from tests.test_ct_reference import reference_points
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from loaders import ShardDataset, ShardLoader
-from loaders.arena import BufferPool
-from loaders.decoder import AVAILABLE, Decoder, DecoderError
+from loaders.engine.arena import BufferPool
+from loaders.engine.decoder import AVAILABLE, Decoder, DecoderError
 from loaders.format import FormatError
-from loaders.window import WindowReader
+from loaders.engine.window import WindowReader
 from tests.shard_fixtures import Fixture, make_dataset
 from tests.test_encodings import built  # noqa: F401 - the module fixture: one manifest built as zarr and as tar
 from tests.test_loader import TIMEOUT, Truth, _broken_copy, check_cells

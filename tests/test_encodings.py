@@ -19,7 +19,7 @@ from loaders import format as fmt
 from loaders.columns import validate_columns
 from loaders.shardio import READERS, read_shard
 from pipeline.build import build
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.verify import verify
 from pipeline.writers import Codec, get_writer
 from pipeline.writers.tar_writer import BLOCK_RECORDS, TarShardWriter
@@ -195,7 +195,7 @@ class TestTar(ShardEncodingConformance):
         import numcodecs
         import webdataset as wds
 
-        import loaders.spikebits  # noqa: F401  (registers the codec with numcodecs)
+        import loaders.modalities.spike.bits  # noqa: F401  (registers the codec with numcodecs)
 
         cols, path = make_columns(BIG), tmp_path / "s.tar"
         TarShardWriter(Codec()).write(path, cols, TABLES, {VOXELS: SPIKEBITS})

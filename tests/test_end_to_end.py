@@ -9,7 +9,7 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from pipeline.build import build
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from tests.pipeline_helpers import source_matrix, write_manifest
 
 GENES = 60
@@ -64,7 +64,7 @@ def test_pairs_and_sentences_carry_matching_rows(dataset: tuple[Path, np.ndarray
 def test_shipped_demo_manifests_build_and_verify(tmp_path: Path, manifest: str) -> None:
     import shutil
 
-    from pipeline.demo import write_demo
+    from pipeline.commands.demo import write_demo
     from pipeline.verify import verify
 
     repo = Path(__file__).resolve().parents[1]

@@ -11,11 +11,11 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-import pipeline.pack
+import pipeline.modalities.perturbation.pack
 from loaders import format as fmt
 from loaders.device import densify, densify_torch
 from pipeline.cli import main
-from pipeline.demo import write_h5csr
+from pipeline.modalities.perturbation.demo import write_h5csr
 from tests import hostile
 from tests.pipeline_helpers import read_all, shard_csr
 
@@ -89,8 +89,8 @@ def test_duplicate_columns_are_summed_once_at_build(case: hostile.Case, tmp_path
     assert extra.sum() > 50 and dup.nnz == x.nnz + extra.sum()
     _write_x(src, dup.data, dup.indices, dup.indptr)
     if case.data["spill"]:
-        monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", 0)
-        monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 1)
+        monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
+        monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 1)
     assert _build(_manifest(tmp_path), tmp_path / "out") == 0
     index, shards = read_all(tmp_path / "out")
     want = 0

@@ -71,10 +71,11 @@ def test_an_exception_while_entering_the_lock_does_not_leave_it_held() -> None:
     """A signal handler can raise inside a Python-level ``__enter__``, after its ``acquire()`` (torch's SIGCHLD
     check raises when a DataLoader worker dies): no ``__exit__`` runs, and with a wrapper class the lock stayed
     held forever (a ring receive hung in CI). The trace function raises at every return of a frame of
-    loaders/forksafe.py, as such a handler would; the module's locks have no such frame to raise in."""
+    loaders/engine/forksafe.py, as such a handler would; the module's locks have no such frame to raise in."""
     import sys
 
-    from loaders import forksafe, ring, shardio
+    from loaders.engine import forksafe, ring
+    from loaders import shardio
 
     def tracer(frame: object, event: str, arg: object) -> object:
         if event == "return" and frame.f_code.co_filename.endswith("forksafe.py"):  # type: ignore[attr-defined]

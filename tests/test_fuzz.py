@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.errors import ManifestError, SourceError
 from pipeline.manifest import load_manifest
-from pipeline.sources import H5CsrSource
-from pipeline.sources.validate import FLOAT32_EXACT, sum_duplicates
+from pipeline.modalities.perturbation.h5csr import H5CsrSource
+from pipeline.modalities.perturbation.validate import FLOAT32_EXACT, sum_duplicates
 from pipeline.verify import verify
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

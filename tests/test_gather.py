@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaders import gather
-from loaders.arena import Arena
+from loaders.engine.arena import Arena
 from loaders.gather import Rows, ragged_rows
 
 

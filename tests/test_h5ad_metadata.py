@@ -1,4 +1,4 @@
-"""h5ad metadata read with h5py alone (pipeline.sources.h5ad.is_plain): the same codes and categories as
+"""h5ad metadata read with h5py alone (pipeline.modalities.perturbation.h5ad.is_plain): the same codes and categories as
 anndata's reader for the encodings it takes, and no anndata import for a build's scan."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from pipeline import demo
-from pipeline.sources import H5adSource
+from pipeline.modalities.perturbation import demo
+from pipeline.modalities.perturbation.h5ad import H5adSource
 
 SMALL = {"n_cells": 240, "n_genes": 40, "n_perts": 5, "seed": 7, "obsm_dim": 6}  # as tests/test_sources.py
 
@@ -19,8 +19,8 @@ def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:
     gives, column by column; encodings it does not know still go through anndata."""
     import pandas as pd
 
-    from pipeline.sources.h5ad import is_plain, read_elem
-    from pipeline.sources.h5csr import to_categorical
+    from pipeline.modalities.perturbation.h5ad import is_plain, read_elem
+    from pipeline.modalities.perturbation.h5csr import to_categorical
 
     adata = demo.make_perturb_adata(**SMALL)
     n = adata.n_obs

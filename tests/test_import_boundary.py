@@ -26,8 +26,8 @@ def test_loaders_pull_in_nothing_of_the_pipeline() -> None:
     assert not mods & set(PIPELINE_ONLY), sorted(mods & set(PIPELINE_ONLY))
 
 
-@pytest.mark.parametrize("module", ["loaders.decoder", "loaders.window", "loaders.samples", "loaders.gather",
-                                    "loaders.payload", "loaders.kernels", "loaders.arena"])
+@pytest.mark.parametrize("module", ["loaders.engine.decoder", "loaders.engine.window", "loaders.samples", "loaders.gather",
+                                    "loaders.payload", "loaders.kernels", "loaders.engine.arena"])
 def test_decoder_side_is_torch_free(module: str) -> None:
     mods = _modules(f"import {module}; import loaders.samples as s; [s.get_sample_type(n) for n in s.SAMPLE_TYPES]")
     assert "torch" not in mods and not mods & set(PIPELINE_ONLY), sorted(mods & {"torch", *PIPELINE_ONLY})

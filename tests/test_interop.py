@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from loaders import ShardDataset
 from loaders import format as fmt
 from pipeline.cli import main
-from pipeline.demo import make_perturb_adata, write_h5csr, write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import make_perturb_adata, write_h5csr, write_perturb_h5ad
 from tests.pipeline_helpers import write_manifest
 
 
@@ -59,7 +59,7 @@ def test_obs_names_map_back_from_sample_id(built: tuple[Path, ad.AnnData]) -> No
 
 
 def test_h5csr_sources_keep_their_barcodes(tmp_path: Path) -> None:
-    from pipeline.sources import open_source
+    from pipeline.modalities.perturbation.matrix import open_source
 
     path = write_h5csr(tmp_path / "K562.h5", n_cells=50, n_genes=20, n_perts=3)
     with open_source("h5csr", path, "X") as src:
@@ -106,7 +106,7 @@ def test_a_shard_is_not_an_anndata_store(built: tuple[Path, ad.AnnData]) -> None
 
 
 def test_obs_names_read_in_chunks_and_gathered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.sources import obs_names as on
+    from pipeline.modalities.perturbation import obs_names as on
 
     monkeypatch.setattr(on, "CHUNK", 7)  # chunk boundaries inside the 50 names
     names = [f"bc{i}-" * (i % 3 + 1) + "é" for i in range(50)]  # varied lengths, non-ASCII

@@ -18,11 +18,11 @@ from loaders.shardio import read_shard
 from pipeline.build import build
 from pipeline.cli import main as cli
 from pipeline.errors import ManifestError, SourceError
-from pipeline.kinds import register_kind
-from pipeline.kinds.records import Record, RecordKind
+from pipeline.model import register_kind
+from pipeline.records import Record, RecordKind
 from pipeline.manifest import Manifest, SourceSpec
-from pipeline.scan import ScannedSource
-from pipeline.sources import Source, register_source
+from pipeline.model import ScannedSource
+from pipeline.source import Source, register_source
 from pipeline.verify import summary, verify
 from tests.plugin_toy import VOCAB, write_toy
 from tests.test_source_types import SourceTypeContract

@@ -11,7 +11,7 @@ import zarr
 import pipeline.writers.zarr_writer as zarr_writer
 from loaders import ShardDataset, ShardLoader, order
 from loaders.format import FormatError
-from loaders.schedule import batch_segments
+from loaders.engine.schedule import batch_segments
 from loaders.shardio import open_shard, open_zarr_columns, read_shard
 from pipeline.writers import Codec, get_writer
 from tests.shard_fixtures import make_dataset

@@ -13,7 +13,7 @@ import pytest
 import pipeline.build
 from pipeline.build import build
 from pipeline.cli import main
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from tests.pipeline_helpers import shard_files, write_manifest
 
 N_GENES = 60

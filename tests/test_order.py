@@ -165,9 +165,9 @@ def test_bad_arguments() -> None:
        pad=st.booleans(), epoch=st.integers(0, 3), data=st.data())
 def test_batch_segments_cover_exactly_the_batch_positions(counts: list[int], window: int, world: int, bs: int,
                                                           pad: bool, epoch: int, data: st.DataObject) -> None:
-    """The dataset reads batch j as runs inside windows (loaders.schedule): those runs, mapped back to global
+    """The dataset reads batch j as runs inside windows (loaders.engine.schedule): those runs, mapped back to global
     positions, are batch_positions(j), in order, and each run stays inside its window."""
-    from loaders.schedule import WindowSchedule, batch_segments
+    from loaders.engine.schedule import WindowSchedule, batch_segments
 
     total = int(np.sum(counts))
     per_rank = order.rank_size(total, world, pad)

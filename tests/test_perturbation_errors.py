@@ -10,7 +10,7 @@ import pytest
 from pipeline import extras
 from pipeline.backends import BackendError
 from pipeline.build import build
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.errors import SourceError
 from tests.pipeline_helpers import write_manifest
 

@@ -10,7 +10,7 @@ import pytest
 
 from loaders import format as fmt
 from pipeline.build import build
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.verify import summary, verify
 from tests.pipeline_helpers import read_all, shard_csr, shard_files, source_matrix, write_manifest
 
@@ -248,7 +248,7 @@ def test_anndata_flavours_build_the_same_cells(tmp_path: Path, flavour: str) -> 
 def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path) -> None:
     import h5py
 
-    from pipeline.demo import write_h5csr
+    from pipeline.modalities.perturbation.demo import write_h5csr
 
     (tmp_path / "src").mkdir()
     for stem in ("hepg2", "jurkat"):
@@ -313,7 +313,7 @@ def test_a_no_change_rebuild_imports_no_heavy_module(built: tuple[Path, list[Pat
     import sys
 
     out, _, manifest = built
-    heavy = ["anndata", "h5py", "pandas", "scipy", "joblib", "zarr", "pipeline.kinds.ct", "pipeline.sources.npy"]
+    heavy = ["anndata", "h5py", "pandas", "scipy", "joblib", "zarr", "pipeline.modalities.ct.kind", "pipeline.modalities.ct.npy"]
     code = (f"import sys; from pipeline.build import build; r = build({str(manifest)!r}, {str(out)!r}, progress=False);"
             f" print(r.written, sorted(m for m in {heavy!r} if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -322,13 +322,13 @@ def test_a_no_change_rebuild_imports_no_heavy_module(built: tuple[Path, list[Pat
 
 def test_spill_path_gives_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Big sources go through spill files instead of memory; the bytes must not change."""
-    import pipeline.pack
+    import pipeline.modalities.perturbation.pack
 
     make_sources(tmp_path, n=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     fused = build(manifest, tmp_path / "fused", jobs=2, progress=False)
-    monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", 0)
-    monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 1)
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 1)
     spilled = build(manifest, tmp_path / "spilled", jobs=2, progress=False)
     assert [(s["file"], s["sha256"]) for s in fused.index["shards"]] == \
         [(s["file"], s["sha256"]) for s in spilled.index["shards"]]

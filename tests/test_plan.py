@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.plan.conditions import build_conditions
-from pipeline.plan.pairing import LEVEL_ORDER, MatchContext, make_pairs, make_sentences, match_controls
+from pipeline.modalities.perturbation.conditions import build_conditions
+from pipeline.modalities.perturbation.pairing import LEVEL_ORDER, MatchContext, make_pairs, make_sentences, match_controls
 
 
 @st.composite

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pipeline.plan.conditions as conditions
+import pipeline.modalities.perturbation.conditions as conditions
 from loaders import format as fmt
 
 
@@ -33,10 +33,10 @@ def test_the_plan_holds_a_few_compact_bytes_per_cell(tmp_path: Path) -> None:
     barcodes of the shard's rows."""
     import anndata as ad
 
-    from pipeline.demo import write_perturb_h5ad
+    from pipeline.modalities.perturbation.demo import write_perturb_h5ad
     from pipeline.manifest import load_manifest
-    from pipeline.plan import make_plan
-    from pipeline.scan import scan
+    from pipeline.modalities.perturbation.plan import make_plan
+    from pipeline.modalities.perturbation.scan import scan
     from tests.pipeline_helpers import write_manifest
 
     (tmp_path / "src").mkdir()
@@ -85,7 +85,7 @@ def test_condition_vectors_are_made_after_the_plan_and_equal_the_blocks(tmp_path
 def test_every_pack_task_hands_its_freed_memory_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Read, pack and fused tasks each end with a heap trim (pipeline.memory.trim_heap): freed blocks
     otherwise stay resident, and the build's RSS crept up with the number of tasks it ran."""
-    import pipeline.pack
+    import pipeline.modalities.perturbation.pack
     from pipeline.build import build
     from pipeline.events import EventLog
     from tests.pipeline_helpers import write_manifest
@@ -94,10 +94,10 @@ def test_every_pack_task_hands_its_freed_memory_back(tmp_path: Path, monkeypatch
     make_sources(tmp_path, n=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     trims: list[str] = []
-    monkeypatch.setattr(pipeline.pack, "trim_heap", lambda: trims.append(sys._getframe(1).f_code.co_name))
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "trim_heap", lambda: trims.append(sys._getframe(1).f_code.co_name))
     for fuse, out in ((1 << 30, "fused"), (0, "spilled")):
-        monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", fuse)
-        monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 40_000)
+        monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", fuse)
+        monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
         trims.clear()
         ev = EventLog()
         build(manifest, tmp_path / out, jobs=2, progress=False, events=ev)
@@ -110,17 +110,17 @@ def test_local_pack_tasks_delete_their_spill_files_as_they_go(tmp_path: Path, mo
     """With threads, each pack task deletes the spill files it consumed (so their dirty pages never reach the
     disk), each read task its routed rows, each shard its parked columns; the shards are those of a build
     that keeps everything to the end (what cluster backends do: a rerun task needs its files)."""
-    import pipeline.pack
+    import pipeline.modalities.perturbation.pack
     from pipeline.build import build
     from tests.pipeline_helpers import write_manifest
     from tests.test_pipeline import make_sources
 
     make_sources(tmp_path, n=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
-    monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", 0)
-    monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 40_000)
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
     left: list[list[str]] = []
-    real = pipeline.pack.pack_shard
+    real = pipeline.modalities.perturbation.pack.pack_shard
 
     def spy(t: Any, shard: Any, tasks: int, cfg: Any) -> Any:
         out = real(t, shard, tasks, cfg)
@@ -128,10 +128,10 @@ def test_local_pack_tasks_delete_their_spill_files_as_they_go(tmp_path: Path, mo
                      or (p.name.startswith("plan-") and p in shard.columns.values())])
         return out
 
-    monkeypatch.setattr(pipeline.pack, "pack_shard", spy)
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "pack_shard", spy)
     build(manifest, tmp_path / "dropped", jobs=2, progress=False)
     assert len(left) > 2 and not any(left)
-    monkeypatch.setattr(pipeline.pack.PackConfig, "__init__", _keeping(pipeline.pack.PackConfig.__init__))
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack.PackConfig, "__init__", _keeping(pipeline.modalities.perturbation.pack.PackConfig.__init__))
     left.clear()
     build(manifest, tmp_path / "kept", jobs=2, progress=False)
     assert all(left)  # every shard's spill files were still there after its task
@@ -148,7 +148,7 @@ def _keeping(init: Any) -> Any:
 def test_whole_source_tasks_build_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With two spilled sources a job, a source is one task (read, then pack its shards): no phase-2 tasks,
     and the same bytes as the two phases of row-range reads and per-shard packs."""
-    import pipeline.pack
+    import pipeline.modalities.perturbation.pack
     from pipeline.build import build
     from pipeline.events import EventLog
     from tests.pipeline_helpers import write_manifest
@@ -156,8 +156,8 @@ def test_whole_source_tasks_build_the_same_shards(tmp_path: Path, monkeypatch: p
 
     make_sources(tmp_path, n=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
-    monkeypatch.setattr(pipeline.pack, "FUSE_BYTES", 0)
-    monkeypatch.setattr(pipeline.pack, "SCATTER_BYTES", 40_000)
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
+    monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
     phases = {}
     for jobs in (1, 2):  # 2 sources: one job has two a job (whole sources), two jobs do not (two phases)
         ev = EventLog()

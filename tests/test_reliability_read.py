@@ -227,7 +227,7 @@ def test_loader_opened_before_a_rebuild(case: hostile.Case, built: dict[str, Pat
     assert "reopen" in str(err.value)
 
 
-def _children(exclude: str = "loaders.decoder") -> list[psutil.Process]:
+def _children(exclude: str = "loaders.engine.decoder") -> list[psutil.Process]:
     return [p for p in psutil.Process().children() if exclude not in " ".join(p.cmdline())]
 
 

@@ -1,4 +1,4 @@
-"""The workers' ring of reused shared-memory slots (loaders/ring.py): slots freed only when nothing views them,
+"""The workers' ring of reused shared-memory slots (loaders/engine/ring.py): slots freed only when nothing views them,
 fallback when none is free or the cap is reached, and a real DataLoader whose held batches never change."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import pytest
 
-from loaders import ShardDataset, ShardLoader, ring
+from loaders import ShardDataset, ShardLoader
+from loaders.engine import ring
 from loaders.collate import Payload, Shipped, to_shared
 from loaders.device import unpack_batches
 from tests.shard_fixtures import Fixture, make_dataset

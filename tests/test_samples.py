@@ -139,7 +139,7 @@ class TestToy(SampleTypeTests):
 def test_every_registered_sample_type_has_a_conformance_subclass() -> None:
     import pipeline.kinds  # noqa: F401  (registers the built-in kinds' sample types)
     import tests.plugin_toy  # noqa: F401
-    from pipeline.kinds import kind_names
+    from pipeline.model import kind_names
 
     kind_names()  # imports the built-in kinds and with them their sample types
     text = "\n".join(p.read_text() for p in HERE.glob("test_*.py"))

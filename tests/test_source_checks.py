@@ -9,7 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.sources import open_source, validate
+from pipeline.modalities.perturbation.matrix import open_source
+from pipeline.modalities.perturbation import validate
 from tests.test_sources import FLAVOURS, _csr_file, _raises
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.kinds import get_kind
+from pipeline.model import get_kind
 from pipeline.manifest import DATASET_KEYS
-from pipeline.sources import SOURCES, Source, get_source, infer_type, load_builtin, source_types_for
+from pipeline.source import SOURCES, Source, get_source, infer_type, source_types_for
 
 
 class SourceTypeContract:
@@ -85,7 +85,7 @@ class TestToyType(SourceTypeContract):
 def test_every_registered_type_has_a_contract() -> None:
     import tests.plugin_toy  # noqa: F401
 
-    load_builtin()
+    SOURCES.load_all()
     def subclasses(c: type) -> list[type]:
         return [d for s in c.__subclasses__() for d in (s, *subclasses(s))]
 

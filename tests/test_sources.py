@@ -14,19 +14,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from pipeline import demo
+from pipeline.modalities.perturbation import demo
 from pipeline.errors import SourceError
-from pipeline.sources import (
-    SOURCES,
-    CsrParts,
-    H5adSource,
-    H5CsrSource,
-    MatrixSource,
-    Source,
-    open_source,
-    validate_block,
-    validate_dense,
-)
+from pipeline.source import SOURCES, Source
+from pipeline.modalities.perturbation.validate import CsrParts, validate_block, validate_dense
+from pipeline.modalities.perturbation.h5ad import H5adSource
+from pipeline.modalities.perturbation.h5csr import H5CsrSource
+from pipeline.modalities.perturbation.matrix import MatrixSource, open_source
 
 SMALL = {"n_cells": 240, "n_genes": 40, "n_perts": 5, "seed": 7, "obsm_dim": 6}
 H5AD_COLUMNS = ("perturbation", "cell_type", "batch", "timepoint")

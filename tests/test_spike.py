@@ -15,12 +15,12 @@ import torch
 
 from loaders import ShardDataset, ShardLoader
 from loaders.format import read_index
-from loaders.samples.spike import crop_bits, voxel_numpy
-from loaders.spike_torch import voxel_torch
+from loaders.modalities.spike.samples import crop_bits, voxel_numpy
+from loaders.modalities.spike.torch_ops import voxel_torch
 from pipeline.build import build
-from pipeline.demo_spike import FRAMES, HEIGHT, WIDTH, write_spike_demo
+from pipeline.modalities.spike.demo import FRAMES, HEIGHT, WIDTH, write_spike_demo
 from pipeline.errors import ManifestError, SourceError
-from pipeline.sources.dat import count_frames, read_frames
+from pipeline.modalities.spike.dat import count_frames, read_frames
 from pipeline.verify import verify
 from tests.test_samples import SampleTypeTests
 

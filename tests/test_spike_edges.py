@@ -11,9 +11,9 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders.format import read_index
-from loaders.samples.spike import Spike
+from loaders.modalities.spike.samples import Spike
 from pipeline.build import build
-from pipeline.demo_spike import FRAMES, HEIGHT, WIDTH, integrate_and_fire, scene, vidar_bytes
+from pipeline.modalities.spike.demo import FRAMES, HEIGHT, WIDTH, integrate_and_fire, scene, vidar_bytes
 from pipeline.verify import verify
 
 
@@ -113,7 +113,7 @@ def test_images_crop_inside_the_image_at_any_scale(shape: tuple[int, int]) -> No
 def test_gpu_bench_dry_run_checks_parity_and_fails_on_a_wrong_finisher(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks import gpu_spike
-    from loaders import spike_torch
+    from loaders.modalities.spike import torch_ops as spike_torch
 
     if not _cuda():  # never a CPU timing passed off as a GPU one
         assert gpu_spike.run_gpu_spike(tmp_path / "none") == {"status": gpu_spike.NOT_MEASURED}

@@ -17,12 +17,12 @@ import torch
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
-from loaders.samples.spike import crop_bits, crop_offsets, voxel_numpy
+from loaders.modalities.spike.samples import crop_bits, crop_offsets, voxel_numpy
 from loaders.shardio import read_shard
-from loaders.spike_ops import POPCOUNT, crop_pixels, pack_pixel_major, popcount, voxel_pixel_numpy
-from loaders.spike_torch import popcount8, voxel_pixel_torch, voxel_torch
+from loaders.modalities.spike.ops import POPCOUNT, crop_pixels, pack_pixel_major, popcount, voxel_pixel_numpy
+from loaders.modalities.spike.torch_ops import popcount8, voxel_pixel_torch, voxel_torch
 from pipeline.build import build
-from pipeline.demo_spike import vidar_bytes
+from pipeline.modalities.spike.demo import vidar_bytes
 
 H, W, FILE_FRAMES = 12, 42, 50  # W not a multiple of 8: the frame-major rows end in a partial byte
 

@@ -14,9 +14,9 @@ import pytest
 from loaders import ShardDataset
 from loaders.format import read_index
 from pipeline.build import build
-from pipeline.demo_spike import FRAMES, HEIGHT, WIDTH, _png, integrate_and_fire, scene, vidar_bytes, write_spike_demo
+from pipeline.modalities.spike.demo import FRAMES, HEIGHT, WIDTH, _png, integrate_and_fire, scene, vidar_bytes, write_spike_demo
 from pipeline.errors import SourceError
-from pipeline.kinds import get_kind
+from pipeline.model import get_kind
 from pipeline.verify import verify
 
 RES = f"height = {HEIGHT}\nwidth = {WIDTH}\n"

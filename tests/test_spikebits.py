@@ -15,10 +15,10 @@ import pytest
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
 from loaders.shardio import read_shard
-from loaders.spike_ops import pack_pixel_major
-from loaders.spikebits import CODEC_ID, SpikeBits, from_pixel_major, to_pixel_major, transpose8
+from loaders.modalities.spike.ops import pack_pixel_major
+from loaders.modalities.spike.bits import CODEC_ID, SpikeBits, from_pixel_major, to_pixel_major, transpose8
 from pipeline.build import build
-from pipeline.demo_spike import integrate_and_fire, scene, write_spike_demo
+from pipeline.modalities.spike.demo import integrate_and_fire, scene, write_spike_demo
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "data_manifests"
 CONFIG = {"id": CODEC_ID, "level": 5}

@@ -13,9 +13,10 @@ import numpy as np
 
 from loaders import format as fmt
 from pipeline.build import build
-from pipeline.demo import write_perturb_h5ad
-from pipeline.kinds.perturbation import plan_warnings
-from pipeline.plan.splits import _by_fraction, stable_unit
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.kind import plan_warnings
+from pipeline.modalities.perturbation.splits import _by_fraction
+from pipeline.seeding import stable_unit
 from pipeline.verify import summary, verify
 from tests.pipeline_helpers import read_all, write_manifest
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.demo import write_perturb_h5ad
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.verify import verify
 from tests import hostile
 from tests.pipeline_helpers import read_all, write_manifest

@@ -1,5 +1,5 @@
 """The subcommands of `shardsmith`: a registry, name -> module, so that adding one is one line here and one
-module beside this file.
+module beside this file (a modality adds its own from its build module: perturbation's ``export``).
 
 Each module defines ``COMMAND = Command(...)``: its one-line help, a function that adds its arguments (every
 argument with a help text) and a function that runs it and returns the exit code. Modules import their heavy
@@ -14,15 +14,14 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# name -> module defining COMMAND, in the order `shardsmith --help` lists them
-COMMAND_MODULES: dict[str, str] = {
-    "build": "pipeline.commands.build",
-    "verify": "pipeline.commands.verify",
-    "inspect": "pipeline.commands.inspect",
-    "gc": "pipeline.commands.gc",
-    "export": "pipeline.commands.export",
-    "demo": "pipeline.commands.demo",
-}
+from loaders.plugins import load_build_modalities
+from loaders.registry import Registry
+
+# name -> module defining COMMAND
+COMMANDS: Registry[str] = Registry("command", discover=load_build_modalities)
+for _name in ("build", "verify", "inspect", "gc", "demo"):
+    COMMANDS.register(_name, f"pipeline.commands.{_name}")
+ORDER = ("build", "verify", "inspect", "gc")  # `shardsmith --help` lists these first, the rest by name
 
 
 @dataclass(frozen=True)
@@ -36,9 +35,14 @@ class Command:
 
 
 def get_command(name: str) -> Command:
-    if name not in COMMAND_MODULES:
-        raise ValueError(f"unknown command {name!r} (known: {sorted(COMMAND_MODULES)})")
-    cmd = importlib.import_module(COMMAND_MODULES[name]).COMMAND
+    module = COMMANDS.get(name)
+    cmd = importlib.import_module(module).COMMAND
     if not isinstance(cmd, Command):
-        raise TypeError(f"{COMMAND_MODULES[name]}.COMMAND is not a pipeline.commands.Command")
+        raise TypeError(f"{module}.COMMAND is not a pipeline.commands.Command")
     return cmd
+
+
+def command_names() -> list[str]:
+    """Every command, in the order `shardsmith --help` lists them."""
+    names = COMMANDS.names()
+    return [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]

@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from loaders.registry import Registry
+
 CODECS = ("blosc-lz4", "blosc-zstd", "zstd", "none")
 # Compression levels each codec accepts (blosc: 0-9; zstd: 1-22; "none" ignores it): out of range, blosc
 # fails deep inside a pack task, so the manifest refuses it up front.
@@ -47,16 +49,12 @@ class ShardWriter(ABC):
         key -> its field's own codec config (``loaders.fieldcodecs``), used instead of the dataset's codec."""
 
 
-WRITERS: dict[str, type[ShardWriter]] = {}
+WRITERS: Registry[type[ShardWriter]] = Registry("shard encoding")
 
 
 def register_writer(cls: type[ShardWriter]) -> type[ShardWriter]:
-    WRITERS[cls.encoding] = cls
-    return cls
+    return WRITERS.register(cls.encoding, cls)
 
 
 def get_writer(encoding: str, codec: Codec) -> ShardWriter:
-    try:
-        return WRITERS[encoding](codec)
-    except KeyError:
-        raise ValueError(f"unknown shard encoding {encoding!r} (known: {sorted(WRITERS)})") from None
+    return WRITERS.get(encoding)(codec)

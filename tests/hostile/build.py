@@ -61,7 +61,7 @@ CASES = [
          "those; a user file in `shards/` stays", KILLED, ("pipeline.shardfile:write_columns", 3)),
     Case("kill-9-while-reading-sources", 6, "`kill -9` while a source is read into spill files",
          "the same: the next build removes the spill folder and journal", KILLED,
-         ("pipeline.pack:scatter_range", 1)),
+         ("pipeline.modalities.perturbation.pack:scatter_range", 1)),
     Case("kill-9-while-writing-conditions", 6, "`kill -9` while the condition table is written",
          "the same", KILLED, ("pipeline.shardfile:write_columns", 0)),
     Case("kill-9-during-cleanup", 6, "`kill -9` after the commit, while retired shards are deleted "

@@ -1,0 +1,153 @@
+"""Sparse-voxel batches in the layout sparse 3-D libraries take, and seeded crops/flips of their coordinates.
+
+Collation (torch-free numpy, run where batches are assembled): ``coords`` int32 ``[N, 4]`` = (batch index,
+x, y, z) with each sample's rows contiguous and in stored (argwhere) order, as TRELLIS' ``SparseTensor``,
+spconv and MinkowskiEngine take them; ``batch_dim="last"`` gives torchsparse's (x, y, z, batch). ``feats``
+float32 ``[N, C]`` (channels in the order asked for), ``offsets`` int64 ``[B + 1]`` (sample ``i`` is rows
+``offsets[i]:offsets[i+1]``). x, y, z are the ``.npy``'s axes 0, 1, 2.
+
+Augmentation is split so it can run on the device without a host round trip and still equal the CPU
+result: :func:`draw_augment` draws the few numbers per sample on the host (a sub-cube origin, three flip
+bits), seeded by ``(seed, epoch, sample_id)`` so a volume's augmentation does not depend on which batch or
+worker it lands in. The crop (:func:`crop_rows`: keep the points inside ``[origin, origin + extent)``; an
+axis shorter than the crop is kept whole) runs on the host, where it shrinks what is shipped; the shift to 0,
+the flips (``c -> extent - 1 - c``) and the collation into int32 ``[N, 4]`` are the deferred op
+``ct_coords`` (:class:`CtCoords`), finished in numpy here or in torch on the device
+(:mod:`loaders.modalities.ct.torch_ops`) with the same integer arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from loaders.payload import Deferred, register_op
+
+BATCH_DIMS = ("first", "last")
+
+
+def batch_column(offsets: np.ndarray) -> np.ndarray:
+    """int32 ``[N]``: the sample index of every row."""
+    off = np.asarray(offsets, dtype=np.int64)
+    return np.repeat(np.arange(off.size - 1, dtype=np.int32), np.diff(off))
+
+
+def collate(xyz: np.ndarray, offsets: np.ndarray, features: Sequence[np.ndarray] = (),
+            batch_dim: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(coords int32 [N,4], feats float32 [N,C], offsets int64 [B+1])`` from the concatenated per-sample
+    coordinates ``xyz`` ``[N, 3]`` (any integer dtype), their ``offsets`` and ``C`` feature columns ``[N]``."""
+    if batch_dim not in BATCH_DIMS:
+        raise ValueError(f"batch_dim must be one of {BATCH_DIMS}, got {batch_dim!r}")
+    off = np.asarray(offsets, dtype=np.int64)
+    n = int(off[-1]) if off.size else 0
+    if xyz.shape != (n, 3):
+        raise ValueError(f"coordinates are {list(xyz.shape)}, offsets say [{n}, 3]")
+    coords = np.empty((n, 4), dtype=np.int32)
+    b, c = (0, slice(1, 4)) if batch_dim == "first" else (3, slice(0, 3))
+    coords[:, b] = batch_column(off)
+    coords[:, c] = xyz
+    feats = np.empty((n, len(features)), dtype=np.float32)
+    for i, f in enumerate(features):
+        feats[:, i] = f
+    return coords, feats, off
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Per-sample crop/flip parameters, int64/bool ``[B, 3]`` each."""
+
+    origin: np.ndarray  # first kept voxel of the sub-cube
+    extent: np.ndarray  # its size (the volume's shape when not cropping)
+    flip: np.ndarray  # bool: mirror this axis
+
+
+def draw_augment(shapes: np.ndarray, sample_ids: np.ndarray, seed: int, epoch: int,
+                 crop: Sequence[int] | None = None, flip: Sequence[bool] = (False, False, False)) -> Augment:
+    """Draw each sample's sub-cube origin (uniform over the positions that fit) and flips (probability 1/2
+    per axis where ``flip[axis]``) from ``default_rng([seed, epoch, sample_id])``."""
+    shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
+    ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
+    extent = shapes.copy() if crop is None else np.minimum(shapes, np.asarray(crop, dtype=np.int64))
+    origin = np.zeros_like(shapes)
+    flips = np.zeros(shapes.shape, dtype=bool)
+    want = np.asarray(flip, dtype=bool)
+    for i, sid in enumerate(ids.tolist()):
+        rng = np.random.default_rng([seed, epoch, sid])
+        origin[i] = rng.integers(0, shapes[i] - extent[i] + 1)  # one draw per axis, always (stable streams)
+        flips[i] = (rng.random(3) < 0.5) & want
+    return Augment(origin, extent, flips)
+
+
+def crop_rows(xyz: np.ndarray, offsets: np.ndarray, aug: Augment) -> tuple[np.ndarray, np.ndarray]:
+    """``(keep bool [N], new offsets [B+1])``: the rows inside each sample's sub-cube (done on the host, before
+    transport: a crop makes the batch smaller, so it should cross to the device smaller)."""
+    b = batch_column(offsets)
+    rel = xyz.astype(np.int64) - aug.origin[b]
+    keep = np.all((rel >= 0) & (rel < aug.extent[b]), axis=1)
+    counts = np.bincount(b[keep], minlength=aug.origin.shape[0])
+    off = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
+    return keep, off
+
+
+def finish_coords(xyz: np.ndarray, offsets: np.ndarray, origin: np.ndarray, extent: np.ndarray, flip: np.ndarray,
+                  batch_dim: str = "first", out: np.ndarray | None = None) -> np.ndarray:
+    """int32 ``[N, 4]`` coordinates: the batch column plus ``xyz - origin``, mirrored where ``flip``.
+
+    A loop over the batch's volumes (a handful, each ~1e5-1e6 points) of in-place slice arithmetic: one
+    pass over the output per step instead of fancy-indexed ``[N, 3]`` temporaries (5x faster on 1M points)."""
+    off = np.asarray(offsets, dtype=np.int64)
+    n = int(off[-1]) if off.size else 0
+    coords = np.empty((n, 4), dtype=np.int32) if out is None else out.reshape(n, 4)
+    bcol, c0 = (0, 1) if batch_dim == "first" else (3, 0)
+    for a in range(3):  # column by column: 2x faster than one strided [N, 3] cast-and-copy
+        coords[:, c0 + a] = xyz[:, a]
+    origin, extent, flip = np.asarray(origin), np.asarray(extent), np.asarray(flip, dtype=bool)
+    for i in range(off.size - 1):
+        rows = coords[off[i]:off[i + 1]]
+        rows[:, bcol] = i
+        for a in range(3):
+            col = rows[:, c0 + a]
+            if flip[i, a]:  # extent - 1 - (c - origin) = (extent - 1 + origin) - c
+                np.subtract(int(extent[i, a]) - 1 + int(origin[i, a]), col, out=col)
+            elif origin[i, a]:
+                col -= int(origin[i, a])
+    return coords
+
+
+COORDS_OP = "ct_coords"
+
+
+@dataclass
+class CtCoords(Deferred):
+    """A batch's coordinates before collation: stored uint16 ``xyz`` (6 bytes a point instead of 16 for int32
+    ``[N, 4]``), offsets and the per-sample shift/flip. Finished (numpy here, torch in :mod:`loaders.modalities.ct.torch_ops`)
+    into int32 ``[N, 4]``; on CUDA that happens on the GPU, after the smaller copy."""
+
+    op: ClassVar[str] = COORDS_OP
+    out_dtype: ClassVar[np.dtype] = np.dtype(np.int32)
+    xyz: np.ndarray
+    offsets: np.ndarray
+    origin: np.ndarray
+    extent: np.ndarray
+    flip: np.ndarray
+    batch_dim: str = "first"
+
+    def parts(self) -> dict[str, np.ndarray]:
+        return {"xyz": self.xyz, "offsets": self.offsets, "origin": self.origin, "extent": self.extent,
+                "flip": self.flip}
+
+    def meta(self) -> dict[str, Any]:
+        return {"batch_dim": self.batch_dim}
+
+    def out_shape(self) -> tuple[int, ...]:
+        return (int(self.xyz.shape[0]), 4)
+
+
+@register_op(COORDS_OP, torch_module="loaders.modalities.ct.torch_ops")
+def _finish_coords(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None) -> np.ndarray:
+    return finish_coords(parts["xyz"], parts["offsets"], parts["origin"], parts["extent"], parts["flip"],
+                         str(meta["batch_dim"]), out)

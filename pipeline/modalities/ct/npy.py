@@ -1,0 +1,32 @@
+"""Source type ``npy``: one CT volume per ``.npy`` file (feeds kind ``ct``).
+
+A manifest path may name files (a glob) or folders: a folder stands for the ``.npy`` files directly in it,
+sorted, so ``path = "scans/"`` and ``path = "scans/*.npy"`` list the same volumes in the same order (the
+order that gives each volume its ``sample_id``). A ``<stem>.json`` beside a volume is its sidecar (spacing,
+origin), not a source. Reading is :mod:`pipeline.modalities.ct.volume` (memory-mapped, header checked, never unpickled).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.modalities.ct.volume import VolumeInfo, inspect_volume
+from pipeline.source import Source, register_source
+
+
+@register_source
+class NpySource(Source):
+    type = "npy"
+    kinds = ("ct",)
+    suffixes = (".npy",)
+    produces = ("coords", "hu", "window", "volume_shape")
+
+    @classmethod
+    def expand(cls, path: Path) -> list[Path]:
+        if path.is_dir():
+            return sorted(p for p in path.iterdir() if p.suffix.lower() == ".npy" and p.is_file())
+        return [path]
+
+    def info(self) -> VolumeInfo:
+        """Shape, dtype and sidecar, from the header alone (SourceError naming the file on bad input)."""
+        return inspect_volume(self.path)

@@ -1,0 +1,17 @@
+"""Single-cell perturbation screens, build side: kind ``perturbation``, sources ``h5ad`` and ``h5csr``,
+the ``export`` command and the demo screens. Registered lazily: importing this module imports none of them.
+"""
+
+from __future__ import annotations
+
+from pipeline.commands import COMMANDS
+from pipeline.commands.demo import DEMO_WRITERS
+from pipeline.model import KINDS
+from pipeline.source import SOURCES
+
+_HERE = __name__
+KINDS.register_lazy("perturbation", f"{_HERE}.kind")
+SOURCES.register_lazy("h5ad", f"{_HERE}.h5ad")
+SOURCES.register_lazy("h5csr", f"{_HERE}.h5csr")
+COMMANDS.register("export", f"{_HERE}.export_command")
+DEMO_WRITERS.register("perturbation", f"{_HERE}.demo:write_perturbation_demo")

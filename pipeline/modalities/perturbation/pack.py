@@ -1,0 +1,329 @@
+"""Stage 3: pack. Every source is read once, sequentially, in row blocks; each block's planned rows are
+routed to their shards; a shard whose rows have all arrived is put into planned row order, encoded,
+compressed, written to a temporary name and renamed (one syncfs before the commit makes all new shards
+durable).
+
+A shard is a uniform random sample of its source, so its rows are complete only when the whole source
+has been read. Until then they wait, as sorted pieces (`pipeline.modalities.perturbation.spill`):
+
+* in memory (`pack_source`), when the source's planned rows fit `MatrixPackOptions.fuse_bytes`: one task reads the
+  source and packs its shards, with no intermediate files;
+* in spill files (`scatter_range` then `pack_shard`), for bigger sources: several tasks read row ranges of
+  the source (so a single big file still keeps every job busy) and append each shard's rows to plain binary
+  files; one task per shard packs it from its files. With two sources or more a job there is no need to
+  split files: one task reads a source and then packs its shards (`_whole_source`).
+
+Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task holds a few
+chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not the dataset size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loaders import format as fmt
+from pipeline.errors import SourceError
+from pipeline.manifest import SourceSpec
+from pipeline.memory import trim_heap
+from pipeline.modalities.perturbation.matrix import open_source
+from pipeline.modalities.perturbation.spill import (
+    ENTRY_ARRAYS,
+    OBSM,
+    RANGE,
+    ROW_ARRAYS,
+    OpenFiles,
+    Piece,
+    Scratch,
+    ShardRows,
+    file_pieces,
+    gather_rows,
+    memory_piece,
+)
+from pipeline.modalities.perturbation.validate import sum_duplicates, validate_block
+from pipeline.model import PackConfig, PackResult, ScannedSource, ShardPlan
+from pipeline.shardfile import finish_shard
+
+SUMMED = "summed"  # int64 per delivered piece: duplicate entries summed away in its rows
+DUPLICATES_SUMMED = "duplicate_entries_summed"  # the index stat (pipeline.build.record_outcomes)
+
+
+
+
+
+
+FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
+SCATTER_BYTES = 64 << 20  # raw bytes of a source read by one scatter task
+
+
+@dataclass(frozen=True)
+class MatrixPackOptions:
+    """The perturbation kind's pack settings (``PackConfig.options``)."""
+
+    counts: bool  # values are raw counts: negative entries are an error
+    obsm: tuple[str, ...]  # embeddings carried along
+    fuse_bytes: int = FUSE_BYTES  # read when the build starts (``pack_options``), so a test can lower them
+    scatter_bytes: int = SCATTER_BYTES
+
+
+def pack_options(counts: bool, obsm: tuple[str, ...]) -> MatrixPackOptions:
+    """This module's current memory settings with the manifest's matrix settings."""
+    return MatrixPackOptions(counts, tuple(obsm), FUSE_BYTES, SCATTER_BYTES)
+
+
+def obsm_widths(cfg: PackConfig) -> dict[str, tuple[int, ...]]:
+    return {k: next(f.shape for f in cfg.fields if f.name == fmt.OBSM_PREFIX + k) for k in cfg.options.obsm}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A shard to build from one source: its number in the plan, its source rows in shard order, and the
+    stored matrix entries of those rows from the scan's per-row counts (exact for CSR sources, an upper
+    bound for dense ones, whose zeros the CSR conversion drops): the size estimate that picks a path."""
+
+    number: int
+    rows: np.ndarray
+    nnz: int
+
+
+def raw_bytes(t: Target, cfg: PackConfig) -> int:
+    width = sum(int(np.prod(s, dtype=np.int64)) for s in obsm_widths(cfg).values())
+    return 8 * t.nnz + t.rows.size * (16 + 4 * width)
+
+
+def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source row, shard number, position in the shard) of every planned row, sorted by source row; int32
+    where the values fit (the read tasks of a big source hold these until they run: 12 bytes a row, not 24)."""
+    rows = np.concatenate([t.rows for t in targets])
+    small = np.int32 if max((t.rows.size for t in targets), default=0) < 2**31 else np.int64
+    shard_of = np.concatenate([np.full(t.rows.size, t.number, np.int32) for t in targets])  # plan's shard numbers
+    pos = np.concatenate([np.arange(t.rows.size, dtype=small) for t in targets])
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    if rows.size and rows[-1] < 2**31:
+        rows = rows.astype(np.int32)
+    return rows, shard_of[order], pos[order]
+
+
+def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
+              stop: int, cfg: PackConfig, scratch: Scratch | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """Read source rows [start, stop) block by block; yield (shard, rows of that shard from the block), each
+    sorted by planned position. With `scratch` the entry arrays are reused buffers, valid until the next
+    segment (for a consumer that writes them out at once)."""
+    rows, shard_of, pos = routed
+    with open_source(spec.type, spec.path, spec.matrix, counts=cfg.options.counts) as src:
+        for b in range(start, min(stop, n_rows), cfg.block_rows):
+            e = min(b + cfg.block_rows, n_rows, stop)
+            lo, hi = np.searchsorted(rows, [b, e])
+            if lo == hi:
+                continue
+            block = src.read_rows(b, e)  # validated by the source: structure, NaN/inf, negative counts
+            block, summed = sum_duplicates(block)  # one canonical CSR for every reader (counted per shard)
+            if summed is not None:
+                validate_block(block, spec.path, b, cfg.options.counts)  # a sum can overflow float32
+            embeds = {k: src.read_obsm(k, b, e) for k in cfg.options.obsm}
+            for k, a in embeds.items():
+                if not np.isfinite(a).all():
+                    bad = b + int(np.flatnonzero(~np.isfinite(a).all(axis=tuple(range(1, a.ndim))))[0])
+                    raise SourceError(spec.path, f"obsm[{k!r}] has NaN/inf at row {bad}")
+            ptr = block.indptr.astype(np.int32 if block.nnz < 2**31 else np.int64, copy=False)
+            indices = block.indices.astype(ptr.dtype, copy=False)
+            data = block.data.astype(np.float32, copy=False)
+            row_len = np.diff(ptr).astype(np.int64)
+            by_shard = np.lexsort((pos[lo:hi], shard_of[lo:hi]))
+            local, sh = rows[lo:hi][by_shard] - b, shard_of[lo:hi][by_shard]
+            ps = pos[lo:hi][by_shard].astype(ROW_ARRAYS["pos"], copy=False)  # spilled as raw int64
+            cuts = np.r_[0, np.flatnonzero(np.diff(sh)) + 1, sh.size]
+            for u, v in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+                sel = local[u:v]
+                lengths = row_len[sel]
+                n = int(lengths.sum())
+                out_i = scratch.get("indices", indices.dtype, n) if scratch else np.empty(n, indices.dtype)
+                out_d = scratch.get("data", data.dtype, n) if scratch else np.empty(n, data.dtype)
+                gather_rows(ptr, indices, data, sel, out_i, out_d)  # one row gather per piece
+                seg = {"data": out_d, "indices": out_i.astype(np.int32, copy=False), "lengths": lengths,
+                       "pos": ps[u:v], RANGE: np.array([out_i.min(), out_i.max()] if n else [], np.int64),
+                       **{f"{OBSM}{k}": a[sel] for k, a in embeds.items()}}
+                if summed is not None:
+                    seg[SUMMED] = np.array([summed[sel].sum()], np.int64)
+                yield int(sh[u]), seg
+            del block, indices, data, ptr
+            trim_heap()  # per block: a whole-source task reads ~16 blocks before its end (pipeline.memory)
+
+
+def pack_source(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
+                cfg: PackConfig) -> list[PackResult]:
+    """Read a source whose planned rows fit in memory and pack all its shards: no spill files."""
+    pieces: dict[int, list[Piece]] = {t.number: [] for t, _ in shards}
+    ranges: dict[int, list[np.ndarray]] = {t.number: [] for t, _ in shards}
+    summed = dict.fromkeys(pieces, 0)
+    for number, seg in _segments(spec, n_rows, route([t for t, _ in shards]), 0, n_rows, cfg):
+        pieces[number].append(memory_piece(seg))
+        ranges[number].append(seg[RANGE])
+        summed[number] += int(seg[SUMMED].sum()) if SUMMED in seg else 0
+    return [write_shard(t.number, plan, pieces.pop(t.number), cfg, np.concatenate(ranges.pop(t.number)),
+                        summed[t.number]) for t, plan in shards]
+
+
+def scatter_range(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
+                  stop: int, task: int, cfg: PackConfig) -> int:
+    """Append the planned rows of source rows [start, stop) to per-shard spill files (raw arrays, never
+    pickled; one file per shard, task and array, so tasks never share a file)."""
+    handles: dict[tuple[int, str], Any] = {}
+    routed_rows = 0
+    try:
+        for number, seg in _segments(spec, n_rows, routed, start, stop, cfg, Scratch()):
+            for name, a in seg.items():
+                fh = handles.get((number, name))
+                if fh is None:
+                    fh = handles[(number, name)] = open(_spill_file(cfg.spill, number, task, name), "wb")  # noqa: SIM115
+                np.ascontiguousarray(a).tofile(fh)
+            routed_rows += seg["pos"].size
+    finally:
+        for fh in handles.values():
+            fh.close()
+    return routed_rows
+
+
+def _spill_file(spill: Path, number: int, task: int, name: str) -> Path:
+    return spill / f"{number:06d}-{task:05d}.{name}.bin"
+
+
+def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> PackResult:
+    """Pack a shard from the spill files its source's scatter tasks wrote (in task order)."""
+    names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, SUMMED, *(f"{OBSM}{k}" for k in cfg.options.obsm)]
+    pieces: list[Piece] = []
+    ranges = [np.zeros(0, np.int64)]
+    summed = 0
+    opened = OpenFiles()
+    try:
+        for task in range(tasks):
+            files = {name: _spill_file(cfg.spill, t.number, task, name) for name in names}
+            if files["pos"].exists():
+                pieces += file_pieces(files, obsm_widths(cfg), opened)
+                ranges.append(np.fromfile(files[RANGE], np.int64))
+            if files[SUMMED].exists():  # written only by segments whose rows repeated a column
+                summed += int(np.fromfile(files[SUMMED], np.int64).sum())
+        result = write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
+    finally:
+        opened.close()
+    _drop(cfg, [_spill_file(cfg.spill, t.number, task, name) for task in range(tasks) for name in names])
+    return result
+
+
+def _drop(cfg: PackConfig, paths: Sequence[Path]) -> None:
+    """Delete consumed spill files now (`PackConfig.drop_spill`), not when the build ends."""
+    if cfg.drop_spill:
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+
+def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], todo: Sequence[int],
+               cfg: PackConfig) -> tuple[list[Callable[[], list[PackResult]]], list[Callable[[], list[PackResult]]]]:
+    """Tasks of the two phases: (1) read every source once, (2) pack the shards of spilled sources.
+
+    A source whose planned rows fit `cfg.options.fuse_bytes` is one phase-1 task that also packs its shards (no
+    spill). A bigger one is read by several phase-1 tasks over row ranges of about `cfg.options.scatter_bytes`
+    (aligned to blocks, so one big file still keeps every job busy) that spill, and each of its shards is
+    a phase-2 task. Tasks are listed biggest first so that parallel jobs finish together.
+
+    With at least two sources a job (`cfg.jobs`), each spilled source is instead one phase-1 task that reads
+    it and then packs its shards (`_whole_source`): every job stays busy without splitting files, there is
+    no barrier between the phases, and only the sources being worked on wait in spill files (all of them
+    did, ~4 GB at 2M cells: past the kernel's dirty-page limits, so they were written back to disk).
+    """
+    by_source: dict[int, list[tuple[Target, ShardPlan]]] = {}
+    for i in todo:
+        sh = shards[i]
+        nnz = int(scanned[sh.source].meta.row_nnz[sh.rows].sum())
+        by_source.setdefault(sh.source, []).append((Target(i, sh.rows, nnz), sh))
+    read: list[tuple[int, Callable[[], list[PackResult]]]] = []
+    pack: list[tuple[int, Callable[[], list[PackResult]]]] = []
+    for s, items in by_source.items():
+        spec, n_rows = scanned[s].spec, scanned[s].meta.n_rows
+        size = sum(raw_bytes(t, cfg) for t, _ in items)
+        if size <= cfg.options.fuse_bytes:
+            read.append((size, partial(_fused, spec, n_rows, items, cfg)))
+            continue
+        rows, shard_of, pos = route([t for t, _ in items])
+        if len(by_source) >= 2 * cfg.jobs:
+            part = _park_routed(cfg.spill, s, 0, (rows, shard_of, pos))
+            read.append((size, partial(_whole_source, spec, n_rows, part, items, cfg)))
+            continue
+        k = max(1, -(-size // cfg.options.scatter_bytes))
+        cuts = sorted({0, n_rows, *(int(rows[rows.size * j // k]) // cfg.block_rows * cfg.block_rows
+                                    for j in range(1, k))})
+        tasks = 0
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            lo, hi = np.searchsorted(rows, [a, b])
+            if lo < hi:
+                part = _park_routed(cfg.spill, s, tasks, (rows[lo:hi], shard_of[lo:hi], pos[lo:hi]))
+                read.append((size // k, partial(_scatter, spec, n_rows, part, a, b, tasks, cfg)))
+                tasks += 1
+        pack += [(raw_bytes(t, cfg), partial(_pack, t, sh, tasks, cfg)) for t, sh in items]
+    return ([t for _, t in sorted(read, key=lambda x: -x[0])], [t for _, t in sorted(pack, key=lambda x: -x[0])])
+
+
+def _park_routed(spill: Path, source: int, task: int, routed: tuple[np.ndarray, ...]) -> tuple[str, ...]:
+    """A read task's routed rows (12 bytes a row of its range) wait in the spill folder, not in the task:
+    every task is made before the first runs, and the task lists live until their phase ends, so in memory
+    they would add 12 bytes per cell of the dataset to the build's peak."""
+    paths = []
+    for name, a in zip(("rows", "shard", "pos"), routed, strict=True):
+        path = spill / f"routed-{source:05d}-{task:05d}-{name}.npy"
+        np.save(path, a, allow_pickle=False)
+        paths.append(str(path))
+    return tuple(paths)
+
+
+def _scatter(spec: SourceSpec, n_rows: int, part: tuple[str, ...], start: int, stop: int, task: int,
+             cfg: PackConfig) -> list[PackResult]:
+    rows, shard_of, pos = (np.load(p, allow_pickle=False) for p in part)
+    _drop(cfg, [Path(p) for p in part])
+    scatter_range(spec, n_rows, (rows, shard_of, pos), start, stop, task, cfg)
+    del rows, shard_of, pos
+    trim_heap()  # each task's buffers, freed: their pages back to the OS (pipeline.memory)
+    return []
+
+
+def _whole_source(spec: SourceSpec, n_rows: int, part: tuple[str, ...], shards: Sequence[tuple[Target, ShardPlan]],
+                  cfg: PackConfig) -> list[PackResult]:
+    """One spilled source in one task: read it all (one scatter), then pack each of its shards."""
+    _scatter(spec, n_rows, part, 0, n_rows, 0, cfg)
+    return [r for t, sh in shards for r in _pack(t, sh, 1, cfg)]
+
+
+def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[PackResult]:
+    out = [pack_shard(t, shard, tasks, cfg)]
+    trim_heap()
+    return out
+
+
+def _fused(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
+           cfg: PackConfig) -> list[PackResult]:
+    out = pack_source(spec, n_rows, shards, cfg)
+    trim_heap()
+    return out
+
+
+def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackConfig,
+                index_ranges: np.ndarray, summed: int = 0) -> PackResult:
+    """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from pieces.
+    `summed`: duplicate entries its rows had in the source, summed away (reported in the index stats)."""
+    try:
+        import numcodecs.blosc
+
+        numcodecs.blosc.set_nthreads(1)  # one core per task: --jobs decides the parallelism
+    except ImportError:  # pragma: no cover
+        pass
+    matrix = ShardRows(pieces, shard.n, cfg.fields[0].shape[0], obsm_widths(cfg), f"shard {number} ({shard.file})",
+                       index_ranges)
+    planned = {k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v for k, v in shard.columns.items()}
+    entry = finish_shard({**planned, **matrix.columns()}, shard, cfg)
+    _drop(cfg, [v for v in shard.columns.values() if isinstance(v, Path)])
+    return PackResult(number, entry, counts={DUPLICATES_SUMMED: summed} if summed else {})

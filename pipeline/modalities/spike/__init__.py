@@ -1,0 +1,12 @@
+"""Spike-camera streams, build side: kind ``spike``, source ``dat`` and the demo corpus (registered lazily)."""
+
+from __future__ import annotations
+
+from pipeline.commands.demo import DEMO_WRITERS
+from pipeline.model import KINDS
+from pipeline.source import SOURCES
+
+_HERE = __name__
+KINDS.register_lazy("spike", f"{_HERE}.kind")
+SOURCES.register_lazy("dat", f"{_HERE}.dat")
+DEMO_WRITERS.register("spike", f"{_HERE}.demo:write_spike_demo")
