@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from loaders import kernels
-from loaders.plugins import load_loader_modalities
-from loaders.registry import Registry
-
-NumpyFinish = Callable[[Mapping[str, np.ndarray], Mapping[str, Any], "np.ndarray | None"], np.ndarray]
+from loaders.ops import OPS, TORCH_OPS, NumpyFinish, get_op, register_op  # noqa: F401 (re-exported)
 
 
 class Deferred(ABC):
@@ -59,27 +56,6 @@ class Deferred(ABC):
         return self
 
 
-OPS: Registry[NumpyFinish] = Registry("deferred op", discover=load_loader_modalities)
-# op -> its torch finisher, registered lazily: the module is imported by the device layer on first use
-TORCH_OPS: Registry[Any] = Registry("torch finisher of deferred op", discover=load_loader_modalities)
-
-
-def register_op(name: str, torch_module: str | None = None) -> Callable[[NumpyFinish], NumpyFinish]:
-    """Register the numpy finisher of op ``name``. Its torch finisher is registered with
-    ``loaders.device.register_torch_op`` in ``torch_module``, which the device layer imports when it first
-    meets the op (so this module, and the decoder process, never import torch)."""
-
-    def deco(fn: NumpyFinish) -> NumpyFinish:
-        OPS.register(name, fn)
-        if torch_module:
-            TORCH_OPS.register_lazy(name, torch_module)
-        return fn
-
-    return deco
-
-
-def get_op(name: str) -> NumpyFinish:
-    return OPS.get(name)
 
 
 # -- CSR rows -> dense ----------------------------------------------------------------------------------

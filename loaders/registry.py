@@ -24,8 +24,9 @@ class Registry(Generic[T]):
     """Name -> object. ``what`` names the thing in errors ("dataset kind", "sample type")."""
 
     def __init__(self, what: str, discover: Callable[[], None] | None = None,
-                 error: type[Exception] = UnknownNameError) -> None:
+                 error: type[Exception] = UnknownNameError, ordered: bool = False) -> None:
         self.what = what
+        self._ordered = ordered  # names() in registration order (e.g. backends, cheapest first)
         self._items: dict[str, T] = {}
         self._lazy: dict[str, str] = {}
         self._discover = discover
@@ -61,7 +62,7 @@ class Registry(Generic[T]):
             self._lazy.pop(name, None)
             raise self._error(f"{self.what} {name!r}: module {module!r} was to register it and did not")
 
-    def get(self, name: str) -> T:
+    def get(self, name: str, *default: T) -> T:
         """The object registered as ``name``; unknown -> the registry's error listing the known names."""
         if name not in self._items and name not in self._lazy:
             self.discover()
@@ -69,12 +70,15 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
+            if default:
+                return default[0]
             raise self._error(f"unknown {self.what} {name!r} (known: {', '.join(self.names()) or 'none'})") from None
 
     def names(self) -> list[str]:
         """Every registered name, lazy ones included, without importing them."""
         self.discover()
-        return sorted({*self._items, *self._lazy})
+        names = [*self._items, *(n for n in self._lazy if n not in self._items)]
+        return names if self._ordered else sorted(names)
 
     def load_all(self) -> dict[str, T]:
         """Every entry resolved (imports the lazy modules): for lookups by an attribute (suffix, kind)."""
@@ -97,3 +101,10 @@ class Registry(Generic[T]):
 
     def items(self) -> list[tuple[str, T]]:
         return sorted(self.load_all().items())
+
+    def __setitem__(self, name: str, item: T) -> None:
+        self.register(name, item)
+
+    def __delitem__(self, name: str) -> None:
+        self._items.pop(name, None)
+        self._lazy.pop(name, None)

@@ -92,7 +92,7 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="task", disable=not progress)
 
 
-BACKENDS: Registry[type[Backend]] = Registry("backend", error=BackendError)
+BACKENDS: Registry[type[Backend]] = Registry("backend", error=BackendError, ordered=True)
 
 
 def register_backend(cls: type[Backend]) -> type[Backend]:

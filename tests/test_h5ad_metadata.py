@@ -54,7 +54,7 @@ def test_reading_an_h5ad_scan_does_not_import_anndata(tmp_path: Path) -> None:
 
     path = tmp_path / "s.h5ad"
     demo.make_perturb_adata(**SMALL).write_h5ad(path)
-    code = ("import sys, json; from pipeline.sources import H5adSource; "
+    code = ("import sys, json; from pipeline.modalities.perturbation.h5ad import H5adSource; "
             f"m = H5adSource({str(path)!r}).meta(['perturbation', 'cell_type', 'batch', 'timepoint']); "
             "print(json.dumps([len(m.var_names), 'anndata' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,

@@ -1,11 +1,14 @@
-"""CT volumes as sparse voxels, read side: sample type ``ct`` and its ``ct_coords`` op.
+"""CT volumes as sparse voxels, read side: sample type ``ct`` and its ``ct_coords`` op, registered lazily.
 
-Importing this module registers them; ``BUILD_MODULE`` is the build side (kind ``ct``, ``.npy`` source).
+``BUILD_MODULE`` is the build side (kind ``ct``, the ``.npy`` source), which a reader never imports.
 """
 
 from __future__ import annotations
 
-from loaders.modalities.ct import ops as ops  # registers ct_coords
-from loaders.modalities.ct import samples as samples  # registers ct
+from loaders.ops import OPS
+from loaders.samples import SAMPLE_TYPES
+
+SAMPLE_TYPES.register_lazy("ct", f"{__name__}.samples")
+OPS.register_lazy("ct_coords", f"{__name__}.ops")
 
 BUILD_MODULE = "pipeline.modalities.ct"

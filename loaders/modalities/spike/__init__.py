@@ -1,15 +1,18 @@
 """Spike-camera windows, read side: sample type ``spike``, its voxel ops and the ``shardsmith.spikebits``
-field codec (imported only when a dataset names it: numcodecs costs ~0.2 s).
+field codec, each registered lazily (their modules are imported on first use: numcodecs alone costs ~0.2 s).
 
-Importing this module registers them; ``BUILD_MODULE`` is the build side (kind ``spike``, ``.dat`` source).
+``BUILD_MODULE`` is the build side (kind ``spike``, the ``.dat`` source), which a reader never imports.
 """
 
 from __future__ import annotations
 
 from loaders.fieldcodecs import register_field_codec
-from loaders.modalities.spike import ops as ops  # registers spike_voxel_pixel_major
-from loaders.modalities.spike import samples as samples  # registers spike, spike_voxel
+from loaders.ops import OPS
+from loaders.samples import SAMPLE_TYPES
 
-register_field_codec("shardsmith.spikebits", "loaders.modalities.spike.bits", "loaders.modalities.spike.bits_zarr")
+SAMPLE_TYPES.register_lazy("spike", f"{__name__}.samples")
+OPS.register_lazy("spike_voxel", f"{__name__}.samples")
+OPS.register_lazy("spike_voxel_pixel_major", f"{__name__}.ops")
+register_field_codec("shardsmith.spikebits", f"{__name__}.bits", f"{__name__}.bits_zarr")
 
 BUILD_MODULE = "pipeline.modalities.spike"
