@@ -31,6 +31,7 @@ class Registry(Generic[T]):
         self._lazy: dict[str, str] = {}
         self._discover = discover
         self._error = error
+        self.default: str | None = None
 
     def register(self, name: str, item: T) -> T:
         """Make ``item`` available as ``name`` (a later registration of the same name replaces it)."""
@@ -44,6 +45,10 @@ class Registry(Generic[T]):
         """``name`` is registered by importing ``module`` (imported on the first ``get(name)``)."""
         if name not in self._items:
             self._lazy[name] = module
+
+    def set_default(self, name: str) -> None:
+        """The name a caller gets when it names none (e.g. a manifest without ``[dataset] kind``)."""
+        self.default = name
 
     def peek(self, name: str) -> T | None:
         """The object registered as ``name`` if it is loaded already (no discovery, no import)."""

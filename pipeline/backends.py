@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from loaders.registry import Registry
 from pipeline.errors import ShardsmithError
+from pipeline.extras import MissingExtraError, install_command, require_backend
 from pipeline.taskspill import Descriptor, describe, run_descriptor
 
 log = logging.getLogger(__name__)
@@ -81,13 +82,13 @@ class Backend(ABC):
 def _pickled_size(d: Descriptor) -> int:
     """The bytes a cluster is sent for one task: measured with cloudpickle, the serializer dask and ray use
     for tasks (installed with either extra). Only ever dumps; nothing here loads a pickle."""
-    import cloudpickle
+    import cloudpickle  # optional: only remote backends ship pickled tasks
 
     return len(cloudpickle.dumps(d))
 
 
 def _bar(total: int, desc: str, progress: bool) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # import weight: a quiet or inline build never draws a bar
 
     return tqdm(total=total, desc=desc, unit="task", disable=not progress)
 
@@ -104,7 +105,6 @@ def get_backend(name: str, jobs: int, scheduler: str | None = None) -> Backend:
     cls = BACKENDS.get(name)
     if scheduler and not cls.remote:
         raise BackendError(f"--scheduler is for the dask and ray backends, not --backend {name}")
-    from pipeline.extras import MissingExtraError, require_backend
 
     try:
         require_backend(name)  # before the build writes anything to its output folder
@@ -114,7 +114,6 @@ def get_backend(name: str, jobs: int, scheduler: str | None = None) -> Backend:
 
 
 def missing_extra(backend: str, e: ImportError) -> BackendError:
-    from pipeline.extras import install_command
 
     return BackendError(f"--backend {backend} needs the {backend!r} extra, which is not installed ({e}): "
                         f"{install_command(backend)} (in the shardsmith checkout), or use --backend threading")
@@ -129,7 +128,11 @@ class _Joblib(Backend):
             if self.jobs == 1 or len(tasks) == 1:  # inline, without importing joblib (~50 ms of a small rebuild)
                 gen: Any = (t() for t in tasks)
             else:
-                from joblib import Parallel, delayed, parallel_config
+                from joblib import (  # import weight: one task runs inline without joblib
+                    Parallel,
+                    delayed,
+                    parallel_config,
+                )
 
                 with parallel_config(backend=self.name, n_jobs=self.jobs):
                     gen = Parallel(return_as="generator")(delayed(t)() for t in tasks)
@@ -164,7 +167,7 @@ class DaskBackend(Backend):
 
     def start(self) -> None:
         try:
-            from distributed import Client, LocalCluster
+            from distributed import Client, LocalCluster  # optional extra dask
         except ImportError as e:
             raise missing_extra(self.name, e) from None
         self.cluster = None
@@ -183,7 +186,7 @@ class DaskBackend(Backend):
             cluster.close()
 
     def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
-        from distributed import as_completed
+        from distributed import as_completed  # optional extra dask
 
         token = uuid.uuid4().hex[:8]
         futures = [self.client.submit(run_descriptor, d, key=f"{desc.replace(' ', '-')}-{i}-{d.label}-{token}")
@@ -211,7 +214,7 @@ class RayBackend(Backend):
 
     def start(self) -> None:
         try:
-            import ray
+            import ray  # optional extra ray
         except ImportError as e:
             raise missing_extra(self.name, e) from None
         self.started = not ray.is_initialized()
@@ -222,13 +225,13 @@ class RayBackend(Backend):
         self.task = ray.remote(num_cpus=1, max_retries=3)(run_descriptor)
 
     def close(self) -> None:
-        import ray
+        import ray  # optional extra ray
 
         if getattr(self, "started", False):
             ray.shutdown()
 
     def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
-        import ray
+        import ray  # optional extra ray
 
         refs = [self.task.remote(d) for d in tasks]
         position = {r.hex(): i for i, r in enumerate(refs)}

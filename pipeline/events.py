@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from loaders.format import FormatError
+from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, ShardsmithError
+
 
 class EventLog:
     """Writes events as JSON lines to a file (appended, flushed per event) or a stream; `None` discards."""
@@ -98,8 +101,6 @@ def reported(log_json: str | None, out: Path | None) -> Iterator[Report]:
     logged and printed as the last line of stdout (one JSON object). An exception is logged as an ``error``
     event with its exit code (``exit_code`` attribute, else 2 for bad input, else 1) and raised again, so the
     CLI prints it and exits with that code."""
-    from loaders.format import FormatError
-    from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, ShardsmithError
 
     report = Report(EventLog(log_json))
     try:

@@ -8,13 +8,17 @@ import importlib.util
 
 from pipeline.errors import ShardsmithError
 
-# importable module -> (extra that installs it, package name, what needs it)
+# importable module -> (extra that installs it, package name, what needs it); a modality adds its own
 EXTRAS: dict[str, tuple[str, str, str]] = {
     "distributed": ("dask", "dask[distributed]", "--backend dask"),
     "ray": ("ray", "ray", "--backend ray"),
-    "PIL": ("images", "Pillow", "spike datasets with paired images ([spike] images)"),
     "lightning": ("lightning", "lightning", "the Lightning DataModule"),
 }
+
+
+def register_extra(module: str, extra: str, package: str, what: str) -> None:
+    """Declare that ``what`` needs ``module``, installed by the pyproject extra ``extra`` (``package``)."""
+    EXTRAS[module] = (extra, package, what)
 BACKEND_MODULES = {"dask": "distributed", "ray": "ray"}
 
 

@@ -15,6 +15,8 @@ it is a cache, never required: without it the build simply plans everything.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import inspect
 import json
 import os
 import sys
@@ -25,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import loaders.format
 from loaders import format as fmt
 from pipeline import __version__
 from pipeline.manifest import Manifest
+from pipeline.model import ShardPlan
 
 if TYPE_CHECKING:
     from pipeline.model import Kind, KindPlan, ScannedSource, ShardPlan
@@ -39,7 +43,6 @@ INPUTS_FILE = ".build-inputs.json"
 def code_digest() -> str:
     """The pipeline's own code, the format module and the libraries that decide shard bytes: a rebuild with
     other code must not be taken for a no-change rebuild, whatever the version string says."""
-    import loaders.format
 
     h = hashlib.sha256()
     root, read_side = Path(__file__).parent, Path(loaders.format.__file__).parent
@@ -69,8 +72,6 @@ def inputs_digest(manifest: Manifest, kind: Kind, sources: Sequence[tuple[str, s
 
 def plugin_digest(modules: Sequence[str], kind: Kind) -> str:
     """The source code of plug-in modules (and of the kind's own module when it lives outside the pipeline)."""
-    import importlib
-    import inspect
 
     h = hashlib.sha256()
     names = sorted({*modules, type(kind).__module__} - {m for m in sys.modules if m.startswith("pipeline.")})
@@ -120,7 +121,6 @@ def known_sources(out: Path, prev: fmt.Index, saved: Mapping[str, Any]) -> dict[
                                                                                            dict[str, int]]]:
     """Source key -> (that source's shards in the committed index, as stubs; its planning stats), for the
     sources whose shard files all exist."""
-    from pipeline.model import ShardPlan
 
     by_source: dict[int, list[fmt.ShardEntry]] = {}
     for s in prev.shards:

@@ -19,7 +19,7 @@ import tomllib
 
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
-from pipeline.model import Manifest, SourceSpec, get_kind, kind_names
+from pipeline.model import KINDS, Manifest, SourceSpec, get_kind, kind_names
 from pipeline.source import get_source, infer_type, source_types_for
 from pipeline.writers.base import CODECS, LEVELS
 
@@ -80,6 +80,14 @@ def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
             raise ManifestError(path, "dataset.plugins", f"cannot import plug-in module {name!r} ({e})") from None
 
 
+def default_kind(path: Path) -> str:
+    """The kind of a manifest that names none: the one a modality declared the default."""
+    KINDS.discover()
+    if KINDS.default is None:
+        raise ManifestError(path, "dataset.kind", f"is required (one of {kind_names()})")
+    return KINDS.default
+
+
 def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
     try:
@@ -95,7 +103,7 @@ def load_manifest(path: str | Path) -> Manifest:
     ds = Table(path, "dataset", raw["dataset"], DATASET_KEYS)
     plugins = ds.strings("plugins", ()) or ()
     load_plugins(path, plugins)
-    kind_name = ds.get("kind", str, "perturbation")
+    kind_name = ds.get("kind", str, None) or default_kind(path)
     try:
         kind = get_kind(kind_name)
     except ValueError:
@@ -103,7 +111,7 @@ def load_manifest(path: str | Path) -> Manifest:
                             "(a plug-in kind's module goes in [dataset] plugins)") from None
     Table(path, "manifest", raw, {"dataset", "sources", *kind.sections})
     config = kind.parse(path, {name: raw.get(name) for name in kind.sections})
-    sources = _parse_sources(path, ds.get("kind", str, "perturbation"), Table(path, "manifest", raw, set(raw))
+    sources = _parse_sources(path, kind_name, Table(path, "manifest", raw, set(raw))
                              .get("sources", list, []), kind.source_defaults(config))
     shard_mb = float(ds.get("shard_size_mb", (int, float), 64))
     if not (math.isfinite(shard_mb) and shard_mb >= MIN_SHARD_MB):

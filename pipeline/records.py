@@ -32,7 +32,12 @@ import numpy as np
 
 from loaders import format as fmt
 from pipeline.errors import SourceError
-from pipeline.model import Kind, KindPlan, PackResult, PlanContext, ShardPlan, Task
+from pipeline.fingerprint import fingerprint
+from pipeline.incremental import plugin_digest
+from pipeline.model import Kind, KindPlan, PackResult, PlanContext, ScannedSource, ShardPlan, Task
+from pipeline.record_columns import RecordColumns
+from pipeline.seeding import stable_unit
+from pipeline.shardfile import finish_shard
 
 if TYPE_CHECKING:
     from pipeline.manifest import Manifest, SourceSpec
@@ -112,8 +117,6 @@ class RecordKind(Kind):
     # -- the inherited machinery ---------------------------------------------------------------------
     def scan(self, manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None,
              hasher: Executor | None) -> list[ScannedSource]:
-        from pipeline.fingerprint import fingerprint
-        from pipeline.model import ScannedSource
 
         out = []
         for i, spec in enumerate(manifest.sources):
@@ -123,8 +126,6 @@ class RecordKind(Kind):
         return out
 
     def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
-        from pipeline.incremental import plugin_digest
-        from pipeline.seeding import stable_unit
 
         flat = self.prepare(manifest, [(s.ordinal, r) for s in scanned for r in s.meta])
         val, test = self.fractions(manifest.config)
@@ -185,8 +186,6 @@ class RecordKind(Kind):
                   flat: list[tuple[int, Record]], cfg: PackConfig) -> list[PackResult]:
         """Read the shard's records one at a time into its columns (memory: about one shard), skipping
         (and counting) those ``read_record`` refuses, then validate, write, hash and count units."""
-        from pipeline.record_columns import RecordColumns
-        from pipeline.shardfile import finish_shard
 
         columns = RecordColumns(cfg.fields, shard.n)
         kept: list[Record] = []

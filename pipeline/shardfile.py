@@ -79,7 +79,7 @@ def make_durable(folder: Path, written: list[Path]) -> None:
     ~30 files of every zarr shard cost 0.1-0.3 s per shard here. Falls back to per-file fsync off Linux.
     """
     try:
-        import ctypes
+        import ctypes  # only where the platform has the call
 
         libc = ctypes.CDLL(None, use_errno=True)
         fd = os.open(folder, os.O_RDONLY)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
+from loaders.fieldcodecs import get_field_codec
 from loaders.shardio import TAR_META_KEY, TAR_TABLES_KEY, pointer_groups, tar_block_key, tar_field_names
 from pipeline.writers.base import Codec, ShardWriter, register_writer
 
@@ -48,7 +49,6 @@ class TarShardWriter(ShardWriter):
 
     def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = (),
               codecs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-        from loaders.fieldcodecs import get_field_codec
 
         cols = {k: np.ascontiguousarray(v) for k, v in columns.items()}  # np.save of a Fortran array differs
         for k, a in cols.items():

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from loaders.fieldcodecs import zarr_codec
 from pipeline.writers.base import Codec, ShardWriter, register_writer
 
 CHUNK_BYTES = 8 << 20  # big chunks: the loader decodes whole shards; few chunks = little per-chunk overhead
 
 
 def zarr_compressors(codec: Codec) -> list[object]:
-    from zarr.codecs import BloscCodec, ZstdCodec
+    from zarr.codecs import BloscCodec, ZstdCodec  # import weight: zarr
 
     if codec.name == "none":
         return []
@@ -52,7 +53,7 @@ class ZarrShardWriter(ShardWriter):
 
     def write(self, path: Path, columns: Mapping[str, Any], tables: Collection[str] = (),
               codecs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-        from pipeline.writers import zarr_direct
+        from pipeline.writers import zarr_direct  # import weight: zarr, only when a zarr shard is written
 
         compressors = zarr_compressors(self.codec)
         own = codecs_of(columns, codecs)
@@ -71,7 +72,6 @@ class ZarrShardWriter(ShardWriter):
 
 def codecs_of(columns: Mapping[str, Any], codecs: Mapping[str, Mapping[str, Any]] | None) -> dict[str, list[object]]:
     """Column key -> its field's own zarr codec (``loaders.fieldcodecs``), for the columns written here."""
-    from loaders.fieldcodecs import zarr_codec
 
     return {k: [zarr_codec(c, f"column {k!r}")] for k, c in (codecs or {}).items() if k in columns}
 
@@ -79,7 +79,7 @@ def codecs_of(columns: Mapping[str, Any], codecs: Mapping[str, Mapping[str, Any]
 def _write_with_zarr(path: Path, arrays: Mapping[str, Any], own: Mapping[str, list[object]],
                      compressors: list[object]) -> None:
     """The shard's group, and these arrays written through zarr-python (the reference for zarr_direct)."""
-    import zarr
+    import zarr  # import weight: zarr
 
     group = zarr.open_group(zarr.storage.LocalStore(str(path)), mode="w-", zarr_format=3)
     for key, a in arrays.items():

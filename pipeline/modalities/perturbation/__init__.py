@@ -11,6 +11,7 @@ from pipeline.source import SOURCES
 
 _HERE = __name__
 KINDS.register_lazy("perturbation", f"{_HERE}.kind")
+KINDS.set_default("perturbation")  # manifests written before kinds existed name none
 SOURCES.register_lazy("h5ad", f"{_HERE}.h5ad")
 SOURCES.register_lazy("h5csr", f"{_HERE}.h5csr")
 COMMANDS.register("export", f"{_HERE}.export_command")

@@ -24,7 +24,7 @@ from loaders.shardio import read_shard
 from pipeline.errors import DatasetError
 
 if TYPE_CHECKING:
-    import anndata as ad
+    import anndata as ad  # import weight: only export writes AnnData
 
 SAMPLES = {"cells": (), "pairs": (fmt.PAIRS,), "sentences": (fmt.SENTENCES_PERT, fmt.SENTENCES_CTRL)}
 
@@ -37,9 +37,9 @@ def _rows_of(cols: dict[str, np.ndarray], sample: str) -> np.ndarray:
 
 
 def to_anndata(root: str | Path, split: str, sample: str = "cells") -> ad.AnnData:
-    import anndata as ad
-    import pandas as pd
-    import scipy.sparse as sp
+    import anndata as ad  # import weight: only export writes AnnData
+    import pandas as pd  # import weight: only export needs pandas
+    import scipy.sparse as sp  # import weight: the CLI imports this module to list commands
 
     index = fmt.read_index(root)
     if index.kind != "perturbation" or not index.has_field(fmt.X):

@@ -18,7 +18,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.modalities.perturbation.export import export
+    from pipeline.modalities.perturbation.export import export  # import weight: `shardsmith --help` stays instant
 
     out = export(args.dir, args.split, args.out, args.sample)
     print(f"wrote {out}")

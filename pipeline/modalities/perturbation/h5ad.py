@@ -39,7 +39,7 @@ else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy
 def read_elem(elem: object) -> object:
     """anndata's element reader, imported on first use: anndata (with pandas and dask.array) costs ~0.5 s
     to import, which a no-change rebuild should not pay (and see :func:`is_plain`)."""
-    from anndata.io import read_elem as _read_elem
+    from anndata.io import read_elem as _read_elem  # import weight: ~0.6 s, only for rare encodings
 
     return _read_elem(elem)
 

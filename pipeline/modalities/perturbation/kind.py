@@ -49,12 +49,12 @@ class PerturbationKind(Kind):
 
     def scan(self, manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None,
              hasher: Executor | None) -> list[ScannedSource]:
-        from pipeline.modalities.perturbation.scan import scan
+        from pipeline.modalities.perturbation.scan import scan  # import weight: h5py, paid by builds only
 
         return scan(manifest, cache, hasher)
 
     def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
-        from pipeline.modalities.perturbation.plan import make_plan
+        from pipeline.modalities.perturbation.plan import make_plan  # import weight: paid by builds only
 
         plan = make_plan(manifest, scanned, park=ctx.park, known=ctx.known, salt=ctx.salt)
         cfg = manifest.config
@@ -89,7 +89,7 @@ class PerturbationKind(Kind):
 
     def pack_tasks(self, manifest: Manifest, plan: KindPlan, scanned: Sequence[ScannedSource], todo: Sequence[int],
                    cfg: PackConfig) -> tuple[list[Task], list[Task]]:
-        from pipeline.modalities.perturbation.pack import pack_tasks
+        from pipeline.modalities.perturbation.pack import pack_tasks  # import weight: scipy/numcodecs, builds only
 
         tasks = pack_tasks(plan.shards, scanned, todo, cfg)
         for src in scanned:  # the plan is final: every cell's obs codes (kept for a re-plan) can go

@@ -17,7 +17,7 @@ from loaders import format as fmt
 from pipeline.errors import SourceError
 
 if TYPE_CHECKING:
-    import h5py
+    import h5py  # import weight: the plan imports this module
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _obs_index(obs: h5py.Group | h5py.Dataset | None) -> tuple[Any, int] | None:
     """(read(start, stop) -> those rows' names, number of names) of the obs index of an h5ad / H5-CSR file:
     ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata, cell-load), the first field of a pre-0.7 compound
     obs table; None when there is none."""
-    import h5py
+    import h5py  # import weight: the plan imports this module
 
 
     if isinstance(obs, h5py.Dataset) and obs.dtype.names:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loaders import format as fmt
 from loaders import kernels
 
 ENTRY_ARRAYS = {"data": np.dtype(np.float32), "indices": np.dtype(np.int32)}  # one value per stored entry
@@ -196,7 +197,6 @@ class ShardRows:
 
     def columns(self) -> dict[str, LazyColumn | np.ndarray]:
         """The shard's matrix and obsm columns under their format keys (X/indptr is a plain array)."""
-        from loaders import format as fmt
 
         nnz = int(self.indptr[-1])
         out: dict[str, LazyColumn | np.ndarray] = {f"{fmt.X}/indptr": self.indptr}

@@ -12,7 +12,9 @@ import numpy as np
 
 from pipeline.errors import ManifestError
 from pipeline.manifest import Manifest
+from pipeline.modalities.perturbation.cellload import assign_cellload
 from pipeline.modalities.perturbation.cells import CellTable
+from pipeline.modalities.perturbation.conditions import split_combinations
 from pipeline.modalities.perturbation.split_codes import (  # noqa: F401  (re-exported)
     DROPPED,
     SPLIT_NAMES,
@@ -73,7 +75,6 @@ def _combo_table(cells: CellTable) -> tuple[np.ndarray, np.ndarray, list[str], l
 def seen_gene_combinations(names: Sequence[str], present: set[str], separator: str, controls: Sequence[str]) -> set[str]:
     """Labels that are combinations (2+ parts) whose every part is itself a single-perturbation label present
     in the same cell type: GEARS' "unseen combination of seen genes" candidates."""
-    from pipeline.modalities.perturbation.conditions import split_combinations
 
     singles, parts = split_combinations(names, separator, controls)
     return {n for n, ps in zip(names, parts, strict=True)
@@ -122,7 +123,6 @@ def assign_splits(cells: CellTable, manifest: Manifest, paths: Sequence[Path] = 
     `paths` are the sources' files by ordinal (a cell-load experiment maps them to its datasets)."""
     sp = manifest.config.split
     if sp.experiment is not None:
-        from pipeline.modalities.perturbation.cellload import assign_cellload
 
         return assign_cellload(cells, manifest, sp.experiment, paths)
     if sp.mode == "random":

@@ -60,7 +60,7 @@ def vidar_bytes(spikes: np.ndarray) -> bytes:
 
 
 def _png(path: Path, rgb: np.ndarray) -> None:
-    import PIL.Image
+    import PIL.Image  # optional extra images
 
     path.parent.mkdir(parents=True, exist_ok=True)
     PIL.Image.fromarray(rgb).save(path, format="PNG")

@@ -21,7 +21,8 @@ import numpy as np
 from loaders import format as fmt
 from loaders.modalities.spike.ops import FRAME_MAJOR, PIXEL_MAJOR, pack_pixel_major
 from loaders.modalities.spike.samples import CLIPS, FRAME, SEQUENCE, SPIKES, stored_frames
-from pipeline.errors import ManifestError
+from pipeline.errors import ManifestError, SourceError
+from pipeline.extras import MissingExtraError, require
 from pipeline.manifest import Table
 from pipeline.modalities.spike.dat import PACKINGS, count_frames, pack_frames, read_frames
 from pipeline.model import KindPlan, PlanContext, register_kind
@@ -100,7 +101,6 @@ class SpikeKind(RecordKind):
         if cfg.images and cfg.layout != "gopro":
             raise ManifestError(path, "spike.images", "paired images need layout = \"gopro\"")
         if cfg.images:
-            from pipeline.extras import MissingExtraError, require
 
             try:
                 require("PIL")
@@ -120,7 +120,6 @@ class SpikeKind(RecordKind):
             return [Record(0, spec.path.stem, (0,), nbytes=keep * cfg.height * cfg.width // 8, info=info)]
         parts = spec.path.parts
         if len(parts) < 4 or parts[-2] != "spike":
-            from pipeline.errors import SourceError
 
             raise SourceError(spec.path, "layout = \"gopro\" expects <root>/<split>/<sequence>/spike/<frame>.dat")
         seq_dir, split = spec.path.parent.parent, SPLIT_FOLDERS.get(parts[-4].lower())
@@ -181,7 +180,7 @@ class SpikeKind(RecordKind):
         return int(scanned[0].meta[0].info["frames"])
 
     def _image_shapes(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> dict[str, tuple[int, ...]]:
-        import PIL.Image
+        import PIL.Image  # optional extra images
 
         shapes: dict[str, tuple[int, ...]] = {}
         for name in manifest.config.images:
@@ -285,7 +284,7 @@ def _unpaired(manifest: Manifest, dats: list[Path]) -> dict[str, Any]:
 
 
 def _read_image(path: Path) -> np.ndarray:
-    import PIL.Image
+    import PIL.Image  # optional extra images
 
     try:
         with PIL.Image.open(path) as im:
