@@ -28,7 +28,7 @@ import re
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from loaders import format as fmt
 from pipeline.errors import OutputError
@@ -61,6 +61,33 @@ def journals(out: Path) -> list[Path]:
     return sorted(p for p in out.glob(".build-*.journal") if JOURNAL_RE.fullmatch(p.name))
 
 
+def inside(out: Path, rel: object) -> bool:
+    """Whether ``rel``, a name read back from a journal or an index, names a path inside ``out``: relative,
+    no ``..``, and no symlinked folder on the way that leads out. Those files are deleted by name, so a
+    name that leaves the folder (a tampered or hostile file) must never reach ``remove``."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
+        return False
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or pure == PurePosixPath("."):
+        return False
+    try:
+        parent = (out / pure).parent.resolve()
+        return parent == out.resolve() or parent.is_relative_to(out.resolve())
+    except (OSError, RuntimeError):  # a symlink loop on the way
+        return False
+
+
+def ours_only(out: Path, names: Iterable[object], where: str) -> set[str]:
+    """The names that stay inside ``out``; the others are logged (with where they came from) and dropped."""
+    names = list(names)
+    kept = {n for n in names if inside(out, n)}
+    dropped = [n for n in names if n not in kept]
+    if dropped:
+        log.warning("%s: ignoring %d name(s) in %s that lead outside the dataset folder (never deleted): %s",
+                    out, len(dropped), where, ", ".join(map(repr, dropped[:SHOWN])))
+    return kept  # type: ignore[return-value]
+
+
 def journaled(out: Path, skip: Path | None = None) -> set[str]:
     """Every file named by a journal in ``out`` (but ``skip``): ours, whatever build wrote them."""
     files: set[str] = set()
@@ -68,7 +95,7 @@ def journaled(out: Path, skip: Path | None = None) -> set[str]:
         if p == skip:
             continue
         try:
-            files.update(str(f) for f in json.loads(p.read_text())["files"])
+            files |= ours_only(out, json.loads(p.read_text())["files"], p.name)
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("ignoring an unreadable build journal %s", p)
     return files
@@ -137,7 +164,11 @@ def check_owned(out: Path) -> None:
 
 
 def remove(out: Path, rel: str) -> bool:
-    """Delete one of our files or folders (relative to ``out``); True if something was removed."""
+    """Delete one of our files or folders (relative to ``out``); True if something was removed. A name
+    that leads outside ``out`` is refused here too, whoever asks."""
+    if not inside(out, rel):
+        log.warning("%s: refusing to delete %r, which is not inside the dataset folder", out, rel)
+        return False
     p = out / rel
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
@@ -170,7 +201,7 @@ def sweep(out: Path, index: fmt.Index | None, dead_builds: bool = True) -> list[
     build passes False: it may reuse those files by name, and retires the rest at its commit."""
     keep = live(index)
     journal = journaled(out)
-    retired = set(index.retired if index is not None else [])
+    retired = ours_only(out, index.retired if index is not None else [], "index.json's retired list")
     doomed = temporaries(out, keep | retired | journal)
     doomed += sorted(f for f in (retired | (journal if dead_builds else set())) - keep if (out / f).exists())
     removed = [f for f in doomed if remove(out, f)]
@@ -195,7 +226,8 @@ def next_generation(out: Path, prev: fmt.Index | None, new_files: Iterable[str])
             prev.generation, index_digest(out), [s.file for s in prev.shards],
             prev.conditions.file if prev.conditions is not None else None)
     keep = new_files | set(previous.files() if previous is not None else [])
-    ours = live(prev) | journaled(out) | set(prev.retired if prev is not None else [])
+    retired_before = ours_only(out, prev.retired if prev is not None else [], "index.json's retired list")
+    ours = ours_only(out, live(prev), "index.json") | journaled(out) | retired_before
     retired = sorted(f for f in ours - keep if (out / f).exists())
     return {"generation": (prev.generation if prev is not None else 0) + 1, "previous": previous, "retired": retired}
 
@@ -218,7 +250,8 @@ def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseE
         return
     keep = live(prev)
     try:
-        files = [f for f in json.loads(journal.read_text())["files"] if f not in keep and (out / f).exists()]
+        named = ours_only(out, json.loads(journal.read_text())["files"], journal.name)
+        files = [f for f in sorted(named) if f not in keep and (out / f).exists()]
     except (OSError, ValueError, KeyError, TypeError):
         return
     if isinstance(error, OSError) and _fails_the_output(out, error):
