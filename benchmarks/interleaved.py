@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from benchmarks.measure import MIB, EpochChain, tree_rss
+from benchmarks.measure import MIB, EpochChain, load_csr, tree_rss
 
 EXPR = ("X", "x_ctrl", "x_pert")
 
@@ -164,7 +164,6 @@ def loader_stream(root: str, sample: str, bs: int, workers: int, densify: bool, 
 def run_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
     """Spec: h5ad, shards_root, batch_size, seconds (per window), rounds, warmup, workers (list), windows
     (shuffle windows to measure, in shards), sparse (bool)."""
-    from benchmarks.loaders_bench import load_csr
 
     x = load_csr(spec["h5ad"])
     bs, root = int(spec["batch_size"]), spec["shards_root"]

@@ -19,20 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import EpochChain, RssSampler, Summary, measure_once, summarize, warm_page_cache
+from benchmarks.measure import (
+    EpochChain,
+    RssSampler,
+    Summary,
+    load_csr,
+    measure_once,
+    summarize,
+    warm_page_cache,
+)
 
 BASELINES = ("scipy", "h5py", "anndata", "scdataset")
 
 
-def load_csr(path: str) -> Any:
-    """The whole X of an .h5ad as an in-memory scipy CSR (h5py reads, no anndata overhead)."""
-    import h5py
-    import scipy.sparse as sp
-
-    with h5py.File(path, "r") as f:
-        g = f["X"]
-        shape = tuple(int(s) for s in g.attrs["shape"])
-        return sp.csr_matrix((g["data"][:], g["indices"][:], g["indptr"][:]), shape=shape)
 
 
 def epoch_batches(n: int, batch_size: int, epoch: int) -> Iterator[np.ndarray]:

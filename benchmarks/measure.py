@@ -292,3 +292,14 @@ def machine_info() -> dict[str, Any]:
         "ram_gib": round(vm.total / (1 << 30), 2),
         "ram_available_gib": round(vm.available / (1 << 30), 2),
     }
+
+
+def load_csr(path: str) -> Any:
+    """The whole X of an .h5ad as an in-memory scipy CSR (h5py reads, no anndata overhead)."""
+    import h5py
+    import scipy.sparse as sp
+
+    with h5py.File(path, "r") as f:
+        g = f["X"]
+        shape = tuple(int(s) for s in g.attrs["shape"])
+        return sp.csr_matrix((g["data"][:], g["indices"][:], g["indptr"][:]), shape=shape)
