@@ -11,11 +11,13 @@ loader modules only; the pipeline also imports each ``BUILD_MODULE``.
 from __future__ import annotations
 
 import importlib
+import re
 from functools import cache
 from importlib.metadata import entry_points
 from types import ModuleType
 
 GROUP = "shardsmith.modalities"
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 class PluginError(ImportError):
@@ -30,7 +32,11 @@ def modality_modules() -> tuple[tuple[str, str], ...]:
 
 def load_plugin(module: str, build: bool = False, needed_by: str = "") -> ModuleType:
     """Import a loader module (and, with ``build``, its ``BUILD_MODULE``). A module that is missing
-    itself is a :class:`PluginError` naming it and the fix; an error inside it propagates unchanged."""
+    itself, or a name that is no module name (``../evil``), is a :class:`PluginError` naming it and the fix;
+    an error inside the module propagates unchanged."""
+    if not isinstance(module, str) or not MODULE_NAME.fullmatch(module):
+        raise PluginError(f"{module!r} is not a Python module name (dotted identifiers, e.g. 'pointclouds' or "
+                          "'mylab.clouds'): put the plug-in's folder on PYTHONPATH and name its module")
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -76,8 +76,9 @@ def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
             load_plugin(name, build=True)
         except PluginError as e:
             raise ManifestError(path, "dataset.plugins", str(e)) from None
-        except ImportError as e:
-            raise ManifestError(path, "dataset.plugins", f"cannot import plug-in module {name!r} ({e})") from None
+        except Exception as e:  # noqa: BLE001 - a plug-in's own bug is bad input here, named with its module
+            raise ManifestError(path, "dataset.plugins", f"cannot import plug-in module {name!r} "
+                                f"({type(e).__name__}: {e})") from None
 
 
 def default_kind(path: Path) -> str:
@@ -98,6 +99,8 @@ def load_manifest(path: str | Path) -> Manifest:
         raw = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(path, "-", f"not valid TOML: {e}") from None
+    except RecursionError:
+        raise ManifestError(path, "-", "not a manifest: arrays or tables nested too deeply to read") from None
     if not isinstance(raw.get("dataset"), dict):
         raise ManifestError(path, "dataset", "is required (a [dataset] table)")
     ds = Table(path, "dataset", raw["dataset"], DATASET_KEYS)
@@ -138,6 +141,7 @@ def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, 
     if not items:
         raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
     out: list[SourceSpec] = []
+    seen: dict[Path, tuple[int, str]] = {}  # real path -> (entry, the path it was matched as)
     for i, item in enumerate(items):
         head = Table(path, f"sources[{i}]", item, set(item) if isinstance(item, dict) else set())
         pattern = head.get("path", str)
@@ -158,6 +162,7 @@ def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, 
         matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))
         full = pattern if Path(pattern).is_absolute() else str(path.parent / pattern)
         matches = sorted(glob.glob(full, recursive=True)) if glob.has_magic(full) else [full]
+        matches = [m for m in matches if not _through_a_link_cycle(Path(m))]
         if not matches:
             raise ManifestError(path, f"sources[{i}].path", f"no file matches {pattern!r} (looked for {full})")
         for m in matches:
@@ -169,5 +174,25 @@ def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, 
             for f in files:
                 if not f.is_file():
                     raise ManifestError(path, f"sources[{i}].path", f"file not found: {f}")
+                real = f.resolve()
+                if real in seen:
+                    j, first = seen[real]
+                    raise ManifestError(path, f"sources[{i}].path", f"{m} is the file {first} already named by "
+                                        f"sources[{j}] (same real path {real}): a file is read once; "
+                                        "narrow the glob or drop one entry")
+                seen[real] = (i, m)
                 out.append(SourceSpec(f, typ, matrix, tuple(sorted(opts.items()))))
     return tuple(out)
+
+
+def _through_a_link_cycle(match: Path) -> bool:
+    """Whether a glob match reached its file through a folder link pointing at one of its own ancestors
+    (``src/sub/up -> ..``): ``glob`` follows such links until the path is too long, one copy per level."""
+    parts = match.absolute().parts
+    for n in range(2, len(parts)):
+        folder = Path(*parts[:n])
+        if folder.is_symlink():
+            target = folder.resolve()
+            if folder.parent.resolve().is_relative_to(target):
+                return True
+    return False
