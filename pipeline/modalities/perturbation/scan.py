@@ -60,6 +60,9 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
             raise SourceError(spec.path, f"missing obsm key {key!r} (has: {sorted(meta.obsm)})")
     if meta.n_rows == 0:
         raise SourceError(spec.path, "has no cells")
+    if meta.n_cols == 0:
+        raise SourceError(spec.path, f"matrix {spec.matrix!r} has no genes (0 columns): nothing to train on; "
+                          "check [fields] matrix (a layer or obsm key of this file?)")
     return ScannedSource(ordinal, spec, fingerprint(spec.path, cache) if hasher is None
                          else hasher.submit(fingerprint, spec.path, cache), compact_meta(meta), obs,
                          meta.obs_names is not None or meta.has_obs_names)

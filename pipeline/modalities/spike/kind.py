@@ -177,7 +177,13 @@ class SpikeKind(RecordKind):
         cfg: SpikeConfig = manifest.config
         if cfg.frames is not None:
             return cfg.frames
-        return int(scanned[0].meta[0].info["frames"])
+        first = scanned[0]
+        t = int(first.meta[0].info["frames"])
+        if t % cfg.num_bins:  # "all" frames: checked here, the first time the window's length is known
+            raise ManifestError(manifest.path, "spike.num_bins", f"{cfg.num_bins} does not divide the {t} frames "
+                                f"that frames = \"all\" stores ({first.spec.path}): every default load would "
+                                "fail; set num_bins to a divisor or frames to a multiple of it")
+        return t
 
     def _image_shapes(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> dict[str, tuple[int, ...]]:
         import PIL.Image  # optional extra images
