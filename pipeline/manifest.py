@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ FORMATS = ("zarr", "tar")
 # A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a typo
 # (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
 MIN_SHARD_MB = 1e-4
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DATASET_KEYS = {"name", "kind", "format", "seed", "shard_size_mb", "codec", "codec_level", "block_rows", "plugins"}
 
 
@@ -131,8 +133,12 @@ def load_manifest(path: str | Path) -> Manifest:
     if level not in levels:
         raise ManifestError(path, "dataset.codec_level", f"{level} is outside {levels.start}..{levels.stop - 1}, "
                             f"the levels of codec {codec!r}")
+    name = ds.get("name", str)
+    if not DATASET_NAME.fullmatch(name) or set(name) <= {"."}:
+        raise ManifestError(path, "dataset.name", f"{name!r} is not a plain name (letters, digits, '.', '_', "
+                            "'-'; no '/' or '..'): it names the default output folder shards/<name>")
     return Manifest(
-        path=path, name=ds.get("name", str), kind=kind_name, format=ds.get("format", str, "zarr", FORMATS),
+        path=path, name=name, kind=kind_name, format=ds.get("format", str, "zarr", FORMATS),
         seed=seed, shard_size_mb=shard_mb, codec=codec, codec_level=level, block_rows=block_rows, sources=sources,
         config=config, plugins=tuple(plugins), sha256=hashlib.sha256(data).hexdigest(), raw=raw)
 

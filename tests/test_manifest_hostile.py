@@ -90,3 +90,27 @@ def test_cli_exits_2_without_a_traceback(tmp_path: Path) -> None:
                          capture_output=True, text=True)
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "nested too deeply" in res.stderr
+
+
+@pytest.mark.parametrize("name", ["../../../escaped_out", "a/b", "..", ".", "", "/abs", ".hidden"])
+def test_a_dataset_name_that_is_no_plain_folder_name_is_refused(tmp_path: Path, name: str) -> None:
+    _volumes(tmp_path)
+    m = tmp_path / "m.toml"
+    m.write_text(f'[dataset]\nname = "{name}"\nkind = "ct"\n[[sources]]\npath = "src/sub/*.npy"\n')
+    with pytest.raises(ManifestError, match=r"dataset\.name.*not a plain name"):
+        load_manifest(m)
+
+
+def test_build_without_out_never_writes_outside_shards(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _volumes(tmp_path)
+    (tmp_path / "m.toml").write_text('[dataset]\nname = "../../escaped_out"\nkind = "ct"\n'
+                                     '[[sources]]\npath = "src/sub/*.npy"\n')
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    res = subprocess.run([sys.executable, "-m", "pipeline", "build", str(tmp_path / "m.toml")], cwd=work,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "dataset.name" in res.stderr, res.stderr
+    assert not (tmp_path / "escaped_out").exists() and not (work / "shards").exists()
