@@ -24,6 +24,7 @@ from loaders.modalities.spike.samples import CLIPS, FRAME, SEQUENCE, SPIKES, sto
 from pipeline.errors import ManifestError, SourceError
 from pipeline.extras import MissingExtraError, require
 from pipeline.manifest import Table
+from pipeline.modalities.spike.checks import frame_facts, frame_warnings
 from pipeline.modalities.spike.dat import PACKINGS, count_frames, pack_frames, read_frames
 from pipeline.model import KindPlan, PlanContext, register_kind
 from pipeline.records import Record, RecordKind, SkipRecord
@@ -150,6 +151,12 @@ class SpikeKind(RecordKind):
     def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
         plan = super().plan(manifest, scanned, ctx)
         plan.vocabularies = {SEQUENCE: sorted({r.group for s in scanned for r in s.meta})}
+        cfg: SpikeConfig = manifest.config
+        facts = frame_facts([(r.group, s.spec.path, int(r.info["frames"])) for s in scanned for r in s.meta],
+                            cfg.height, cfg.width, cfg.packing)
+        plan.stats.update(facts)
+        for line in frame_warnings(facts):
+            log.warning("%s: %s", manifest.path, line)
         if manifest.config.layout == "gopro":
             plan.stats.update(_unpaired(manifest, [s.spec.path for s in scanned]))
         if manifest.config.clip_len > 1:  # clips are per shard: count those a shard cut splits (never silent)
@@ -254,17 +261,31 @@ class SpikeKind(RecordKind):
                 "clip_len": cfg.clip_len, "codec": cfg.codec, "bit_order": (order := SPIKE_CODECS[cfg.codec][1]),
                 "window_frames": self._window or cfg.frames, "bits": BITS[order]}
 
+    def warnings(self, index: fmt.Index) -> list[str]:
+        return [*super().warnings(index), *frame_warnings(index.stats)]
+
     def describe(self, index: fmt.Index) -> dict[str, Any]:
         sec = index.section()
         out = {**super().describe(index), "resolution": f"{sec.get('height')}x{sec.get('width')}",
                "frames": stored_frames(index), "num_bins": sec.get("num_bins"),
                "clip_len": sec.get("clip_len"), "images": sec.get("images"),
                "sequences": len(index.vocabularies.get(SEQUENCE, []))}
+        per_file = _per_file(index.stats.get("frames_per_file"))
+        if per_file is not None:
+            out["frames per file"] = per_file
         for key in UNSERVED:  # what the build counted but the loader never serves: shown only when it happened
             v = index.stats.get(key)
             if v and (not isinstance(v, dict) or any(v.values())):
                 out[key.replace("_", " ")] = v
         return out
+
+
+def _per_file(facts: Mapping[str, int] | None) -> str | None:
+    """'301 (all 12 files)' or '40-301 over 12 files'; None for an index built before it was counted."""
+    if not facts:
+        return None
+    lo, hi, n = facts["min"], facts["max"], facts["files"]
+    return f"{lo} (all {n} files)" if lo == hi else f"{lo}-{hi} over {n} files"
 
 
 def _unpaired(manifest: Manifest, dats: list[Path]) -> dict[str, Any]:
