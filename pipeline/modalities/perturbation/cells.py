@@ -6,6 +6,7 @@ Missing values of other fields become the label "NA".
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,19 @@ def _used(cat: Categorical) -> np.ndarray:
     return _categories(cat)[present]
 
 
+def no_controls(controls: set[str], used: list[str], column: str) -> str:
+    """The error for a source without control cells: the labels that differ from a control label only by
+    case or a typo come first (a wrong-case ``"control"`` is the common mistake), then a few others."""
+    lower = {c.lower() for c in controls}
+    near = [u for u in used if u.lower() in lower]
+    near += [u for c in sorted(controls) for u in difflib.get_close_matches(c, used, n=3, cutoff=0.75)
+             if u not in near]
+    others = [u for u in used if u not in near][: max(0, 5 - len(near))]
+    hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+    return (f"no control cells: none of the control labels {sorted(controls)} occur in obs column {column!r} "
+            f"(labels include: {', '.join(near + others)}{hint} Labels are case-sensitive: set [fields] control)")
+
+
 def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> CellTable:
     """The table, filled source by source into preallocated compact arrays: a source's codes go straight from
     its categories to the shared vocabularies (one int32 lookup), so the build holds no per-cell temporaries
@@ -113,9 +127,8 @@ def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> Ce
             codes[f][part] = lookup[s.obs[f].codes[rows]]  # unused categories map anywhere: never indexed
         is_control[part] = np.isin(codes["perturbation"][part], control_codes)
         if not is_control[part].any():
-            found = ", ".join(_used(s.obs["perturbation"])[:5].tolist())
-            raise SourceError(s.spec.path, f"no control cells: none of the control labels {sorted(controls)} occur "
-                              f"in obs column {manifest.config.fields.perturbation!r} (labels include: {found})")
+            raise SourceError(s.spec.path, no_controls(controls, _used(s.obs["perturbation"]).tolist(),
+                                                       manifest.config.fields.perturbation))
         source[part] = s.ordinal
         row[part] = rows
         offsets[s.ordinal] = offset

@@ -16,6 +16,7 @@ from pipeline.fingerprint import fingerprint
 from pipeline.manifest import Manifest, SourceSpec
 from pipeline.modalities.perturbation.matrix import Categorical, SourceMeta, open_source
 from pipeline.model import ScannedSource
+from pipeline.source import infer_type
 
 log = logging.getLogger(__name__)
 PROBE_ROWS = 256  # rows read at scan time to check a counts matrix (every row is checked again when packed)
@@ -53,7 +54,8 @@ def scan_source(ordinal: int, spec: SourceSpec, manifest: Manifest,
             elif filled is not None:  # e.g. cell-load's cell type from the file stem (the source's rule)
                 obs[logical] = filled
             else:
-                raise SourceError(spec.path, missing_column(logical, col, src.obs_columns()))
+                raise SourceError(spec.path, missing_column(logical, col, src.obs_columns())
+                                  + type_hint(spec, manifest.kind))
         obs = {logical: cat.compact() for logical, cat in obs.items()}
     for key in fields.obsm:
         if key not in meta.obsm:
@@ -89,6 +91,16 @@ def _hint_unset(path: Path, unset: Sequence[str], available: Sequence[str]) -> N
         if found:
             log.warning("%s: [fields] %s is not set, so the build ignores obs column %r; set %s = %r to use it",
                         path, field, found[0], field, found[0])
+
+
+def type_hint(spec: SourceSpec, kind: str) -> str:
+    """When the file's suffix belongs to another source type than the one read: say so (``type = "h5csr"``
+    on an ``.h5ad`` finds no obs columns, which reads like a missing column, not a wrong type)."""
+    claimed = infer_type(str(spec.path), kind)
+    if claimed is None or claimed == spec.type:
+        return ""
+    return (f". The file was read as source type {spec.type!r}, but its suffix is that of type {claimed!r}: "
+            f"set [[sources]] type = {claimed!r} (or leave type out)")
 
 
 def missing_column(logical: str, column: str, available: Sequence[str]) -> str:
