@@ -11,6 +11,7 @@ loader modules only; the pipeline also imports each ``BUILD_MODULE``.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import re
 from functools import cache
 from importlib.metadata import entry_points
@@ -26,8 +27,15 @@ class PluginError(ImportError):
 
 @cache
 def modality_modules() -> tuple[tuple[str, str], ...]:
-    """(name, loader module) of every installed modality, in name order."""
-    return tuple(sorted((ep.name, ep.value.split(":")[0]) for ep in entry_points(group=GROUP)))
+    """(name, loader module) of every installed modality, in name order: the entry points, and the
+    subpackages of ``loaders.modalities`` (the built-ins), so that a checkout used through ``PYTHONPATH``
+    without ``pip install`` (no entry-point metadata: a GPU node, a cluster's shared folder) finds them too."""
+    found = {ep.name: ep.value.split(":")[0] for ep in entry_points(group=GROUP)}
+    builtin = importlib.import_module(f"{__package__}.modalities")
+    for info in pkgutil.iter_modules(builtin.__path__):
+        if info.ispkg:
+            found.setdefault(info.name, f"{builtin.__name__}.{info.name}")
+    return tuple(sorted(found.items()))
 
 
 def load_plugin(module: str, build: bool = False, needed_by: str = "") -> ModuleType:
@@ -65,6 +73,16 @@ def load_modalities(build: bool = False) -> None:
 
 def load_loader_modalities() -> None:
     load_modalities(build=False)
+
+
+@cache
+def format_keys() -> dict[str, str]:
+    """Column and table names the installed modalities declare (their ``FORMAT_KEYS``)."""
+    keys: dict[str, str] = {}
+    for name, module in modality_modules():
+        mod = load_plugin(module, needed_by=f"the installed modality {name!r}")
+        keys.update(getattr(mod, "FORMAT_KEYS", None) or {})
+    return keys
 
 
 def load_build_modalities() -> None:

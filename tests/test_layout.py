@@ -181,3 +181,16 @@ def test_a_built_in_modality_lives_in_its_two_folders(name: str) -> None:
     stray = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
              if re.search(rf"(^|_){name}(_|$)", p.stem) and not any(h in p.parents for h in homes)]
     assert not stray, f"{name} files outside its folders: {stray}"
+
+
+def test_built_in_modalities_are_found_without_entry_point_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout used through PYTHONPATH (no ``pip install``: no entry points) still finds the built-ins."""
+    import loaders.plugins as plugins
+
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [])
+    plugins.modality_modules.cache_clear()
+    try:
+        names = {name for name, _ in plugins.modality_modules()}
+    finally:
+        plugins.modality_modules.cache_clear()
+    assert {"perturbation", "spike", "ct"} <= names
