@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[dev,bench,images]"
+	$(PY) -m pip install -q -e ".[dev,bench,images,ct]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -19,6 +19,8 @@ Two corpora, both synthetic chest CTs (pipeline.modalities.ct.demo, cached by pa
   All four produce the same coords/feats layout (int32 [N,4], float32 [N,C], offsets). Before timing,
   :func:`check_parity` compares the shards with the per-item computation (voxels kept, points stored; the
   very same points for a volume under the cap) and fails the bench if they differ.
+* the **formats** figure (:mod:`benchmarks.ct_formats_bench`): build time per volume of the same
+  ``formats_volumes`` chests of ``loader_shape`` stored as .npy, NIfTI, NRRD and DICOM series;
 * the **build** figure builds ``build_volumes`` volumes of ``build_shape`` (default 4 of 512^3, one shard
   each, so ``--jobs`` tasks run at once) with ``shardsmith build --jobs build_jobs`` in a child process:
   volumes/s and the process tree's peak RSS (sampled; it includes the memory-mapped volumes' pages).
@@ -64,6 +66,8 @@ class CtBenchConfig:
     build_jobs: int = 2
     max_points: int = 500_000
     seed: int = 0
+    formats_volumes: int = 2  # build time per volume by source format, on loader_shape chests
+    formats_repeats: int = 2
 
 
 # -- the baselines -------------------------------------------------------------------------------------------
@@ -320,7 +324,11 @@ def run_ct_bench(data_dir: str | Path, work_dir: str | Path, cfg: CtBenchConfig 
     b["volume_mib"] = int(np.prod(cfg.build_shape)) * 2 / 2**20
     result["build_512"] = b
     result["volume_memory"] = volume_memory(big[0], cfg.max_points)
-    result["table"] = table(result, cfg)
+    from benchmarks.ct_formats_bench import run_formats_bench
+
+    result["formats"] = run_formats_bench(data_dir, work / "formats", cfg.loader_shape,
+                                          cfg.formats_volumes, cfg.formats_repeats, cfg.max_points)
+    result["table"] = table(result, cfg) + "\n\n" + result["formats"]["table"]
     return result
 
 

@@ -74,8 +74,8 @@ def _median_s(fn: Any, repeats: int, device: str) -> float:
 
 def _pixel_case(rng: np.random.Generator, crop: tuple[int, int] | None, clip_len: int, b: int = 8,
                 size: tuple[int, int] = (250, 400), frames: int = 40) -> np.ndarray:
-    from loaders.modalities.spike.samples import crop_offsets
     from loaders.modalities.spike.ops import crop_pixels
+    from loaders.modalities.spike.samples import crop_offsets
 
     windows = list(rng.integers(0, 256, (b * clip_len, size[0], size[1], -(-frames // 8)), dtype=np.uint8))
     offsets = crop_offsets(int(rng.integers(1 << 30)), 0, np.arange(b), size, crop)
@@ -88,8 +88,8 @@ def _kernels(rng: np.random.Generator, crop: tuple[int, int] | None, clip_len: i
     import torch
 
     from loaders.modalities.spike import torch_ops as spike_torch
-    from loaders.modalities.spike.samples import voxel_numpy
     from loaders.modalities.spike.ops import voxel_pixel_numpy
+    from loaders.modalities.spike.samples import voxel_numpy
 
     bits, left, width = _case(rng, crop, clip_len)
     pixel = _pixel_case(rng, crop, clip_len)

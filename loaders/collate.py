@@ -7,21 +7,23 @@ segment per tensor (~1 ms each here), and even one segment per batch cost more t
 consumer splits it back into views (:func:`loaders.device.unpack_batches`), on the GPU after a single
 host-to-device copy.
 
-``output`` (:data:`OUTPUTS`): ``"dense"`` finishes deferred items here (numpy); ``"csr"`` hands CSR rows over as
-their three parts, ``key.crow`` / ``key.cols`` / ``key.vals`` (zero-copy views of the gather's output, index
-dtypes as gathered: int32 below 2**31 entries), and finishes the other items; ``"sparse"`` makes CSR rows torch
-sparse tensors; ``"parts"`` ships every deferred item's parts so that the consumer finishes them (on the
-device: :func:`loaders.device.assemble`); ``"positions"`` is ``"parts"`` with every item in its device form
-(``Deferred.for_device``: CSR rows as flat positions and values, :class:`~loaders.payload.Scattered`), for a
-device that finishes them dense. A shipped
-item is ``key + "." + part`` tensors, plus ``key + META`` = (op, meta, part names) unless the output is
-``"csr"`` (what the user gets carries no meta).
+``output`` (:data:`OUTPUTS`): ``"dense"`` finishes deferred items here (numpy); ``"parts"`` ships
+every deferred item's parts so that the consumer finishes them (on the device:
+:func:`loaders.device.assemble`); ``"positions"`` is ``"parts"`` with every item in its device form
+(:meth:`Deferred.for_device`), for a device that finishes them. Any other output is a *form name*:
+``"dense"`` with each item in that form if it has one (:meth:`Deferred.as_form`: e.g. a sample
+type's ``"csr"`` or ``"sparse"`` rows).
+
+Whatever the output, an item whose :attr:`~Deferred.delivery` is ``PARTS`` reaches the user as its
+parts, ``key.<part>`` tensors (zero-copy views of what the sample type made), and one of a
+torch-only op (:func:`loaders.ops.register_torch_only_op`) as its torch finisher's value. A shipped
+item is ``key + "." + part`` tensors, plus ``key + META`` = (op, meta, part names) unless the user
+gets the parts.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,33 +34,30 @@ import torch
 from loaders.engine.arena import ALIGN, Arena, BufferPool
 from loaders.engine.ring import Ring, receive
 from loaders.gather import BatchRows, Rows
-from loaders.payload import CSR_OP, Deferred, Gathered, Payload
+from loaders.ops import TORCH_OPS, is_torch_only
+from loaders.payload import PARTS, Deferred, Payload
 
-__all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Gathered", "Payload", "Rows", "RunShipping", "Shipped", "sparse",
-           "staging_buffer", "to_shared", "to_tensors"]
+__all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Payload", "Rows", "RunShipping",
+           "Shipped", "staging_buffer", "to_shared", "to_tensors"]
 META = ".meta"  # key + META: (op, meta, part names) of a shipped deferred item
-OUTPUTS = ("dense", "csr", "sparse", "parts", "positions")
+OUTPUTS = ("dense", "parts", "positions")  # any other output names a form (``Deferred.as_form``)
 FINISHED_BY_CONSUMER = ("parts", "positions")  # outputs whose shipped items carry META for the consumer
 
 
-def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """A torch sparse CSR tensor ``[m, n_cols]`` (any device). Sentences come as ``[B*L, G]``. Indices stay in
-    their dtype (torch takes int32 or int64, the same for both): no host-side conversion pass."""
-    if crow.dtype != cols.dtype:
-        crow, cols = crow.to(torch.int64), cols.to(torch.int64)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-        return torch.sparse_csr_tensor(crow, cols, vals if vals.dtype == torch.float32 else vals.to(torch.float32),
-                                       (crow.numel() - 1, n_cols), check_invariants=False)
+def _form(d: Deferred, output: str) -> Deferred:
+    """The item as this output delivers it: in the form the output names, if not one of OUTPUTS."""
+    return d if output in OUTPUTS else d.as_form(output)
 
 
 def _shipped(d: Deferred, output: str) -> bool:
-    return output in FINISHED_BY_CONSUMER or (output != "dense" and d.op == CSR_OP)
+    """Whether the item's parts cross (else it is finished here, in numpy)."""
+    return output in FINISHED_BY_CONSUMER or d.delivery == PARTS or is_torch_only(d.op)
 
 
 def _as_shipped(d: Deferred, output: str) -> Deferred:
-    """What a shipped item crosses as: its device form (:meth:`Deferred.for_device`) for ``"positions"``."""
-    return d.for_device() if output == "positions" else d
+    """What a shipped item crosses as: its device form (:meth:`Deferred.for_device`) for
+    ``"positions"`` (an item delivered as its parts keeps them: they are what the user gets)."""
+    return d.for_device() if output == "positions" and d.delivery != PARTS else d
 
 
 def _describe(d: Deferred, parts: dict[str, np.ndarray]) -> tuple[str, dict[str, Any], tuple[str, ...]]:
@@ -66,20 +65,23 @@ def _describe(d: Deferred, parts: dict[str, np.ndarray]) -> tuple[str, dict[str,
 
 
 def to_tensors(p: Payload, output: str) -> dict[str, Any]:
-    """Main-process transport: zero-copy tensors; deferred items finished, sparse, or shipped as parts."""
+    """Main-process transport: zero-copy tensors; deferred items finished, delivered as parts, or
+    shipped as parts for the consumer to finish."""
     batch: dict[str, Any] = {k: torch.from_numpy(v) for k, v in p.arrays.items()}
     for key, d in p.xs.items():
+        d = _form(d, output)
         if not _shipped(d, output):
             batch[key] = torch.from_numpy(d.finish())
             continue
         d = _as_shipped(d, output)
         parts = d.parts()
-        if output == "sparse":
-            batch[key] = sparse(*(torch.from_numpy(parts[n]) for n in ("crow", "cols", "vals")), d.out_shape()[-1])
-            continue
-        batch.update({f"{key}.{n}": torch.from_numpy(a) for n, a in parts.items()})
-        if output in FINISHED_BY_CONSUMER:
-            batch[key + META] = _describe(d, parts)
+        tensors = {n: torch.from_numpy(a) for n, a in parts.items()}
+        if output in FINISHED_BY_CONSUMER or d.delivery == PARTS:
+            batch.update({f"{key}.{n}": t for n, t in tensors.items()})
+            if d.delivery != PARTS:
+                batch[key + META] = _describe(d, parts)
+        else:  # a torch-only op: its torch finisher, here
+            batch[key] = TORCH_OPS.get(d.op)(tensors, d.meta())
     return batch
 
 
@@ -161,16 +163,17 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
         layout: list[Entry] = []
         for k, v in p.arrays.items():
             reserve(layout, k, v.dtype, v.shape)
-        crossing = {key: _as_shipped(d, output) for key, d in p.xs.items() if _shipped(d, output)}
+        items = {key: _form(d, output) for key, d in p.xs.items()}
+        crossing = {key: _as_shipped(d, output) for key, d in items.items() if _shipped(d, output)}
         shipped = {key: d.parts() for key, d in crossing.items()}
-        for key, d in p.xs.items():
+        for key, d in items.items():
             if key in shipped:
                 for n, a in shipped[key].items():
                     reserve(layout, f"{key}.{n}", a.dtype, a.shape)
             else:
                 reserve(layout, key, d.out_dtype, d.out_shape())
         layouts.append(tuple(layout))
-        shipped_parts.append((crossing, shipped))
+        shipped_parts.append((items, crossing, shipped))
     size = max(offset, ALIGN)
     slot = None if ring is None else ring.slot_for(size)
     zeroed = slot is None and alloc is None
@@ -190,16 +193,17 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
         return raw[off:off + math.prod(shape) * dtype.itemsize].view(dtype)
 
     extras: list[dict[str, Any]] = []
-    for p, layout, (crossing, shipped) in zip(payloads, layouts, shipped_parts, strict=True):
+    for p, layout, shipping in zip(payloads, layouts, shipped_parts, strict=True):
+        items, crossing, shipped = shipping
         entries = {e[0]: e for e in layout}
         extra: dict[str, Any] = {}
         for k, v in p.arrays.items():
             view(entries[k])[...] = v.reshape(-1)
-        for key, d in p.xs.items():
+        for key, d in items.items():
             if key in shipped:
                 for n, a in shipped[key].items():
                     view(entries[f"{key}.{n}"])[...] = a.reshape(-1)
-                if output != "csr":
+                if crossing[key].delivery != PARTS:  # the consumer finishes it (else: no meta)
                     extra[key + META] = _describe(crossing[key], shipped[key])
             else:
                 d.finish(out=view(entries[key]), zeroed=zeroed)

@@ -1,18 +1,19 @@
 """ShardDataset: a torch IterableDataset that yields whole batches from a shardsmith dataset.
 
-Why whole batches: the expensive part of loading single cells is gathering sparse rows; doing it
-for 256 rows at once with a few vectorised numpy calls avoids per-sample ``__getitem__`` + collate,
-whose Python overhead alone exceeds the whole vectorised gather.
+Why whole batches: the expensive part of loading is gathering rows (sparse ones, lists); doing it
+for 256 units at once with a few vectorised numpy calls avoids per-sample ``__getitem__`` +
+collate, whose Python overhead alone exceeds the whole vectorised gather.
 
-Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards are
-decoded once, straight into an :class:`~loaders.engine.arena.Arena` (one CSR matrix), and it serves every
-batch that falls in it; the next window a worker will touch is decoded meanwhile: by the decoder process
-(:mod:`loaders.engine.decoder`) in the training process, by background threads in DataLoader workers. Threads in
-the training process itself slowed batch assembly 1.5-1.9x (GIL hand-offs), a separate process 7-10%.
-At an epoch's last window, the next epoch's first one is decoded ahead the same way (in the main process
-and in persistent workers), so an epoch boundary does not stall the GPU on a whole window's decode.
-Windows a worker has moved past are recycled through a per-process buffer pool, so memory is bounded by
-~3 windows per worker and does not grow across epochs.
+Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards
+are decoded once, straight into an :class:`~loaders.engine.arena.Arena` (one column per field), and
+it serves every batch that falls in it; the next window a worker will touch is decoded meanwhile:
+by the decoder process (:mod:`loaders.engine.decoder`) in the training process, by background
+threads in DataLoader workers. Threads in the training process itself slowed batch assembly
+1.5-1.9x (GIL hand-offs), a separate process 7-10%. At an epoch's last window, the next epoch's
+first one is decoded ahead the same way (in the main process and in persistent workers), so an
+epoch boundary does not stall the GPU on a whole window's decode. Windows a worker has moved past
+are recycled through a per-process buffer pool, so memory is bounded by ~3 windows per worker and
+does not grow across epochs.
 
 The order (which units, which batch, which worker) is entirely :mod:`loaders.order`.
 """
@@ -47,6 +48,7 @@ from loaders.engine.window import WindowReader
 from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.gather import BatchRows
 from loaders.integrity import check_on_corrupt
+from loaders.options import Engine, Integrity, resolve
 from loaders.samples import get_sample_type
 
 
@@ -59,35 +61,55 @@ def _dist_rank_world() -> tuple[int, int]:
 class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
     """Batches of one split of a dataset folder (``index.json`` + ``shards/``).
 
-    ``sample``: a registered sample type (:mod:`loaders.samples`): "cells" (primary cells), "pairs"
-    (control, perturbed), "sentences" (rows of L cells of one group with matched controls), "spike", "ct", or
-    a plug-in's; ``**sample_options`` go to it (e.g. ``num_bins=5, crop=(256, 256)`` for spike). ``rank``/``world_size`` default to torch.distributed's
-    when it is initialised. ``pad=True`` repeats units so every rank gets ceil(N/world) of them;
-    ``pad=False`` drops the last N mod world. Use it through :class:`~loaders.loader.ShardLoader`
-    (which sets epochs and resume offsets) or a ``DataLoader(ds, batch_size=None)``.
+    Use it through :class:`~loaders.loader.ShardLoader` (which sets epochs and resume offsets) or a
+    ``DataLoader(ds, batch_size=None)``. Its keywords, by group:
 
-    Integrity (:mod:`loaders.integrity`): ``verify=True`` checks each shard's sha256 against the opened index on
-    its first read in a process and whenever a file of it changes (``"always"``: every read; ``False``: only
-    that no zarr chunk is missing); obs codes are checked against their vocabularies. ``on_corrupt="raise"``
-    names the failing shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A
-    rebuild that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
-    ``decode_timeout``: seconds the decoder process may stay silent before it is killed and decoding moves
-    here (``ShardLoader(timeout=...)`` sets it).
+    * the order (what decides the batches; a resume state must match them): ``split``,
+      ``sample``, ``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``pad``, ``window``,
+      ``rank``, ``world_size``. ``rank``/``world_size`` default to torch.distributed's when it is
+      initialised. ``pad=True`` repeats units so every rank gets ceil(N/world) of them;
+      ``pad=False`` drops the last N mod world.
+    * the sample type: ``sample`` names a registered one (:mod:`loaders.samples`: a built-in
+      modality's or a plug-in's; default: the first the index lists, its kind's primary one), and
+      ``**sample_options`` are its load-time options, e.g. a crop size, or the form its deferred
+      items are delivered in (the single-cell types' ``densify=False`` / ``torch_sparse=True``:
+      see their modality's docs).
+    * ``engine`` (:class:`~loaders.options.Engine`: ``decode_process``, ``decode_ahead``,
+      ``decode_threads``, ``batches_ahead``, ``decode_timeout``): how windows are decoded; each
+      field is also a keyword here.
+    * ``integrity`` (:class:`~loaders.options.Integrity`: ``verify``, ``on_corrupt``; also
+      keywords): ``verify=True`` checks each shard's sha256 against the opened index on its first
+      read in a process and whenever a file of it changes (``"always"``: every read; ``False``:
+      only that no zarr chunk is missing); integer codes are checked against their bounds (the
+      sample type's ``field_bounds``, e.g. vocabularies). ``on_corrupt="raise"`` names the failing
+      shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A rebuild
+      that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
     """
 
-    def __init__(self, root: str | Path, split: str = "train", sample: str = "cells", batch_size: int = 256,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = True, window: int = 4,
-                 densify: bool = True, rank: int | None = None, world_size: int | None = None,
-                 decode_ahead: bool = True, batches_ahead: int | None = None, decode_threads: int | None = None,
-                 decode_process: bool | None = None, verify: bool | str = True, on_corrupt: str = "raise",
-                 decode_timeout: float = 30.0, torch_sparse: bool = False, **sample_options: Any) -> None:
+    def __init__(self, root: str | Path, split: str = "train", sample: str | None = None,
+                 batch_size: int = 256, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, pad: bool = True, window: int = 4,
+                 *, rank: int | None = None, world_size: int | None = None,
+                 engine: Engine | None = None, integrity: Integrity | None = None,
+                 decode_ahead: bool | None = None, batches_ahead: int | None = None,
+                 decode_threads: int | None = None, decode_process: bool | None = None,
+                 decode_timeout: float | None = None, verify: bool | str | None = None,
+                 on_corrupt: str | None = None, **sample_options: Any) -> None:
         super().__init__()
+        self.engine = resolve(engine, Engine, decode_process=decode_process,
+                              decode_ahead=decode_ahead, decode_threads=decode_threads,
+                              batches_ahead=batches_ahead, decode_timeout=decode_timeout)
+        self.integrity = resolve(integrity, Integrity, verify=verify, on_corrupt=on_corrupt)
         self.root = Path(root)
         data = read_index_bytes(self.root)  # read once: every process of this loader decodes this generation
         index = read_index(self.root, data)
         present = sorted({s.split for s in index.shards})
         if split not in present:
             raise ValueError(f"unknown split {split!r} for {self.root} (valid: {present})")
+        if sample is None:  # the index's first sample type: its kind's primary one
+            if not index.samples:
+                raise ValueError(f"{self.root} lists no sample types: name one (sample=...)")
+            sample = index.samples[0]
         self.sample_type = get_sample_type(sample, **sample_options)
         self.sample_type.check(index)
         if batch_size < 1 or window < 1 or seed < 0:
@@ -98,25 +120,32 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside [0, {self.world_size})")
         self.split, self.sample, self.batch_size, self.shuffle, self.seed = split, sample, batch_size, shuffle, seed
-        self.drop_last, self.pad, self.window, self.densify = drop_last, pad, window, densify
-        self.torch_sparse = bool(torch_sparse)
+        self.drop_last, self.pad, self.window = drop_last, pad, window
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        self.decode_process = decoder.AVAILABLE if decode_process is None else bool(decode_process)
+        eng = self.engine
+        self.decode_process = decoder.AVAILABLE if eng.decode_process is None \
+            else bool(eng.decode_process)
         # Defaults measured on a 2-core node (docs/LOADER.md): there the decoder process already takes the
         # second core, and an assembly thread would be a third busy thread (0.55x vs 0.62x of the baseline).
-        self.decode_ahead = decode_ahead
-        self.batches_ahead = (2 if cores >= 4 else 0) if batches_ahead is None else max(0, int(batches_ahead))
-        self.decode_threads = max(1, min(window, cores, 4) if decode_threads is None else int(decode_threads))
-        self.decoder_threads = 1 if decode_threads is None else self.decode_threads  # one core for the process
-        self.output = self.csr_output()  # ShardLoader switches to "positions"/"parts" to finish on a device
+        self.decode_ahead = eng.decode_ahead
+        self.batches_ahead = (2 if cores >= 4 else 0) if eng.batches_ahead is None \
+            else max(0, int(eng.batches_ahead))
+        self.decode_threads = max(1, min(window, cores, 4) if eng.decode_threads is None
+                                  else int(eng.decode_threads))
+        # the decoder process takes one core unless told otherwise
+        self.decoder_threads = 1 if eng.decode_threads is None else self.decode_threads
+        # how batches leave: "dense" (deferred items finished here, each delivered as its sample
+        # type made it); ShardLoader switches to "positions" to finish them on a device
+        self.output = "dense"
 
         # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is served;
         # on_corrupt="skip" drops a failing shard's units from their batches and counts it (skipped_shards)
+        verify = self.integrity.verify
         if verify not in (True, False, "always"):
             raise ValueError(f"verify={verify!r}: expected True (hash each shard once per process, again whenever "
                              "a file of it changes), 'always' (hash every read) or False (chunks counted only)")
-        self.verify, self.on_corrupt = verify, check_on_corrupt(on_corrupt)
-        self.decode_timeout = float(decode_timeout)  # seconds the decoder process may stay silent
+        self.verify, self.on_corrupt = verify, check_on_corrupt(self.integrity.on_corrupt)
+        self.decode_timeout = float(eng.decode_timeout)  # seconds the decoder may stay silent
         self.reader = WindowReader.from_spec({"root": str(self.root), "split": split,
                                               "sample": self.sample_type.get_config(), "window": window,
                                               "seed": seed, "shuffle": shuffle, "index": data.decode(),
@@ -148,11 +177,6 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         self.shipping: RunShipping | None = None
         self.staging: bool | None = None  # main-process batches for a device: None tensors, else one buffer
 
-    def csr_output(self) -> str:
-        """What CSR rows (X) become in a batch: dense float32, their CSR parts (``densify=False``: ``X.crow``,
-        ``X.cols``, ``X.vals``, no per-batch conversion), or torch sparse tensors (``torch_sparse=True``)."""
-        return "dense" if self.densify else ("sparse" if self.torch_sparse else "csr")
-
     # -- sizes and iteration state ---------------------------------------------------------------
     @property
     def n_units(self) -> int:
@@ -164,7 +188,7 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
 
     def num_batches(self, epoch: int | None = None) -> int:
         """Batches per epoch on this rank (the same on every rank). With a sample type that batches by cost
-        budget (``max_points_per_batch`` of ``ct``) the count depends on the epoch's order."""
+        budget (its ``budget``, e.g. a cap on points) the count depends on the epoch's order."""
         bounds = self._budget_bounds(self._iteration()[0] if epoch is None else epoch)
         if bounds is not None:
             return int(bounds.size) - 1
@@ -259,8 +283,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         return self.shipping.batches if self.shipping is not None and get_worker_info() is not None else 1
 
     def _serve(self, epoch: int, batches: Iterable[int], worker: int, n_workers: int) -> Iterator[Any]:
-        """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take and scipy's gather and densify
-        release the GIL, so with ``num_workers=0`` the training thread only waits on a queue."""
+        """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take and scipy's row
+        kernels release the GIL, so with ``num_workers=0`` the training thread only waits on a
+        queue."""
         if self.batches_ahead == 0:
             return self._produce(epoch, batches, worker, n_workers)
         return prefetch(lambda: self._produce(epoch, batches, worker, n_workers), self.batches_ahead,

@@ -1,13 +1,14 @@
 """Feeding batches ahead of use: a background prefetch thread, and the consumer side of batch transport.
 
 :func:`prefetch` runs a batch generator in a thread a few items ahead (used for batch assembly).
-:func:`unpack_batches`/:func:`assemble` turn what a worker shipped (one buffer for a run of batches, CSR
-parts) back into tensors, on whatever device the buffer now is.
+:func:`unpack_batches`/:func:`assemble` turn what a worker shipped (one buffer for a run of
+batches, the parts of deferred items) back into tensors, on whatever device the buffer now is.
 
 On CUDA: batches arrive pinned (the DataLoader's pin thread), are copied with ``non_blocking=True``
-on a side stream ``depth`` batches ahead, and deferred items are finished *there*: dense rows cross as flat
-positions and values (~1/3 of the dense bytes at 10% density) and become dense with one zero-fill and one
-scatter. A worker's item (a run of batches, see loaders.collate) is one buffer: it crosses as a single copy and
+on a side stream ``depth`` batches ahead, and deferred items are finished *there*, each crossing
+in its device form (``Deferred.for_device``: e.g. sparse rows as flat positions and values, ~1/3 of
+the dense bytes at 10% density, made dense with one zero-fill and one scatter).
+A worker's item (a run of batches, see loaders.collate) is one buffer: it crosses as a single copy and
 is cut into views on the device (:class:`TorchViews`). The training thread's cost per batch is what bounds this
 path (launches and dispatches: docs/LOADER.md, "On a GPU"), hence the fewest ops per batch. The consumer's
 stream waits on an event per item; the buffer and every finished value are ``record_stream``-ed so the caching
@@ -16,7 +17,7 @@ allocator does not recycle them under the consumer.
 ``device="cpu"`` runs that same path (staging, side stream, finishing with the torch finishers, hand-over)
 through :class:`Backend`, whose pinning, streams and events are no-ops on the CPU: CI exercises everything but
 the CUDA calls themselves, and the batches equal the host path's exactly (tests/test_device_cpu.py).
-``device=None`` leaves batches as the host made them (CSR parts, if shipped, finished with numpy).
+``device=None`` leaves batches as the host made them (shipped parts, if any, finished with numpy).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import math
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,8 +34,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from loaders.collate import META, Shipped, sparse
-from loaders.payload import CSR_OP, SCATTER_OP, TORCH_OPS, get_op
+from loaders.collate import META, Shipped
+from loaders.ops import TORCH_OPS, get_op, is_torch_only
 
 Batch = dict[str, Any]
 T = TypeVar("T")
@@ -89,21 +90,6 @@ def prefetch(make: Callable[[], Iterator[T]], depth: int, name: str) -> Iterator
         thread.join(timeout=1.0)  # a producer inside a long decode finishes on its own (daemon)
 
 
-def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """Dense float32 ``shape`` (rows flattened over leading dims) from shipped CSR parts, on the CPU."""
-    return get_op(CSR_OP)({"crow": crow, "cols": cols, "vals": vals}, {"shape": list(shape)}, None)
-
-
-def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """Device-side densify (what :func:`densify` does on the CPU): one ``scatter_`` with torch index arithmetic."""
-    n_cols, m, dev = int(shape[-1]), crow.numel() - 1, crow.device
-    rows = torch.repeat_interleave(torch.arange(m, device=dev, dtype=torch.int64) * n_cols,
-                                   crow.diff().to(torch.int64), output_size=cols.numel())
-    out = torch.zeros(m * n_cols, dtype=torch.float32, device=dev)
-    out.scatter_(0, rows + cols, vals.to(torch.float32))
-    return out.view(*shape)
-
-
 TorchFinish = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
 
 
@@ -116,29 +102,17 @@ def register_torch_op(name: str) -> Callable[[TorchFinish], TorchFinish]:
     return deco
 
 
-@register_torch_op(CSR_OP)
-def _csr_dense_torch(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
-    return densify_torch(parts["crow"], parts["cols"], parts["vals"], [int(s) for s in meta["shape"]])
-
-
-@register_torch_op(SCATTER_OP)
-def _scatter_dense_torch(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
-    """Flat positions -> dense: one zero-fill and one scatter (``densify_torch`` launches ~10 kernels)."""
-    shape = [int(s) for s in meta["shape"]]
-    vals = parts["vals"]
-    out = torch.zeros(math.prod(shape), dtype=torch.float32, device=vals.device)
-    return out.scatter_(0, parts["pos"], vals).view(shape)
-
-
 def finish(op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any], on_device: bool = False
            ) -> torch.Tensor:
     """A shipped deferred item finished where its parts are: numpy on the CPU (no intra-op torch threads),
     the registered torch finisher on a device, or on the CPU when ``on_device`` (``device="cpu"``: the device
-    path run on the host, so that CI exercises it)."""
+    path run on the host, so that CI exercises it) or the op is torch-only."""
     first = next(iter(parts.values()))
     has_torch = op in TORCH_OPS
     if has_torch:
         finisher = TORCH_OPS.get(op)  # imports the module that registers it, on first use
+        if is_torch_only(op):
+            return finisher(parts, meta)
     if (first.device.type == "cpu" and not (on_device and has_torch)) or not has_torch:
         if not has_torch and first.device.type != "cpu":
             raise ValueError(f"deferred op {op!r} has no torch finisher (register one with register_torch_op)")
@@ -206,10 +180,6 @@ def unpack_batches(item: Shipped) -> list[Batch]:
             else:
                 batch[key] = views(dt, shape, off)
         batch.update(extras)
-        if item.output == "sparse":  # the worker shipped CSR parts; the sparse tensor is built here
-            for key in _shipped_keys(batch):
-                op, meta, parts = _pop(batch, key)
-                batch[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
         out.append(batch)
     return out
 
@@ -219,18 +189,13 @@ def batches_of(item: Batch | Shipped) -> list[Batch]:
     return unpack_batches(item) if isinstance(item, Shipped) else [item]
 
 
-def assemble(batch: dict[str, Any], csr: str = "dense", on_device: bool = False) -> dict[str, Any]:
-    """Finish shipped deferred items where they are. CSR rows become ``csr``: ``"dense"`` (densified),
-    ``"csr"`` (the three part tensors, as the user asked with ``densify=False``) or ``"sparse"`` (a torch
-    sparse CSR tensor); other ops are always finished."""
+def assemble(batch: dict[str, Any], form: str | None = None, on_device: bool = False) -> dict[str, Any]:
+    """Finish the shipped deferred items (those with ``key + META``) where they are. What an item
+    becomes was decided where its batch was made (its op, its delivery: :mod:`loaders.payload`);
+    ``form`` is accepted for callers of the old signature and changes nothing."""
     for key in _shipped_keys(batch):
         op, meta, parts = _pop(batch, key)
-        if op == CSR_OP and csr == "csr":
-            batch.update({f"{key}.{n}": t for n, t in parts.items()})
-        elif op == CSR_OP and csr == "sparse":
-            batch[key] = sparse(parts["crow"], parts["cols"], parts["vals"], int(meta["shape"][-1]))
-        else:
-            batch[key] = finish(op, parts, meta, on_device)
+        batch[key] = finish(op, parts, meta, on_device)
     return batch
 
 
@@ -292,11 +257,10 @@ class DeviceFeeder:
     """Turns an iterable of host batches into batches on ``device`` (see module docstring). ``device=None``:
     batches stay as the host made them; any device, ``"cpu"`` included, goes through :class:`Backend`."""
 
-    def __init__(self, device: torch.device | str | None, depth: int = 2, csr: str = "dense") -> None:
+    def __init__(self, device: torch.device | str | None, depth: int = 2) -> None:
         self.device = None if device is None else torch.device(device)
         self.cuda = self.device is not None and self.device.type == "cuda" and torch.cuda.is_available()
         self.depth = max(1, int(depth))
-        self.csr = csr  # what shipped CSR rows become: "dense", "csr" (parts) or "sparse" (see assemble)
 
     def _move(self, item: Batch | Shipped) -> Batch | Shipped:
         assert self.device is not None
@@ -310,7 +274,7 @@ class DeviceFeeder:
         if self.device is None or (self.device.type == "cuda" and not self.cuda):
             for item in items:
                 for batch in batches_of(item):
-                    yield assemble(batch, self.csr)
+                    yield assemble(batch)
             return
         backend = Backend(self.device)
         stream = backend.stream()
@@ -324,7 +288,7 @@ class DeviceFeeder:
                 for b in batches_of(moved):
                     # in one buffer, only what the finishers allocate is not a view of it (see _hand_over)
                     fresh = _shipped_keys(b) if shared is not None else None
-                    batches.append((assemble(b, self.csr, on_device=True), fresh))
+                    batches.append((assemble(b, on_device=True), fresh))
                 event = backend.event(stream)
             staged.append(Staged(batches, event, shared))
             ready += len(batches)

@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loaders.errors import FormatError  # noqa: F401 (part of this contract)
 from loaders.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
+from loaders.plugins import load_loader_modalities, load_plugin
+from loaders.registry import Registry
 
 FORMAT_NAME = "shardsmith"
+# index version -> the upgrade of that version's document to the current layout. An old version holds one
+# modality's names (version 1 predates kinds), so that modality registers its upgrade.
+INDEX_UPGRADES: Registry[Callable[[Mapping[str, Any]], dict[str, Any]]] = Registry(
+    "index upgrade from version", discover=load_loader_modalities, error=FormatError)
 SHARD_VERSION = 1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
 INDEX_VERSION = 3  # the layout of index.json; 1 is still read (converted by ``read_index``); an index without
 #                   field codecs is written as version 2 (its layout then is 2's), so older readers keep reading it
@@ -42,16 +48,10 @@ SPLITS = ("train", "val", "test")
 SAMPLE_ID = "sample_id"  # int64: position of the record in the concatenation of the manifest's sources
 PRIMARY = "primary"  # bool: False for a record duplicated into this shard (e.g. a control for pairing): not
 #                      counted in epochs; a dataset without this field counts every record as primary
-# The standard single-cell columns (kind "perturbation"). Other kinds declare their column names in their
-# sample-type module (loaders/samples/<name>.py), which their pipeline kind imports.
-X = "X"
-COND_ID = "cond_id"  # int32: row of the condition table
-OBS_PREFIX = "obs/"  # obs/<field>: int32 codes into vocabularies[<field>]
-OBSM_PREFIX = "obsm/"  # obsm/<key>: dense float32 embeddings
-OBS_NAMES = "obs_names"  # ragged uint8: each record's cell barcode (the source's obs index), UTF-8
-PAIRS = "pairs"  # int32 [P, 2]: (control row, perturbed row), local to the shard
-SENTENCES_PERT = "sentences/pert"  # int32 [S, L]: local rows of one (cell_type, perturbation, batch) group
-SENTENCES_CTRL = "sentences/ctrl"  # int32 [S, L]: matched control rows
+# A kind's own column and table names are declared by its modality (its loader package's
+# ``FORMAT_KEYS``, e.g. ``X``, ``PAIRS``); this module answers them by name too (``fmt.X``: see
+# ``__getattr__`` below).
+# The condition table (``Index.conditions``) is the format's:
 CONDITION_VECTORS = "vectors"  # the condition table file: float32 [C, D]
 CONDITION_CODES = "codes"  # and the obs codes each condition row stands for
 
@@ -260,6 +260,10 @@ class Index:
     generation: int = 0
     previous: Generation | None = None
     retired: list[str] = field(default_factory=list)
+    # read-side plug-in modules (the manifest's ``[dataset] plugins``) registering this dataset's
+    # sample types, codecs and ops: ``read_index`` imports them, so that a fresh process (verify, a
+    # decoder process, a trainer that never imported the plug-in) reads it. Absent: none needed.
+    plugins: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)  # the JSON as read (for tools; code reads typed fields)
 
     def field(self, name: str) -> FieldSpec:
@@ -302,6 +306,8 @@ class Index:
             "generation": self.generation, "previous": None if self.previous is None else self.previous.to_json(),
             "retired": list(self.retired),
         }
+        if self.plugins:  # only when named: an index without plug-ins keeps its bytes
+            doc["plugins"] = list(self.plugins)
         # digested as it will read back (tuples become lists, keys strings), so verify recomputes the same
         return doc | {"digest": index_digest(json.loads(json.dumps({k: doc[k] for k in DIGEST_KEYS})))}
 
@@ -337,7 +343,8 @@ def index_sha256(data: bytes) -> str:
 
 def read_index(root: str | Path, data: bytes | None = None) -> Index:
     """The index of ``root``: read now, or parsed from ``data`` (index.json's bytes as read earlier, so that every
-    process of one loader sees the same generation even after a rebuild replaced the file)."""
+    process of one loader sees the same generation even after a rebuild replaced the file). Imports the
+    read-side plug-in modules it names (``plugins``); a missing one is a ``PluginError``."""
     path = index_path(root)
     try:
         raw = json.loads(read_index_bytes(root) if data is None else data)
@@ -352,10 +359,16 @@ def read_index(root: str | Path, data: bytes | None = None) -> Index:
         raise FormatError(f"{path}: index version {version!r}; this reader understands 1 to {INDEX_VERSION} "
                           + ("(written by a newer shardsmith: upgrade shardsmith)" if newer else
                              "(rebuild the dataset with this shardsmith: `shardsmith build MANIFEST --out DIR`)"))
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(m, str) and m for m in plugins):
+        raise FormatError(f"{path}: 'plugins' must be a list of module names, got {plugins!r}")
+    for module in plugins:  # first: a plug-in may register a field codec the check below needs
+        load_plugin(module, needed_by=f"the dataset {Path(root)}")
     try:
         if raw.get("encoding") not in ENCODINGS:
             raise FormatError(f"{path}: unknown shard encoding {raw.get('encoding')!r}")
-        doc = _from_v1(raw) if version == 1 else raw
+        upgrade = INDEX_UPGRADES.get(str(version), None)
+        doc = upgrade(raw) if upgrade is not None else raw
         cond = doc.get("conditions")
         fields = [FieldSpec.from_json(f) for f in doc["fields"]]
         _check_codecs(path, fields, version)
@@ -372,7 +385,7 @@ def read_index(root: str | Path, data: bytes | None = None) -> Index:
             primary_records=None if doc.get("primary_records") is None else int(doc["primary_records"]),
             generation=int(doc.get("generation") or 0),
             previous=None if not doc.get("previous") else Generation.from_json(doc["previous"]),
-            retired=[str(f) for f in doc.get("retired") or []], raw=raw,
+            retired=[str(f) for f in doc.get("retired") or []], plugins=list(plugins), raw=raw,
         )
     except FormatError as e:  # e.g. a field's bad layout or codec: say which index.json
         if str(path) in str(e):
@@ -394,25 +407,6 @@ def _check_codecs(path: Path, fields: list[FieldSpec], version: int) -> None:
             get_field_codec(f.codec, f"{path}: field {f.name!r}")
 
 
-V1_SECTION_KEYS = ("pairing", "split", "var_names")  # v1 kept these perturbation settings at the top level
-
-
-def _from_v1(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """An index.json of version 1 (perturbation only, shards written by the same shard layout) in the
-    version-2 layout: unit counts from primary/pairs/sentences, part numbers from file names."""
-    doc = dict(raw)
-    tables = list(raw.get("tables", []))
-    samples = ["cells"] + [s for s, t in (("pairs", PAIRS), ("sentences", SENTENCES_PERT)) if t in tables]
-    shards = []
-    for s in raw["shards"]:
-        units = {"cells": s["primary"], "pairs": s.get("pairs", 0), "sentences": s.get("sentences", 0)}
-        parts = str(s["file"]).split("-")
-        part = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else 0
-        shards.append({**s, "units": {k: v for k, v in units.items() if k in samples}, "part": part})
-    doc["shards"], doc["samples"] = shards, samples
-    doc["sections"] = {str(raw["kind"]): {k: raw[k] for k in V1_SECTION_KEYS if k in raw}}
-    doc["primary_records"] = (raw.get("stats") or {}).get("cells")
-    return doc
 
 
 def write_index(index: Index) -> Path:
@@ -421,3 +415,17 @@ def write_index(index: Index) -> Path:
     path = index_path(index.root)
     atomic_write_bytes(path, data)
     return path
+
+
+def __getattr__(name: str) -> Any:
+    """A column or table name an installed modality declares (its loader module's
+    ``FORMAT_KEYS``), under the name this module gave it before it moved there (``fmt.X``); the
+    modality modules are imported on first use (each registers lazily: no op or sample-type module
+    is imported)."""
+    if name.isupper():
+        from loaders.plugins import format_keys
+
+        keys = format_keys()
+        if name in keys:
+            return keys[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

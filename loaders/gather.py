@@ -15,7 +15,8 @@ import numpy as np
 
 from loaders import kernels
 from loaders.engine.arena import Arena
-from loaders.payload import Gathered
+from loaders.ops import LAYOUT_ITEMS
+from loaders.payload import Deferred
 
 
 def take_dense(arena: Arena, name: str, rows: np.ndarray) -> np.ndarray:
@@ -88,7 +89,7 @@ class Rows:
         assert self.group is not None
         return [(a, sel) for i, a in enumerate(self.arenas) if (sel := np.flatnonzero(self.group == i)).size]
 
-    def pairs(self) -> list[tuple[Arena, int]]:
+    def arena_rows(self) -> list[tuple[Arena, int]]:
         """(arena, row) of every row, in order: for per-row slicing a sample type does itself (e.g. crops)."""
         if self.group is None:
             return [(self.arenas[0], r) for r in self.rows.tolist()]
@@ -116,10 +117,11 @@ class Rows:
             out[:, sel] = take_ints(arena, key, self.rows[sel])
         return out
 
-    def csr(self, name: str, shape: tuple[int, ...]) -> Gathered:
-        """A csr field's rows (densified later, as ``shape``: rows flattened over its leading dims)."""
+    def csr_parts(self, name: str, n_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A csr field's rows as ``(crow [m+1], indices [nnz], data [nnz])``, in order (copies:
+        valid after their window is recycled; ``n_cols``: the field's column count)."""
         if self.group is None:
-            return Gathered(*take_csr(self.arenas[0], name, self.rows), shape)
+            return take_csr(self.arenas[0], name, self.rows)
         groups = self._groups()
         parts = [take_csr(a, name, self.rows[sel]) for a, sel in groups]
         crow = np.zeros(self.rows.size + 1, np.int64)
@@ -128,7 +130,13 @@ class Rows:
         back = np.empty(self.rows.size, np.int64)
         back[np.concatenate([sel for _, sel in groups])] = np.arange(self.rows.size)
         ptr = stacked[0].astype(stacked[1].dtype) if int(crow[-1]) < 2**31 - 1 else stacked[0]
-        return Gathered(*kernels.row_gather(ptr, stacked[1], stacked[2], back, n_cols=int(shape[-1])), shape)
+        return kernels.row_gather(ptr, stacked[1], stacked[2], back, n_cols=int(n_cols))
+
+    def csr(self, name: str, shape: tuple[int, ...]) -> Deferred:
+        """A csr field's rows as the deferred item registered for the layout
+        (``LAYOUT_ITEMS["csr"]``: rows finished dense as ``shape``, flattened over its leading
+        dims). A sample type that wants another form builds its own item from :meth:`csr_parts`."""
+        return LAYOUT_ITEMS.get("csr")(*self.csr_parts(name, int(shape[-1])), shape)
 
     def ragged(self, name: str) -> Ragged:
         """A ragged field's lists for the rows."""

@@ -1,14 +1,15 @@
 """Integrity on read: a shard's bytes are checked against the index the loader opened before any is decoded.
 
-Why here and not in zarr: a zarr chunk file that is missing reads as the array's fill value (0), so a deleted
-``obs/perturbation/c/0`` silently relabels its rows as ``vocab[0]`` and a deleted pairs chunk makes self-pairs;
-a flipped byte in a blosc chunk may decode "fine". So the loader reads a shard's files once into memory, checks
-their sha256 against ``index.json`` (the content hash the build recorded, ``loaders.format.content_hash``:
-sorted relative paths and bytes) and checks that every chunk of every array is present, then decodes from
-exactly the bytes it checked (no second read, no window between check and use). sha256 runs at ~1.6 GB/s
-over the *compressed* bytes (SHA-NI), a third of a window's decode here: so a process hashes a shard on its
-first read and again only when a file of it changed identity (inode, size, mtime, ctime); the chunk count
-and the file listing are checked on every read. Measured against the loader in BENCHMARKS.md.
+Why here and not in zarr: a zarr chunk file that is missing reads as the array's fill value (0), so
+a deleted chunk of a code column silently relabels its rows as ``vocab[0]`` and one of a table of
+row ids makes every unit refer to row 0; a flipped byte in a blosc chunk may decode "fine". So the
+loader reads a shard's files once into memory, checks their sha256 against ``index.json`` (the
+content hash the build recorded, ``loaders.format.content_hash``: sorted relative paths and bytes)
+and checks that every chunk of every array is present, then decodes from exactly the bytes it
+checked (no second read, no window between check and use). sha256 runs at ~1.6 GB/s over the
+*compressed* bytes (SHA-NI), a third of a window's decode here: so a process hashes a shard on its
+first read and again only when a file of it changed identity (inode, size, mtime, ctime); the chunk
+count and the file listing are checked on every read. Measured against the loader in BENCHMARKS.md.
 
 A shard that is missing or does not match is either corruption or a rebuild: when ``index.json`` on disk is no
 longer the one this loader opened, the error says "dataset rebuilt since this loader opened it; reopen"
@@ -20,12 +21,12 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loaders.engine.forksafe import fork_safe_lock
-from loaders.format import OBS_PREFIX, FieldSpec, FormatError, Index, index_sha256, read_index_bytes
+from loaders.format import FieldSpec, FormatError, index_sha256, read_index_bytes
 from loaders.shardio import Column, import_zarr, open_zarr_columns, read_tar_shard
 
 ON_CORRUPT = ("raise", "skip")  # a shard that fails its checks: raise naming it, or skip it and count it
@@ -149,14 +150,15 @@ def open_checked(path: str | Path, encoding: str, keys: Sequence[str], sha256: s
     return columns
 
 
-def bounded_fields(index: Index, fields: Sequence[FieldSpec]) -> list[FieldSpec]:
-    """``fields`` with every ``obs/<f>`` code bounded by its vocabulary's size, whatever the index's own
-    ``bound`` says (an index without bounds, or with a wrong one, still never serves a code without a label)."""
+def bounded_fields(fields: Sequence[FieldSpec], bounds: Mapping[str, int]) -> list[FieldSpec]:
+    """``fields`` with each dense field named in ``bounds`` (the sample type's ``field_bounds``:
+    e.g. codes into a vocabulary) bounded by it, whatever the index's own ``bound`` says (an index
+    without bounds, or with a wrong one, still never serves a code without a label)."""
     out = []
     for f in fields:
-        vocab = index.vocabularies.get(f.name[len(OBS_PREFIX):]) if f.name.startswith(OBS_PREFIX) else None
-        if vocab is not None and f.layout == "dense" and (f.bound is None or f.bound > len(vocab)):
-            f = replace(f, bound=len(vocab))
+        cap = bounds.get(f.name)
+        if cap is not None and f.layout == "dense" and (f.bound is None or f.bound > cap):
+            f = replace(f, bound=int(cap))
         out.append(f)
     return out
 

@@ -1,5 +1,6 @@
-"""What scanpy and PyTorch users ask of a dataset besides batches: gene names, the splits, the condition
-table, and the cell barcodes (``obs_names``) of the records a batch came from.
+"""What scanpy and PyTorch users ask of a dataset besides batches: the matrix's column names
+(genes), the splits, the condition table, and the names of the records a batch came from (a
+single-cell dataset's cell barcodes: the field its sample types name as ``record_names``).
 
 Why a module of its own: these read ``index.json`` and, for barcodes, one field of the shards; the training
 path (:mod:`loaders.dataset`) never reads them, so a dataset costs nothing for them until they are asked for.
@@ -34,35 +35,59 @@ def condition_dim(index: fmt.Index) -> int:
 
 
 def decode_names(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """The ragged UTF-8 ``obs_names`` field of a shard as an object array of str."""
+    """A ragged UTF-8 field of a shard (e.g. the record names) as an object array of str."""
     raw = values.tobytes()
     return np.array([raw[a:b].decode() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)],
                     dtype=object)
 
 
-def shard_obs_names(index: fmt.Index, entry: fmt.ShardEntry) -> tuple[np.ndarray, np.ndarray]:
-    """(sample_id, obs_name) of every record of one shard."""
-    off, val = fmt.ragged_keys(fmt.OBS_NAMES)
+def names_field(index: fmt.Index) -> str | None:
+    """The field holding record names: the ``record_names`` of the index's sample types (None:
+    none)."""
+    from loaders.samples import SAMPLE_TYPES
+
+    for name in index.samples:
+        cls = SAMPLE_TYPES.get(name, None)  # type: ignore[arg-type]
+        field = getattr(cls, "record_names", None)
+        if field:
+            return str(field)
+    return None
+
+
+def shard_obs_names(index: fmt.Index, entry: fmt.ShardEntry, field: str | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(sample_id, name) of every record of one shard (``field``: the names' field, by default the
+    sample types' ``record_names``)."""
+    field = field or names_field(index)
+    if field is None:
+        raise fmt.FormatError(f"{index.root}: its sample types name no field of record names")
+    off, val = fmt.ragged_keys(field)
     cols = read_shard(index.shard_path(entry), index.encoding, [fmt.SAMPLE_ID, off, val])
     return cols[fmt.SAMPLE_ID], decode_names(cols[off], cols[val])
 
 
 def obs_names_for(root: str | Path | fmt.Index, sample_ids: Iterable[int] | np.ndarray,
-                  split: str | Sequence[str] | None = None) -> np.ndarray:
-    """The cell barcode (the source's ``obs_names``) of each sample id, in the order given.
+                  split: str | Sequence[str] | None = None,
+                  field: str | None = None) -> np.ndarray:
+    """The name of each sample id's record (a cell's barcode: its source's ``obs_names``), in the
+    order given.
 
-    Reads the ``obs_names`` field of the shards of ``split`` (all splits when None); an id that is in none of
-    them is a KeyError naming it. Datasets built before the field existed say how to get it (rebuild)."""
+    Reads the names field (``field``, by default the one the index's sample types name as
+    ``record_names``) of the shards of ``split`` (all splits when None); an id that is in none of
+    them is a KeyError naming it. Datasets built before the field existed say how to get it
+    (rebuild)."""
     index = root if isinstance(root, fmt.Index) else fmt.read_index(root)
-    if not index.has_field(fmt.OBS_NAMES):
-        raise fmt.FormatError(f"{index.root}: this dataset stores no obs_names (built before they were stored, or "
-                              f"a kind without cells): rebuild it with `shardsmith build MANIFEST --out {index.root}`")
+    field = field or names_field(index)
+    if field is None or not index.has_field(field):
+        raise fmt.FormatError(f"{index.root}: this dataset stores no record names (built before "
+                              "they were stored, or a kind without them): rebuild it with "
+                              f"`shardsmith build MANIFEST --out {index.root}`")
     wanted = np.asarray(list(sample_ids) if not isinstance(sample_ids, np.ndarray) else sample_ids, np.int64)
     keep = [split] if isinstance(split, str) else None if split is None else list(split)
     ids, names = [], []
     for entry in index.shards:
         if keep is None or entry.split in keep:
-            i, n = shard_obs_names(index, entry)
+            i, n = shard_obs_names(index, entry, field)
             ids.append(i)
             names.append(n)
     all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
@@ -107,7 +132,9 @@ class DatasetInfo:
         return get() if get is not None else None
 
     def obs_names_for(self, sample_ids: Any) -> np.ndarray:
-        """Cell barcodes (the sources' ``obs_names``) of ``batch["sample_id"]``, in that order, from this
-        split's shards."""
-        ids = sample_ids.numpy() if hasattr(sample_ids, "numpy") else sample_ids  # a torch tensor, or array-like
-        return obs_names_for(self.root, ids, self.split)
+        """Record names (cell barcodes: the sources' ``obs_names``) of ``batch["sample_id"]``, in
+        that order, from this split's shards (the field the sample type names as
+        ``record_names``)."""
+        ids = sample_ids.numpy() if hasattr(sample_ids, "numpy") else sample_ids  # tensor or array
+        field = getattr(self.sample_type, "record_names", None)
+        return obs_names_for(self.root, ids, self.split, field)

@@ -71,7 +71,8 @@ def _make_class() -> type:
         ``loader_options`` to every :class:`~loaders.ShardLoader` (``num_workers``, ``device``...). Train
         batches are shuffled, val/test ones are not. Splits the dataset lacks get no loader."""
 
-        def __init__(self, root: str | Path, sample: str = "cells", batch_size: int = 256, seed: int = 0,
+        def __init__(self, root: str | Path, sample: str | None = None, batch_size: int = 256,
+                     seed: int = 0,
                      splits: Sequence[str] = ("train", "val", "test"),
                      loader_options: Mapping[str, Any] | None = None, **dataset_options: Any) -> None:
             super().__init__()

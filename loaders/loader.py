@@ -38,25 +38,37 @@ __all__ = ["LoaderTimeout", "ShardLoader"]
 
 class ShardLoader:
     """Iterate a :class:`ShardDataset` for training: ``set_epoch``, ``len``, ``state_dict``.
+    Keywords by group:
 
-    ``device``: where batches should end up (``None`` keeps them on the CPU). On CUDA the workers
-    ship CSR parts and the densify happens on the GPU (``ship_csr`` forces either way).
-    ``num_workers``: processes gathering and assembling batches in parallel; the windows are decoded once, by
-    this process's decoder process, and mapped by every worker (:mod:`loaders.engine.broker`).
-    ``worker_batches``: consecutive batches a worker ships as one item (one buffer, in a reused slot of the
-    worker's :mod:`loaders.engine.ring`): the per-item cost of the DataLoader's queues and pickling is paid once per
-    run. ``prefetch_factor`` counts items (runs), as in torch: 2 items of 4 batches keep 8 batches ahead
-    per worker.
+    * workers: ``num_workers``: processes gathering and assembling batches in parallel; the
+      windows are decoded once, by this process's decoder process, and mapped by every worker
+      (:mod:`loaders.engine.broker`). ``worker_batches``: consecutive batches a worker ships as one
+      item (one buffer, in a reused slot of the worker's :mod:`loaders.engine.ring`): the per-item
+      cost of the DataLoader's queues and pickling is paid once per run. ``prefetch_factor``
+      counts items (runs), as in torch: 2 items of 4 batches keep 8 batches ahead per worker.
+      ``persistent_workers``, ``multiprocessing_context`` as in torch; ``timeout`` (see the
+      module docstring).
+    * transport: ``device``: where batches should end up (``None`` keeps them on the CPU).
+      ``device_finish``: deferred items (:mod:`loaders.payload`) cross as their parts, in their
+      device form, and are finished there (default: on CUDA); ``device="cpu"`` with
+      ``device_finish=True`` runs that path on the host. ``pin_memory``, ``device_prefetch``
+      (batches staged ahead on the device's side stream). ``ship_csr`` is the old name of
+      ``device_finish``.
+
     The loader configures its dataset (output form, shared epoch state): one loader per dataset.
     """
 
     def __init__(self, dataset: ShardDataset, num_workers: int = 0, pin_memory: bool = True,
                  prefetch_factor: int = 2, device: torch.device | str | None = None,
                  persistent_workers: bool = False, multiprocessing_context: str | None = None,
-                 timeout: float = 0.0, device_prefetch: int = 2, ship_csr: bool | None = None,
-                 worker_batches: int = 4) -> None:
+                 timeout: float = 0.0, device_prefetch: int = 2, device_finish: bool | None = None,
+                 worker_batches: int = 4, *, ship_csr: bool | None = None) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError("ShardLoader needs a ShardDataset")
+        if ship_csr is not None:  # the old name (kept: scripts and docs use it)
+            if device_finish is not None and bool(device_finish) != bool(ship_csr):
+                raise TypeError("device_finish and its old name ship_csr disagree: give one")
+            device_finish = ship_csr
         self.dataset = dataset
         dev = None if device is None else torch.device(device)
         if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
@@ -65,13 +77,13 @@ class ShardLoader:
             dev = None
         cuda = dev is not None and dev.type == "cuda"
         self.device = dev
-        self.ship_csr = cuda if ship_csr is None else bool(ship_csr)
-        wanted = dataset.csr_output()  # what the user gets for CSR rows: "dense", "csr" parts or "sparse"
-        # shipped for a device: dense rows as flat positions (two kernels there), CSR parts for csr/sparse output
-        dataset.output = ("positions" if wanted == "dense" else "parts") if self.ship_csr else wanted
+        self.device_finish = cuda if device_finish is None else bool(device_finish)
+        # shipped for a device: every deferred item's parts in its device form, finished there;
+        # otherwise finished here (each item delivered as its sample type made it: loaders.collate)
+        dataset.output = "positions" if self.device_finish else "dense"
         # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy like a worker's
-        dataset.staging = (cuda and pin_memory) if dev is not None and self.ship_csr else None
-        self._feeder = DeviceFeeder(dev, device_prefetch, csr=wanted)
+        dataset.staging = (cuda and pin_memory) if dev is not None and self.device_finish else None
+        self._feeder = DeviceFeeder(dev, device_prefetch)
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
             raise ValueError(f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1")
         # ring slots: the items a worker may have out at once: its prefetched ones, the one being unpacked, the one
@@ -109,8 +121,8 @@ class ShardLoader:
         return self._done
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (a resumed epoch yields fewer); with a batch budget (sample "ct",
-        ``max_points_per_batch``) the count is this loader's epoch's."""
+        """Batches per epoch on this rank (a resumed epoch yields fewer); with a sample type that
+        batches by a cost budget (its ``budget``) the count is this loader's epoch's."""
         return self.dataset.num_batches(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
@@ -160,7 +172,8 @@ class ShardLoader:
             "version": STATE_VERSION, "epoch": self._epoch, "batches_done": self._done, "rank": ds.rank,
             "num_batches": len(self), "world_size": ds.world_size, "batch_size": ds.batch_size, "seed": ds.seed,
             "sample": ds.sample, "split": ds.split, "window": ds.window, "shuffle": ds.shuffle, "pad": ds.pad,
-            "drop_last": ds.drop_last, "units": ds.n_units, "sample_config": ds.sample_type.get_config(),
+            "drop_last": ds.drop_last, "units": ds.n_units,
+            "sample_config": ds.sample_type.order_config(),
             "dataset": ds.fingerprint,
         }
 

@@ -16,7 +16,7 @@ from typing import Any
 STATE_VERSION = 2  # 2 added "dataset" (the fingerprint); version-1 states load with a warning
 # settings that define which units land in which batch: resuming requires them unchanged
 ORDER_KEYS = ("world_size", "batch_size", "seed", "sample", "split", "window", "shuffle", "pad", "drop_last", "units",
-              "sample_config",  # the sample type's options (e.g. a CT batch budget) decide batches too
+              "sample_config",  # its order options (e.g. a batch budget) decide batches too
               "dataset")
 FIELD_TYPES: dict[str, type] = {
     "version": int, "epoch": int, "batches_done": int, "rank": int, "num_batches": int, "world_size": int,

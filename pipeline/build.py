@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
+from loaders.plugins import PluginError
 from pipeline import __version__, generations
 from pipeline.dryrun import drop_columns
 from pipeline.events import EventLog
@@ -56,7 +57,7 @@ class BuildResult:
 def previous_index(out: Path) -> fmt.Index | None:
     try:
         return fmt.read_index(out)
-    except fmt.FormatError as e:
+    except (fmt.FormatError, PluginError) as e:  # e.g. it names a plug-in this manifest dropped
         if fmt.index_path(out).exists():
             log.warning("ignoring the previous index (%s): everything is rebuilt", e)
         return None
@@ -256,7 +257,7 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         sources=[_source_doc(s) for s in scanned], stats=stats,
         provenance={"manifest": str(manifest.path), "manifest_sha256": manifest.sha256, "seed": manifest.seed,
                     "shardsmith": __version__, "format_version": fmt.INDEX_VERSION},
-        sections={kind.name: section},
+        sections={kind.name: section}, plugins=list(manifest.plugins),
         primary_records=plan.primary_records if plan.primary_records is not None
         else int(sum(e.records for e in shard_entries)))
     index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))

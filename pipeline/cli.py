@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from loaders.format import FormatError
+from loaders.plugins import PluginError
 from pipeline.commands import command_names, get_command
 from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
 
@@ -68,7 +69,11 @@ def _silence_stdout() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except PluginError as e:  # an installed modality's module is missing: commands need it
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     args.verbose, args.quiet = bool(getattr(args, "verbose", False)), bool(getattr(args, "quiet", False))
     if args.verbose and args.quiet:
         print("error: -v and -q contradict each other", file=sys.stderr)
@@ -81,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
-    except (ShardsmithError, FormatError) as e:
+    except (ShardsmithError, FormatError, PluginError) as e:  # PluginError: a plug-in is missing
         print(f"error: {e}", file=sys.stderr)
         return int(getattr(e, "exit_code", EXIT_BAD_INPUT))  # e.g. 3 for a held lock
 

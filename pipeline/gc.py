@@ -15,6 +15,7 @@ from pathlib import Path
 from loaders import format as fmt
 from pipeline import generations
 from pipeline.errors import OutputError
+from pipeline.model import open_index
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ def gc(out: str | Path, wait: float = 0.0, drop_previous: bool = False) -> list[
     if not out.is_dir():
         raise OutputError(f"gc: {out} is not a folder (pass a dataset folder, the --out of a build)")
     with generations.writing(out, wait, what="gc"):
-        index = fmt.read_index(out) if fmt.index_path(out).exists() else None
+        index = open_index(out) if fmt.index_path(out).exists() else None
         removed = generations.sweep(out, index)
         if drop_previous and index is not None and index.previous is not None:
             current = set(index.files())

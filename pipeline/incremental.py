@@ -30,6 +30,7 @@ import numpy as np
 import loaders.format
 from loaders import format as fmt
 from pipeline import __version__
+from pipeline.fingerprint import source_stat
 from pipeline.manifest import Manifest
 from pipeline.model import ShardPlan
 
@@ -103,9 +104,8 @@ def unchanged(manifest: Manifest, kind: Kind, out: Path, prev: fmt.Index, saved:
         known = {s["path"]: s for s in prev.sources}
         sources = []
         for spec in manifest.sources:
-            st = spec.path.stat()
             old = known.get(str(spec.path))
-            if not old or (old.get("size"), old.get("mtime_ns")) != (st.st_size, st.st_mtime_ns):
+            if not old or (old.get("size"), old.get("mtime_ns")) != source_stat(spec.path):
                 return False
             sources.append((str(spec.path), str(old["sha256"])))
         if saved.get("inputs") != inputs_digest(manifest, kind, sources):

@@ -178,7 +178,8 @@ def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, 
             if not files:
                 raise ManifestError(path, f"sources[{i}].path", f"no input file in {m}")
             for f in files:
-                if not f.is_file():
+                folder = f.is_dir() and getattr(cls, "folders", False)  # a DICOM series
+                if not (f.is_file() or folder):
                     raise ManifestError(path, f"sources[{i}].path", f"file not found: {f}")
                 real = f.resolve()
                 if real in seen:

@@ -204,6 +204,18 @@ def kind_names() -> list[str]:
     return KINDS.names()
 
 
+def open_index(root: str | Path) -> fmt.Index:
+    """A committed dataset's index with the plug-ins it names imported on both sides (with their
+    ``BUILD_MODULE``): `verify`, `inspect`, `export` and `gc` need a plug-in's kind as a reader
+    needs its sample type, in a fresh process too. A missing one is a ``PluginError``."""
+    from loaders.plugins import load_plugin
+
+    index = fmt.read_index(root)  # imports each plug-in's read side
+    for module in index.plugins:
+        load_plugin(module, build=True, needed_by=f"the dataset {index.root}")
+    return index
+
+
 @dataclass(frozen=True)
 class ScannedSource:
     """A source after the scan. ``meta``/``obs``: what its kind's scan read (matrix metadata and obs

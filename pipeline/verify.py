@@ -28,12 +28,14 @@ def _kind(index: fmt.Index) -> Any:
 
 def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
     """Every problem found, as a message naming the shard; an empty list means the dataset is sound."""
+    from loaders.plugins import PluginError
     from loaders.samples import get_sample_type  # here: `build` imports this module for its summary
+    from pipeline.model import open_index
 
     problems: list[str] = []
     try:
-        index = fmt.read_index(root)
-    except fmt.FormatError as e:
+        index = open_index(root)  # with the plug-ins it names: a fresh process checks it all
+    except (fmt.FormatError, PluginError) as e:
         return [str(e)]
     problems += check_digest(index)
     kind = _kind(index)
@@ -115,7 +117,9 @@ def _read_tables(path: Path, index: fmt.Index, problems: list[str]) -> dict[str,
 
 
 def summary(root: str | Path) -> dict[str, Any]:
-    index = fmt.read_index(root)
+    from pipeline.model import open_index
+
+    index = open_index(root)
     splits: dict[str, dict[str, Any]] = {}
     for e in index.shards:
         s = splits.setdefault(e.split, {"shards": 0, "records": 0, "units": {}, "bytes": 0, "raw_bytes": 0})
@@ -135,6 +139,7 @@ def summary(root: str | Path) -> dict[str, Any]:
         "vocabularies": index.vocabularies,
         "bytes": total_bytes, "raw_bytes": raw, "compression_ratio": round(raw / total_bytes, 3) if total_bytes else None,
         "skipped": index.stats.get("skipped", {}), "sources": len(index.sources),
+        "plugins": list(index.plugins),
         "details": kind.describe(index) if kind is not None else {},
         "warnings": kind.warnings(index) if kind is not None else [],
     }
@@ -168,6 +173,8 @@ def format_summary(s: dict[str, Any]) -> str:
                   for k, n in s["vocabulary_sizes"].items()]
     lines.append(f"  bytes: {s['bytes'] / 1e6:.2f} MB stored, {s['raw_bytes'] / 1e6:.2f} MB raw "
                  f"(compression ratio {s['compression_ratio']})")
+    if s.get("plugins"):
+        lines.append(f"  plug-ins (imported to read it): {', '.join(s['plugins'])}")
     if s["skipped"]:
         lines.append("  skipped: " + ", ".join(f"{k}={v}" for k, v in s["skipped"].items()))
     if s["details"]:

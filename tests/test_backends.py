@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,8 +19,6 @@ from pipeline.backends import BackendError, get_backend
 from pipeline.build import build
 from pipeline.events import EventLog
 from pipeline.taskspill import ArrayRef, describe
-from tests.pipeline_helpers import shard_files, write_manifest
-from tests.test_pipeline import make_sources
 
 needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
                                 reason="dask[distributed] not installed (pip install 'shardsmith[dask]')")
@@ -32,11 +32,12 @@ DESCRIPTOR_LIMIT = 16 << 10  # what one task may be sent: settings, paths, row r
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def reference(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[..., Any],
+              write_manifest: Callable[..., Any]) -> tuple[Path, Path]:
     """Two small sources, the spill path forced (several row-range read tasks per source, then pack tasks),
     built with the default backend."""
     root = tmp_path_factory.mktemp("backends")
-    make_sources(root, n=2, cells=300)
+    build_dataset(root, "sources", sources=2, cells=300)
     manifest = write_manifest(root / "m.toml")
     with pytest.MonkeyPatch.context() as mp:
         _force_spill(mp)
@@ -118,8 +119,9 @@ def test_dask_local_cluster_builds_the_same_bytes_though_a_worker_dies(
 
 
 @needs_dask
-def test_rerun_after_a_failed_build_writes_only_missing_shards(reference: tuple[Path, Path], tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rerun_after_a_failed_build_writes_only_missing_shards(
+        reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        shard_files: Callable[..., Any]) -> None:
     """Every attempt of one pack task kills its worker: the build fails (nothing committed) after the
     other shards are written. The rerun (no more killing) writes only the missing shard and reads nothing
     for the others."""

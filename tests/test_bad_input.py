@@ -4,28 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 import pytest
 
 from pipeline.cli import main
-from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.errors import ManifestError
 from pipeline.manifest import load_manifest
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.verify import verify
-from tests.pipeline_helpers import shard_files, write_manifest
 
 
 @pytest.fixture()
-def dataset(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
-    (tmp_path / "src").mkdir()
-    paths = []
-    for i in range(2):
-        p = tmp_path / "src" / f"s{i}.h5ad"
-        write_perturb_h5ad(p, n_cells=200, n_genes=50, n_perts=4, seed=i)
-        paths.append(p)
-    manifest = write_manifest(tmp_path / "m.toml")
+def dataset(tmp_path: Path, build_dataset: Callable[..., Any]) -> tuple[Path, Path, list[Path]]:
+    ds = build_dataset(tmp_path, "manifest", sources=2, cells=200, genes=50, perts=4,
+                       source_name="s{i}.h5ad")
+    manifest, paths = ds.manifest, ds.sources
     assert main(["build", str(manifest), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-progress"]) == 0
     return tmp_path, manifest, paths
 
@@ -79,7 +75,8 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_source_fails_cleanly(case: str, dataset: tuple[Path, Path, list[Path]],
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+                                  capsys: pytest.CaptureFixture[str],
+                                  shard_files: Callable[..., Any]) -> None:
     root, manifest, paths = dataset
     before_index = (root / "out/index.json").read_bytes()
     before = shard_files(root / "out")
@@ -97,7 +94,8 @@ def test_bad_source_fails_cleanly(case: str, dataset: tuple[Path, Path, list[Pat
     assert not list((root / "out").glob(".spill-*")) and not list((root / "out/shards").glob(".tmp-*"))
 
 
-def test_missing_file_names_the_pattern(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_file_names_the_pattern(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        write_manifest: Callable[..., Any]) -> None:
     manifest = write_manifest(tmp_path / "m.toml", pattern="nowhere/*.h5ad")
     assert main(["build", str(manifest), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -119,7 +117,8 @@ def test_missing_file_names_the_pattern(tmp_path: Path, capsys: pytest.CaptureFi
     (lambda s: s.replace("[dataset]", '[dataset]\nplugins = ["tests.no_such_module"]'), "dataset.plugins"),
     (lambda s: s.replace("shard_size_mb = 0.05", "shard_size_mb = 0"), "dataset.shard_size_mb"),
 ])
-def test_manifest_errors_name_file_and_key(tmp_path: Path, edit: Callable[[str], str], key: str) -> None:
+def test_manifest_errors_name_file_and_key(tmp_path: Path, edit: Callable[[str], str], key: str,
+                                           write_manifest: Callable[..., Any]) -> None:
     (tmp_path / "src").mkdir()
     write_perturb_h5ad(tmp_path / "src/a.h5ad", n_cells=50, n_genes=20, n_perts=2, seed=0)
     path = write_manifest(tmp_path / "m.toml")
@@ -129,7 +128,8 @@ def test_manifest_errors_name_file_and_key(tmp_path: Path, edit: Callable[[str],
     assert f"[{key}]" in str(e.value) and "m.toml" in str(e.value)
 
 
-def test_source_type_is_inferred_from_the_suffix_or_the_candidates_are_listed(tmp_path: Path) -> None:
+def test_source_type_is_inferred_from_the_suffix_or_the_candidates_are_listed(
+        tmp_path: Path, write_manifest: Callable[..., Any]) -> None:
     (tmp_path / "src").mkdir()
     write_perturb_h5ad(tmp_path / "src/a.h5ad", n_cells=50, n_genes=20, n_perts=2, seed=0)
     path = write_manifest(tmp_path / "m.toml")

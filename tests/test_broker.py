@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,16 +15,16 @@ import pytest
 from loaders import ShardDataset, ShardLoader
 from loaders.engine.broker import Broker, BrokerClient
 from loaders.engine.decoder import AVAILABLE
-from tests.shard_fixtures import Fixture, make_dataset
-from tests.test_decoder import assert_same, batches, started
-from tests.test_loader import TIMEOUT
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd")
+TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
+Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or its plug-in
 
 
 @pytest.fixture(scope="module")
-def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return make_dataset(tmp_path_factory.mktemp("broker"), n_shards=6, cells_per_shard=80, n_genes=30, seed=3)
+def fx(build_dataset: Helper, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_dataset(tmp_path_factory.mktemp("broker"), "shards", n_shards=6, cells=80,
+                         genes=30, seed=3)
 
 
 def shm() -> set[str]:
@@ -33,7 +35,8 @@ def shm() -> set[str]:
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_each_window_decoded_once_for_all_workers(fx: Fixture, workers: int) -> None:
+def test_each_window_decoded_once_for_all_workers(fx: Any, workers: int, batches: Helper,
+                                                  assert_same: Helper) -> None:
     before = shm()
     kw = {"batch_size": 16, "seed": 2, "window": 2}
     want = batches(ShardDataset(fx.root, decode_process=False, **kw), epochs=(0, 1))  # type: ignore[arg-type]
@@ -46,7 +49,7 @@ def test_each_window_decoded_once_for_all_workers(fx: Fixture, workers: int) -> 
     assert shm() <= before  # memfds and an abstract socket: nothing to leak
 
 
-def test_workers_map_windows_read_only_and_a_dead_client_lets_go(fx: Fixture) -> None:
+def test_workers_map_windows_read_only_and_a_dead_client_lets_go(fx: Any, started: Helper) -> None:
     ds = started(ShardDataset(fx.root, batch_size=16, window=2))
     dec = ds._decoder()
     assert dec is not None
@@ -75,7 +78,8 @@ def test_workers_map_windows_read_only_and_a_dead_client_lets_go(fx: Fixture) ->
         broker.close()
 
 
-def test_persistent_workers_share_the_decode_across_epochs(fx: Fixture) -> None:
+def test_persistent_workers_share_the_decode_across_epochs(fx: Any, batches: Helper,
+                                                          assert_same: Helper) -> None:
     kw = {"batch_size": 16, "seed": 4, "window": 2}
     ds = ShardDataset(fx.root, **kw)  # type: ignore[arg-type]
     dl = ShardLoader(ds, num_workers=2, persistent_workers=True, timeout=TIMEOUT)

@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anndata as ad
 import numpy as np
@@ -17,12 +19,11 @@ import pytest
 
 from loaders import format as fmt
 from pipeline.build import build
-from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.errors import ManifestError
+from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.modalities.perturbation.splits import _by_fraction
 from pipeline.seeding import stable_unit
 from pipeline.verify import summary, verify
-from tests.pipeline_helpers import read_all
 
 MANIFEST = """
 [dataset]
@@ -105,7 +106,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path], l
     return root / "out", paths, val, test
 
 
-def test_every_cell_follows_cellload_rules(built: tuple[Path, list[Path], list[str], list[str]]) -> None:
+def test_every_cell_follows_cellload_rules(built: tuple[Path, list[Path], list[str], list[str]],
+                                           read_all: Callable[..., Any]) -> None:
     out, paths, val, test = built
     assert verify(out) == []
     index, shards = read_all(out)
@@ -131,7 +133,8 @@ def test_every_cell_follows_cellload_rules(built: tuple[Path, list[Path], list[s
 
 
 def test_held_out_cells_pair_with_their_cell_types_train_controls(
-        built: tuple[Path, list[Path], list[str], list[str]]) -> None:
+        built: tuple[Path, list[Path], list[str], list[str]],
+        read_all: Callable[..., Any]) -> None:
     out, _, _, _ = built
     index, shards = read_all(out)
     ct_names = np.asarray(index.vocabularies["cell_type"])

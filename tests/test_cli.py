@@ -9,24 +9,24 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.cli import main, parser
-from pipeline.modalities.perturbation.demo import write_perturb_h5ad
-from tests.pipeline_helpers import write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def built(tmp_path_factory: pytest.TempPathFactory,
+          build_dataset: Callable[..., Any]) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("cli")
-    (tmp / "src").mkdir()
-    write_perturb_h5ad(tmp / "src" / "s0.h5ad", n_cells=300, n_genes=40, n_perts=30, seed=0)
-    manifest = write_manifest(tmp / "m.toml")
+    manifest = build_dataset(tmp, "manifest", sources=1, cells=300, genes=40, perts=30,
+                             source_name="s{i}.h5ad").manifest
     assert main(["build", str(manifest), "--out", str(tmp / "out"), "--jobs", "1", "-q"]) == 0
     return tmp / "out", manifest
 

@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +16,13 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
+from loaders.testing import SampleTypeTests
 from pipeline.build import build
-from pipeline.modalities.ct.demo import write_ct_demo
 from pipeline.errors import ManifestError, SourceError
-from pipeline.model import get_kind
 from pipeline.manifest import load_manifest
+from pipeline.modalities.ct.demo import write_ct_demo
+from pipeline.model import get_kind
 from pipeline.verify import format_summary, summary, verify
-from tests.test_ct_reference import reference_points
-from tests.test_samples import SampleTypeTests
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 120
@@ -105,7 +104,8 @@ def volumes(batches: list[dict[str, Any]]) -> dict[int, tuple[np.ndarray, np.nda
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_points_equal_the_reference(built: Path, sources: tuple[Path, list[Path]], workers: int) -> None:
+def test_points_equal_the_reference(built: Path, sources: tuple[Path, list[Path]], workers: int,
+                                    reference_points: Callable[..., Any]) -> None:
     _, paths = sources
     index = fmt.read_index(built)
     assert [Path(s["path"]).name for s in index.sources] == [p.name for p in paths]  # sorted glob order
@@ -146,7 +146,8 @@ def fmt_read(index: fmt.Index, entry: fmt.ShardEntry) -> dict[str, np.ndarray]:
     return read_shard(index.shard_path(entry), index.encoding, fmt.shard_keys(index.fields, index.tables))
 
 
-def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(sources: tuple[Path, list[Path]]) -> None:
+def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(
+        sources: tuple[Path, list[Path]], reference_points: Callable[..., Any]) -> None:
     root, paths = sources
     a = make(root, "zarr", max_points=3000, jobs=1, out="cap-a")
     b = make(root, "zarr", max_points=3000, jobs=2, out="cap-b")
@@ -354,7 +355,9 @@ def test_shipped_manifests_build(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=TIMEOUT)
         assert r.returncode == 0, r.stderr
         assert verify(tmp_path / f"demo-{f}") == []
-        assert summary(tmp_path / f"demo-{f}")["details"]["volumes"] == 4
+        details = summary(tmp_path / f"demo-{f}")["details"]  # 4 .npy, one NIfTI, NRRD, DICOM
+        assert details["volumes"] == 7
+        assert details["formats"] == {"npy": 4, "nifti": 1, "nrrd": 1, "dicom": 1}
     example = (REPO / "data_manifests" / "examples" / "ct_folder.toml").read_text()
     assert 'path = "/data/chest_ct/*/*.npy"' in example
     for i, p in enumerate(sorted((tmp_path / "data" / "demo" / "ct").glob("*.npy"))):

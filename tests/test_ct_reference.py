@@ -1,45 +1,18 @@
-"""The independent CT reference: what a record must hold, written the obvious whole-volume way.
+"""The independent CT reference: what a record must hold, written the obvious whole-volume way (the
+``reference_points`` and ``reference_body`` fixtures, tests/plugin_fixtures.py).
 
 No slabs, no shared label buffer, no lookup table: threshold, ``ndimage.label``, largest component by
 ``bincount``, ``binary_fill_holes`` on every axial slice in a Python loop, ``np.argwhere``. The CT tests
-compare the pipeline and the loader against :func:`reference_points`; the tests in this file pin the
+compare the pipeline and the loader against ``reference_points``; the tests in this file pin the
 reference itself to hand-made volumes, so a bug shared by both cannot hide.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
-from scipy import ndimage
-
-
-def reference_body(hu: np.ndarray, threshold: float = -500.0, axial_axis: int = -1, fill_3d: bool = False) -> np.ndarray:
-    m = hu > threshold
-    lab, n = ndimage.label(m)
-    if n:
-        m = lab == (np.argmax(np.bincount(lab.ravel())[1:]) + 1)
-    if fill_3d:  # the pitfall the issue warns about, kept for a test that shows it
-        return ndimage.binary_fill_holes(m)
-    m = np.moveaxis(m, axial_axis, 0).copy()
-    for i in range(m.shape[0]):
-        m[i] = ndimage.binary_fill_holes(m[i])
-    return np.moveaxis(m, 0, axial_axis)
-
-
-def reference_points(hu: np.ndarray, level: float = -600.0, width: float = 1500.0,
-                     band: tuple[float, float] | None = (-1000.0, -400.0), body: bool = True,
-                     threshold: float = -500.0, axial_axis: int = -1, fill_3d: bool = False,
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(coords uint16 [N,3], hu int16 [N], window float16 [N])`` of an int16 HU volume."""
-    lo, hi = level - width / 2, level + width / 2
-    keep = (hu >= lo) & (hu <= hi)
-    if band is not None:
-        keep &= (hu >= band[0]) & (hu <= band[1])
-    if body:
-        keep &= reference_body(hu, threshold, axial_axis, fill_3d)
-    coords = np.argwhere(keep)
-    vals = hu[keep]
-    window = np.clip((vals.astype(np.float32) - np.float32(lo)) / np.float32(width), 0, 1).astype(np.float16)
-    return coords.astype(np.uint16), vals.astype(np.int16), window
 
 
 def _ring_volume() -> np.ndarray:
@@ -52,7 +25,8 @@ def _ring_volume() -> np.ndarray:
     return v
 
 
-def test_reference_fills_the_hole_and_drops_the_speck() -> None:
+def test_reference_fills_the_hole_and_drops_the_speck(
+        reference_body: Callable[..., Any], reference_points: Callable[..., Any]) -> None:
     v = _ring_volume()
     body = reference_body(v)
     assert body.sum() == 6 * 6 * 3  # ring + hole, every slice; the speck is not the largest component
@@ -63,7 +37,8 @@ def test_reference_fills_the_hole_and_drops_the_speck() -> None:
     assert np.allclose(window.astype(np.float64), (-900 + 1350) / 1500, atol=1e-3)
 
 
-def test_reference_without_mask_or_band_keeps_the_window() -> None:
+def test_reference_without_mask_or_band_keeps_the_window(
+        reference_points: Callable[..., Any]) -> None:
     v = _ring_volume()
     coords, hu, _ = reference_points(v, band=None, body=False)  # window [-1350, 150]: everything
     assert coords.shape == (8 * 8 * 3, 3)
@@ -71,7 +46,8 @@ def test_reference_without_mask_or_band_keeps_the_window() -> None:
     assert len(coords) == (36 - 4) * 3 + 1
 
 
-def test_reference_hole_through_the_top_is_filled_per_slice_not_in_3d() -> None:
+def test_reference_hole_through_the_top_is_filled_per_slice_not_in_3d(
+        reference_body: Callable[..., Any]) -> None:
     v = _ring_volume()
     v[3:5, 3:5, :] = -1000  # an air channel open at both axial ends (a trachea reaching the volume's faces)
     assert reference_body(v).sum() == 36 * 3

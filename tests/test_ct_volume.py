@@ -7,16 +7,17 @@ import json
 import re
 import shutil
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from pipeline.errors import ManifestError, SourceError
+from pipeline.modalities.ct.demo import DEMO_VOLUMES, make_chest_volume, write_ct_demo, write_large_chest
 from pipeline.modalities.ct.mask import resample
 from pipeline.modalities.ct.volume import CtSettings, inspect_volume, process_volume
-from pipeline.modalities.ct.demo import DEMO_VOLUMES, make_chest_volume, write_ct_demo, write_large_chest
-from pipeline.errors import ManifestError, SourceError
-from tests.test_ct_reference import reference_points
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +54,15 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize(("section", "ref_kw"), SETTINGS)
-def test_records_equal_the_reference(demo: list[Path], section: dict, ref_kw: dict) -> None:
+def test_records_equal_the_reference(demo: list[Path], section: dict, ref_kw: dict,
+                                     reference_points: Callable[..., Any]) -> None:
     s = CtSettings.from_section({**section, "max_points": 0})
     for p in demo:
         check_equal(process_volume(p, s), reference_points(np.load(p), **ref_kw))
 
 
-def test_axial_axis_zero_and_fortran_order(tmp_path: Path) -> None:
+def test_axial_axis_zero_and_fortran_order(tmp_path: Path,
+                                           reference_points: Callable[..., Any]) -> None:
     hu, _ = make_chest_volume((40, 36, 16), 5)
     stack = np.ascontiguousarray(np.moveaxis(hu, -1, 0))  # DICOM-style: slices first
     s = CtSettings.from_section({"axial_axis": 0, "max_points": 0})
@@ -68,7 +71,8 @@ def test_axial_axis_zero_and_fortran_order(tmp_path: Path) -> None:
                 reference_points(stack, axial_axis=0))
 
 
-def test_defaults_keep_the_lungs_and_a_3d_fill_would_not(demo: list[Path]) -> None:
+def test_defaults_keep_the_lungs_and_a_3d_fill_would_not(
+        demo: list[Path], reference_points: Callable[..., Any]) -> None:
     for p, spec in zip(demo, DEMO_VOLUMES, strict=True):
         rec = process_volume(p, CtSettings())
         hu, lungs = make_chest_volume(spec.shape, spec.seed)
@@ -81,7 +85,8 @@ def test_defaults_keep_the_lungs_and_a_3d_fill_would_not(demo: list[Path]) -> No
         assert len(three_d) < 0.1 * rec.points  # the pitfall is present in the demo data
 
 
-def test_float_and_other_integer_dtypes_are_converted(tmp_path: Path) -> None:
+def test_float_and_other_integer_dtypes_are_converted(
+        tmp_path: Path, reference_points: Callable[..., Any]) -> None:
     hu, _ = make_chest_volume((32, 32, 12), 3)
     ref = reference_points(hu)
     noisy = hu.astype(np.float32) + np.float32(0.3)  # rounds back to hu
@@ -174,7 +179,8 @@ def test_min_points_and_empty_mask_give_skip_reasons(tmp_path: Path, demo: list[
     assert "empty body mask" in (air.skip_reason(CtSettings()) or "")
 
 
-def test_resample_matches_torch_trilinear(tmp_path: Path) -> None:
+def test_resample_matches_torch_trilinear(tmp_path: Path,
+                                          reference_points: Callable[..., Any]) -> None:
     torch = pytest.importorskip("torch")
     hu, _ = make_chest_volume((48, 40, 20), 9)
     for res in (24, 70):
@@ -209,7 +215,8 @@ def test_memory_bound(tmp_path: Path) -> None:
     assert peak > volume_i16  # the measurement sees numpy's memory (the label array is in it)
 
 
-def test_many_components_fall_back_to_int32_labels(tmp_path: Path) -> None:
+def test_many_components_fall_back_to_int32_labels(tmp_path: Path,
+                                                   reference_points: Callable[..., Any]) -> None:
     v = np.full((128, 128, 64), -1000, dtype=np.int16)
     v[::2, ::2, ::2] = 0  # 79872 isolated specks of tissue outside the block below
     v[20:100, 20:100, :] = 0

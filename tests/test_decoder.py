@@ -6,79 +6,56 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
-from loaders import ShardDataset, ShardLoader
+from loaders import ShardDataset
 from loaders.engine.arena import BufferPool
 from loaders.engine.decoder import AVAILABLE, Decoder, DecoderError
-from loaders.format import FormatError
 from loaders.engine.window import WindowReader
-from tests.shard_fixtures import Fixture, make_dataset
-from tests.test_encodings import built  # noqa: F401 - the module fixture: one manifest built as zarr and as tar
-from tests.test_loader import TIMEOUT, Truth, _broken_copy, check_cells
+from loaders.format import FormatError
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd")
+Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or its plug-in
 
 
 @pytest.fixture(scope="module")
-def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return make_dataset(tmp_path_factory.mktemp("dec"), n_shards=5, cells_per_shard=90, n_genes=30, seed=7)
-
-
-def started(ds: ShardDataset) -> ShardDataset:
-    """Wait until the dataset's decoder process is up, so that every window goes through it."""
-    dec = ds._decoder()
-    assert dec is not None
-    deadline = time.monotonic() + TIMEOUT
-    while not dec.ready():
-        assert time.monotonic() < deadline, "decoder process did not start"
-        time.sleep(0.01)
-    return ds
-
-
-def batches(ds: ShardDataset, epochs: tuple[int, ...] = (0, 1), **kw: object) -> list[dict[str, torch.Tensor]]:
-    dl = ShardLoader(ds, timeout=TIMEOUT, **kw)  # type: ignore[arg-type]
-    out = []
-    for e in epochs:
-        dl.set_epoch(e)
-        out += list(dl)
-    return out
-
-
-def assert_same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
-    assert len(a) == len(b) > 0
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for k in x:
-            np.testing.assert_array_equal(x[k].numpy(), y[k].numpy(), err_msg=k)
+def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_dataset(tmp_path_factory.mktemp("dec"), "shards", n_shards=5, cells=90, genes=30,
+                         seed=7)
 
 
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
-def test_decoder_process_gives_the_in_process_batches(fx: Fixture, sample: str) -> None:
+def test_decoder_process_gives_the_in_process_batches(fx: Any, sample: str, started: Helper,
+                                                       batches: Helper, assert_same: Helper,
+                                                       check_cells: Helper) -> None:
     kw = {"sample": sample, "batch_size": 7 if sample == "sentences" else 33, "window": 2, "seed": 3}
     via = started(ShardDataset(fx.root, decode_process=True, **kw))  # type: ignore[arg-type]
     got = batches(via)
     want = batches(ShardDataset(fx.root, decode_process=False, **kw))  # type: ignore[arg-type]
     assert_same(got, want)
     if sample == "cells":
-        truth = Truth(fx)
+        truth = fx.truth
         for b in got:
             check_cells(b, truth)
     assert via._decoder_state is not None and len(via._decoder_state[1]._slabs) >= 1
 
 
 @pytest.mark.parametrize("encoding", ["zarr", "tar"])
-def test_decoder_process_reads_every_encoding(built: dict[str, Path], encoding: str) -> None:  # noqa: F811
+def test_decoder_process_reads_every_encoding(built_zarr_tar: dict[str, Path], encoding: str,
+                                              started: Helper, batches: Helper,
+                                              assert_same: Helper) -> None:
+    built = built_zarr_tar  # one manifest built as zarr and as tar
     got = batches(started(ShardDataset(built[encoding], batch_size=50, decode_process=True)), epochs=(0,))
     want = batches(ShardDataset(built[encoding], batch_size=50, decode_process=False), epochs=(0,))
     assert_same(got, want)
 
 
-def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Fixture) -> None:
+def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
     spec = {"root": str(fx.root), "split": "train", "sample": "cells", "window": 3, "seed": 0, "shuffle": True}
     reader = WindowReader.from_spec(spec)
     dec = Decoder(spec)
@@ -100,14 +77,18 @@ def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Fixture) -> None:
     assert dec.proc.poll() is not None  # the child ended with close()
 
 
-def test_broken_shard_through_the_decoder_names_the_file(fx: Fixture, tmp_path: Path) -> None:
-    shard = _broken_copy(fx, tmp_path / "ds", "corrupt")
+def test_broken_shard_through_the_decoder_names_the_file(fx: Any, tmp_path: Path,
+                                                         broken_copy: Helper,
+                                                         started: Helper, batches: Helper) -> None:
+    shard = broken_copy(fx, tmp_path / "ds", "corrupt")
     ds = started(ShardDataset(tmp_path / "ds", batch_size=64, window=1, decode_process=True))
     with pytest.raises(FormatError, match=re.escape(str(shard))):
         batches(ds, epochs=(0,))
 
 
-def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(fx: Fixture) -> None:
+def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(fx: Any, started: Helper,
+                                                                batches: Helper,
+                                                                assert_same: Helper) -> None:
     """A dead child never hangs the loader: a RuntimeWarning says so, and the epoch is still exact."""
     ds = started(ShardDataset(fx.root, batch_size=16, window=1, decode_process=True, decode_ahead=False))
     dec = ds._decoder()
@@ -122,7 +103,9 @@ def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(fx: Fixture) -> 
         dec.read_window(0, 0, 1)
 
 
-def test_workers_forked_after_the_main_process_decoded_do_their_own(fx: Fixture) -> None:
+def test_workers_forked_after_the_main_process_decoded_do_their_own(fx: Any, started: Helper,
+                                                                    batches: Helper,
+                                                                    assert_same: Helper) -> None:
     """A forked worker inherits the dataset, decoder handle included: it must not talk to that child."""
     ds = started(ShardDataset(fx.root, batch_size=40, window=2, decode_process=True))
     main = batches(ds, epochs=(0,))

@@ -3,19 +3,23 @@ as on CUDA minus the CUDA calls (loaders.device.Backend), batches equal to the h
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 
 from loaders import ShardDataset, ShardLoader, device
-from loaders.payload import SCATTER_OP
-from tests.shard_fixtures import Fixture, make_dataset
-from tests.test_loader import TIMEOUT
+from loaders.modalities.perturbation.ops import SCATTER_OP
+
+TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
 
 
 @pytest.fixture(scope="module")
-def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return make_dataset(tmp_path_factory.mktemp("devcpu"), n_shards=4, cells_per_shard=70, n_genes=33, seed=5)
+def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_dataset(tmp_path_factory.mktemp("devcpu"), "shards", n_shards=4, cells=70,
+                         genes=33, seed=5)
 
 
 def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
@@ -25,7 +29,8 @@ def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
 
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_device_cpu_runs_the_device_path_and_equals_the_host_path(fx: Fixture, sample: str, workers: int,
+def test_device_cpu_runs_the_device_path_and_equals_the_host_path(fx: Any, sample: str,
+                                                                  workers: int,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"finish": 0, "pin": 0, "event": 0}
     torch_densify = device.TORCH_OPS[SCATTER_OP]  # dense rows cross as flat positions (loaders.payload.Scattered)
@@ -59,7 +64,8 @@ def test_torch_views_equal_the_host_views_of_a_shipped_buffer() -> None:
     """On a device a shipped buffer is cut with one typed view per dtype and one as_strided per field
     (loaders.device.TorchViews); run here on a CPU tensor, every field equals the numpy path's view."""
     from loaders.collate import to_shared
-    from loaders.payload import Gathered, Payload
+    from loaders.modalities.perturbation.ops import Gathered
+    from loaders.payload import Payload
 
     rng = np.random.default_rng(0)
     payloads = []

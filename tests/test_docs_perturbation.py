@@ -5,17 +5,19 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from loaders import format as fmt
-from tests.pipeline_helpers import read_all
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PERTURBATION.md"
 
 
-def test_cellload_walkthrough_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cellload_walkthrough_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   read_all: Callable[..., Any]) -> None:
     text = DOC.read_text()
     files = re.findall(r"```toml\n# file: (\S+)\n(.*?)```", text, re.S)
     assert [f for f, _ in files] == ["data_manifests/state_cellload.toml", "data_manifests/experiment.toml"]

@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,12 +20,9 @@ import pytest
 from loaders import format as fmt
 from loaders.columns import validate_columns
 from loaders.shardio import READERS, read_shard
-from pipeline.build import build
-from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.verify import verify
 from pipeline.writers import Codec, get_writer
 from pipeline.writers.tar_writer import BLOCK_RECORDS, TarShardWriter
-from tests.pipeline_helpers import read_all, write_manifest
 
 N_GENES = 50
 VOXELS, COORDS, VALUES = "voxels", "coords", "values"  # a spike-like and a CT-like field
@@ -256,33 +255,19 @@ class TestTar(ShardEncodingConformance):
 
 
 # -- end to end: the same manifest built as zarr and as tar gives the same logical dataset ---------------
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("enc")
-    for i in range(2):
-        write_perturb_h5ad(root / "src" / f"screen_{i}.h5ad", n_cells=300, n_genes=60, n_perts=5, seed=i)
-    zarr_manifest = write_manifest(root / "zarr.toml")
-    text = zarr_manifest.read_text()
-    assert 'format = "zarr"' in text
-    tar_manifest = root / "tar.toml"
-    tar_manifest.write_text(text.replace('format = "zarr"', 'format = "tar"'))
-    outs = {}
-    for enc, manifest in (("zarr", zarr_manifest), ("tar", tar_manifest)):
-        build(manifest, root / f"out-{enc}", jobs=1, progress=False)
-        outs[enc] = root / f"out-{enc}"
-    return outs
-
-
+# (built_zarr_tar, tests/conftest.py: format -> one small manifest built in that format)
 @pytest.mark.parametrize("encoding", ["zarr", "tar"])
-def test_build_verifies(built: dict[str, Path], encoding: str) -> None:
-    out = built[encoding]
+def test_build_verifies(built_zarr_tar: dict[str, Path], encoding: str) -> None:
+    out = built_zarr_tar[encoding]
     assert verify(out) == []
     index = fmt.read_index(out)
     suffix = get_writer(encoding, Codec()).suffix
     assert index.encoding == encoding and all(e.file.endswith(suffix) for e in index.shards)
 
 
-def test_tar_and_zarr_builds_hold_the_same_columns(built: dict[str, Path]) -> None:
+def test_tar_and_zarr_builds_hold_the_same_columns(built_zarr_tar: dict[str, Path],
+                                                   read_all: Callable[..., Any]) -> None:
+    built = built_zarr_tar
     zi, zarr_shards = read_all(built["zarr"])
     ti, tar_shards = read_all(built["tar"])
     assert len(zarr_shards) == len(tar_shards) > 2

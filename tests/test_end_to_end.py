@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,13 +12,14 @@ import pytest
 from loaders import ShardDataset, ShardLoader
 from pipeline.build import build
 from pipeline.modalities.perturbation.demo import write_perturb_h5ad
-from tests.pipeline_helpers import source_matrix, write_manifest
 
 GENES = 60
 
 
 @pytest.fixture(scope="module", params=["zarr", "tar"])
-def dataset(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+def dataset(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            source_matrix: Callable[..., Any],
+            write_manifest: Callable[..., Any]) -> tuple[Path, np.ndarray]:
     root = tmp_path_factory.mktemp(f"e2e-{request.param}")
     (root / "src").mkdir()
     paths = [write_perturb_h5ad(root / "src" / f"s{i}.h5ad", n_cells=400, n_genes=GENES, n_perts=5, seed=10 + i)

@@ -3,7 +3,9 @@ summed once at build time, integers float32 cannot hold refused, unnamed gene sp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -13,11 +15,11 @@ import torch
 
 import pipeline.modalities.perturbation.pack
 from loaders import format as fmt
-from loaders.device import densify, densify_torch
+from loaders.modalities.perturbation.ops import densify
+from loaders.modalities.perturbation.torch_ops import densify_torch
 from pipeline.cli import main
 from pipeline.modalities.perturbation.demo import write_h5csr
 from tests import hostile
-from tests.pipeline_helpers import read_all, shard_csr
 
 MANIFEST = """
 [dataset]
@@ -82,7 +84,9 @@ def _split_entries(x: sp.csr_matrix, rows: np.ndarray) -> tuple[sp.csr_matrix, n
 
 @hostile.parametrize
 def test_duplicate_columns_are_summed_once_at_build(case: hostile.Case, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    read_all: Callable[..., Any],
+                                                    shard_csr: Callable[..., Any]) -> None:
     src = write_h5csr(tmp_path / "src/k562.h5", n_cells=300, n_genes=80, n_perts=4, seed=1)
     x = _read_x(src)
     dup, extra = _split_entries(x, np.arange(0, 300, 3))
@@ -110,7 +114,8 @@ def test_duplicate_columns_are_summed_once_at_build(case: hostile.Case, tmp_path
 
 @hostile.parametrize
 def test_values_float32_cannot_hold_are_refused(case: hostile.Case, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+                                                capsys: pytest.CaptureFixture[str],
+                                                read_all: Callable[..., Any]) -> None:
     src = write_h5csr(tmp_path / "src/k562.h5", n_cells=200, n_genes=50, n_perts=3, seed=2)
     x = _read_x(src)
     data = x.data.astype(case.data["dtype"])

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,8 +21,36 @@ from pipeline.gc import gc
 from pipeline.generations import journals
 from pipeline.verify import verify
 from tests import hostile
-from tests.out_helpers import killed_build, listing, small_manifest
-from tests.pipeline_helpers import shard_files
+
+# A build that kills itself (SIGKILL: no cleanup runs) at the N-th call of a function: argv =
+# manifest, out, "module:function", N. Sources go through spill files, as big ones do.
+KILLED_BUILD = """
+import importlib, os, signal, sys
+import pipeline.modalities.perturbation.pack as pack
+pack.FUSE_BYTES, pack.SCATTER_BYTES = 0, 1
+manifest, out, target, after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+module, name = target.split(":")
+mod = importlib.import_module(module)
+original, calls = getattr(mod, name), [0]
+def dying(*a, **k):
+    calls[0] += 1
+    if calls[0] > after:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(*a, **k)
+setattr(mod, name, dying)
+from pipeline.build import build
+build(manifest, out, jobs=1, progress=False)
+"""
+
+
+@pytest.fixture
+def killed_build(checkout: Any) -> Callable[[Path, Path, str, int], None]:
+    """``killed_build(manifest, out, "module:function", n)``: KILLED_BUILD, in its own process."""
+    def run(manifest: Path, out: Path, target: str, after: int) -> None:
+        res = checkout.python(KILLED_BUILD, str(manifest), str(out), target, str(after))
+        assert res.returncode == -9, res.stderr
+
+    return run
 
 
 def _sha(path: Path) -> str:
@@ -28,7 +58,8 @@ def _sha(path: Path) -> str:
 
 
 @hostile.parametrize
-def test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2(case: hostile.Case, tmp_path: Path) -> None:
+def test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2(
+        case: hostile.Case, tmp_path: Path, small_manifest: Callable[..., Any]) -> None:
     out = tmp_path / "out"
     first = build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
     gen1, gen1_sha = fmt.read_index(out), _sha(fmt.index_path(out))
@@ -50,7 +81,8 @@ def test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2(case: hostile.C
 
 
 @hostile.parametrize
-def test_a_loader_survives_one_real_rebuild_and_is_told_after_two(case: hostile.Case, tmp_path: Path) -> None:
+def test_a_loader_survives_one_real_rebuild_and_is_told_after_two(
+        case: hostile.Case, tmp_path: Path, small_manifest: Callable[..., Any]) -> None:
     """Both halves together, with real builds: a loader that opened generation 1 finishes its epoch with
     generation 1's cells after generation 2 is committed mid-epoch (its shards are kept), and gets the
     "rebuilt; reopen" error once generation 3 has deleted them."""
@@ -75,7 +107,9 @@ def test_a_loader_survives_one_real_rebuild_and_is_told_after_two(case: hostile.
             pass
 
 
-def test_a_rebuild_of_an_earlier_manifest_reuses_the_immutable_files(tmp_path: Path) -> None:
+def test_a_rebuild_of_an_earlier_manifest_reuses_the_immutable_files(
+        tmp_path: Path, shard_files: Callable[..., Any],
+        small_manifest: Callable[..., Any]) -> None:
     """Content-named shards: A -> B -> A names generation 1's files again, and they are not rewritten."""
     out = tmp_path / "out"
     a = build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
@@ -88,7 +122,8 @@ def test_a_rebuild_of_an_earlier_manifest_reuses_the_immutable_files(tmp_path: P
     assert all(after[k] == v for k, v in before.items()), "same inode and mtime: never rewritten"
 
 
-def test_generations_fields_round_trip_and_old_indexes_read_as_generation_0(tmp_path: Path) -> None:
+def test_generations_fields_round_trip_and_old_indexes_read_as_generation_0(
+        tmp_path: Path, small_manifest: Callable[..., Any]) -> None:
     out = tmp_path / "out"
     build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
     build(small_manifest(tmp_path, seed=1), out, jobs=1, progress=False)
@@ -107,7 +142,8 @@ def test_generations_fields_round_trip_and_old_indexes_read_as_generation_0(tmp_
 
 
 @hostile.parametrize
-def test_a_touch_keeps_the_older_generation_protected(case: hostile.Case, tmp_path: Path) -> None:
+def test_a_touch_keeps_the_older_generation_protected(case: hostile.Case, tmp_path: Path,
+                                                      small_manifest: Callable[..., Any]) -> None:
     """A rebuild that changes no file (new mtime, same bytes) must not push generation N-1 out of reach."""
     out = tmp_path / "out"
     manifest = small_manifest(tmp_path, seed=0)
@@ -122,7 +158,9 @@ def test_a_touch_keeps_the_older_generation_protected(case: hostile.Case, tmp_pa
 
 
 @hostile.parametrize
-def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(case: hostile.Case, tmp_path: Path) -> None:
+def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(
+        case: hostile.Case, tmp_path: Path, killed_build: Callable[..., Any],
+        listing: Callable[..., Any], small_manifest: Callable[..., Any]) -> None:
     """Issue case 6: kill -9 during read/pack left OUT/.spill-<pid> and shards no index names, which later
     builds never removed. Now the next build, here an up-to-date one, removes exactly those."""
     out = tmp_path / "out"
@@ -142,7 +180,9 @@ def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(case: hostile
 
 
 @hostile.parametrize
-def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(case: hostile.Case, tmp_path: Path) -> None:
+def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(
+        case: hostile.Case, tmp_path: Path, killed_build: Callable[..., Any],
+        small_manifest: Callable[..., Any]) -> None:
     """Issue case 6: a kill while the commit deletes retired shards left them forever. The index lists what
     it retires before deleting, so the next build, even with nothing to rebuild, deletes the rest."""
     out = tmp_path / "out"
@@ -160,7 +200,9 @@ def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(case: host
 
 
 @hostile.parametrize
-def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(case: hostile.Case, tmp_path: Path) -> None:
+def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(
+        case: hostile.Case, tmp_path: Path, killed_build: Callable[..., Any],
+        small_manifest: Callable[..., Any]) -> None:
     """A first build killed after some shards: the folder holds only our files (journaled), so it is not
     refused as foreign; the rebuild keeps the finished shards (same content-named files) and removes the rest."""
     out = tmp_path / "out"
@@ -177,7 +219,9 @@ def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(case: hostile
 
 @hostile.parametrize
 def test_gc_removes_leftovers_and_only_ours(case: hostile.Case, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                            capsys: pytest.CaptureFixture[str],
+                                            listing: Callable[..., Any],
+                                            small_manifest: Callable[..., Any]) -> None:
     """`shardsmith gc DIR`: planted leftovers of every kind go; user files with look-alike names stay."""
     out = tmp_path / "out"
     build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
@@ -207,7 +251,8 @@ def test_gc_removes_leftovers_and_only_ours(case: hostile.Case, tmp_path: Path,
 
 @hostile.parametrize
 def test_gc_refuses_a_folder_that_is_not_ours(case: hostile.Case, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+                                              capsys: pytest.CaptureFixture[str],
+                                              listing: Callable[..., Any]) -> None:
     (tmp_path / "X" / "shards").mkdir(parents=True)
     (tmp_path / "X" / "shards" / "notes.txt").write_text("keep")
     assert main(["gc", str(tmp_path / "X")]) == 2
@@ -226,16 +271,15 @@ backend.map([functools.partial(time.sleep, 120)] * 4, "pack shards", False)
 
 
 @hostile.parametrize
-def test_loky_workers_end_with_their_killed_build(case: hostile.Case) -> None:
+def test_loky_workers_end_with_their_killed_build(case: hostile.Case,
+                                                  checkout: Any) -> None:
     """Issue case 6: loky workers of a build killed with kill -9 lived on for more than 5 minutes."""
     import signal
     import time
 
     import psutil
 
-    from tests.out_helpers import popen
-
-    parent = popen(LOKY_PARENT)
+    parent = checkout.popen(LOKY_PARENT)
     workers: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120

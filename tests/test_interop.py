@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anndata as ad
 import h5py
@@ -14,11 +16,11 @@ from loaders import ShardDataset
 from loaders import format as fmt
 from pipeline.cli import main
 from pipeline.modalities.perturbation.demo import make_perturb_adata, write_h5csr, write_perturb_h5ad
-from tests.pipeline_helpers import write_manifest
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ad.AnnData]:
+def built(tmp_path_factory: pytest.TempPathFactory,
+          write_manifest: Callable[..., Any]) -> tuple[Path, ad.AnnData]:
     """Two modern h5ad files with their own barcodes and one pre-0.7 file (index in the compound obs table)."""
     tmp = tmp_path_factory.mktemp("interop")
     (tmp / "src").mkdir()

@@ -4,8 +4,9 @@ a clear error."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,11 +89,11 @@ def test_a_broken_scipy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
         kernels.use_fallback(False)
 
 
-def test_loader_batches_are_equal_on_both_paths(tmp_path: Path) -> None:
+def test_loader_batches_are_equal_on_both_paths(tmp_path: Path,
+                                                build_dataset: Callable[..., Any]) -> None:
     from loaders import ShardDataset
-    from tests.shard_fixtures import make_dataset
 
-    fx = make_dataset(tmp_path / "ds")
+    fx = build_dataset(tmp_path / "ds", "shards")
     runs = []
     for fallback in (False, True):
         kernels.use_fallback(fallback)
@@ -117,7 +118,7 @@ def test_scattered_rows_finish_like_csr_rows_in_numpy_and_torch() -> None:
     import torch
 
     from loaders.device import TORCH_OPS
-    from loaders.payload import SCATTER_OP, Gathered
+    from loaders.modalities.perturbation.ops import SCATTER_OP, Gathered
 
     x = _matrix(3)
     rows = np.array([5, 7, 0, 299, 5, 120])  # repeated and empty rows too

@@ -23,9 +23,9 @@ from pipeline.records import Record, RecordKind
 from pipeline.manifest import Manifest, SourceSpec
 from pipeline.model import ScannedSource
 from pipeline.source import Source, register_source
+from pipeline.testing import SourceTypeContract
 from pipeline.verify import summary, verify
 from tests.plugin_toy import VOCAB, write_toy
-from tests.test_source_types import SourceTypeContract
 
 MANIFEST = """
 [dataset]

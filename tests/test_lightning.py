@@ -3,6 +3,7 @@ epoch, DDP ranks from the trainer, and a mid-epoch checkpoint resumes with exact
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,6 @@ import torch
 pl = pytest.importorskip("lightning.pytorch", reason='Lightning not installed: pip install -e ".[lightning]"')
 
 from loaders.lightning import ShardDataModule  # noqa: E402
-from tests.shard_fixtures import make_dataset  # noqa: E402
 
 N_GENES = 20
 
@@ -54,9 +54,10 @@ def _trainer(**kw: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def root(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lightning") / "ds"
-    make_dataset(root, n_shards=6, cells_per_shard=60, n_genes=N_GENES, splits=("train", "train", "val"))
+    build_dataset(root, "shards", n_shards=6, cells=60, genes=N_GENES,
+                  splits=("train", "train", "val"))
     return root
 
 

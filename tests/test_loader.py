@@ -1,4 +1,5 @@
-"""ShardDataset / ShardLoader against datasets written by the real shard writer (tests/shard_fixtures.py)."""
+"""ShardDataset / ShardLoader against datasets written by the real shard writer (build_dataset's
+stage="shards", tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import gc
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -16,9 +19,7 @@ import torch
 
 from loaders import ShardDataset, ShardLoader
 from loaders.format import (
-    COND_ID,
     OBS_PREFIX,
-    OBSM_PREFIX,
     PAIRS,
     PRIMARY,
     SAMPLE_ID,
@@ -28,49 +29,29 @@ from loaders.format import (
     ShardEntry,
     read_index,
 )
-from tests.shard_fixtures import OBS_FIELDS, OBSM_KEY, Fixture, make_dataset
 
 TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
 
 
-class Truth:
-    """What was written, indexed by sample_id (duplicated controls share the id of their original)."""
-
-    def __init__(self, fx: Fixture) -> None:
-        table = fx.by_sample()
-        self.dense, self.cond_id, self.pca = table["X"], table[COND_ID].astype(np.int64), table[OBSM_PREFIX + OBSM_KEY]
-        self.obs = {f: table[OBS_PREFIX + f].astype(np.int64) for f in OBS_FIELDS}
-        self.vectors = fx.vectors
+@pytest.fixture(scope="module")
+def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_dataset(tmp_path_factory.mktemp("demo"), "shards", n_shards=6, cells=150,
+                         genes=40, seed=1, splits=("train", "train", "val"))
 
 
 @pytest.fixture(scope="module")
-def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return make_dataset(tmp_path_factory.mktemp("demo"), n_shards=6, cells_per_shard=150, n_genes=40, seed=1,
-                        splits=("train", "train", "val"))
-
-
-@pytest.fixture(scope="module")
-def truth(fx: Fixture) -> Truth:
-    return Truth(fx)
+def truth(fx: Any) -> Any:
+    """What was written, by sample_id (duplicated controls share the id of their original)."""
+    return fx.truth
 
 
 def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
     return list(dl)
 
 
-def check_cells(batch: dict[str, torch.Tensor], truth: Truth) -> None:
-    ids = batch["sample_id"].numpy()
-    np.testing.assert_array_equal(batch["X"].numpy(), truth.dense[ids])
-    np.testing.assert_array_equal(batch["cond_id"].numpy(), truth.cond_id[ids])
-    np.testing.assert_array_equal(batch["cond"].numpy(), truth.vectors[truth.cond_id[ids]])
-    for f in OBS_FIELDS:
-        assert batch[f].dtype == torch.int64
-        np.testing.assert_array_equal(batch[f].numpy(), truth.obs[f][ids])
-    np.testing.assert_array_equal(batch["obsm/pca"].numpy(), truth.pca[ids])
-
-
 @pytest.mark.parametrize("workers", [0, 2])
-def test_cells_epoch_is_a_permutation_of_the_split(fx: Fixture, truth: Truth, workers: int) -> None:
+def test_cells_epoch_is_a_permutation_of_the_split(fx: Any, truth: Any, workers: int,
+                                                   check_cells: Callable[..., None]) -> None:
     ds = ShardDataset(fx.root, split="train", sample="cells", batch_size=64, seed=3, window=2)
     dl = ShardLoader(ds, num_workers=workers, timeout=TIMEOUT)
     batches = epoch(dl)
@@ -84,14 +65,14 @@ def test_cells_epoch_is_a_permutation_of_the_split(fx: Fixture, truth: Truth, wo
     assert sorted(ids1) == sorted(ids) and not np.array_equal(ids1, ids)
 
 
-def test_natural_order_without_shuffle(fx: Fixture) -> None:
+def test_natural_order_without_shuffle(fx: Any) -> None:
     ds = ShardDataset(fx.root, split="val", batch_size=50, shuffle=False)
     ids = np.concatenate([b["sample_id"].numpy() for b in ShardLoader(ds)])
     np.testing.assert_array_equal(ids, fx.primary_ids("val"))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_sparse_and_shipped_parts_match_dense(fx: Fixture, workers: int) -> None:
+def test_sparse_and_shipped_parts_match_dense(fx: Any, workers: int) -> None:
     def make(**kw: object) -> ShardLoader:
         ds_kw = {k: kw.pop(k) for k in ("densify", "torch_sparse") if k in kw}
         return ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5, **ds_kw),  # type: ignore[arg-type]
@@ -120,7 +101,7 @@ def test_sparse_and_shipped_parts_match_dense(fx: Fixture, workers: int) -> None
             np.testing.assert_array_equal(got["sample_id"].numpy(), d["sample_id"].numpy())
 
 
-def test_cuda_request_without_cuda_falls_back(fx: Fixture) -> None:
+def test_cuda_request_without_cuda_falls_back(fx: Any) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.warns(RuntimeWarning, match="CUDA"):
@@ -129,7 +110,7 @@ def test_cuda_request_without_cuda_falls_back(fx: Fixture) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_pairs_reference_the_right_cells(fx: Fixture, truth: Truth, workers: int) -> None:
+def test_pairs_reference_the_right_cells(fx: Any, truth: Any, workers: int) -> None:
     ds = ShardDataset(fx.root, split="train", sample="pairs", batch_size=48, seed=1, window=2)
     batches = epoch(ShardLoader(ds, num_workers=workers, timeout=TIMEOUT))
     expected = sorted((int(s[SAMPLE_ID][c]), int(s[SAMPLE_ID][p]))
@@ -147,7 +128,7 @@ def test_pairs_reference_the_right_cells(fx: Fixture, truth: Truth, workers: int
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_sentences_reference_the_right_cells(fx: Fixture, truth: Truth, workers: int) -> None:
+def test_sentences_reference_the_right_cells(fx: Any, truth: Any, workers: int) -> None:
     ds = ShardDataset(fx.root, split="train", sample="sentences", batch_size=16, seed=2, window=3)
     n = 0
     for b in ShardLoader(ds, num_workers=workers, timeout=TIMEOUT):
@@ -167,7 +148,8 @@ def test_sentences_reference_the_right_cells(fx: Fixture, truth: Truth, workers:
 
 @pytest.mark.parametrize("workers_before,workers_after,persistent", [(0, 0, False), (2, 2, False), (2, 0, False),
                                                                    (0, 2, True)])
-def test_mid_epoch_resume(fx: Fixture, workers_before: int, workers_after: int, persistent: bool) -> None:
+def test_mid_epoch_resume(fx: Any, workers_before: int, workers_after: int,
+                          persistent: bool) -> None:
     def make(workers: int) -> ShardLoader:
         return ShardLoader(ShardDataset(fx.root, batch_size=32, seed=9, window=2), num_workers=workers,
                            timeout=TIMEOUT, persistent_workers=persistent)
@@ -194,7 +176,7 @@ def test_mid_epoch_resume(fx: Fixture, workers_before: int, workers_after: int, 
     assert len(list(dl2)) == len(full)
 
 
-def test_resume_with_other_world_size_or_settings_is_refused(fx: Fixture) -> None:
+def test_resume_with_other_world_size_or_settings_is_refused(fx: Any) -> None:
     state = ShardLoader(ShardDataset(fx.root, rank=0, world_size=2)).state_dict()
     with pytest.raises(ValueError, match="world_size"):
         ShardLoader(ShardDataset(fx.root, rank=0, world_size=3)).load_state_dict(state)
@@ -203,8 +185,9 @@ def test_resume_with_other_world_size_or_settings_is_refused(fx: Fixture) -> Non
     ShardLoader(ShardDataset(fx.root, rank=1, world_size=2)).load_state_dict(state)  # rank 0's state fits rank 1
 
 
-def test_memory_does_not_grow_across_epochs(tmp_path: Path) -> None:
-    fx = make_dataset(tmp_path / "big", n_shards=4, cells_per_shard=1500, n_genes=400, seed=0)
+def test_memory_does_not_grow_across_epochs(tmp_path: Path,
+                                            build_dataset: Callable[..., Any]) -> None:
+    fx = build_dataset(tmp_path / "big", "shards", n_shards=4, cells=1500, genes=400, seed=0)
     dl = ShardLoader(ShardDataset(fx.root, batch_size=128, window=2))
     proc = psutil.Process()
     rss = []
@@ -219,7 +202,7 @@ def test_memory_does_not_grow_across_epochs(tmp_path: Path) -> None:
     assert growth < max(8.0, 2 * arena_mb), f"RSS grew {growth:.1f} MiB over 6 epochs: {rss}"
 
 
-def test_persistent_workers_follow_epochs(fx: Fixture) -> None:
+def test_persistent_workers_follow_epochs(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=64, seed=4, window=2)
     dl = ShardLoader(ds, num_workers=2, persistent_workers=True, timeout=TIMEOUT)
     ref = ShardLoader(ShardDataset(fx.root, batch_size=64, seed=4, window=2))
@@ -230,7 +213,7 @@ def test_persistent_workers_follow_epochs(fx: Fixture) -> None:
         np.testing.assert_array_equal(got, np.concatenate([b["sample_id"].numpy() for b in ref]))
 
 
-def test_spawn_start_method(fx: Fixture) -> None:
+def test_spawn_start_method(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=64, seed=6, window=2)
     dl = ShardLoader(ds, num_workers=2, multiprocessing_context="spawn", timeout=TIMEOUT)
     ids = np.concatenate([b["sample_id"].numpy() for b in dl])
@@ -239,21 +222,11 @@ def test_spawn_start_method(fx: Fixture) -> None:
     np.testing.assert_array_equal(ids, ref)
 
 
-def _broken_copy(fx: Fixture, dst: Path, how: str) -> Path:
-    shutil.copytree(fx.root, dst)
-    shard = dst / "shards" / "shard-00003.zarr"  # a train shard
-    if how == "missing":
-        shutil.rmtree(shard)
-    else:
-        chunks = sorted(p for p in (shard / "X" / "data").rglob("*") if p.is_file() and p.name != "zarr.json")
-        chunks[0].write_bytes(b"\x00garbage" * 5)
-    return shard
-
-
 @pytest.mark.parametrize("how", ["missing", "corrupt"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_broken_shard_error_names_the_file(fx: Fixture, tmp_path: Path, how: str, workers: int) -> None:
-    shard = _broken_copy(fx, tmp_path / "ds", how)
+def test_broken_shard_error_names_the_file(fx: Any, tmp_path: Path, how: str, workers: int,
+                                           broken_copy: Callable[..., Path]) -> None:
+    shard = broken_copy(fx, tmp_path / "ds", how)
     dl = ShardLoader(ShardDataset(tmp_path / "ds", batch_size=64, window=1), num_workers=workers, timeout=TIMEOUT)
     with pytest.raises(Exception, match=re.escape(str(shard))):
         for _ in dl:
@@ -261,7 +234,7 @@ def test_broken_shard_error_names_the_file(fx: Fixture, tmp_path: Path, how: str
 
 
 @pytest.mark.parametrize("decode_process", [False, True])
-def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(fx: Fixture, tmp_path: Path,
+def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(fx: Any, tmp_path: Path,
                                                                      decode_process: bool) -> None:
     root = tmp_path / "ds"
     shutil.copytree(fx.root, root)
@@ -278,7 +251,7 @@ def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(fx: Fixture,
     assert sum(len(b["sample_id"]) for b in ShardLoader(ok)) == ok.n_units  # other sample types still load
 
 
-def test_unknown_split_or_sample(fx: Fixture) -> None:
+def test_unknown_split_or_sample(fx: Any) -> None:
     with pytest.raises(ValueError, match=r"valid: \['train', 'val'\]"):
         ShardDataset(fx.root, split="test")
     with pytest.raises(ValueError, match="cells.*pairs.*sentences"):
@@ -286,8 +259,9 @@ def test_unknown_split_or_sample(fx: Fixture) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_fewer_units_than_ranks(tmp_path: Path, workers: int) -> None:
-    fx = make_dataset(tmp_path / "tiny", n_shards=1, cells_per_shard=3, n_genes=10, seed=0)
+def test_fewer_units_than_ranks(tmp_path: Path, workers: int,
+                               build_dataset: Callable[..., Any]) -> None:
+    fx = build_dataset(tmp_path / "tiny", "shards", n_shards=1, cells=3, genes=10, seed=0)
     for pad, per_rank in ((True, 1), (False, 0)):
         for rank in range(5):
             ds = ShardDataset(fx.root, batch_size=4, pad=pad, rank=rank, world_size=5, shuffle=False)
@@ -297,7 +271,7 @@ def test_fewer_units_than_ranks(tmp_path: Path, workers: int) -> None:
                 assert batches[0]["sample_id"].tolist() == [fx.primary_ids("train")[rank % 3]]
 
 
-def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Fixture) -> None:
+def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=32, drop_last=True, window=2)
     dl = ShardLoader(ds)
     distinct = []
@@ -316,7 +290,6 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
     from loaders.collate import Arena, BufferPool, Payload, Rows
     from loaders.device import assemble
     from loaders.format import FieldSpec
-    from tests.shard_fixtures import transported
 
     rng = np.random.default_rng(0)
     m, g = 37, 101
@@ -349,7 +322,7 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
 
 
 @pytest.mark.parametrize("decode_process", [False, True])
-def test_window_of_the_whole_split_is_decoded_once(fx: Fixture, decode_process: bool) -> None:
+def test_window_of_the_whole_split_is_decoded_once(fx: Any, decode_process: bool) -> None:
     """window >= shards: every epoch is one window of the same shards; it is decoded once and re-ordered per
     epoch, with the same batches as decoding it every epoch."""
     def run(ds: ShardDataset) -> tuple[list[np.ndarray], int]:
@@ -369,3 +342,23 @@ def test_window_of_the_whole_split_is_decoded_once(fx: Fixture, decode_process: 
     for a, b in zip(reused, fresh, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(reused[0], reused[1])  # still a new shuffle every epoch
+
+
+def transported(payload: Any, output: str) -> list[dict[str, Any]]:
+    """One payload through every transport: main-process tensors, a worker's fresh shared segment,
+    and a worker's ring slot that held an earlier item's bytes (0x7F everywhere: finishers must not
+    assume zeros), shipped as the second batch of a run of two."""
+    from loaders.collate import to_shared, to_tensors
+    from loaders.device import unpack_batches
+    from loaders.engine.ring import Ring
+
+    ring = Ring(1, max_bytes=64 << 20)
+    stale = to_shared([payload, payload], output, ring)
+    assert stale.slot is not None
+    stale.buffer.numpy()[:] = 0x7F
+    ring.control[stale.slot[1]] = 0  # the consumer let it go
+    del stale
+    item = to_shared([payload, payload], output, ring)
+    assert item.slot is not None, "the ring must have served this item"
+    return [to_tensors(payload, output), unpack_batches(to_shared([payload], output))[0],
+            unpack_batches(item)[1]]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +21,6 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 from loaders import ShardDataset, ShardLoader
-from tests.shard_fixtures import Fixture, make_dataset
 
 DEADLINE = 90.0  # seconds for a whole job (spawning ranks imports torch in each)
 
@@ -71,13 +72,13 @@ def run_job(world: int, root: Path, out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return make_dataset(tmp_path_factory.mktemp("ddp"), n_shards=5, cells_per_shard=101, n_genes=30, seed=2,
-                        splits=("train",))
+def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_dataset(tmp_path_factory.mktemp("ddp"), "shards", n_shards=5, cells=101, genes=30,
+                         seed=2, splits=("train",))
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_ddp_ranks_split_the_epoch(fx: Fixture, tmp_path: Path, world: int) -> None:
+def test_ddp_ranks_split_the_epoch(fx: Any, tmp_path: Path, world: int) -> None:
     run_job(world, fx.root, tmp_path)
     split = fx.primary_ids("train")
     for pad in (0, 1):

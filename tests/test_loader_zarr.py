@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,12 +12,12 @@ import zarr
 
 import pipeline.writers.zarr_writer as zarr_writer
 from loaders import ShardDataset, ShardLoader, order
-from loaders.format import FormatError
 from loaders.engine.schedule import batch_segments
+from loaders.format import FormatError
 from loaders.shardio import open_shard, open_zarr_columns, read_shard
 from pipeline.writers import Codec, get_writer
-from tests.shard_fixtures import make_dataset
-from tests.test_loader import TIMEOUT, Truth, check_cells
+
+TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
 
 
 def columns(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
@@ -70,19 +72,21 @@ def test_corrupt_chunk_is_named(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def chunky(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Truth]:
+def chunky(build_dataset: Callable[..., Any],
+           tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """Shards whose X spans several chunks with padded edges, decoded into arena slices in place."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(zarr_writer, "CHUNK_BYTES", 1000)
-        fx = make_dataset(tmp_path_factory.mktemp("chunky"), n_shards=5, cells_per_shard=120, n_genes=60, seed=4,
-                          density=0.2)
+        fx = build_dataset(tmp_path_factory.mktemp("chunky"), "shards", n_shards=5, cells=120,
+                           genes=60, seed=4, density=0.2)
     first = fx.root / "shards" / sorted(p.name for p in (fx.root / "shards").iterdir())[0]
     assert zarr.open_group(str(first), mode="r")["X/indices"].nchunks > 1
-    return fx.root, Truth(fx)
+    return fx.root, fx.truth
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_multi_chunk_shards_give_the_written_cells(chunky: tuple[Path, Truth], workers: int) -> None:
+def test_multi_chunk_shards_give_the_written_cells(chunky: tuple[Path, Any], workers: int,
+                                                   check_cells: Callable[..., None]) -> None:
     root, truth = chunky
     for window in (1, 2, 5):
         dl = ShardLoader(ShardDataset(root, batch_size=37, seed=window, window=window), num_workers=workers,
@@ -96,7 +100,7 @@ def test_multi_chunk_shards_give_the_written_cells(chunky: tuple[Path, Truth], w
             assert np.unique(np.concatenate(ids)).size == sum(len(i) for i in ids)
 
 
-def test_pairs_and_sentences_from_multi_chunk_shards(chunky: tuple[Path, Truth]) -> None:
+def test_pairs_and_sentences_from_multi_chunk_shards(chunky: tuple[Path, Any]) -> None:
     root, truth = chunky
     for b in ShardLoader(ShardDataset(root, sample="pairs", batch_size=29, window=2)):
         np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[b["ctrl_id"].numpy()])
@@ -107,7 +111,8 @@ def test_pairs_and_sentences_from_multi_chunk_shards(chunky: tuple[Path, Truth])
 
 
 @pytest.mark.parametrize("decode_ahead", [True, False])
-def test_each_window_is_decoded_once_per_epoch(chunky: tuple[Path, Truth], monkeypatch: pytest.MonkeyPatch,
+def test_each_window_is_decoded_once_per_epoch(chunky: tuple[Path, Any],
+                                               monkeypatch: pytest.MonkeyPatch,
                                                 decode_ahead: bool) -> None:
     calls: list[tuple[int, int]] = []
     read_window = ShardDataset.read_window
@@ -129,7 +134,8 @@ def test_each_window_is_decoded_once_per_epoch(chunky: tuple[Path, Truth], monke
     assert sorted(calls) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), *ahead]
 
 
-def test_next_epoch_decoded_ahead_is_used_or_dropped(chunky: tuple[Path, Truth]) -> None:
+def test_next_epoch_decoded_ahead_is_used_or_dropped(chunky: tuple[Path, Any],
+                                                     check_cells: Callable[..., None]) -> None:
     """The speculative decode of the next epoch's first window serves that epoch; another epoch drops it
     (its batches are still exactly right), and the buffers go back to the pool."""
     root, truth = chunky
@@ -147,11 +153,12 @@ def test_next_epoch_decoded_ahead_is_used_or_dropped(chunky: tuple[Path, Truth])
         assert dl.dataset._ahead is not None and dl.dataset._ahead[0][0] == epoch + 1
 
 
-def test_device_side_densify_matches_host(chunky: tuple[Path, Truth]) -> None:
+def test_device_side_densify_matches_host(chunky: tuple[Path, Any]) -> None:
     """The GPU path ships (crow, cols, vals) and densifies with torch ops; the same code runs on CPU tensors."""
     import torch
 
-    from loaders.device import densify, densify_torch
+    from loaders.modalities.perturbation.ops import densify
+    from loaders.modalities.perturbation.torch_ops import densify_torch
 
     batch = next(iter(ShardLoader(ShardDataset(chunky[0], batch_size=50), device="cpu", ship_csr=True)))
     dense = batch["X"].numpy()

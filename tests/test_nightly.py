@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +16,6 @@ import pipeline.build
 from pipeline.build import build
 from pipeline.cli import main
 from pipeline.modalities.perturbation.demo import write_perturb_h5ad
-from tests.pipeline_helpers import shard_files, write_manifest
 
 N_GENES = 60
 
@@ -25,7 +26,7 @@ def _source(path: Path, seed: int, density: float = 0.1) -> Path:
 
 
 @pytest.fixture
-def screens(tmp_path: Path) -> tuple[Path, list[Path], Path]:
+def screens(tmp_path: Path, write_manifest: Callable[..., Any]) -> tuple[Path, list[Path], Path]:
     """Three sources (the third has the first's labels, so it can go without changing any vocabulary), built."""
     src = tmp_path / "src"
     paths = [_source(src / "screen_0.h5ad", 0), _source(src / "screen_1.h5ad", 1),
@@ -76,7 +77,9 @@ def test_dry_run_changes_nothing_and_predicts_the_build(screens: tuple[Path, lis
 
 
 def test_exit_codes_and_the_summary_line(screens: tuple[Path, list[Path], Path], tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+                                         capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         write_manifest: Callable[..., Any]) -> None:
     manifest, paths, out = screens
     code, _, summary = _cli([str(manifest), "--out", str(out)], capsys)
     assert (code, summary["changed"], summary["written"], summary["status"]) == (0, False, 0, "ok")
@@ -125,7 +128,9 @@ def summary_files(out: Path) -> list[str]:
     return [s["file"] for s in json.loads((out / "index.json").read_text())["shards"]]
 
 
-def test_an_added_source_writes_only_its_shards(screens: tuple[Path, list[Path], Path], tmp_path: Path) -> None:
+def test_an_added_source_writes_only_its_shards(screens: tuple[Path, list[Path], Path],
+                                                tmp_path: Path,
+                                                shard_files: Callable[..., Any]) -> None:
     manifest, _, out = screens
     before = shard_files(out)
     _source(tmp_path / "src" / "screen_3.h5ad", 1, 0.25)
@@ -135,7 +140,8 @@ def test_an_added_source_writes_only_its_shards(screens: tuple[Path, list[Path],
     assert all(shard_files(out)[k] == v for k, v in before.items()), "an old shard was rewritten"
 
 
-def test_a_removed_source_deletes_only_its_shards(screens: tuple[Path, list[Path], Path]) -> None:
+def test_a_removed_source_deletes_only_its_shards(screens: tuple[Path, list[Path], Path],
+                                                  shard_files: Callable[..., Any]) -> None:
     """Its shards stay one generation (a loader that opened the dataset may still read them), then go."""
     manifest, paths, out = screens
     before = shard_files(out)
@@ -151,7 +157,8 @@ def test_a_removed_source_deletes_only_its_shards(screens: tuple[Path, list[Path
         {k: v for k, v in after.items() if "-001-" in k}
 
 
-def test_a_changed_source_rewrites_only_its_shards(screens: tuple[Path, list[Path], Path]) -> None:
+def test_a_changed_source_rewrites_only_its_shards(screens: tuple[Path, list[Path], Path],
+                                                   shard_files: Callable[..., Any]) -> None:
     manifest, paths, out = screens
     before = shard_files(out)
     _source(paths[1], 1, 0.3)

@@ -9,7 +9,9 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,8 +22,6 @@ from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOCKED, LockHeldErr
 from pipeline.lock import LOCK_FILE
 from pipeline.verify import verify
 from tests import hostile
-from tests.out_helpers import cli, listing, popen, small_manifest
-from tests.pipeline_helpers import shard_files
 
 HOLD = """
 import sys, time
@@ -33,18 +33,20 @@ with exclusive(Path(sys.argv[1])):
 """
 
 
-def _holder(out: Path, seconds: float):  # type: ignore[no-untyped-def]
+def _holder(checkout: Any, out: Path, seconds: float):  # type: ignore[no-untyped-def]
     out.mkdir(parents=True, exist_ok=True)
-    proc = popen(HOLD, str(out), str(seconds))
+    proc = checkout.popen(HOLD, str(out), str(seconds))
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked", proc.stderr
     return proc
 
 
 @hostile.parametrize
 def test_second_writer_fails_at_once_naming_the_holder(case: hostile.Case, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       checkout: Any,
+                                                       small_manifest: Callable[..., Any]) -> None:
     manifest = small_manifest(tmp_path)
-    holder = _holder(tmp_path / "out", 60)
+    holder = _holder(checkout, tmp_path / "out", 60)
     try:
         t = time.monotonic()
         rc = main(["build", str(manifest), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-progress"])
@@ -65,9 +67,11 @@ def test_second_writer_fails_at_once_naming_the_holder(case: hostile.Case, tmp_p
 
 
 @hostile.parametrize
-def test_wait_takes_the_lock_when_the_holder_finishes(case: hostile.Case, tmp_path: Path) -> None:
+def test_wait_takes_the_lock_when_the_holder_finishes(case: hostile.Case, tmp_path: Path,
+                                                      checkout: Any,
+                                                      small_manifest: Callable[..., Any]) -> None:
     manifest = small_manifest(tmp_path)
-    holder = _holder(tmp_path / "out", 1.0)
+    holder = _holder(checkout, tmp_path / "out", 1.0)
     try:
         res = build(manifest, tmp_path / "out", jobs=1, progress=False, wait=60)
     finally:
@@ -76,12 +80,15 @@ def test_wait_takes_the_lock_when_the_holder_finishes(case: hostile.Case, tmp_pa
 
 
 @hostile.parametrize
-def test_two_builds_with_different_manifests_never_mix(case: hostile.Case, tmp_path: Path) -> None:
+def test_two_builds_with_different_manifests_never_mix(case: hostile.Case, tmp_path: Path,
+                                                       checkout: Any,
+                                                       small_manifest: Callable[..., Any]) -> None:
     """Issue case 1: two real builds of different manifests into one --out, started together. Whoever wins,
     the committed index names only existing, intact shards; a loser exits 3 (or ran after the winner)."""
     a, b = small_manifest(tmp_path, seed=0, name="a.toml"), small_manifest(tmp_path, seed=1, name="b.toml")
     out = tmp_path / "out"
-    procs = [cli("build", str(m), "--out", str(out), "--jobs", "1", "--no-progress") for m in (a, b)]
+    procs = [checkout.cli("build", str(m), "--out", str(out), "--jobs", "1", "--no-progress")
+             for m in (a, b)]
     codes = [p.wait(timeout=300) for p in procs]
     errors = [p.stderr.read() for p in procs if p.stderr is not None]
     assert sorted(codes) in ([0, 0], [0, EXIT_LOCKED]), errors
@@ -94,8 +101,9 @@ def test_two_builds_with_different_manifests_never_mix(case: hostile.Case, tmp_p
 
 
 @hostile.parametrize
-def test_a_folder_that_is_not_ours_is_refused_untouched(case: hostile.Case, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_folder_that_is_not_ours_is_refused_untouched(
+        case: hostile.Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        small_manifest: Callable[..., Any]) -> None:
     """Issue case 2: a build into a folder holding anything but a dataset (or our leftovers) is refused with
     exit 2 and a message naming the folder and what it holds; not one file is added, changed or removed."""
     manifest, layout = small_manifest(tmp_path), dict(case.data)
@@ -113,7 +121,8 @@ def test_a_folder_that_is_not_ours_is_refused_untouched(case: hostile.Case, tmp_
 
 
 @hostile.parametrize
-def test_user_files_in_a_dataset_survive_rebuilds(case: hostile.Case, tmp_path: Path) -> None:
+def test_user_files_in_a_dataset_survive_rebuilds(case: hostile.Case, tmp_path: Path,
+                                                  small_manifest: Callable[..., Any]) -> None:
     """Only files a committed index or a build's journal named are deleted: a user's note inside shards/
     survives rebuilds that retire every shard around it."""
     (tmp_path / "out").mkdir()
@@ -129,7 +138,8 @@ def test_user_files_in_a_dataset_survive_rebuilds(case: hostile.Case, tmp_path: 
 
 
 @hostile.parametrize
-def test_index_and_shards_get_the_umask_permissions(case: hostile.Case, tmp_path: Path) -> None:
+def test_index_and_shards_get_the_umask_permissions(case: hostile.Case, tmp_path: Path,
+                                                    small_manifest: Callable[..., Any]) -> None:
     """Issue case 9: index.json was 0600 (mkstemp) while shards were 0644."""
     umask = int(case.data)
     old = os.umask(umask)
@@ -179,8 +189,11 @@ def _fail_on(monkeypatch: pytest.MonkeyPatch, stage: str, err: int) -> None:
 
 @hostile.parametrize
 def test_a_failed_write_keeps_the_previous_dataset(case: hostile.Case, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   listing: Callable[..., Any],
+                                                   shard_files: Callable[..., Any],
+                                                   small_manifest: Callable[..., Any]) -> None:
     """A full disk or read-only --out ends with a clear error naming --out and the errno; the previous
     dataset stays committed and intact, and the failed build's own files are removed (space given back)."""
     stage, err, code = case.data
@@ -200,7 +213,8 @@ def test_a_failed_write_keeps_the_previous_dataset(case: hostile.Case, tmp_path:
     assert build(small_manifest(tmp_path, seed=1), out, jobs=1, progress=False).written  # and it recovers
 
 
-def test_an_unreadable_source_is_not_blamed_on_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreadable_source_is_not_blamed_on_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   small_manifest: Callable[..., Any]) -> None:
     """EACCES on a file outside --out is not an OutputError: the message must point at the right place."""
     from pipeline.generations import _fails_the_output
 
@@ -220,8 +234,17 @@ from loaders import format as fmt
 from pipeline.build import build
 from pipeline.cli import main
 from pipeline.verify import verify
-from tests.out_helpers import listing, small_manifest
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
+texts = [Path(p).read_text() for p in sys.argv[3:]]  # small_manifest(root, seed=k)'s, k = 0, 1, 2
+
+
+def small_manifest(root, seed):  # what the fixture writes: root/m.toml, dataset seed `seed`
+    (root / "m.toml").write_text(texts[seed])
+    return root / "m.toml"
+
+
+# the listing fixture's function: its source replaces the next line
+#LISTING
 build(small_manifest(root, seed=0), out, jobs=1, progress=False)
 st = __import__("os").statvfs(out)
 used_kib = (st.f_blocks - st.f_bfree) * st.f_frsize // 1024
@@ -238,25 +261,30 @@ print(json.dumps({"full": full, "same": same, "ro": ro, "intact": verify(out) ==
 
 @hostile.parametrize
 def test_a_real_full_and_read_only_file_system(case: hostile.Case, tmp_path: Path,
-                                               capfd: pytest.CaptureFixture[str]) -> None:
+                                               capfd: pytest.CaptureFixture[str],
+                                               checkout: Any,
+                                               listing: Callable[..., Any],
+                                               small_manifest: Callable[..., Any]) -> None:
     """The same guarantees on a real tmpfs (in a private mount namespace: `unshare -rm`, so nothing is left
     mounted), where the platform allows it: shrunk after the first build to 1.5 times what it uses, so the
     second generation does not fit beside the first."""
+    import inspect
     import json
     import shutil
     import subprocess
     import sys
 
-    from tests.out_helpers import ENV, ROOT
-
     if shutil.which("unshare") is None:
         pytest.skip("no unshare(1)")
     small_manifest(tmp_path)
+    texts = [str(small_manifest(tmp_path, seed=k, name=f"seed{k}.toml")) for k in range(3)]
+    script = TMPFS_SCRIPT.replace("#LISTING\n", inspect.getsource(listing))
     (tmp_path / "out").mkdir()
     shell = 'mount -t tmpfs -o size=64m tmpfs "$1" 2>/dev/null || exit 77; shift; exec "$@"'
     res = subprocess.run(["unshare", "-rm", "sh", "-c", shell, "sh", str(tmp_path / "out"), sys.executable, "-c",
-                          TMPFS_SCRIPT, str(tmp_path), str(tmp_path / "out")],
-                         capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+                          script, str(tmp_path), str(tmp_path / "out"), *texts],
+                         capture_output=True, text=True, env=checkout.env, cwd=checkout.root,
+                         timeout=300)
     if res.returncode == 77 or "unshare" in res.stderr.split(":")[0]:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()[:200]}")
     assert res.returncode == 0, res.stderr
@@ -266,7 +294,8 @@ def test_a_real_full_and_read_only_file_system(case: hostile.Case, tmp_path: Pat
 
 
 @pytest.mark.parametrize("existed", [False, True], ids=["new-folder", "empty-folder"])
-def test_a_failed_first_build_leaves_out_as_it_found_it(tmp_path: Path, existed: bool) -> None:
+def test_a_failed_first_build_leaves_out_as_it_found_it(
+        tmp_path: Path, existed: bool, small_manifest: Callable[..., Any]) -> None:
     """Bad input found after the lock is taken (a missing obs column): no lock file, no empty ``shards/``,
     no folder the build made (issue 14: nothing left in --out by a build that failed before its first commit)."""
     m = small_manifest(tmp_path)

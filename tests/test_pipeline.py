@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,31 +14,24 @@ from loaders import format as fmt
 from pipeline.build import build
 from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.verify import summary, verify
-from tests.pipeline_helpers import read_all, shard_csr, shard_files, source_matrix, write_manifest
 
-N_GENES = 120
-
-
-def make_sources(root: Path, n: int = 3, cells: int = 500, seed: int = 0) -> list[Path]:
-    (root / "src").mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i in range(n):
-        p = root / "src" / f"screen_{i}.h5ad"
-        write_perturb_h5ad(p, n_cells=cells, n_genes=N_GENES, n_perts=6, seed=seed + i)
-        paths.append(p)
-    return paths
+N_GENES = 120  # build_dataset's genes per source (its default)
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path], Path]:
+def built(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[..., Any],
+          write_manifest: Callable[..., Any]) -> tuple[Path, list[Path], Path]:
     root = tmp_path_factory.mktemp("ds")
-    paths = make_sources(root)
+    paths = build_dataset(root, "sources").sources
     manifest = write_manifest(root / "m.toml")
     build(manifest, root / "out", jobs=1, progress=False)
     return root / "out", paths, manifest
 
 
-def test_every_source_row_equals_its_shard_row(built: tuple[Path, list[Path], Path]) -> None:
+def test_every_source_row_equals_its_shard_row(built: tuple[Path, list[Path], Path],
+                                               read_all: Callable[..., Any],
+                                               shard_csr: Callable[..., Any],
+                                               source_matrix: Callable[..., Any]) -> None:
     out, paths, _ = built
     index, shards = read_all(out)
     full, _ = source_matrix(paths)
@@ -52,7 +47,8 @@ def test_every_source_row_equals_its_shard_row(built: tuple[Path, list[Path], Pa
     assert verify(out) == []
 
 
-def test_obs_codes_and_obsm_round_trip(built: tuple[Path, list[Path], Path]) -> None:
+def test_obs_codes_and_obsm_round_trip(built: tuple[Path, list[Path], Path],
+                                       read_all: Callable[..., Any]) -> None:
     import anndata as ad
 
     out, paths, _ = built
@@ -71,7 +67,8 @@ def _decode(index: fmt.Index, cols: dict[str, np.ndarray], field: str) -> np.nda
     return np.asarray(index.vocabularies[field])[cols[fmt.OBS_PREFIX + field]]
 
 
-def test_pairs_are_batch_matched_or_counted(built: tuple[Path, list[Path], Path]) -> None:
+def test_pairs_are_batch_matched_or_counted(built: tuple[Path, list[Path], Path],
+                                            read_all: Callable[..., Any]) -> None:
     out, _, _ = built
     index, shards = read_all(out)
     mismatched = 0
@@ -86,7 +83,8 @@ def test_pairs_are_batch_matched_or_counted(built: tuple[Path, list[Path], Path]
     assert stats["pairs_exact"] > 0
 
 
-def test_sentences_are_homogeneous(built: tuple[Path, list[Path], Path]) -> None:
+def test_sentences_are_homogeneous(built: tuple[Path, list[Path], Path],
+                                   read_all: Callable[..., Any]) -> None:
     out, _, _ = built
     index, shards = read_all(out)
     total = 0
@@ -101,7 +99,8 @@ def test_sentences_are_homogeneous(built: tuple[Path, list[Path], Path]) -> None
     assert total > 0
 
 
-def test_every_perturbed_cell_is_in_a_sentence(built: tuple[Path, list[Path], Path]) -> None:
+def test_every_perturbed_cell_is_in_a_sentence(built: tuple[Path, list[Path], Path],
+                                               read_all: Callable[..., Any]) -> None:
     out, _, _ = built
     index, shards = read_all(out)
     for _, cols in shards:
@@ -111,8 +110,9 @@ def test_every_perturbed_cell_is_in_a_sentence(built: tuple[Path, list[Path], Pa
         assert (in_sentence[pert & cols[fmt.PRIMARY]]).all()
 
 
-def test_jobs_do_not_change_bytes(tmp_path: Path) -> None:
-    make_sources(tmp_path, n=2, cells=300)
+def test_jobs_do_not_change_bytes(tmp_path: Path, build_dataset: Callable[..., Any],
+                                  write_manifest: Callable[..., Any]) -> None:
+    build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     a = build(manifest, tmp_path / "a", jobs=1, progress=False)
     b = build(manifest, tmp_path / "b", jobs=2, progress=False)
@@ -126,8 +126,11 @@ def test_jobs_do_not_change_bytes(tmp_path: Path) -> None:
         assert fmt.content_hash(tmp_path / "a/shards" / e["file"]) == fmt.content_hash(tmp_path / "b/shards" / e["file"])
 
 
-def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path) -> None:
-    paths = make_sources(tmp_path, n=3, cells=300)
+def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path,
+                                                      build_dataset: Callable[..., Any],
+                                                      shard_files: Callable[..., Any],
+                                                      write_manifest: Callable[..., Any]) -> None:
+    paths = build_dataset(tmp_path, "sources", sources=3, cells=300).sources
     manifest = write_manifest(tmp_path / "m.toml")
     first = build(manifest, tmp_path / "out", jobs=1, progress=False)
     before = shard_files(tmp_path / "out")
@@ -156,8 +159,10 @@ def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path) -> None:
     assert {f"shards/{f}" for f in third.written} <= {f"shards/{s}" for s in fourth.index["previous"]["shards"]}
 
 
-def test_zeroshot_cell_types_never_reach_train(tmp_path: Path) -> None:
-    make_sources(tmp_path, n=2, cells=400)
+def test_zeroshot_cell_types_never_reach_train(tmp_path: Path, build_dataset: Callable[..., Any],
+                                               read_all: Callable[..., Any],
+                                               write_manifest: Callable[..., Any]) -> None:
+    build_dataset(tmp_path, "sources", sources=2, cells=400)
     manifest = write_manifest(tmp_path / "m.toml", split="zeroshot")  # two cell types: one for train, one for test
     manifest.write_text(manifest.read_text().replace("val_fraction = 0.1", "val_fraction = 0.0"))
     build(manifest, tmp_path / "out", jobs=1, progress=False)
@@ -169,8 +174,11 @@ def test_zeroshot_cell_types_never_reach_train(tmp_path: Path) -> None:
     assert held and not (held & by_split["train"])
 
 
-def test_fewshot_holds_out_perturbations_per_cell_type(tmp_path: Path) -> None:
-    make_sources(tmp_path, n=2, cells=400)
+def test_fewshot_holds_out_perturbations_per_cell_type(tmp_path: Path,
+                                                       build_dataset: Callable[..., Any],
+                                                       read_all: Callable[..., Any],
+                                                       write_manifest: Callable[..., Any]) -> None:
+    build_dataset(tmp_path, "sources", sources=2, cells=400)
     build(write_manifest(tmp_path / "m.toml", split="fewshot"), tmp_path / "out", jobs=1, progress=False)
     index, shards = read_all(tmp_path / "out")
     combos: dict[str, set[tuple[str, str]]] = {}
@@ -182,10 +190,12 @@ def test_fewshot_holds_out_perturbations_per_cell_type(tmp_path: Path) -> None:
     assert verify(tmp_path / "out") == []
 
 
-def test_group_without_batch_control_falls_back_and_is_counted(tmp_path: Path) -> None:
+def test_group_without_batch_control_falls_back_and_is_counted(
+        tmp_path: Path, build_dataset: Callable[..., Any],
+        write_manifest: Callable[..., Any]) -> None:
     import anndata as ad
 
-    paths = make_sources(tmp_path, n=1, cells=400)
+    paths = build_dataset(tmp_path, "sources", sources=1, cells=400).sources
     a = ad.read_h5ad(paths[0])
     b0 = a.obs["batch"].astype(str).to_numpy() == a.obs["batch"].astype(str).iloc[0]
     drop = b0 & (a.obs["perturbation"].astype(str).to_numpy() == "control")
@@ -219,7 +229,11 @@ def test_verify_detects_a_corrupt_shard(built: tuple[Path, list[Path], Path], tm
 
 
 @pytest.mark.parametrize("flavour", ["legacy", "dense", "layers"])
-def test_anndata_flavours_build_the_same_cells(tmp_path: Path, flavour: str) -> None:
+def test_anndata_flavours_build_the_same_cells(tmp_path: Path, flavour: str,
+                                               read_all: Callable[..., Any],
+                                               shard_csr: Callable[..., Any],
+                                               source_matrix: Callable[..., Any],
+                                               write_manifest: Callable[..., Any]) -> None:
     import anndata as ad
 
     (tmp_path / "src").mkdir()
@@ -245,7 +259,9 @@ def test_anndata_flavours_build_the_same_cells(tmp_path: Path, flavour: str) -> 
     assert verify(tmp_path / "out") == []
 
 
-def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path) -> None:
+def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path, read_all: Callable[..., Any],
+                                                  shard_csr: Callable[..., Any],
+                                                  write_manifest: Callable[..., Any]) -> None:
     import h5py
 
     from pipeline.modalities.perturbation.demo import write_h5csr
@@ -271,10 +287,12 @@ def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path) -> None:
     assert verify(tmp_path / "out") == []
 
 
-def test_perturbation_features_fill_the_condition_vectors(tmp_path: Path) -> None:
+def test_perturbation_features_fill_the_condition_vectors(
+        tmp_path: Path, build_dataset: Callable[..., Any], read_all: Callable[..., Any],
+        write_manifest: Callable[..., Any]) -> None:
     import zarr
 
-    paths = make_sources(tmp_path, n=1, cells=300)
+    paths = build_dataset(tmp_path, "sources", sources=1, cells=300).sources
     import anndata as ad
 
     names = sorted(set(ad.read_h5ad(paths[0]).obs["perturbation"].astype(str)) - {"control"})
@@ -320,11 +338,13 @@ def test_a_no_change_rebuild_imports_no_heavy_module(built: tuple[Path, list[Pat
     assert res.stdout.strip() == "[] []", res.stdout + res.stderr
 
 
-def test_spill_path_gives_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spill_path_gives_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          build_dataset: Callable[..., Any],
+                                          write_manifest: Callable[..., Any]) -> None:
     """Big sources go through spill files instead of memory; the bytes must not change."""
     import pipeline.modalities.perturbation.pack
 
-    make_sources(tmp_path, n=2, cells=300)
+    build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     fused = build(manifest, tmp_path / "fused", jobs=2, progress=False)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)

@@ -4,6 +4,7 @@ presence table equals np.unique's (rows, order and inverse)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,18 @@ def test_distinct_rows_dense_equals_the_sort(sizes: tuple[int, ...], monkeypatch
     assert np.array_equal(table[inverse], np.stack(cols, axis=1))
 
 
-def test_the_plan_holds_a_few_compact_bytes_per_cell(tmp_path: Path) -> None:
+def test_the_plan_holds_a_few_compact_bytes_per_cell(tmp_path: Path,
+                                                     write_manifest: Callable[..., Any]) -> None:
     """What planning holds for every cell of the dataset at once (its peak at millions of cells) is kept in
     the smallest types, and the barcodes are not kept at all; the planned shard columns are unchanged:
     int32 codes and condition ids, int64 sample ids (row + the rows of the sources before), the source's
     barcodes of the shard's rows."""
     import anndata as ad
 
-    from pipeline.modalities.perturbation.demo import write_perturb_h5ad
     from pipeline.manifest import load_manifest
+    from pipeline.modalities.perturbation.demo import write_perturb_h5ad
     from pipeline.modalities.perturbation.plan import make_plan
     from pipeline.modalities.perturbation.scan import scan
-    from tests.pipeline_helpers import write_manifest
 
     (tmp_path / "src").mkdir()
     paths = [tmp_path / "src" / f"s{i}.h5ad" for i in range(2)]
@@ -82,16 +83,17 @@ def test_condition_vectors_are_made_after_the_plan_and_equal_the_blocks(tmp_path
     assert [s["offset"] for s in t.segments] == [0, 3, 5] and [s["size"] for s in t.segments] == [3, 2, 1]
 
 
-def test_every_pack_task_hands_its_freed_memory_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_pack_task_hands_its_freed_memory_back(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     build_dataset: Callable[..., Any],
+                                                     write_manifest: Callable[..., Any]) -> None:
     """Read, pack and fused tasks each end with a heap trim (pipeline.memory.trim_heap): freed blocks
     otherwise stay resident, and the build's RSS crept up with the number of tasks it ran."""
     import pipeline.modalities.perturbation.pack
     from pipeline.build import build
     from pipeline.events import EventLog
-    from tests.pipeline_helpers import write_manifest
-    from tests.test_pipeline import make_sources
 
-    make_sources(tmp_path, n=2, cells=300)
+    build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     trims: list[str] = []
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "trim_heap", lambda: trims.append(sys._getframe(1).f_code.co_name))
@@ -106,16 +108,16 @@ def test_every_pack_task_hands_its_freed_memory_back(tmp_path: Path, monkeypatch
         assert tasks >= 2 and len(at_end) == tasks and trims.count("_segments") >= 2
 
 
-def test_local_pack_tasks_delete_their_spill_files_as_they_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_pack_tasks_delete_their_spill_files_as_they_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build_dataset: Callable[..., Any],
+        write_manifest: Callable[..., Any]) -> None:
     """With threads, each pack task deletes the spill files it consumed (so their dirty pages never reach the
     disk), each read task its routed rows, each shard its parked columns; the shards are those of a build
     that keeps everything to the end (what cluster backends do: a rerun task needs its files)."""
     import pipeline.modalities.perturbation.pack
     from pipeline.build import build
-    from tests.pipeline_helpers import write_manifest
-    from tests.test_pipeline import make_sources
 
-    make_sources(tmp_path, n=2, cells=300)
+    build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
@@ -145,16 +147,16 @@ def _keeping(init: Any) -> Any:
     return keep
 
 
-def test_whole_source_tasks_build_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whole_source_tasks_build_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  build_dataset: Callable[..., Any],
+                                                  write_manifest: Callable[..., Any]) -> None:
     """With two spilled sources a job, a source is one task (read, then pack its shards): no phase-2 tasks,
     and the same bytes as the two phases of row-range reads and per-shard packs."""
     import pipeline.modalities.perturbation.pack
     from pipeline.build import build
     from pipeline.events import EventLog
-    from tests.pipeline_helpers import write_manifest
-    from tests.test_pipeline import make_sources
 
-    make_sources(tmp_path, n=2, cells=300)
+    build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)

@@ -1,7 +1,7 @@
 """Issue 13, read side: damaged shards, loaders opened before a rebuild, stopped processes, resume states.
 
 Every test here runs the hostile cases of ``tests/hostile/read.py`` (one row each in docs/RELIABILITY.md) on
-real builds (zarr and tar) of one small manifest (``tests.test_encodings.built``).
+real builds (zarr and tar) of one small manifest (``built_zarr_tar``, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import signal
 import tarfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -27,8 +29,12 @@ from loaders.loader import LoaderTimeout
 from loaders.shardio import read_shard
 from pipeline.writers import Codec, get_writer
 from tests import hostile
-from tests.test_decoder import started
-from tests.test_encodings import built  # noqa: F401 - the module fixture: one manifest built as zarr and as tar
+
+
+@pytest.fixture(scope="module")
+def built(built_zarr_tar: dict[str, Path]) -> dict[str, Path]:
+    """format -> one small manifest built in that format (zarr, tar)."""
+    return built_zarr_tar
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -119,7 +125,7 @@ def _drain(dl: ShardLoader) -> list[np.ndarray]:
 
 
 @hostile.parametrize
-def test_damaged_shard(case: hostile.Case, built: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_damaged_shard(case: hostile.Case, built: dict[str, Path], tmp_path: Path) -> None:
     encoding, how, target, sample, *rest = case.data
     verify = rest[0] if rest else True
     root = _copy(built[encoding], tmp_path / "ds")
@@ -136,7 +142,8 @@ def test_damaged_shard(case: hostile.Case, built: dict[str, Path], tmp_path: Pat
 
 
 @hostile.parametrize
-def test_damaged_shard_is_skipped_and_counted(case: hostile.Case, built: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_damaged_shard_is_skipped_and_counted(case: hostile.Case, built: dict[str, Path],
+                                              tmp_path: Path, started: Callable[..., Any]) -> None:
     encoding, how, target, sample = case.data
     root = _copy(built[encoding], tmp_path / "ds")
     index = fmt.read_index(root)
@@ -162,7 +169,8 @@ def test_damaged_shard_is_skipped_and_counted(case: hostile.Case, built: dict[st
 
 
 @hostile.parametrize
-def test_shard_changed_after_it_was_checked(case: hostile.Case, built: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_shard_changed_after_it_was_checked(case: hostile.Case, built: dict[str, Path],
+                                            tmp_path: Path) -> None:
     root = _copy(built[case.data], tmp_path / "ds")
     dl = ShardLoader(ShardDataset(root, batch_size=64, window=1, decode_process=False, decode_ahead=False))
     _drain(dl)  # every train shard hashed once (and remembered)
@@ -190,7 +198,8 @@ def _rebuild_index(root: Path, rename: bool) -> None:
 
 
 @hostile.parametrize
-def test_loader_opened_before_a_rebuild(case: hostile.Case, built: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_loader_opened_before_a_rebuild(case: hostile.Case, built: dict[str, Path], tmp_path: Path,
+                                        started: Callable[..., Any]) -> None:
     mode, workers = case.data
     root = _copy(built["zarr"], tmp_path / "ds")
     index = fmt.read_index(root)
@@ -232,7 +241,8 @@ def _children(exclude: str = "loaders.engine.decoder") -> list[psutil.Process]:
 
 
 @hostile.parametrize
-def test_stopped_decoder_process(case: hostile.Case, built: dict[str, Path]) -> None:  # noqa: F811
+def test_stopped_decoder_process(case: hostile.Case, built: dict[str, Path],
+                                 started: Callable[..., Any]) -> None:
     kw = {"batch_size": 16, "window": 1, "shuffle": False, "decode_ahead": False}
     want = _drain(ShardLoader(ShardDataset(built["zarr"], decode_process=False, **kw)))  # type: ignore[arg-type]
     ds = ShardDataset(built["zarr"], decode_process=True, **kw)  # type: ignore[arg-type]
@@ -253,7 +263,7 @@ def test_stopped_decoder_process(case: hostile.Case, built: dict[str, Path]) -> 
 
 
 @hostile.parametrize
-def test_stopped_dataloader_worker(case: hostile.Case, built: dict[str, Path]) -> None:  # noqa: F811
+def test_stopped_dataloader_worker(case: hostile.Case, built: dict[str, Path]) -> None:
     ds = ShardDataset(built["zarr"], batch_size=8, window=1, decode_process=False)
     dl = ShardLoader(ds, num_workers=2, timeout=case.data)
     before = {p.pid for p in _children()}  # earlier tests' processes still alive are not this loader's workers
@@ -277,7 +287,7 @@ def test_stopped_dataloader_worker(case: hostile.Case, built: dict[str, Path]) -
 
 
 @hostile.parametrize
-def test_resume_state_is_refused(case: hostile.Case, built: dict[str, Path]) -> None:  # noqa: F811
+def test_resume_state_is_refused(case: hostile.Case, built: dict[str, Path]) -> None:
     key, value = case.data
     dl = ShardLoader(ShardDataset(built["zarr"], batch_size=32, decode_process=False))
     if key == "dataset":  # the tar build of the same manifest: same units, other bytes

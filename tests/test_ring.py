@@ -6,24 +6,26 @@ from __future__ import annotations
 import gc
 import io
 import os
+from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import numpy as np
 import pytest
 
 from loaders import ShardDataset, ShardLoader
-from loaders.engine import ring
 from loaders.collate import Payload, Shipped, to_shared
 from loaders.device import unpack_batches
-from tests.shard_fixtures import Fixture, make_dataset
+from loaders.engine import ring
 
 TIMEOUT = 60
 pytestmark = pytest.mark.skipif(not ring.AVAILABLE, reason="no memfd_create on this platform")
 
 
 @pytest.fixture(scope="module")
-def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return make_dataset(tmp_path_factory.mktemp("ring"), n_shards=4, cells_per_shard=90, n_genes=30, seed=3)
+def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return build_dataset(tmp_path_factory.mktemp("ring"), "shards", n_shards=4, cells=90, genes=30,
+                         seed=3)
 
 
 def payload(value: int, n: int = 1000) -> Payload:
@@ -71,7 +73,7 @@ def test_cap_on_written_bytes() -> None:
     assert r.nbytes() == 40 << 10
 
 
-def loader_batches(fx: Fixture, workers: int, **kw: object) -> list[dict[str, object]]:
+def loader_batches(fx: Any, workers: int, **kw: object) -> list[dict[str, object]]:
     ds = ShardDataset(fx.root, split="train", batch_size=16, seed=4)
     dl = ShardLoader(ds, num_workers=workers, timeout=TIMEOUT, **kw)  # type: ignore[arg-type]
     dl.set_epoch(1)
@@ -79,7 +81,8 @@ def loader_batches(fx: Fixture, workers: int, **kw: object) -> list[dict[str, ob
 
 
 @pytest.mark.parametrize("worker_batches", [1, 3])
-def test_held_batches_never_change_and_equal_the_main_process(fx: Fixture, worker_batches: int) -> None:
+def test_held_batches_never_change_and_equal_the_main_process(fx: Any,
+                                                               worker_batches: int) -> None:
     want = loader_batches(fx, 0)
     got = loader_batches(fx, 2, worker_batches=worker_batches, prefetch_factor=1)
     assert len(got) == len(want) > 8
@@ -90,7 +93,7 @@ def test_held_batches_never_change_and_equal_the_main_process(fx: Fixture, worke
             np.testing.assert_array_equal(g[k].numpy(), w[k].numpy(), err_msg=k)  # type: ignore[attr-defined]
 
 
-def test_batches_released_as_used_come_through_the_ring(fx: Fixture) -> None:
+def test_batches_released_as_used_come_through_the_ring(fx: Any) -> None:
     ds = ShardDataset(fx.root, split="train", batch_size=16, seed=4)
     dl = ShardLoader(ds, num_workers=2, timeout=TIMEOUT, worker_batches=2)
     for e in range(2):  # non-persistent workers: new rings each epoch, the exited ones' dropped
@@ -101,7 +104,7 @@ def test_batches_released_as_used_come_through_the_ring(fx: Fixture) -> None:
     assert len(workers) == 2  # the last epoch's workers' rings; the first epoch's (exited) were dropped
 
 
-def test_a_plain_dataloader_gets_dict_batches(fx: Fixture) -> None:
+def test_a_plain_dataloader_gets_dict_batches(fx: Any) -> None:
     """Without ShardLoader, workers yield what torch can ship and a trainer can use: dicts of tensors."""
     from torch.utils.data import DataLoader
 

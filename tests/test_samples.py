@@ -1,92 +1,32 @@
-"""Conformance of sample types: one reusable class, :class:`SampleTypeTests`, that every registered sample
-type subclasses (as the encodings do in test_encodings.py). A subclass sets ``name`` (and ``options``) and
-provides a ``dataset`` fixture (a built dataset folder) and ``unit_keys`` (a batch -> one hashable key per unit).
-"""
+"""Conformance of sample types: every registered sample type has a subclass of the shipped
+:class:`loaders.testing.SampleTypeTests` (here for perturbation and the test-only toy;
+test_spike.py and test_ct_pipeline.py for theirs), and the last tests check that none goes without
+one, entry-point plug-ins included."""
 
 from __future__ import annotations
 
-import json
+import importlib
 import re
-from collections.abc import Hashable
+import sys
+from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from loaders import ShardDataset
 from loaders import format as fmt
-from loaders.columns import validate_columns
-from loaders.samples import SAMPLE_TYPES, from_config, get_sample_type
-from loaders.shardio import read_shard
+from loaders.samples import SAMPLE_TYPES
+from loaders.testing import SampleTypeTests, uncovered_sample_types
 from tests import plugin_toy  # noqa: F401  (registers the test-only "toyvec" sample type)
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                               HealthCheck.differing_executors])
 
 
-class SampleTypeTests:
-    name: ClassVar[str]
-    options: ClassVar[dict[str, Any]] = {}
-    split: ClassVar[str] = "train"
-
-    def unit_keys(self, batch: dict[str, Any]) -> list[Hashable]:
-        raise NotImplementedError
-
-    def make(self, root: Path, **kw: Any) -> ShardDataset:
-        return ShardDataset(root, split=self.split, sample=self.name, decode_process=False, **self.options, **kw)
-
-    def keys(self, ds: ShardDataset, epoch: int = 0) -> list[Hashable]:
-        ds.set_epoch(epoch)
-        return [k for b in ds for k in self.unit_keys(b)]
-
-    def test_registered_and_config_round_trips(self) -> None:
-        st_ = get_sample_type(self.name, **self.options)
-        config = json.loads(json.dumps(st_.get_config()))  # JSON-able
-        assert from_config(config) == st_ and type(from_config(config)) is SAMPLE_TYPES[self.name]
-
-    def test_units_match_the_index(self, dataset: Path) -> None:
-        index = fmt.read_index(dataset)
-        st_ = get_sample_type(self.name, **self.options)
-        st_.bind(index)
-        assert self.name in index.samples
-        for entry in index.shards:
-            cols = read_shard(index.shard_path(entry), index.encoding, fmt.shard_keys(index.fields, index.tables))
-            units = st_.units(cols)
-            n = validate_columns(cols, index.fields, index.tables)
-            assert units.ndim == 2 and units.dtype == np.int64
-            assert units.size == 0 or (units.min() >= 0 and units.max() < n)
-            assert st_.count(cols) == units.shape[0] == entry.units[self.name]
-
-    def test_shuffle_false_is_index_order_and_repeatable(self, dataset: Path) -> None:
-        a = self.keys(self.make(dataset, batch_size=3, shuffle=False))
-        b = self.keys(self.make(dataset, batch_size=5, shuffle=False), epoch=2)
-        assert a == b and len(a) == len(set(a)) > 0
-
-    @EXAMPLES
-    @given(world=st.integers(1, 3), batch=st.integers(1, 6), seed=st.integers(0, 3), epoch=st.integers(0, 3))
-    def test_ranks_share_an_epoch_exactly_once(self, dataset: Path, world: int, batch: int, seed: int,
-                                               epoch: int) -> None:
-        per_rank = [self.keys(self.make(dataset, batch_size=batch, seed=seed, rank=r, world_size=world, pad=False),
-                              epoch) for r in range(world)]
-        everything = self.keys(self.make(dataset, batch_size=7, shuffle=False))
-        flat = [k for keys in per_rank for k in keys]
-        assert len(flat) == len(set(flat))  # disjoint, no repeats
-        assert set(flat) <= set(everything) and len(flat) == len(everything) // world * world
-        assert len({len(k) for k in per_rank}) == 1  # equal share per rank
-        again = self.keys(self.make(dataset, batch_size=batch, seed=seed, rank=0, world_size=world, pad=False), epoch)
-        assert again == per_rank[0]  # a pure function of (seed, epoch, world)
-
-
-# -- the built-in and test-only sample types ----------------------------------------------------------------------
+# -- the built-in and test-only sample types -----------------------------------------------------
 @pytest.fixture(scope="module")
-def perturbation_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.shard_fixtures import make_dataset
-
-    return make_dataset(tmp_path_factory.mktemp("conf"), n_shards=4, cells_per_shard=60).root
+def perturbation_fixture(tmp_path_factory: pytest.TempPathFactory, build_dataset: Any) -> Path:
+    return build_dataset(tmp_path_factory.mktemp("conf"), "shards", n_shards=4, cells=60, genes=50).root
 
 
 class _Perturbation(SampleTypeTests):
@@ -101,12 +41,19 @@ class TestCells(_Perturbation):
     def unit_keys(self, batch: dict[str, Any]) -> list[Hashable]:
         return batch["sample_id"].tolist()
 
+    def reference_units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        # the rows stored as primary (the others: controls duplicated from other shards)
+        return np.nonzero(columns[fmt.PRIMARY])[0].astype(np.int64).reshape(-1, 1)
+
 
 class TestPairs(_Perturbation):
     name = "pairs"
 
     def unit_keys(self, batch: dict[str, Any]) -> list[Hashable]:
         return list(zip(batch["ctrl_id"].tolist(), batch["pert_id"].tolist(), strict=True))
+
+    def reference_units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.array([[c, p] for c, p in columns[fmt.PAIRS].tolist()], np.int64).reshape(-1, 2)
 
 
 class TestSentences(_Perturbation):
@@ -115,35 +62,114 @@ class TestSentences(_Perturbation):
     def unit_keys(self, batch: dict[str, Any]) -> list[Hashable]:
         return [tuple(r) for r in batch["pert_id"].tolist()]
 
+    def reference_units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        pert, ctrl = columns[fmt.SENTENCES_PERT].tolist(), columns[fmt.SENTENCES_CTRL].tolist()
+        # a sentence's L perturbed rows, then its L controls
+        return np.array([p + c for p, c in zip(pert, ctrl, strict=True)], np.int64)
+
+
+TOY_MANIFEST = """
+[dataset]
+name = "toy"
+kind = "toyvec"
+format = "tar"
+seed = 3
+shard_size_mb = 0.0003
+plugins = ["tests.plugin_toy"]
+
+[[sources]]
+path = "src/*.toy"
+"""
+
+
+@pytest.fixture(scope="module")
+def toy_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pipeline.build import build
+
+    root = tmp_path_factory.mktemp("toyconf")
+    (root / "src").mkdir()
+    rng = np.random.default_rng(1)
+    plugin_toy.write_toy(root / "src" / "a.toy", [
+        {"group": f"g{i % 5}", "vec": rng.standard_normal(4).round(3).tolist(),
+         "tokens": rng.integers(0, plugin_toy.VOCAB, int(rng.integers(0, 6))).tolist(),
+         "skip": i == 5}
+        for i in range(30)])
+    (root / "m.toml").write_text(TOY_MANIFEST)
+    build(root / "m.toml", root / "out", jobs=1, progress=False)
+    return root / "out"
+
 
 class TestToy(SampleTypeTests):
     name = "toyvec"
 
-    @pytest.fixture(scope="class")
-    def dataset(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        from pipeline.build import build
-        from tests.plugin_toy import write_toy
-        from tests.test_kinds import MANIFEST, _records
-
-        root = tmp_path_factory.mktemp("toyconf")
-        (root / "src").mkdir()
-        write_toy(root / "src" / "a.toy", _records(1, 30, 5))
-        (root / "m.toml").write_text(MANIFEST.format(fmt="tar", ragged="true"))
-        build(root / "m.toml", root / "out", jobs=1, progress=False)
-        return root / "out"
+    @pytest.fixture
+    def dataset(self, toy_dataset: Path) -> Path:
+        return toy_dataset
 
     def unit_keys(self, batch: dict[str, Any]) -> list[Hashable]:
         return batch["sample_id"].tolist()
 
+    def reference_units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        # every stored record, in stored order
+        return np.arange(len(columns[fmt.SAMPLE_ID]), dtype=np.int64)[:, None]
+
+
+# -- no sample type without a conformance subclass -----------------------------------------------
+SUBCLASS = re.compile(r'^class \w+\([\w.]*(?:SampleTypeTests|_Perturbation)\):\n'
+                      r'(?:    """[^\n]*"""\n\n)?    name = "(\w+)"', re.M)
+
+
+def _covered() -> set[str]:
+    """Names with a subclass: in this folder's test modules (as text: importing them all is slow),
+    and among the subclasses imported in this process (a plug-in's own tests)."""
+    text = "\n".join(p.read_text() for p in HERE.glob("test_*.py"))
+
+    def subclasses(c: type) -> list[type]:
+        return [d for s in c.__subclasses__() for d in (s, *subclasses(s))]
+
+    imported = {getattr(c, "name", None) for c in subclasses(SampleTypeTests)}
+    return set(SUBCLASS.findall(text)) | {n for n in imported if isinstance(n, str)}
+
 
 def test_every_registered_sample_type_has_a_conformance_subclass() -> None:
-    import pipeline.model  # noqa: F401  (the kinds registry: its discovery registers every sample type)
-    import tests.plugin_toy  # noqa: F401
     from pipeline.model import kind_names
 
     kind_names()  # imports the built-in kinds and with them their sample types
-    text = "\n".join(p.read_text() for p in HERE.glob("test_*.py"))
-    covered = set(re.findall(r'^class \w+\([\w.]*(?:SampleTypeTests|_Perturbation)\):\n    name = "(\w+)"', text, re.M))
-    ours = {n for n, c in SAMPLE_TYPES.items() if c.__module__.startswith(("loaders.", "tests."))}
-    missing = sorted(ours - covered)
+    missing = uncovered_sample_types(_covered(), prefixes=("loaders", "tests"))
     assert not missing, f"sample types without a SampleTypeTests subclass: {missing}"
+
+
+def test_the_check_covers_entry_point_plugins(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample type registered by an installed modality outside this repository (an entry point)
+    is held to the same rule: the check imports the entry points' modules and names the type."""
+    import loaders.plugins
+
+    (tmp_path / "outside_plugin.py").write_text(
+        "from loaders.samples import SampleType, register_sample_type\n\n\n"
+        "@register_sample_type\nclass Untested(SampleType):\n    name = 'untested_outside'\n\n"
+        "    def fields(self, index):\n        return []\n\n"
+        "    def units(self, columns):\n        return None\n\n"
+        "    def assemble(self, batch):\n        return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        importlib.import_module("outside_plugin")  # registered, by no installed modality yet
+        before = uncovered_sample_types(_covered(), prefixes=("loaders", "tests"))
+        faked = (*loaders.plugins.modality_modules(), ("outside", "outside_plugin"))
+        monkeypatch.setattr(loaders.plugins, "modality_modules", lambda: faked)
+        after = uncovered_sample_types(_covered(), prefixes=("loaders", "tests"))
+        assert set(after) - set(before) == {"untested_outside"}, (before, after)
+    finally:
+        del SAMPLE_TYPES["untested_outside"]
+        sys.modules.pop("outside_plugin", None)
+
+
+def test_no_product_code_imports_the_conformance_suites() -> None:
+    """loaders.testing and pipeline.testing import pytest and hypothesis: test suites only."""
+    pattern = re.compile(r"^\s*(?:from|import) (?:loaders|pipeline)\.testing\b|"
+                         r"^\s*from (?:loaders|pipeline) import [^\n]*\btesting\b", re.M)
+    here = HERE.parent
+    found = [str(p.relative_to(here)) for pkg in ("loaders", "pipeline")
+             for p in (here / pkg).rglob("*.py")
+             if p.name != "testing.py" and pattern.search(p.read_text())]
+    assert not found, f"product modules importing a conformance suite: {found}"

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anndata as ad
 import numpy as np
@@ -17,7 +19,6 @@ from loaders import format as fmt
 from pipeline.build import build
 from pipeline.errors import ManifestError
 from pipeline.verify import summary, verify
-from tests.pipeline_helpers import read_all
 
 REPO = Path(__file__).resolve().parents[1]
 SINGLES = ["AHR", "CEBPA", "FOXA1", "KLF1", "SET"]
@@ -85,7 +86,8 @@ def cells_by_split(index: fmt.Index, shards: list) -> dict[str, dict[str, np.nda
     return {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in out.items()}
 
 
-def test_norman_release_combinations_and_gears_split(tmp_path: Path) -> None:
+def test_norman_release_combinations_and_gears_split(tmp_path: Path,
+                                                     read_all: Callable[..., Any]) -> None:
     src = write_scperturb(tmp_path / "data" / "NormanWeissman2019_filtered.h5ad", "norman")
     out = tmp_path / "out"
     build(example(tmp_path, "scperturb_norman2019.toml", src), out, jobs=1, progress=False)
@@ -113,7 +115,8 @@ def test_norman_release_combinations_and_gears_split(tmp_path: Path) -> None:
         assert lab not in train, "a combination goes to one split whole"
 
 
-def test_sciplex_release_numeric_doses_and_cellload_zeroshot(tmp_path: Path) -> None:
+def test_sciplex_release_numeric_doses_and_cellload_zeroshot(tmp_path: Path,
+                                                             read_all: Callable[..., Any]) -> None:
     src = write_scperturb(tmp_path / "data" / "SrivatsanTrapnell2020_sciplex3.h5ad", "sciplex")
     out = tmp_path / "out"
     build(example(tmp_path, "scperturb_sciplex.toml", src), out, jobs=1, progress=False)
@@ -168,7 +171,8 @@ def test_batch_and_cell_type_are_optional(tmp_path: Path, caplog: pytest.LogCapt
         assert next(iter(ds))["cond"].shape[0] == 4
 
 
-def test_combination_features_are_summed_per_part(tmp_path: Path) -> None:
+def test_combination_features_are_summed_per_part(tmp_path: Path,
+                                                  read_all: Callable[..., Any]) -> None:
     src = write_scperturb(tmp_path / "data" / "n.h5ad", "norman", n=300)
     singles = sorted([*SINGLES, "ZNF318"])
     feats = {g: np.full(2, i + 1, np.float32) for i, g in enumerate(singles)}  # keyed by single perturbations

@@ -1,17 +1,16 @@
-"""The cheap forms of the source checks find what the full ones find: value checks on min/max and in steps,
-barcodes checked by the scan without reading them."""
+"""The source checks: their cheap forms find what the full ones find (value checks on min/max and
+in steps), and validate_* on raw parts. (The scan checking barcodes without reading them is tested
+per source flavour in test_sources.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import h5py
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
-from pipeline.modalities.perturbation.matrix import open_source
+from pipeline.errors import SourceError
 from pipeline.modalities.perturbation import validate
-from tests.test_sources import FLAVOURS, _csr_file, _raises
+from pipeline.modalities.perturbation.validate import CsrParts, validate_block, validate_dense
 
 
 @pytest.mark.parametrize("at", [0, 5, validate.SCAN - 1, validate.SCAN, 3 * validate.SCAN + 17])
@@ -29,25 +28,27 @@ def test_value_checks_find_the_first_bad_entry_in_any_step(at: int) -> None:
     assert validate._check_values(np.where(np.arange(data.size) == at, 0.5, data).astype(np.float32), False) is None
 
 
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_the_scan_checks_barcodes_without_reading_them(tmp_path: Path, flavour: str) -> None:
-    """meta(names=False) (the scan) keeps no barcodes but says the source has them, and refuses an obs index
-    of the wrong length as meta() does; the names the plan reads later are meta()'s."""
-    path, x, kind = _csr_file(tmp_path, flavour)
-    src = open_source(kind, path)
-    lean, full = src.meta([], names=False), src.meta([])
-    assert lean.obs_names is None and lean.has_obs_names and full.obs_names is not None
-    got = src.read_obs_names(x.shape[0])
-    assert got is not None and np.array_equal(got.data, full.obs_names.data)
-    src.close()
-    if flavour == "legacy":  # a compound obs table: its index cannot be shorter than its rows
-        return
-    with h5py.File(path, "r+") as f:
-        key = f["obs"].attrs.get("_index", "_index")
-        key = key.decode() if isinstance(key, bytes) else str(key)
-        names = f["obs"][key][:-1]
-        del f["obs"][key]
-        f["obs"].create_dataset(key, data=names, dtype=h5py.string_dtype())
-    src = open_source(kind, path)
-    for names_too in (False, True):
-        _raises(lambda n=names_too: src.meta([], names=n), path, f"obs index has {x.shape[0] - 1} names")
+# --- validate_* on raw parts --------------------------------------------------------------------
+
+
+def test_validate_block_accepts_parts_and_matrices() -> None:
+    x = sp.random(30, 12, density=0.3, format="csr", dtype=np.float32, random_state=0)
+    x.data = np.ceil(x.data * 9)  # counts are whole numbers
+    validate_block(x, "m.h5", 0, counts=True)
+    validate_block((x.data, x.indices, x.indptr, 12), "m.h5", 0, counts=True)
+    bad = CsrParts(x.data.copy(), x.indices.copy(), x.indptr.copy(), 12)
+    bad.indices[int(x.indptr[20])] = -1
+    with pytest.raises(SourceError, match=r"^m\.h5: row 1020: column index -1 out of range \[0, 12\)"):
+        validate_block(bad, "m.h5", 1000, counts=False)
+    with pytest.raises(SourceError, match="indices length"):
+        validate_block((x.data, x.indices[:-1], x.indptr, 12), "m.h5", 0, counts=False)
+
+
+def test_validate_dense() -> None:
+    block = np.zeros((6, 4), dtype=np.float32)
+    validate_dense(block, "d.h5", 0, counts=True, n_cols=4)
+    with pytest.raises(SourceError, match="expected 5"):
+        validate_dense(block, "d.h5", 0, counts=False, n_cols=5)
+    block[4, 2] = np.nan
+    with pytest.raises(SourceError, match="row 14: NaN or inf"):
+        validate_dense(block, "d.h5", 10, counts=False)

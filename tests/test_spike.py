@@ -17,12 +17,12 @@ from loaders import ShardDataset, ShardLoader
 from loaders.format import read_index
 from loaders.modalities.spike.samples import crop_bits, voxel_numpy
 from loaders.modalities.spike.torch_ops import voxel_torch
+from loaders.testing import SampleTypeTests
 from pipeline.build import build
 from pipeline.modalities.spike.demo import FRAMES, HEIGHT, WIDTH, write_spike_demo
 from pipeline.errors import ManifestError, SourceError
 from pipeline.modalities.spike.dat import count_frames, read_frames
 from pipeline.verify import verify
-from tests.test_samples import SampleTypeTests
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "data_manifests"
 

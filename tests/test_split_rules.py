@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anndata as ad
 import numpy as np
+import pytest
 
 from loaders import format as fmt
 from pipeline.build import build
@@ -18,15 +21,22 @@ from pipeline.modalities.perturbation.kind import plan_warnings
 from pipeline.modalities.perturbation.splits import _by_fraction
 from pipeline.seeding import stable_unit
 from pipeline.verify import summary, verify
-from tests.pipeline_helpers import read_all, write_manifest
 
 
-def primary_splits(out: Path) -> dict[int, str]:
-    _, shards = read_all(out)
-    return {sid: e.split for e, cols in shards for sid in cols[fmt.SAMPLE_ID][cols[fmt.PRIMARY]].tolist()}
+@pytest.fixture
+def primary_splits(read_all: Callable[..., Any]) -> Callable[[Path], dict[int, str]]:
+    """``primary_splits(out)``: sample_id -> split of every primary cell of a built dataset."""
+    def splits(out: Path) -> dict[int, str]:
+        _, shards = read_all(out)
+        return {sid: e.split for e, cols in shards
+                for sid in cols[fmt.SAMPLE_ID][cols[fmt.PRIMARY]].tolist()}
+
+    return splits
 
 
-def test_fewshot_lists_and_fractions_per_cell_type(tmp_path: Path) -> None:
+def test_fewshot_lists_and_fractions_per_cell_type(tmp_path: Path,
+                                                   write_manifest: Callable[..., Any],
+                                                   primary_splits: Callable[..., Any]) -> None:
     src = write_perturb_h5ad(tmp_path / "src" / "a.h5ad", n_cells=600, n_genes=30, n_perts=10, seed=4)
     obs = ad.read_h5ad(src).obs
     perts = sorted(set(obs["perturbation"].astype(str)) - {"control"})
@@ -47,7 +57,8 @@ def test_fewshot_lists_and_fractions_per_cell_type(tmp_path: Path) -> None:
         assert got[i] == want, (i, ct, pert)
 
 
-def test_zeroshot_controls_heldout_or_train(tmp_path: Path) -> None:
+def test_zeroshot_controls_heldout_or_train(tmp_path: Path, write_manifest: Callable[..., Any],
+                                            primary_splits: Callable[..., Any]) -> None:
     write_perturb_h5ad(tmp_path / "src" / "a.h5ad", n_cells=500, n_genes=30, n_perts=6, seed=5)
     obs = ad.read_h5ad(tmp_path / "src" / "a.h5ad").obs
     held_ctrl = np.flatnonzero((obs["cell_type"] == "HepG2").to_numpy() & (obs["perturbation"] == "control").to_numpy())
@@ -61,7 +72,8 @@ def test_zeroshot_controls_heldout_or_train(tmp_path: Path) -> None:
         assert summary(out)["details"]["pairing"]["pairs_source"] == 0  # test cells find their cell type's controls
 
 
-def test_warnings_count_fallbacks_empty_splits_and_short_groups(tmp_path: Path) -> None:
+def test_warnings_count_fallbacks_empty_splits_and_short_groups(
+        tmp_path: Path, write_manifest: Callable[..., Any]) -> None:
     src = write_perturb_h5ad(tmp_path / "src" / "a.h5ad", n_cells=400, n_genes=30, n_perts=6, batches=6, seed=6,
                              control_fraction=0.05)
     perts = sorted(set(ad.read_h5ad(src).obs["perturbation"].astype(str)) - {"control"})

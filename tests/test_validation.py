@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,14 +15,13 @@ from pipeline.cli import main
 from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.verify import verify
 from tests import hostile
-from tests.pipeline_helpers import read_all, write_manifest
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sources(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[..., Any]) -> Path:
     root = tmp_path_factory.mktemp("validation")
-    (root / "src").mkdir()
-    write_perturb_h5ad(root / "src/a.h5ad", n_cells=120, n_genes=30, n_perts=3, seed=0)  # cell types K562, HepG2
+    build_dataset(root, "sources", sources=1, cells=120, genes=30, perts=3,
+                  source_name="a.h5ad")  # cell types K562, HepG2
     return root
 
 
@@ -30,7 +31,8 @@ def _build(manifest: Path, out: Path) -> int:
 
 @hostile.parametrize
 def test_manifest_value_is_refused(case: hostile.Case, sources: Path, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+                                   capsys: pytest.CaptureFixture[str],
+                                   write_manifest: Callable[..., Any]) -> None:
     (old, new), key, allowed = case.data
     manifest = write_manifest(sources / f"{case.id}.toml")
     text = manifest.read_text()
@@ -45,7 +47,9 @@ def test_manifest_value_is_refused(case: hostile.Case, sources: Path, tmp_path: 
 
 
 @hostile.parametrize
-def test_tiny_shard_size_plans_no_empty_shard(case: hostile.Case, tmp_path: Path) -> None:
+def test_tiny_shard_size_plans_no_empty_shard(case: hostile.Case, tmp_path: Path,
+                                              read_all: Callable[..., Any],
+                                              write_manifest: Callable[..., Any]) -> None:
     (tmp_path / "src").mkdir()
     write_perturb_h5ad(tmp_path / "src/a.h5ad", n_cells=24, n_genes=400, n_perts=2, seed=0)  # ~1 kB per cell
     manifest = write_manifest(tmp_path / "tiny.toml", shard_mb=0.0001, covariates="[]", obsm="[]")
@@ -56,7 +60,7 @@ def test_tiny_shard_size_plans_no_empty_shard(case: hostile.Case, tmp_path: Path
 
 
 @pytest.fixture(scope="module")
-def built(sources: Path) -> Path:
+def built(sources: Path, write_manifest: Callable[..., Any]) -> Path:
     manifest = write_manifest(sources / "ok.toml")
     assert _build(manifest, sources / "built") == 0
     return sources / "built"

@@ -4,6 +4,7 @@ signature it cannot vouch for goes through zarr-python; a whole build is byte-id
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,6 @@ import pipeline.writers.zarr_writer as zarr_writer
 from loaders import format as fmt
 from pipeline.build import build
 from pipeline.writers import Codec, zarr_direct
-from tests.pipeline_helpers import write_manifest
-from tests.test_pipeline import make_sources
 
 CODECS = [Codec("blosc-lz4", 5), Codec("blosc-zstd", 3), Codec("zstd", 3), Codec("none", 0)]
 
@@ -88,8 +87,10 @@ def test_an_unverified_signature_goes_through_zarr_python(tmp_path: Path, monkey
     assert zarr_direct.array_template(np.dtype(np.int32), (), zarr_writer.zarr_compressors(CODECS[0])) is None
 
 
-def test_a_build_is_byte_identical_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    make_sources(tmp_path, n=2, cells=300)
+def test_a_build_is_byte_identical_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              build_dataset: Callable[..., Any],
+                                              write_manifest: Callable[..., Any]) -> None:
+    build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     build(manifest, tmp_path / "direct", jobs=2, progress=False)
     with monkeypatch.context() as mp:

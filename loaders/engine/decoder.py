@@ -168,7 +168,10 @@ def _serve(conn: Connection, link: _Link) -> None:
         import zarr
 
         zarr.config.set({"threading.max_workers": threads})
-        reader = WindowReader.from_spec(start["spec"])
+        # the parent's import path after ours (shadowing nothing): a plug-in the index names is
+        # found here wherever the trainer found it, a folder it put on sys.path included
+        sys.path.extend(p for p in start.get("path", []) if p not in sys.path)
+        reader = WindowReader.from_spec(start["spec"])  # imports the plug-ins the index names
     except Exception as e:  # reported on the first request, so the parent raises it where it is waiting
         link.send({"kind": "ready", "error": f"{type(e).__name__}: {e}"})
         return
@@ -232,7 +235,7 @@ class Decoder:
         self._closed = False
         self._scale = 1.0
         self.peak_bytes = 0  # the most slab bytes this process held at once (window memory)
-        self._post({"kind": "start", "spec": spec, "threads": threads})
+        self._post({"kind": "start", "spec": spec, "threads": threads, "path": list(sys.path)})
 
     def ready(self) -> bool:
         """Whether the child has started (never blocks): until then the caller decodes in-process."""

@@ -84,7 +84,8 @@ class WindowReader:
         first[1:] = np.cumsum(counts[:-1])
         return WindowReader(spec=spec, encoding=index.encoding, sample=sample, entries=entries,
                             paths=[str(index.shard_path(e)) for e in entries], counts=counts, first_ids=first,
-                            fields=bounded_fields(index, fields), tables=tables,
+                            fields=bounded_fields(fields, sample.field_bounds(index)),
+                            tables=tables,
                             keys=[k for f in fields for k in f.keys()] + tables,
                             generation=Generation(str(root), digest))
 

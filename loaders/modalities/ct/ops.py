@@ -7,11 +7,12 @@ float32 ``[N, C]`` (channels in the order asked for), ``offsets`` int64 ``[B + 1
 ``offsets[i]:offsets[i+1]``). x, y, z are the ``.npy``'s axes 0, 1, 2.
 
 Augmentation is split so it can run on the device without a host round trip and still equal the CPU
-result: :func:`draw_augment` draws the few numbers per sample on the host (a sub-cube origin, three flip
-bits), seeded by ``(seed, epoch, sample_id)`` so a volume's augmentation does not depend on which batch or
-worker it lands in. The crop (:func:`crop_rows`: keep the points inside ``[origin, origin + extent)``; an
-axis shorter than the crop is kept whole) runs on the host, where it shrinks what is shipped; the shift to 0,
-the flips (``c -> extent - 1 - c``) and the collation into int32 ``[N, 4]`` are the deferred op
+result: :func:`draw_augment` draws the few numbers per sample on the host (a sub-cube origin, three
+flip bits), from ``(seed, epoch, sample_id)`` (:func:`loaders.samples.unit_draws`) so a volume's
+augmentation does not depend on which batch or worker it lands in. The crop (:func:`crop_rows`:
+keep the points inside ``[origin, origin + extent)``; an axis shorter than the crop is kept whole)
+runs on the host, where it shrinks what is shipped; the shift to 0, the flips
+(``c -> extent - 1 - c``) and the collation into int32 ``[N, 4]`` are the deferred op
 ``ct_coords`` (:class:`CtCoords`), finished in numpy here or in torch on the device
 (:mod:`loaders.modalities.ct.torch_ops`) with the same integer arithmetic.
 """
@@ -25,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from loaders.payload import Deferred, register_op
+from loaders.samples import unit_draws
 
 BATCH_DIMS = ("first", "last")
 
@@ -66,18 +68,16 @@ class Augment:
 
 def draw_augment(shapes: np.ndarray, sample_ids: np.ndarray, seed: int, epoch: int,
                  crop: Sequence[int] | None = None, flip: Sequence[bool] = (False, False, False)) -> Augment:
-    """Draw each sample's sub-cube origin (uniform over the positions that fit) and flips (probability 1/2
-    per axis where ``flip[axis]``) from ``default_rng([seed, epoch, sample_id])``."""
+    """Draw each sample's sub-cube origin (uniform over the positions that fit) and flips
+    (probability 1/2 per axis where ``flip[axis]``) from six :func:`~loaders.samples.unit_draws` of
+    ``(seed, epoch, sample_id)`` (three origins, three flip bits: always drawn, so the streams do
+    not depend on the options)."""
     shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
     ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
     extent = shapes.copy() if crop is None else np.minimum(shapes, np.asarray(crop, dtype=np.int64))
-    origin = np.zeros_like(shapes)
-    flips = np.zeros(shapes.shape, dtype=bool)
-    want = np.asarray(flip, dtype=bool)
-    for i, sid in enumerate(ids.tolist()):
-        rng = np.random.default_rng([seed, epoch, sid])
-        origin[i] = rng.integers(0, shapes[i] - extent[i] + 1)  # one draw per axis, always (stable streams)
-        flips[i] = (rng.random(3) < 0.5) & want
+    draws = unit_draws(seed, epoch, ids, 6)
+    origin = (draws[:, :3] % (shapes - extent + 1).astype(np.uint64)).astype(np.int64)
+    flips = ((draws[:, 3:] >> np.uint64(63)) == 1) & np.asarray(flip, dtype=bool)
     return Augment(origin, extent, flips)
 
 

@@ -4,7 +4,9 @@ A batch (``ShardDataset(root, sample="ct", ...)``) holds
 
 * ``coords`` int32 ``[N, 4]``: (batch index, x, y, z), each volume's rows contiguous and in stored
   (``np.argwhere``) order; ``batch_dim="last"`` gives torchsparse's (x, y, z, batch index). x, y, z index the
-  source ``.npy``'s axes 0, 1, 2 (after the optional crop: relative to the sub-cube; after a flip: mirrored);
+  stored volume's axes 0, 1, 2 (the ``.npy``'s, or the reader's for NIfTI/NRRD/DICOM, or
+  RAS/LPS with ``[ct] orientation``) (after the optional crop: relative to the sub-cube; after a
+  flip: mirrored);
 * ``feats`` float32 ``[N, C]``: the stored features in ``features`` order (``hu``: Hounsfield units;
   ``window``: the windowed value in [0, 1]);
 * ``offsets`` int64 ``[B + 1]``: volume ``i`` is rows ``offsets[i]:offsets[i+1]``;
@@ -12,10 +14,16 @@ A batch (``ShardDataset(root, sample="ct", ...)``) holds
   ``index.sources[sample_id]["path"]``; ``shape`` int32 ``[B, 3]``: the grid each volume's coordinates live in
   (the crop's extent when cropping).
 
+With ``geometry=True`` a batch also holds ``affine`` float64 ``[B, 4, 4]`` (the served
+coordinates, after crop and flips, to RAS millimetres, from the geometry ``index.json`` keeps per
+record; NaN where the source had no spacing) and ``spacing`` float64 ``[B, 3]`` (mm per served
+axis).
+
 Options: ``batch_dim`` ("first" | "last"), ``crop`` (x, y, z sub-cube size: a seeded random sub-cube per
 volume and epoch), ``flip`` (bool, or three bools per axis: seeded random mirror), ``features`` (a subset or
-order of the stored ones), ``max_points_per_batch`` (batch by voxel budget instead of ``batch_size``: as many
-volumes as fit, planned from the per-record point counts in ``index.json``; see :mod:`loaders.budget`).
+order of the stored ones), ``geometry``, ``max_points_per_batch`` (batch by voxel budget instead of
+``batch_size``: as many volumes as fit, planned from the per-record point counts in ``index.json``;
+see :mod:`loaders.budget`).
 
 The coordinate collation is the deferred op ``ct_coords`` (:mod:`loaders.modalities.ct.ops`): on a CUDA loader it runs on
 the GPU after shipping uint16 coordinates; the crop runs here, on the host, so cropped-away points never cross.
@@ -65,8 +73,11 @@ class CtVolumes(SampleType):
 
     def __init__(self, batch_dim: str = "first", crop: int | Sequence[int] | None = None,
                  flip: bool | Sequence[bool] = False, features: Sequence[str] | None = None,
-                 max_points_per_batch: int | None = None, **rest: Any) -> None:
+                 max_points_per_batch: int | None = None, geometry: bool = False,
+                 **rest: Any) -> None:
         super().__init__(**rest)
+        self.geometry = bool(geometry)
+        self._affine: dict[int, np.ndarray] = {}
         if batch_dim not in BATCH_DIMS:
             raise ValueError(f"sample 'ct': batch_dim must be one of {BATCH_DIMS}, got {batch_dim!r}")
         self.batch_dim = batch_dim
@@ -88,7 +99,7 @@ class CtVolumes(SampleType):
     def options(self) -> dict[str, Any]:
         return {"batch_dim": self.batch_dim, "crop": None if self.crop is None else list(self.crop),
                 "flip": list(self.flip), "features": None if self.features is None else list(self.features),
-                "max_points_per_batch": self.budget}
+                "max_points_per_batch": self.budget, "geometry": self.geometry}
 
     # -- the dataset --------------------------------------------------------------------------------
     def fields(self, index: Index) -> list[str]:
@@ -111,6 +122,13 @@ class CtVolumes(SampleType):
         self._feats = self._stored(index)
         records = index.section(KIND).get(RECORDS) or {}
         self._points = {str(f): np.asarray([int(r[POINTS]) for r in rs], np.int64) for f, rs in records.items()}
+        if self.geometry:
+            self._affine = {}
+            for r in (r for rs in records.values() for r in rs):
+                if "sample_id" not in r:
+                    raise ValueError(f"sample 'ct': {index.root} was built before records kept "
+                                     "their sample_id: rebuild it to get geometry=True")
+                self._affine[int(r["sample_id"])] = record_affine(r)
         if self.budget is not None:
             biggest = max((int(p.max()) for p in self._points.values() if p.size), default=0)
             if biggest > self.budget:
@@ -151,9 +169,42 @@ class CtVolumes(SampleType):
         if self.crop is not None:
             keep, off = crop_rows(xyz, off, aug)
             xyz, feats = xyz[keep], feats[keep]
-        return Payload(arrays={"feats": feats, "offsets": off, "sample_id": sample_id,
-                               "shape": aug.extent.astype(np.int32)},
+        arrays = {"feats": feats, "offsets": off, "sample_id": sample_id,
+                  "shape": aug.extent.astype(np.int32)}
+        if self.geometry:
+            stored = np.zeros((0, 4, 4))
+            if len(sample_id):
+                stored = np.stack([self._affine[int(i)] for i in sample_id])
+            arrays["affine"] = served_affine(stored, aug.origin, aug.extent, aug.flip)
+            arrays["spacing"] = np.linalg.norm(arrays["affine"][:, :3, :3], axis=1)
+        return Payload(arrays=arrays,
                        xs={"coords": CtCoords(xyz, off, aug.origin, aug.extent, aug.flip, self.batch_dim)})
+
+
+def record_affine(r: Mapping[str, Any]) -> np.ndarray:
+    """float64 4x4 index -> RAS mm of a stored record (``index.json``): NaN without a spacing; a
+    ``.npy`` sidecar's spacing/origin are taken along the array axes (direction identity, origin 0
+    when absent)."""
+    if r.get("spacing") is None:
+        return np.full((4, 4), np.nan)
+    a = np.eye(4)
+    d = np.eye(3) if r.get("direction") is None else np.asarray(r["direction"], np.float64)
+    a[:3, :3] = d * np.asarray(r["spacing"], np.float64)
+    a[:3, 3] = 0.0 if r.get("origin") is None else np.asarray(r["origin"], np.float64)
+    return a
+
+
+def served_affine(stored: np.ndarray, origin: np.ndarray, extent: np.ndarray,
+                  flip: np.ndarray) -> np.ndarray:
+    """``[B, 4, 4]``: each volume's affine for the coordinates as served, after its crop (shift by
+    the sub-cube's origin) and flips (``c -> extent - 1 - c``): ``world = A @ (x, y, z, 1)``."""
+    b = stored.shape[0]
+    m = np.zeros((b, 4, 4))
+    sign = np.where(flip, -1.0, 1.0)
+    m[:, [0, 1, 2], [0, 1, 2]] = sign
+    m[:, :3, 3] = origin + np.where(flip, extent - 1, 0)
+    m[:, 3, 3] = 1.0
+    return stored @ m
 
 
 def _ragged_parts(batch: BatchRows, name: str) -> list[np.ndarray]:

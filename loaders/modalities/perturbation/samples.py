@@ -5,6 +5,11 @@ Their units: a primary cell (duplicated controls are stored for pairing but not 
 L matched controls). A batch carries ``X`` (dense float32 after transport), the cells' ``sample_id``,
 ``cond_id`` and obs codes (int64: what embeddings and losses index with), the condition vectors ``cond`` when
 the dataset has a condition table, and the ``obsm/<key>`` embeddings.
+
+Load-time options (``ShardDataset(..., densify=False)`` passes them here): ``densify=False``
+delivers the expression rows as their CSR parts (``X.crow``, ``X.cols``, ``X.vals``), and with
+``torch_sparse=True`` as a torch sparse CSR tensor (:mod:`loaders.modalities.perturbation.ops`).
+They change no batch's units, so a resume state ignores them (``delivery_options``).
 """
 
 from __future__ import annotations
@@ -15,20 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loaders.format import (
+from loaders.format import CONDITION_VECTORS, PRIMARY, SAMPLE_ID, FormatError, Index
+from loaders.modalities.perturbation.keys import (
     COND_ID,
-    CONDITION_VECTORS,
+    OBS_NAMES,
     OBS_PREFIX,
     OBSM_PREFIX,
     PAIRS,
-    PRIMARY,
-    SAMPLE_ID,
     SENTENCES_CTRL,
     SENTENCES_PERT,
-    FormatError,
-    Index,
     X,
 )
+from loaders.modalities.perturbation.ops import ROWS_AS, Gathered, form_of
 from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
 
@@ -45,10 +48,19 @@ def primary_rows(columns: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 class _CellSamples(SampleType):
-    """What the three single-cell sample types share: the fields, the condition table, the metadata."""
+    """What the three single-cell sample types share: the fields, the condition table, the
+    metadata, and how the expression rows are delivered (``densify``, ``torch_sparse``: see the
+    module docstring)."""
 
-    def __init__(self, **options: Any) -> None:
+    delivery_options = ("densify", "torch_sparse")
+    record_names = OBS_NAMES
+
+    def __init__(self, densify: bool = True, torch_sparse: bool = False,
+                 **options: Any) -> None:
         super().__init__(**options)
+        self.densify, self.torch_sparse = bool(densify), bool(torch_sparse)
+        # the Deferred class of the expression rows
+        self.rows_as = ROWS_AS[form_of(self.densify, self.torch_sparse)]
         self.n_cols, self.obs_fields, self.obsm_keys = 0, [], []  # type: ignore[var-annotated]
         self.conditions_path: str | None = None
         self.conditions_sha256 = ""  # the index's content hash of the table, checked when it is read
@@ -57,6 +69,24 @@ class _CellSamples(SampleType):
         self._vectors: np.ndarray | None = None
         self.int_keys: tuple[str, ...] = ()
         self.int_names: tuple[str, ...] = ()
+
+    def options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}  # only non-defaults: a default config stays {name, module}
+        if not self.densify:
+            out["densify"] = False
+        if self.torch_sparse:
+            out["torch_sparse"] = True
+        return out
+
+    def field_bounds(self, index: Index) -> dict[str, int]:
+        """obs codes index their vocabulary: never one without a label, whatever a field's
+        ``bound`` says."""
+        return {OBS_PREFIX + f: len(v) for f, v in index.vocabularies.items()}
+
+    def expression(self, rows: Rows, shape: tuple[int, ...]) -> Gathered:
+        """The expression rows of ``rows`` (dense ``shape`` when finished), in the form the
+        options ask for."""
+        return self.rows_as(*rows.csr_parts(X, int(shape[-1])), shape)
 
     @staticmethod
     def obs_of(index: Index) -> list[str]:
@@ -130,7 +160,7 @@ class Cells(_CellSamples):
 
     def assemble(self, batch: BatchRows) -> Payload:
         rows, b, p = batch.rows(0), batch.size, Payload()
-        p.xs["X"] = rows.csr(X, (b, self.n_cols))
+        p.xs["X"] = self.expression(rows, (b, self.n_cols))
         p.arrays["sample_id"] = rows.take(SAMPLE_ID)
         self.meta(p, rows)
         for k in self.obsm_keys:
@@ -151,8 +181,8 @@ class Pairs(_CellSamples):
 
     def assemble(self, batch: BatchRows) -> Payload:
         ctrl, pert, b, p = batch.rows(0), batch.rows(1), batch.size, Payload()
-        p.xs["x_ctrl"] = ctrl.csr(X, (b, self.n_cols))
-        p.xs["x_pert"] = pert.csr(X, (b, self.n_cols))
+        p.xs["x_ctrl"] = self.expression(ctrl, (b, self.n_cols))
+        p.xs["x_pert"] = self.expression(pert, (b, self.n_cols))
         p.arrays["ctrl_id"] = ctrl.take(SAMPLE_ID)
         p.arrays["pert_id"] = pert.take(SAMPLE_ID)
         self.meta(p, pert)
@@ -181,8 +211,8 @@ class Sentences(_CellSamples):
         b, p = batch.size, Payload()
         length = batch.units.shape[1] // 2
         pert, ctrl = batch.rows(slice(0, length)), batch.rows(slice(length, 2 * length))
-        p.xs["x_pert"] = pert.csr(X, (b, length, self.n_cols))
-        p.xs["x_ctrl"] = ctrl.csr(X, (b, length, self.n_cols))
+        p.xs["x_pert"] = self.expression(pert, (b, length, self.n_cols))
+        p.xs["x_ctrl"] = self.expression(ctrl, (b, length, self.n_cols))
         p.arrays["pert_id"] = pert.take(SAMPLE_ID).reshape(b, length)
         p.arrays["ctrl_id"] = ctrl.take(SAMPLE_ID).reshape(b, length)
         self.meta(p, batch.rows(0))

@@ -27,7 +27,7 @@ import numpy as np
 from loaders.format import SAMPLE_ID, FormatError, Index
 from loaders.modalities.spike.ops import FRAME_MAJOR, PIXEL_MAJOR, PixelVoxels, crop_pixels
 from loaders.payload import Deferred, Payload, register_op
-from loaders.samples import SampleType, register_sample_type
+from loaders.samples import SampleType, register_sample_type, unit_hash
 
 if TYPE_CHECKING:
     from loaders.gather import BatchRows
@@ -36,24 +36,16 @@ SPIKES, SEQUENCE, FRAME, CLIPS = "spikes", "sequence", "frame", "clips"
 VOXEL_OP = "spike_voxel"
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a well-mixed uint64 of each uint64 (vectorised, deterministic everywhere)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def crop_offsets(seed: int, epoch: int, unit_ids: np.ndarray, size: tuple[int, int],
                  crop: tuple[int, int] | None) -> np.ndarray:
-    """int64 ``[B, 2]`` (top, left) per unit, a hash of ``(seed, epoch, unit id)`` (no generator per unit: a
-    numpy Generator costs ~15 us to seed); zeros without a crop."""
+    """int64 ``[B, 2]`` (top, left) per unit from :func:`~loaders.samples.unit_hash` of
+    ``(seed, epoch, unit id)``: the high 32 bits pick the top, the low 32 the left; zeros without a
+    crop."""
     out = np.zeros((unit_ids.size, 2), np.int64)
     if crop is None:
         return out
+    h = unit_hash(seed, epoch, unit_ids)
     with np.errstate(over="ignore"):
-        key = _mix(_mix(np.uint64(seed) + np.zeros(unit_ids.size, np.uint64)) ^ np.uint64(epoch))
-        h = _mix(key ^ unit_ids.astype(np.uint64))
         spans = np.array([size[0] - crop[0] + 1, size[1] - crop[1] + 1], np.uint64)
         out[:, 0] = ((h >> np.uint64(32)) % spans[0]).astype(np.int64)
         out[:, 1] = ((h & np.uint64(0xFFFFFFFF)) % spans[1]).astype(np.int64)
@@ -232,7 +224,8 @@ class Spike(SampleType):
         rows, b, length = batch.rows(), batch.size, batch.units.shape[1]
         offsets = crop_offsets(batch.seed, batch.epoch, batch.unit_ids, self.size, self.crop)
         p = Payload()
-        windows = [arena.columns[SPIKES][r] for arena, r in rows.pairs()]  # views: only the crops are copied
+        # views: only the crops are copied
+        windows = [arena.columns[SPIKES][r] for arena, r in rows.arena_rows()]
         width = self.crop[1] if self.crop is not None else self.size[1]
         p.xs["voxel"] = VOXELS[self.bit_order](windows, offsets, self.crop, length, width, self.frames,
                                                int(self.num_bins or 1))

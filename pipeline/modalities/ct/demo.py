@@ -1,4 +1,6 @@
-"""Small synthetic chest CTs, int16 Hounsfield units, written as ``.npy`` (+ optional sidecar) like real exports.
+"""Small synthetic chest CTs, int16 Hounsfield units, written as ``.npy`` (+ optional sidecar) like real exports,
+and one each as NIfTI, a DICOM series and NRRD (:func:`write_formats`), so the demo build reads
+every format.
 
 Each volume has what makes real chest CT hard to sparsify well: air (-1000 HU) all around an elliptical
 body (fat ring -100, soft tissue +40), two lungs (-850) *inside* the body, a trachea joining the lungs to the
@@ -40,6 +42,13 @@ DEMO_VOLUMES = (
     ChestSpec("chest_002", (96, 96, 32), 13, (0.6, 0.6, 2.0), (-28.8, -28.8, -64.0)),
     ChestSpec("chest_003", (72, 64, 20), 14, (0.7, 0.8, 3.0)),
 )
+FORMAT_VOLUMES = (  # written through nibabel, pydicom and pynrrd (pipeline.modalities.ct.writers)
+    ChestSpec("chest_004", (72, 72, 24), 15, (0.7, 0.7, 2.5), (25.2, 27.0, -58.0)),
+    ChestSpec("chest_005", (64, 56, 20), 16, (0.8, 0.8, 3.0), (25.6, 20.0, -57.0)),
+    ChestSpec("chest_006", (64, 64, 22), 17, (0.75, 0.75, 2.5), (24.0, 26.0, -52.5)),
+)
+FORMAT_FILES = (("nifti", "chest_004.nii.gz"), ("dicom", "dicom/chest_005"),
+                ("nrrd", "chest_006.nrrd"))
 
 
 def make_chest_volume(shape: tuple[int, int, int], seed: int, noise: float = 15.0,
@@ -116,7 +125,38 @@ def write_large_chest(path: Path, shape: tuple[int, int, int], seed: int, slab: 
     return path
 
 
-def write_ct_demo(root: str | Path, specs: tuple[ChestSpec, ...] = DEMO_VOLUMES) -> list[Path]:
-    """The CT demo corpus under ``root/ct`` (what data_manifests/demo_ct.toml reads)."""
+def write_formats(out: Path, specs: tuple[ChestSpec, ...] = FORMAT_VOLUMES) -> list[Path]:
+    """The demo's other formats, one volume each (needs the ``ct`` extra): ``chest_004.nii.gz``, a
+    DICOM series in ``dicom/chest_005/`` and ``chest_006.nrrd``, all LPS-stored axial chests with
+    real geometry."""
+    from pipeline.modalities.ct.writers import (
+        chest_affine,
+        write_dicom_series,
+        write_nifti,
+        write_nrrd,
+    )
+
+    paths = []
+    for spec, (kind, name) in zip(specs, FORMAT_FILES, strict=True):
+        hu, _ = make_chest_volume(spec.shape, spec.seed)
+        aff = chest_affine(spec.spacing or (1.0, 1.0, 1.0), spec.origin or (0.0, 0.0, 0.0))
+        if kind == "nifti":
+            paths.append(write_nifti(out / name, hu, aff))
+        elif kind == "dicom":
+            paths.append(write_dicom_series(out / name, hu, aff, seed=spec.seed))
+        else:
+            paths.append(write_nrrd(out / name, hu, aff))
+    return paths
+
+
+def write_ct_demo(root: str | Path, specs: tuple[ChestSpec, ...] = DEMO_VOLUMES,
+                  formats: bool = True) -> list[Path]:
+    """The CT demo corpus under ``root/ct`` (what data_manifests/demo_ct.toml reads): the ``.npy``
+    volumes
+    (returned) and, with ``formats``, one NIfTI, one DICOM series and one NRRD beside them
+    (:func:`write_formats`), so a build of the demo exercises every reader."""
     out = Path(root) / "ct"
-    return [write_chest(out / f"{s.stem}.npy", s) for s in specs]
+    paths = [write_chest(out / f"{s.stem}.npy", s) for s in specs]
+    if formats:
+        write_formats(out)
+    return paths

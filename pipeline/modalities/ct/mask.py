@@ -25,6 +25,7 @@ import numpy as np
 from scipy import ndimage
 
 from pipeline.errors import SourceError
+from pipeline.modalities.ct.geometry import Geometry
 
 SLAB_VOXELS = 1 << 20  # voxels per slab: 2 MB of int16; temporaries stay under ~8 bytes a slab voxel
 I16_MIN, I16_MAX = int(np.iinfo(np.int16).min), int(np.iinfo(np.int16).max)
@@ -137,24 +138,42 @@ def body_mask(vol: np.ndarray, threshold: float, axial_axis: int, path: Path) ->
     return mask
 
 
-def _axis_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Linear interpolation taps of one axis, as torch's ``interpolate(..., align_corners=False)`` places them."""
-    scale = n_in / n_out
+def _axis_weights(n_in: int, n_out: int,
+                  ratio: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Linear interpolation taps of one axis, as torch's ``interpolate(..., align_corners=False)``
+    places them: ``ratio`` input voxels per output voxel (``n_in / n_out`` for ``size=``;
+    ``1 / scale_factor`` for ``scale_factor=`` with ``recompute_scale_factor=False``, which is how
+    ``spacing_mm`` resamples)."""
+    scale = n_in / n_out if ratio is None else ratio
     src = np.maximum((np.arange(n_out, dtype=np.float64) + 0.5) * scale - 0.5, 0.0)
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
     return i0, i1, (src - i0).astype(np.float32)
 
 
-def resample(vol: np.ndarray, resolution: int, path: Path, spacing: Triple | None,
-             origin: Triple | None) -> tuple[np.ndarray, int, Triple | None, Triple | None]:
-    """Trilinear resampling so the longest axis has ``resolution`` voxels (the others keep the aspect ratio),
-    slab by slab; returns the int16 grid, values clipped, and the spacing/origin of the new grid (voxel
-    centres, origin = centre of voxel 0)."""
+def grid_for(shape_in: tuple[int, ...], resolution: int | None = None,
+             spacing: Triple | None = None,
+             spacing_mm: float | None = None) -> tuple[tuple[int, int, int], Triple | None]:
+    """The resampled grid and, for ``spacing_mm``, each axis's ratio (input voxels per output
+    voxel): ``resolution`` voxels on the longest axis (the others keep the aspect ratio), or
+    isotropic ``spacing_mm`` voxels (``floor(n * spacing / spacing_mm)`` of them, as
+    ``scale_factor`` gives)."""
+    if spacing_mm is not None and spacing is not None:
+        ratio = (spacing_mm / spacing[0], spacing_mm / spacing[1], spacing_mm / spacing[2])
+        out = tuple(max(1, math.floor(n / r)) for n, r in zip(shape_in, ratio, strict=True))
+        return (out[0], out[1], out[2]), ratio
+    f = (resolution or max(shape_in)) / max(shape_in)
+    out = tuple(max(1, int(round(n * f))) for n in shape_in)
+    return (out[0], out[1], out[2]), None
+
+
+def resample_to(vol: np.ndarray, shape: tuple[int, ...], path: Path,
+                ratio: Triple | None = None) -> tuple[np.ndarray, int]:
+    """Trilinear resampling of ``vol`` onto ``shape`` (taps: :func:`_axis_weights`), slab by slab;
+    returns the int16 grid and how many values were clipped into int16."""
     shape_in = vol.shape
-    f = resolution / max(shape_in)
-    shape = tuple(max(1, int(round(n * f))) for n in shape_in)
-    taps = [_axis_weights(n, m) for n, m in zip(shape_in, shape, strict=True)]
+    taps = [_axis_weights(n, m, None if ratio is None else ratio[i])
+            for i, (n, m) in enumerate(zip(shape_in, shape, strict=True))]
     out = np.empty(shape, dtype=np.int16)
     clipped = 0
     (i0, i1, w0), (j0, j1, w1), (k0, k1, w2) = taps
@@ -171,15 +190,15 @@ def resample(vol: np.ndarray, resolution: int, path: Path, spacing: Triple | Non
         np.rint(t, out=t)
         clipped += int(np.count_nonzero(t < I16_MIN)) + int(np.count_nonzero(t > I16_MAX))
         out[a:b] = np.clip(t, I16_MIN, I16_MAX)
-    new_spacing: Triple | None = None
-    new_origin: Triple | None = None
-    ratio = [n / m for n, m in zip(shape_in, shape, strict=True)]
-    if spacing is not None:
-        new_spacing = (spacing[0] * ratio[0], spacing[1] * ratio[1], spacing[2] * ratio[2])
-        if origin is not None:  # without a spacing the shift in mm is unknown: the origin is kept
-            new_origin = (origin[0] + (0.5 * ratio[0] - 0.5) * spacing[0],
-                          origin[1] + (0.5 * ratio[1] - 0.5) * spacing[1],
-                          origin[2] + (0.5 * ratio[2] - 0.5) * spacing[2])
-    elif origin is not None:
-        new_origin = origin
-    return out, clipped, new_spacing, new_origin
+    return out, clipped
+
+
+def resample(vol: np.ndarray, resolution: int, path: Path, spacing: Triple | None,
+             origin: Triple | None) -> tuple[np.ndarray, int, Triple | None, Triple | None]:
+    """Trilinear resampling so the longest axis has ``resolution`` voxels (the others keep the
+    aspect ratio), slab by slab; returns the int16 grid, values clipped, and the spacing/origin of
+    the new grid (voxel centres, origin = centre of voxel 0, moved along the array axes)."""
+    shape, _ = grid_for(vol.shape, resolution)
+    out, clipped = resample_to(vol, shape, path)
+    g = Geometry(spacing, origin).resampled([n / m for n, m in zip(vol.shape, shape, strict=True)])
+    return out, clipped, g.spacing, g.origin

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.modalities.ct.volume import VolumeInfo, inspect_volume
-from pipeline.source import Source, register_source
+from pipeline.modalities.ct.formats import Opened, VolumeHeader, VolumeSource
+from pipeline.modalities.ct.geometry import Geometry
+from pipeline.modalities.ct.volume import VolumeInfo, inspect_volume, open_volume
+from pipeline.source import register_source
 
 
 @register_source
-class NpySource(Source):
+class NpySource(VolumeSource):
     type = "npy"
-    kinds = ("ct",)
+    format = "npy"
     suffixes = (".npy",)
-    produces = ("coords", "hu", "window", "volume_shape")
 
     @classmethod
     def expand(cls, path: Path) -> list[Path]:
@@ -30,3 +31,11 @@ class NpySource(Source):
     def info(self) -> VolumeInfo:
         """Shape, dtype and sidecar, from the header alone (SourceError naming the file on bad input)."""
         return inspect_volume(self.path)
+
+    def header(self) -> VolumeHeader:
+        info = self.info()
+        geometry = Geometry(info.spacing, info.origin)
+        return VolumeHeader(self.path, info.shape, info.dtype, geometry, self.format)
+
+    def open(self, header: VolumeHeader) -> Opened:
+        return Opened(open_volume(self.info()), header.geometry)

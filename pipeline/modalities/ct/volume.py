@@ -1,4 +1,4 @@
-"""One CT ``.npy`` volume -> windowed, masked sparse voxel coordinates (the per-volume work of kind ``ct``).
+"""One CT volume -> windowed, masked sparse voxel coordinates (the per-volume work of kind ``ct``).
 
 Trainers of sparse 3-D models window each 512^3 volume and ``np.argwhere`` it in every ``__getitem__``
 (100-500 ms a volume, per epoch, per process). We do that once, here, and store the answer:
@@ -6,16 +6,23 @@ Trainers of sparse 3-D models window each 512^3 volume and ``np.argwhere`` it in
 * the volume is memory-mapped (``np.load(mmap_mode="r", allow_pickle=False)``) after its ``.npy`` header was
   checked (object/structured dtypes, non-3-D arrays and truncated files are refused, naming the file);
 * values become int16 Hounsfield units (floats rounded, NaN/inf refused; out-of-range values clipped, counted);
-* optionally resampled (:mod:`pipeline.modalities.ct.mask`) so the longest axis has ``resolution`` voxels;
+* optionally reoriented to ``orientation`` (RAS/LPS, a view:
+  :mod:`pipeline.modalities.ct.geometry`) and resampled (:mod:`pipeline.modalities.ct.mask`):
+  ``resolution`` voxels on the longest axis, or isotropic ``spacing_mm`` voxels from the header's
+  real spacing;
 * a voxel is kept when ``level - width/2 <= HU <= level + width/2``, inside ``band`` (inclusive) when one is
   given, and inside the body mask when it is on;
-* coordinates are array indices in the ``.npy``'s own axis order, sorted as ``np.argwhere`` gives them, uint16
+* coordinates are array indices in the stored axis order (the ``.npy``'s, or what the reader
+  returns for NIfTI/NRRD/DICOM: :mod:`pipeline.modalities.ct.formats`), sorted as ``np.argwhere``
+  gives them, uint16
   ``[N, 3]``; features beside them: ``hu`` (int16) and/or ``window`` (``(HU - lo) / width``, float16 in [0, 1]);
 * more than ``max_points`` kept voxels -> a subsample of exactly ``max_points``, seeded by the dataset seed and
   the volume's content (same volume and settings -> same points, whatever its name or the job order), still
   in argwhere order.
 
-Memory: the volume is read slab by slab along axis 0 (a few MB each). What lives for the whole volume is one
+:func:`process_volume` reads a ``.npy``; :func:`process_array` is the same work on any array-like
+a source opened (:mod:`pipeline.modalities.ct.formats`). Memory: the volume is read slab by slab
+along axis 0 (a few MB each). What lives for the whole volume is one
 bool mask (0.5 x the volume's int16 bytes) and, while the body mask is computed, one int32 label array (2 x),
 so the working set is about 2.5 x the int16 bytes of the processed grid plus the output (10 bytes a point)
 plus, when resampling, the resampled int16 grid itself (docs/CT.md has the measured figures).
@@ -25,139 +32,39 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipeline.errors import ManifestError, SourceError
-from pipeline.modalities.ct.mask import I16_MAX, I16_MIN, body_mask, hu_slab, resample, slabs
+from pipeline.errors import SourceError
+from pipeline.modalities.ct.geometry import (
+    Geometry,
+    apply_ornt,
+    is_identity,
+    orientation_transform,
+)
+from pipeline.modalities.ct.mask import (
+    I16_MAX,
+    I16_MIN,
+    body_mask,
+    grid_for,
+    hu_slab,
+    resample_to,
+    slabs,
+)
+from pipeline.modalities.ct.settings import (  # noqa: F401 - re-exported: callers import them here
+    FEATURE_DTYPES,
+    FEATURES,
+    MAX_EXTENT,
+    WINDOWS,
+    CtSettings,
+)
 
-WINDOWS: dict[str, tuple[float, float]] = {  # name -> (level, width) in HU
-    "lung": (-600.0, 1500.0),
-    "mediastinum": (40.0, 400.0),
-    "bone": (400.0, 1800.0),
-}
-FEATURES = ("hu", "window")
-FEATURE_DTYPES = {"hu": "int16", "window": "float16"}
-MAX_EXTENT = int(np.iinfo(np.uint16).max) + 1  # coordinates are stored uint16
-
-
-@dataclass(frozen=True)
-class CtSettings:
-    """The ``[ct]`` manifest section: what a record keeps of a volume. Round-trips through :meth:`to_json`."""
-
-    window: str = "lung"  # a preset name, or "custom" for an explicit {level, width}
-    level: float = -600.0
-    width: float = 1500.0
-    band: tuple[float, float] | None = (-1000.0, -400.0)
-    body_mask: bool = True
-    body_threshold: float = -500.0  # HU above which a voxel is tissue (the body mask's first step)
-    axial_axis: int = -1
-    resolution: int | None = None
-    min_points: int = 100
-    max_points: int | None = 500_000
-    features: tuple[str, ...] = FEATURES
-
-    def hu_bounds(self) -> tuple[int, int]:
-        """Inclusive integer HU bounds of a kept voxel (window, intersected with the band)."""
-        lo, hi = self.level - self.width / 2, self.level + self.width / 2
-        if self.band is not None:
-            lo, hi = max(lo, self.band[0]), min(hi, self.band[1])
-        return math.ceil(lo), math.floor(hi)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"window": self.window, "level": self.level, "width": self.width,
-                "band": None if self.band is None else list(self.band), "body_mask": self.body_mask,
-                "body_threshold": self.body_threshold, "axial_axis": self.axial_axis,
-                "resolution": self.resolution, "min_points": self.min_points, "max_points": self.max_points,
-                "features": list(self.features)}
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> CtSettings:
-        band = d.get("band")
-        return CtSettings(window=str(d["window"]), level=float(d["level"]), width=float(d["width"]),
-                          band=None if band is None else (float(band[0]), float(band[1])),
-                          body_mask=bool(d["body_mask"]), body_threshold=float(d["body_threshold"]),
-                          axial_axis=int(d["axial_axis"]),
-                          resolution=None if d.get("resolution") is None else int(d["resolution"]),
-                          min_points=int(d["min_points"]),
-                          max_points=None if d.get("max_points") is None else int(d["max_points"]),
-                          features=tuple(str(f) for f in d["features"]))
-
-    @staticmethod
-    def from_section(section: Mapping[str, Any], manifest: str | Path = "manifest") -> CtSettings:
-        """Validate a manifest's ``[ct]`` table; a bad value raises ManifestError naming ``ct.<key>``."""
-
-        def bad(key: str, problem: str) -> ManifestError:
-            return ManifestError(manifest, f"ct.{key}", problem)
-
-        def number(key: str, v: Any) -> float:
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise bad(key, f"expected a finite number, got {v!r}")
-            return float(v)
-
-        def integer(key: str, v: Any, lo: int) -> int:
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise bad(key, f"expected an integer >= {lo}, got {v!r}")
-            return int(v)
-
-        known = {"window", "band", "body_mask", "body_threshold", "axial_axis", "resolution", "min_points",
-                 "max_points", "features"}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise bad(unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
-        d = CtSettings()
-        w = section.get("window", d.window)
-        if isinstance(w, str):
-            if w not in WINDOWS:
-                raise bad("window", f"unknown preset {w!r} (presets: {', '.join(WINDOWS)}; or {{level, width}})")
-            name, (level, width) = w, WINDOWS[w]
-        elif isinstance(w, Mapping) and set(w) == {"level", "width"}:
-            name, level, width = "custom", number("window.level", w["level"]), number("window.width", w["width"])
-            if width <= 0:
-                raise bad("window.width", f"must be > 0, got {width}")
-        else:
-            raise bad("window", f"expected a preset name or {{level = ..., width = ...}}, got {w!r}")
-        b = section.get("band", list(d.band or ()))
-        if b is False or (isinstance(b, Sequence) and not isinstance(b, str) and len(b) == 0):
-            band = None
-        elif isinstance(b, Sequence) and not isinstance(b, str) and len(b) == 2:
-            band = (number("band", b[0]), number("band", b[1]))
-            if band[0] > band[1]:
-                raise bad("band", f"low end {band[0]} above high end {band[1]}")
-        else:
-            raise bad("band", f"expected [low, high] in HU, or [] / false for none, got {b!r}")
-        body = section.get("body_mask", d.body_mask)
-        if not isinstance(body, bool):
-            raise bad("body_mask", f"expected true or false, got {body!r}")
-        axis = section.get("axial_axis", d.axial_axis)
-        if isinstance(axis, bool) or not isinstance(axis, int) or not -3 <= axis <= 2:
-            raise bad("axial_axis", f"expected an axis of a 3-D array (-3..2), got {axis!r}")
-        res = section.get("resolution", 0)
-        res = integer("resolution", res, 0) or None
-        if res is not None and (res < 2 or res > MAX_EXTENT):
-            raise bad("resolution", f"expected 2..{MAX_EXTENT} voxels on the longest axis (0: keep the grid)")
-        min_points = integer("min_points", section.get("min_points", d.min_points), 0)
-        max_points = integer("max_points", section.get("max_points", d.max_points), 0) or None
-        if max_points is not None and max_points < max(min_points, 1):
-            raise bad("max_points", f"{max_points} is below min_points = {min_points} (0 means no cap)")
-        feats = section.get("features", list(d.features))
-        if (not isinstance(feats, Sequence) or isinstance(feats, str) or not feats
-                or any(f not in FEATURES for f in feats) or len(set(feats)) != len(feats)):
-            raise bad("features", f"expected a non-empty list of distinct names among {list(FEATURES)}, got {feats!r}")
-        s = CtSettings(window=name, level=level, width=width, band=band, body_mask=body,
-                       body_threshold=number("body_threshold", section.get("body_threshold", d.body_threshold)),
-                       axial_axis=axis, resolution=res, min_points=min_points, max_points=max_points,
-                       features=tuple(str(f) for f in feats))
-        lo, hi = s.hu_bounds()
-        if lo > hi:
-            raise bad("band", f"the band {list(band or ())} and the window [{level - width / 2}, "
-                              f"{level + width / 2}] do not overlap: no voxel could be kept")
-        return s
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -264,12 +171,19 @@ class CtRecord:
     shape: tuple[int, int, int]  # the grid the coordinates index
     source_shape: tuple[int, int, int]
     source_dtype: str
-    spacing: tuple[float, float, float] | None
-    origin: tuple[float, float, float] | None
+    geometry: Geometry  # of the stored grid (after orientation and resampling)
     kept: int  # voxels passing window, band and mask (before max_points)
     body_voxels: int  # voxels in the body mask (-1 when the mask is off)
     clipped: int = 0  # values outside int16 clipped on conversion
     stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spacing(self) -> tuple[float, float, float] | None:
+        return self.geometry.spacing
+
+    @property
+    def origin(self) -> tuple[float, float, float] | None:
+        return self.geometry.origin
 
     @property
     def points(self) -> int:
@@ -290,28 +204,82 @@ class CtRecord:
 
 def process_volume(path: str | Path, settings: CtSettings, seed: int = 0,
                    info: VolumeInfo | None = None) -> CtRecord:
-    """Window, mask and extract one volume (see the module docstring). The max_points subsample is drawn from
-    ``(seed, keep_digest(mask))``: the dataset seed and the volume's own content."""
+    """Window, mask and extract one ``.npy`` volume (see the module docstring). The max_points
+    subsample is drawn from ``(seed, keep_digest(mask))``: the dataset seed and the volume's own
+    content."""
     info = info or inspect_volume(path)
-    vol: np.ndarray = open_volume(info)
-    clipped = 0
-    spacing, origin = info.spacing, info.origin
-    if settings.resolution is not None and settings.resolution != max(info.shape):
-        vol, clipped, spacing, origin = resample(vol, settings.resolution, info.path, spacing, origin)
+    return process_array(open_volume(info), info.path, settings, seed, info.shape, info.dtype,
+                         Geometry(info.spacing, info.origin))
+
+
+def prepare_grid(vol: Any, path: Path, settings: CtSettings,
+                 geometry: Geometry) -> tuple[Any, Geometry, int]:
+    """The grid the keep rule runs on: ``orientation`` applied (a view), then resampled when asked
+    (``resolution`` or ``spacing_mm``); returns it, its geometry and the values clipped on the
+    way."""
+    from pipeline.modalities.ct.formats import view
+
+    if settings.orientation is not None:
+        ornt, oriented = orientation_transform(geometry, vol.shape, settings.orientation, path)
+        if not is_identity(ornt):
+            vol = view(vol, lambda a: apply_ornt(a, ornt))
+        geometry = oriented
+    _check_axial(geometry, settings, path)
+    shape_in = tuple(int(n) for n in vol.shape)
+    if settings.spacing_mm is not None:
+        if geometry.spacing is None:
+            raise SourceError(path, f"[ct] spacing_mm = {settings.spacing_mm:g} needs the "
+                              "volume's spacing, and it has none: give the .npy a sidecar "
+                              '<stem>.json with "spacing", or use resolution')
+        shape, ratio = grid_for(shape_in, spacing=geometry.spacing, spacing_mm=settings.spacing_mm)
+    elif settings.resolution is not None and settings.resolution != max(shape_in):
+        shape, ratio = grid_for(shape_in, settings.resolution)
+    else:
+        return vol, geometry, 0
+    if max(shape) > MAX_EXTENT:
+        raise SourceError(path, f"resampled shape {shape} has an axis over {MAX_EXTENT} voxels")
+    out, clipped = resample_to(vol, shape, path, ratio)
+    ratio = ratio or tuple(n / m for n, m in zip(shape_in, shape, strict=True))
+    return out, geometry.resampled(ratio), clipped
+
+
+def _check_axial(geometry: Geometry, settings: CtSettings, path: Path) -> None:
+    """Warn when the header says another axis runs head to foot than ``axial_axis`` names: the body
+    mask would fill its holes in sagittal or coronal slices (a coronal DICOM series, a NIfTI stored
+    slices-first)."""
+    if geometry.direction is None or not settings.body_mask:
+        return
+    head_foot = int(np.argmax(np.abs(geometry.matrix()[2])))
+    if head_foot != settings.axial_axis % 3:
+        log.warning("%s: its axis %d runs head to foot (axes %s), but [ct] axial_axis = %d: "
+                    "the body mask fills holes across the wrong slices; set [ct] orientation = "
+                    "\"RAS\" (or axial_axis = %d)", path, head_foot, geometry.axcodes(),
+                    settings.axial_axis, head_foot)
+
+
+def process_array(vol: Any, path: Path, settings: CtSettings, seed: int,
+                  source_shape: tuple[int, int, int], source_dtype: str, geometry: Geometry,
+                  clipped: int = 0) -> CtRecord:
+    """:func:`process_volume` on any array-like whose axis-0 slabs ``vol[a:b]`` are read (a memory
+    map, an array in memory, :class:`~pipeline.modalities.ct.formats.Scaled`), with the header's
+    geometry."""
+    vol, geometry, n_clip = prepare_grid(vol, path, settings, geometry)
+    clipped += n_clip
     shape = (int(vol.shape[0]), int(vol.shape[1]), int(vol.shape[2]))
     if max(shape) > MAX_EXTENT:
-        raise SourceError(info.path, f"shape {shape} has an axis over {MAX_EXTENT} voxels (coordinates are uint16)")
+        raise SourceError(path, f"shape {shape} has an axis over {MAX_EXTENT} voxels (coordinates "
+                          "are uint16)")
     lo, hi = settings.hu_bounds()
     lo, hi = max(lo, I16_MIN), min(hi, I16_MAX)  # HU are int16 now; an empty range keeps nothing
     row = shape[1] * shape[2]
     if settings.body_mask:
-        keep = body_mask(vol, settings.body_threshold, settings.axial_axis, info.path)
+        keep = body_mask(vol, settings.body_threshold, settings.axial_axis, path)
         body_voxels = int(sum(int(np.count_nonzero(keep[a:b])) for a, b in slabs(shape[0], row)))
     else:
         keep, body_voxels = np.ones(shape, dtype=bool), -1
     counts = []
     for a, b in slabs(shape[0], row):  # keep &= lo <= HU <= hi, one slab at a time
-        hu, n_clip = hu_slab(vol, a, b, info.path)
+        hu, n_clip = hu_slab(vol, a, b, path)
         clipped += n_clip
         k = keep[a:b]
         if lo > hi:
@@ -340,7 +308,7 @@ def process_volume(path: str | Path, settings: CtSettings, seed: int = 0,
             coords[o:o + m, 1] = idx[1]
             coords[o:o + m, 2] = idx[2]
             if feats:
-                hu = hu_slab(vol, a, b, info.path)[0][idx]
+                hu = hu_slab(vol, a, b, path)[0][idx]
                 if "hu" in feats:
                     feats["hu"][o:o + m] = hu
                 if "window" in feats:
@@ -348,7 +316,8 @@ def process_volume(path: str | Path, settings: CtSettings, seed: int = 0,
             o += m
         first += c
     del keep
-    return CtRecord(coords, feats, shape, info.shape, info.dtype, spacing, origin, kept, body_voxels, clipped)
+    return CtRecord(coords, feats, shape, source_shape, source_dtype, geometry, kept, body_voxels,
+                    clipped)
 
 
 def window_values(hu: np.ndarray, settings: CtSettings) -> np.ndarray:

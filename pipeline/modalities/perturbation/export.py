@@ -41,7 +41,9 @@ def to_anndata(root: str | Path, split: str, sample: str = "cells") -> ad.AnnDat
     import pandas as pd  # import weight: only export needs pandas
     import scipy.sparse as sp  # import weight: the CLI imports this module to list commands
 
-    index = fmt.read_index(root)
+    from pipeline.model import open_index
+
+    index = open_index(root)  # with the plug-ins it names (a plug-in's field codec, say)
     if index.kind != "perturbation" or not index.has_field(fmt.X):
         raise DatasetError(f"{index.root}: export writes cell x gene datasets (kind perturbation); this one is "
                            f"{index.kind!r}")
