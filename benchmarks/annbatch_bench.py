@@ -1,16 +1,25 @@
-"""annbatch (scverse) as a loader baseline, in its own interpreter; optional, skipped with a one-line reason.
+"""annbatch (scverse) as a loader baseline, in its own interpreter; optional, skipped with a
+one-line reason.
 
-Why a separate interpreter: annbatch >= 0.3 needs Python >= 3.12 (its sources use the ``type X = ...``
+Why a separate interpreter: annbatch >= 0.3 needs Python >= 3.12 (its sources use the ``type X =
+...``
 statement), the bench runs on whatever Python the project's venv has. So: find a Python >= 3.12
-(``SHARDSMITH_ANNBATCH_PYTHON``, else ``python3.14``/``python3.13``/``python3.12`` on PATH, else pyenv's
-versions), make a venv with ``annbatch[torch,zarrs]`` and the Makefile's torch pin under the bench data folder
-(gitignored), convert the bench's .h5ad with annbatch's own writer, then time annbatch's Loader there and our
+(``SHARDSMITH_ANNBATCH_PYTHON``, else ``python3.14``/``python3.13``/``python3.12`` on PATH, else
+pyenv's
+versions), make a venv with ``annbatch[torch,zarrs]`` and the Makefile's torch pin under the bench
+data folder
+(gitignored), convert the bench's .h5ad with annbatch's own writer, then time annbatch's Loader
+there and our
 loader here with one timing loop (``benchmarks/annbatch_worker.py``).
 
-Two interpreters cannot share one process, so the pairing is at process level: a child of ours, a child of
-annbatch, again, ``rounds`` times (ours, annbatch, ours, annbatch ...). A row's cells/s is the median of its
-children's figures, its ratio the median over rounds of ours / annbatch in the same round. Nothing here
-raises into the bench: every failure becomes a ``skipped`` or ``failed`` record whose reason BENCHMARKS.md
+Two interpreters cannot share one process, so the pairing is at process level: a child of ours, a
+child of
+annbatch, again, ``rounds`` times (ours, annbatch, ours, annbatch ...). A row's cells/s is the
+median of its
+children's figures, its ratio the median over rounds of ours / annbatch in the same round. Nothing
+here
+raises into the bench: every failure becomes a ``skipped`` or ``failed`` record whose reason
+BENCHMARKS.md
 prints.
 """
 
@@ -39,10 +48,15 @@ MIN_PYTHON = (3, 12)
 ON_PATH = ("python3.14", "python3.13", "python3.12")
 # the release whose API the worker follows (annbatch_worker.py); minor releases may break it
 ANNBATCH_SPEC = os.environ.get("SHARDSMITH_ANNBATCH_SPEC", "annbatch[torch,zarrs]==0.3.1")
-NO_PYTHON = (f"needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}, none found; "
-             f"set {ENV_VAR}=/path/to/python3.12")
+NO_PYTHON = (
+    f"needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}, none found; "
+    f"set {ENV_VAR}=/path/to/python3.12"
+)
 STREAMS = {  # worker stream -> (annbatch row, our row it is paired with)
-    "default": ("annbatch default, densified (torch.from_numpy(X.toarray()))", "shards cells dense (w=0)"),
+    "default": (
+        "annbatch default, densified (torch.from_numpy(X.toarray()))",
+        "shards cells dense (w=0)",
+    ),
     "sparse": ('annbatch to="torch" (torch sparse CSR)', "shards cells torch_sparse (w=0)"),
 }
 
@@ -64,8 +78,12 @@ class Interpreter:
 def probe_version(exe: str, timeout: float = 20.0) -> tuple[int, int, int] | None:
     """The interpreter's ``sys.version_info[:3]``, or None when it does not run or answers nonsense."""
     try:
-        out = subprocess.run([exe, "-c", "import sys; print(*sys.version_info[:3])"], capture_output=True,
-                             text=True, timeout=timeout).stdout
+        out = subprocess.run(
+            [exe, "-c", "import sys; print(*sys.version_info[:3])"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.fullmatch(r"\s*(\d+) (\d+) (\d+)\s*", out)
@@ -81,9 +99,11 @@ def _pyenv_pythons(root: Path) -> list[str]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def find_python(env: Mapping[str, str] | None = None,
-                which: Callable[[str], str | None] = shutil.which) -> Interpreter | str:
-    """An interpreter >= 3.12 or the reason there is none. The environment variable, when set, is the only
+def find_python(
+    env: Mapping[str, str] | None = None, which: Callable[[str], str | None] = shutil.which
+) -> Interpreter | str:
+    """An interpreter >= 3.12 or the reason there is none. The environment variable, when set, is
+    the only
     candidate (a wrong one is reported, not silently replaced)."""
     env = os.environ if env is None else env
     want = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
@@ -113,7 +133,9 @@ def _run(cmd: list[str], log: Path, timeout: float, what: str, **kw: Any) -> Non
         fh.write(f"$ {shlex.join(cmd)}\n")
         fh.flush()
         try:
-            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, **kw).returncode
+            rc = subprocess.run(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, **kw
+            ).returncode
         except subprocess.TimeoutExpired:
             raise Unavailable(f"{what} took over {timeout:.0f}s (log: {log})") from None
         except OSError as e:
@@ -123,7 +145,8 @@ def _run(cmd: list[str], log: Path, timeout: float, what: str, **kw: Any) -> Non
 
 
 def ensure_venv(py: Interpreter, folder: Path, torch_spec: str, timeout: float = 3600.0) -> str:
-    """A venv with annbatch under ``folder``; reinstalled when the requested packages change (a stamp
+    """A venv with annbatch under ``folder``; reinstalled when the requested packages change (a
+    stamp
     file holds what was installed, written last)."""
     venv = folder / f"venv-py{py.tag}"
     vpy = venv / "bin" / "python"
@@ -143,16 +166,34 @@ def ensure_venv(py: Interpreter, folder: Path, torch_spec: str, timeout: float =
     _run([*pip, *shlex.split(torch_spec)], log, timeout, f"pip install {torch_spec}")
     try:
         _run([*pip, ANNBATCH_SPEC], log, timeout, f"pip install {ANNBATCH_SPEC}")
-    except Unavailable:  # zarrs (a compiled codec pipeline) may have no wheel here: annbatch runs without it
-        _run([*pip, re.sub(r"\[[^]]*\]", "[torch]", ANNBATCH_SPEC)], log, timeout, "pip install annbatch[torch]")
+    except (
+        Unavailable
+    ):  # zarrs (a compiled codec pipeline) may have no wheel here: annbatch runs without it
+        _run(
+            [*pip, re.sub(r"\[[^]]*\]", "[torch]", ANNBATCH_SPEC)],
+            log,
+            timeout,
+            "pip install annbatch[torch]",
+        )
     stamp.write_text(want)
     return str(vpy)
 
 
-def run_worker(python: list[str], task: str, spec: dict[str, Any], work: Path, tag: str, timeout: float,
-               **kw: Any) -> dict[str, Any]:
+def run_worker(
+    python: list[str],
+    task: str,
+    spec: dict[str, Any],
+    work: Path,
+    tag: str,
+    timeout: float,
+    **kw: Any,
+) -> dict[str, Any]:
     """One worker task in a child interpreter; its OUT document (an ``error`` key when it failed)."""
-    spec_path, out_path, log = work / f"annbatch-{tag}.json", work / f"annbatch-{tag}.out.json", work / "annbatch.log"
+    spec_path, out_path, log = (
+        work / f"annbatch-{tag}.json",
+        work / f"annbatch-{tag}.out.json",
+        work / "annbatch.log",
+    )
     spec_path.write_text(json.dumps(spec, indent=1))
     out_path.unlink(missing_ok=True)
     try:
@@ -163,16 +204,25 @@ def run_worker(python: list[str], task: str, spec: dict[str, Any], work: Path, t
     return json.loads(out_path.read_text())
 
 
-def ensure_collection(vpy: str, h5ad: str, folder: Path, work: Path, timeout: float) -> dict[str, Any]:
-    """The bench's .h5ad as an annbatch collection, converted once per dataset (cached by the .h5ad's folder
+def ensure_collection(
+    vpy: str, h5ad: str, folder: Path, work: Path, timeout: float
+) -> dict[str, Any]:
+    """The bench's .h5ad as an annbatch collection, converted once per dataset (cached by the
+    .h5ad's folder
     name, which names every generator parameter)."""
     dest = folder / "collections" / f"{Path(h5ad).parent.name}.zarr"
     marker = marker_of(dest)
     if marker.exists():
         return {**json.loads(marker.read_text()), "collection": str(dest), "cached": True}
     dest.parent.mkdir(parents=True, exist_ok=True)
-    doc = run_worker([vpy, "-I", str(WORKER)], "convert", {"h5ad": h5ad, "collection": str(dest)}, work, "convert",
-                     timeout)
+    doc = run_worker(
+        [vpy, "-I", str(WORKER)],
+        "convert",
+        {"h5ad": h5ad, "collection": str(dest)},
+        work,
+        "convert",
+        timeout,
+    )
     if doc.get("error"):
         raise Unavailable(f"conversion with annbatch failed: {doc['error']}")
     return {**doc, "collection": str(dest), "cached": False}
@@ -185,19 +235,39 @@ def pair_rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[
         a = [d["streams"][key] for d in theirs]
         o = [d["streams"][key] for d in ours]
         ratios = [x["cells_per_s"] / y["cells_per_s"] for x, y in zip(o, a, strict=True)]
-        rows.append({"method": name, "stream": key, "ours": our_name,
-                     "cells_per_s": statistics.median(y["cells_per_s"] for y in a),
-                     "ttfb_s": statistics.median(y["ttfb_s"] for y in a),
-                     "ours_cells_per_s": statistics.median(x["cells_per_s"] for x in o),
-                     "ours_ttfb_s": statistics.median(x["ttfb_s"] for x in o),
-                     "ratio": statistics.median(ratios), "ratios": ratios})
+        rows.append(
+            {
+                "method": name,
+                "stream": key,
+                "ours": our_name,
+                "cells_per_s": statistics.median(y["cells_per_s"] for y in a),
+                "ttfb_s": statistics.median(y["ttfb_s"] for y in a),
+                "ours_cells_per_s": statistics.median(x["cells_per_s"] for x in o),
+                "ours_ttfb_s": statistics.median(x["ttfb_s"] for x in o),
+                "ratio": statistics.median(ratios),
+                "ratios": ratios,
+            }
+        )
     return rows
 
 
-def measure(py: Interpreter, h5ad: str, shards_root: str, data_dir: Path, work: Path, *, batch_size: int,
-            warmup: int, seconds: float, rounds: int, windows: int = 2, torch_spec: str = "torch",
-            timeout: float = 600.0) -> dict[str, Any]:
-    """Install, convert, then ``rounds`` pairs of children (ours, annbatch); raises :class:`Unavailable`."""
+def measure(
+    py: Interpreter,
+    h5ad: str,
+    shards_root: str,
+    data_dir: Path,
+    work: Path,
+    *,
+    batch_size: int,
+    warmup: int,
+    seconds: float,
+    rounds: int,
+    windows: int = 2,
+    torch_spec: str = "torch",
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """Install, convert, then ``rounds`` pairs of children (ours, annbatch); raises
+    :class:`Unavailable`."""
     folder = data_dir / "annbatch"
     vpy = ensure_venv(py, folder, torch_spec)
     ver = run_worker([vpy, "-I", str(WORKER)], "version", {}, work, "version", 120)
@@ -209,26 +279,63 @@ def measure(py: Interpreter, h5ad: str, shards_root: str, data_dir: Path, work: 
     ours_cmd = [sys.executable, "-m", "benchmarks.annbatch_worker"]
     ours, theirs = [], []
     for r in range(rounds):
-        o = run_worker(ours_cmd, "ours", {**common, "shards_root": shards_root}, work, f"ours-{r}", timeout,
-                       cwd=REPO, env=env)
-        a = run_worker([vpy, "-I", str(WORKER)], "annbatch", {**common, "collection": conv["collection"]}, work,
-                       f"annbatch-{r}", timeout, cwd=folder)
+        o = run_worker(
+            ours_cmd,
+            "ours",
+            {**common, "shards_root": shards_root},
+            work,
+            f"ours-{r}",
+            timeout,
+            cwd=REPO,
+            env=env,
+        )
+        a = run_worker(
+            [vpy, "-I", str(WORKER)],
+            "annbatch",
+            {**common, "collection": conv["collection"]},
+            work,
+            f"annbatch-{r}",
+            timeout,
+            cwd=folder,
+        )
         for who, doc in (("our loader", o), ("annbatch", a)):
             if doc.get("error"):
-                return {"status": "failed", "reason": f"{who} failed in round {r + 1}: {doc['error']}",
-                        "log": str(work / "annbatch.log")}
+                return {
+                    "status": "failed",
+                    "reason": f"{who} failed in round {r + 1}: {doc['error']}",
+                    "log": str(work / "annbatch.log"),
+                }
         ours.append(o)
         theirs.append(a)
     last = theirs[-1]
-    return {"status": "measured", "python": f"{py.path} ({last['python']})", "annbatch": last["annbatch"],
-            "zarrs": last["zarrs"], "preload_to_gpu": last["preload_to_gpu"], "settings": last["settings"],
-            "convert_s": conv["convert_s"], "convert_cached": conv["cached"], "rounds": rounds, "windows": windows,
-            "seconds": seconds, "warmup": warmup, "batch_size": batch_size, "rows": pair_rows(ours, theirs)}
+    return {
+        "status": "measured",
+        "python": f"{py.path} ({last['python']})",
+        "annbatch": last["annbatch"],
+        "zarrs": last["zarrs"],
+        "preload_to_gpu": last["preload_to_gpu"],
+        "settings": last["settings"],
+        "convert_s": conv["convert_s"],
+        "convert_cached": conv["cached"],
+        "rounds": rounds,
+        "windows": windows,
+        "seconds": seconds,
+        "warmup": warmup,
+        "batch_size": batch_size,
+        "rows": pair_rows(ours, theirs),
+    }
 
 
-def run_annbatch(h5ad: str, shards_root: str | None, data_dir: Path, work: Path, *,
-                 env: Mapping[str, str] | None = None, which: Callable[[str], str | None] = shutil.which,
-                 **kw: Any) -> dict[str, Any]:
+def run_annbatch(
+    h5ad: str,
+    shards_root: str | None,
+    data_dir: Path,
+    work: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    **kw: Any,
+) -> dict[str, Any]:
     """The bench's entry: a measured, skipped or failed record; never raises."""
     py = find_python(env, which)
     if isinstance(py, str):
@@ -248,16 +355,28 @@ def run_annbatch(h5ad: str, shards_root: str | None, data_dir: Path, work: Path,
 
 def summary_line(rec: dict[str, Any]) -> str:
     """One line for the console and for BENCHMARKS.md when nothing was measured."""
-    return f"annbatch: {rec['status']} — {rec.get('reason', '')}" if rec.get("status") != "measured" else (
-        f"annbatch {rec['annbatch']}: " + "; ".join(f"{r['stream']} {r['cells_per_s']:,.0f} cells/s, ours/annbatch "
-                                                     f"{r['ratio']:.2f}x" for r in rec["rows"]))
+    return (
+        f"annbatch: {rec['status']} — {rec.get('reason', '')}"
+        if rec.get("status") != "measured"
+        else (
+            f"annbatch {rec['annbatch']}: "
+            + "; ".join(
+                f"{r['stream']} {r['cells_per_s']:,.0f} cells/s, ours/annbatch {r['ratio']:.2f}x"
+                for r in rec["rows"]
+            )
+        )
+    )
 
 
 def markdown(rec: dict[str, Any] | None) -> list[str]:
     """The annbatch subsection of BENCHMARKS.md's Loader section."""
     if not rec:
         return []
-    lines = ["", "### annbatch (another interpreter; paired per process, not interleaved in one)", ""]
+    lines = [
+        "",
+        "### annbatch (another interpreter; paired per process, not interleaved in one)",
+        "",
+    ]
     if rec.get("status") != "measured":
         return [*lines, summary_line(rec)]
     s = rec["settings"]
@@ -274,11 +393,15 @@ def markdown(rec: dict[str, Any] | None) -> list[str]:
         "per stream, the two streams of a process taking turns; a process's figure is the median of its windows. "
         f"Processes alternate ours, annbatch, ours, annbatch ({rec['rounds']} pairs): two interpreters cannot share "
         "one process, so this pairing is at process level, weaker than the same-process ratios above. cells/s: "
-        "median over processes; ratio: median over pairs of ours / annbatch.", "",
+        "median over processes; ratio: median over pairs of ours / annbatch.",
+        "",
         "| method | cells/s | first batch (s) | ours | ours cells/s | ours / annbatch | per pair |",
-        "|---|---:|---:|---|---:|---:|---|"]
+        "|---|---:|---:|---|---:|---:|---|",
+    ]
     for r in rec["rows"]:
-        lines.append(f"| {r['method']} | {r['cells_per_s']:,.0f} | {r['ttfb_s']:.2f} | {r['ours']} | "
-                     f"{r['ours_cells_per_s']:,.0f} | {r['ratio']:.2f}x | "
-                     f"{', '.join(f'{x:.2f}' for x in r['ratios'])} |")
+        lines.append(
+            f"| {r['method']} | {r['cells_per_s']:,.0f} | {r['ttfb_s']:.2f} | {r['ours']} | "
+            f"{r['ours_cells_per_s']:,.0f} | {r['ratio']:.2f}x | "
+            f"{', '.join(f'{x:.2f}' for x in r['ratios'])} |"
+        )
     return lines

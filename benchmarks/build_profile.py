@@ -1,13 +1,17 @@
-"""Where a build's CPU goes, against the codec-bound limit: `build()` of the scale bench's screen (sources of
-250k cells x 2,000 genes) under cProfile, in this process, at `--jobs 1` (no threads: every CPU-second is
+"""Where a build's CPU goes, against the codec-bound limit: `build()` of the scale bench's screen
+(sources of
+250k cells x 2,000 genes) under cProfile, in this process, at `--jobs 1` (no threads: every
+CPU-second is
 attributed once; the hasher's source sha256 runs inline in the scan), split into the components the
 limit has (h5py block reads, Blosc) and everything else the format and the design add.
 
     python -m benchmarks.build_profile                    # 1M cells (4 sources), ~25 s
     python -m benchmarks.build_profile --cells 2000000
 
-Leaf functions are attributed by their tottime (split by caller where one function serves several parts,
-e.g. sha256 of sources, shards and plan keys); the stages by their cumulative time. cProfile adds its own
+Leaf functions are attributed by their tottime (split by caller where one function serves several
+parts,
+e.g. sha256 of sources, shards and plan keys); the stages by their cumulative time. cProfile adds
+its own
 overhead to Python-level calls (a few %); the C-level leaves, which dominate, are timed as they run.
 """
 
@@ -31,23 +35,42 @@ REPO = Path(__file__).resolve().parents[1]
 LEAVES: dict[str, list[tuple[str, ...]]] = {
     "h5py reads (limit: block reads)": [("h5py/_hl/dataset.py", "__getitem__")],
     "Blosc encode (limit: X; also the plan's tables)": [("zarr_direct.py", "encode")],
-    "sha256 of sources (fingerprints)": [("~", "<method 'update' of '_hashlib.HASH' objects>", "file_digest"),
-                                         ("~", "<method 'readinto' of '_io.BufferedReader' objects>", "file_digest")],
-    "sha256 of shards (index hashes)": [("~", "<method 'update' of '_hashlib.HASH' objects>", "content_hash"),
-                                        ("~", "<method 'read' of '_io.BufferedReader' objects>", "<lambda>")],
+    "sha256 of sources (fingerprints)": [
+        ("~", "<method 'update' of '_hashlib.HASH' objects>", "file_digest"),
+        ("~", "<method 'readinto' of '_io.BufferedReader' objects>", "file_digest"),
+    ],
+    "sha256 of shards (index hashes)": [
+        ("~", "<method 'update' of '_hashlib.HASH' objects>", "content_hash"),
+        ("~", "<method 'read' of '_io.BufferedReader' objects>", "<lambda>"),
+    ],
     "sha256 of plan keys": [("~", "<method 'update' of '_hashlib.HASH' objects>", "plan_key")],
-    "row gathers (scatter + pack)": [("~", "<built-in method scipy.sparse._sparsetools.csr_row_index>")],
-    "spill I/O (write, read, delete)": [("~", "<method 'tofile' of 'numpy.ndarray' objects>"),
-                                        ("~", "<built-in method posix.preadv>"),
-                                        ("~", "<built-in method numpy.fromfile>"),
-                                        ("~", "<built-in method posix.unlink>")],
-    "shard files (open, write, mkdir)": [("~", "<built-in method posix.open>"), ("~", "<built-in method posix.write>"),
-                                         ("~", "<built-in method posix.mkdir>")],
+    "row gathers (scatter + pack)": [
+        ("~", "<built-in method scipy.sparse._sparsetools.csr_row_index>")
+    ],
+    "spill I/O (write, read, delete)": [
+        ("~", "<method 'tofile' of 'numpy.ndarray' objects>"),
+        ("~", "<built-in method posix.preadv>"),
+        ("~", "<built-in method numpy.fromfile>"),
+        ("~", "<built-in method posix.unlink>"),
+    ],
+    "shard files (open, write, mkdir)": [
+        ("~", "<built-in method posix.open>"),
+        ("~", "<built-in method posix.write>"),
+        ("~", "<built-in method posix.mkdir>"),
+    ],
 }
-STAGES = {"scan (with source sha256)": ("kinds/perturbation.py", "scan"),
-          "plan": ("kinds/perturbation.py", "plan"),
-          "read tasks (read, validate, route, spill)": ("pipeline/modalities/perturbation/pack.py", "_scatter"),
-          "pack tasks (gather, encode, write, hash)": ("pipeline/modalities/perturbation/pack.py", "_pack")}
+STAGES = {
+    "scan (with source sha256)": ("kinds/perturbation.py", "scan"),
+    "plan": ("kinds/perturbation.py", "plan"),
+    "read tasks (read, validate, route, spill)": (
+        "pipeline/modalities/perturbation/pack.py",
+        "_scatter",
+    ),
+    "pack tasks (gather, encode, write, hash)": (
+        "pipeline/modalities/perturbation/pack.py",
+        "_pack",
+    ),
+}
 
 
 def _match(key: tuple[str, int, str], file: str, name: str) -> bool:
@@ -71,7 +94,9 @@ def stage_seconds(stats: dict[Any, Any], file: str, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cells", type=int, default=1_000_000)
     ap.add_argument("--cells-per-file", type=int, default=250_000)
     ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data")
@@ -79,9 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.build import build
 
     files = -(-a.cells // a.cells_per_file)
-    ds = ensure_dataset(SynthParams(n_cells=a.cells, n_genes=2_000, n_files=files, per_file=True), a.data_dir)
+    ds = ensure_dataset(
+        SynthParams(n_cells=a.cells, n_genes=2_000, n_files=files, per_file=True), a.data_dir
+    )
     work = a.data_dir.resolve() / "work" / "profile"
-    manifest = write_manifest(work / f"profile-{a.cells}.toml", ds, name=f"profile-{a.cells}", codec="blosc-lz4")
+    manifest = write_manifest(
+        work / f"profile-{a.cells}.toml", ds, name=f"profile-{a.cells}", codec="blosc-lz4"
+    )
     limit = pb.codec_bound_limit(list(ds.files), "blosc-lz4", repeats=1)
     out = work / "shards"
     shutil.rmtree(out, ignore_errors=True)
@@ -93,19 +122,25 @@ def main(argv: list[str] | None = None) -> int:
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    print(f"## Build CPU by component ({a.cells:,} cells, {files} sources, --jobs 1, cProfile; load average "
-          f"{os.getloadavg()[0]:.1f})\n")
-    print(f"`python -m benchmarks.build_profile --cells {a.cells}`: build {cpu:.1f} CPU-s ({wall:.1f} s wall under "
-          f"the profiler); the codec-bound limit of the same files {limit['cpu_seconds']:.1f} CPU-s "
-          f"({cpu / max(limit['cpu_seconds'], 1e-9):.1f}x).\n")
+    print(
+        f"## Build CPU by component ({a.cells:,} cells, {files} sources, --jobs 1, cProfile; load average "
+        f"{os.getloadavg()[0]:.1f})\n"
+    )
+    print(
+        f"`python -m benchmarks.build_profile --cells {a.cells}`: build {cpu:.1f} CPU-s ({wall:.1f} s wall under "
+        f"the profiler); the codec-bound limit of the same files {limit['cpu_seconds']:.1f} CPU-s "
+        f"({cpu / max(limit['cpu_seconds'], 1e-9):.1f}x).\n"
+    )
     print("| component | CPU-s | share |\n|---|---:|---:|")
     named = 0.0
     for name, specs in LEAVES.items():
         s = sum(leaf_seconds(stats, spec) for spec in specs)
         named += s
         print(f"| {name} | {s:.2f} | {s / cpu:.0%} |")
-    print(f"| everything else (numpy in plan and routing, validation, imports, Python) | {cpu - named:.2f} | "
-          f"{(cpu - named) / cpu:.0%} |")
+    print(
+        f"| everything else (numpy in plan and routing, validation, imports, Python) | {cpu - named:.2f} | "
+        f"{(cpu - named) / cpu:.0%} |"
+    )
     print("\n| stage (cumulative) | CPU-s |\n|---|---:|")
     for name, (file, fn) in STAGES.items():
         print(f"| {name} | {stage_seconds(stats, file, fn):.2f} |")

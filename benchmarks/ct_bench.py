@@ -1,28 +1,40 @@
-"""CT figures for ``make bench``: our loader vs the per-item baseline and an npz cache, bytes, 512^3 builds.
+"""CT figures for ``make bench``: our loader vs the per-item baseline and an npz cache, bytes, 512^3
+builds.
 
     from benchmarks.ct_bench import run_ct_bench
     result = run_ct_bench(data_dir, work_dir)      # -> dict; result["table"] is a markdown table
     python -m benchmarks.ct_bench --data-dir bench_data --work-dir bench_data/work/ct
 
-Two corpora, both synthetic chest CTs (pipeline.modalities.ct.demo, cached by parameters under ``data_dir``):
+Two corpora, both synthetic chest CTs (pipeline.modalities.ct.demo, cached by parameters under
+``data_dir``):
 
-* the **loader** figure uses ``loader_volumes`` volumes of ``loader_shape`` (default 8 of 512 x 512 x 48,
+* the **loader** figure uses ``loader_volumes`` volumes of ``loader_shape`` (default 8 of 512 x 512
+x 48,
   the size of the real scans the issue measured). Methods, measured in ONE process, interleaved
-  (A, B, C, A, B, C, ...; ``repeats`` windows of ``seconds`` each) and reported as the median window:
-  - ``per-item``: what CT dataset classes do in ``__getitem__``: memory-map the ``.npy``, window + band,
-    body mask (threshold, largest component, per-slice hole fill), ``np.nonzero``, collate the batch;
-  - ``per-item (no mask)``: the same without the body mask (cheaper, but keeps the air around the body: not
+  (A, B, C, A, B, C, ...; ``repeats`` windows of ``seconds`` each) and reported as the median
+  window:
+  - ``per-item``: what CT dataset classes do in ``__getitem__``: memory-map the ``.npy``, window +
+  band,
+    body mask (threshold, largest component, per-slice hole fill), ``np.nonzero``, collate the
+    batch;
+  - ``per-item (no mask)``: the same without the body mask (cheaper, but keeps the air around the
+  body: not
     the same output; shown as a lower bound of what a per-item class costs);
-  - ``npz cache``: one ``np.savez_compressed`` of (coords, hu, window) per volume, loaded per item and
+  - ``npz cache``: one ``np.savez_compressed`` of (coords, hu, window) per volume, loaded per item
+  and
     collated (the usual "preprocess once" cache);
   - ``shardsmith``: ``ShardDataset(sample="ct")`` over the built shards (zarr), the same batch size.
-  All four produce the same coords/feats layout (int32 [N,4], float32 [N,C], offsets). Before timing,
-  :func:`check_parity` compares the shards with the per-item computation (voxels kept, points stored; the
+  All four produce the same coords/feats layout (int32 [N,4], float32 [N,C], offsets). Before
+  timing,
+  :func:`check_parity` compares the shards with the per-item computation (voxels kept, points
+  stored; the
   very same points for a volume under the cap) and fails the bench if they differ.
 * the **formats** figure (:mod:`benchmarks.ct_formats_bench`): build time per volume of the same
   ``formats_volumes`` chests of ``loader_shape`` stored as .npy, NIfTI, NRRD and DICOM series;
-* the **build** figure builds ``build_volumes`` volumes of ``build_shape`` (default 4 of 512^3, one shard
-  each, so ``--jobs`` tasks run at once) with ``shardsmith build --jobs build_jobs`` in a child process:
+* the **build** figure builds ``build_volumes`` volumes of ``build_shape`` (default 4 of 512^3, one
+shard
+  each, so ``--jobs`` tasks run at once) with ``shardsmith build --jobs build_jobs`` in a child
+  process:
   volumes/s and the process tree's peak RSS (sampled; it includes the memory-mapped volumes' pages).
 
 Default run: about 1.5 min on 2 cores (most of it writing the 512^3 volumes on the first run).
@@ -70,9 +82,13 @@ class CtBenchConfig:
     formats_repeats: int = 2
 
 
-# -- the baselines -------------------------------------------------------------------------------------------
-def baseline_item(path: Path, body_mask: bool = True, max_points: int | None = None) -> dict[str, np.ndarray]:
-    """One volume the way a per-item CT dataset computes it (the same rule as a shardsmith record, and the
+# -- the baselines
+# -------------------------------------------------------------------------------------------
+def baseline_item(
+    path: Path, body_mask: bool = True, max_points: int | None = None
+) -> dict[str, np.ndarray]:
+    """One volume the way a per-item CT dataset computes it (the same rule as a shardsmith record,
+    and the
     same cap: a sorted random subset of ``max_points``)."""
     hu = np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
     lo, hi = LEVEL - WIDTH / 2, LEVEL + WIDTH / 2
@@ -91,20 +107,27 @@ def baseline_item(path: Path, body_mask: bool = True, max_points: int | None = N
         sel = np.sort(np.random.default_rng(0).choice(idx[0].size, max_points, replace=False))
         idx = tuple(i[sel] for i in idx)
     vals = hu[idx]
-    return {"coords": np.stack(idx, axis=1).astype(np.uint16), "hu": vals,
-            "window": np.clip((vals - np.float32(lo)) / np.float32(WIDTH), 0, 1).astype(np.float16),
-            "kept": np.asarray(kept, dtype=np.int64)}
+    return {
+        "coords": np.stack(idx, axis=1).astype(np.uint16),
+        "hu": vals,
+        "window": np.clip((vals - np.float32(lo)) / np.float32(WIDTH), 0, 1).astype(np.float16),
+        "kept": np.asarray(kept, dtype=np.int64),
+    }
 
 
-def _batches(items: Callable[[int], dict[str, np.ndarray]], n: int, batch_size: int,
-             epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _batches(
+    items: Callable[[int], dict[str, np.ndarray]], n: int, batch_size: int, epoch: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     order = np.random.default_rng([0, epoch]).permutation(n)
     for j in range(0, n, batch_size):
-        got = [items(int(i)) for i in order[j:j + batch_size]]
+        got = [items(int(i)) for i in order[j : j + batch_size]]
         off = np.zeros(len(got) + 1, dtype=np.int64)
         np.cumsum([g["coords"].shape[0] for g in got], out=off[1:])
-        yield collate(np.concatenate([g["coords"] for g in got]), off,
-                      [np.concatenate([g["hu"] for g in got]), np.concatenate([g["window"] for g in got])])
+        yield collate(
+            np.concatenate([g["coords"] for g in got]),
+            off,
+            [np.concatenate([g["hu"] for g in got]), np.concatenate([g["window"] for g in got])],
+        )
 
 
 def write_npz_cache(volumes: list[Path], out: Path, max_points: int) -> list[Path]:
@@ -120,30 +143,45 @@ def write_npz_cache(volumes: list[Path], out: Path, max_points: int) -> list[Pat
 
 
 def check_parity(cache: list[Path], shards: Path) -> dict[str, int]:
-    """The methods must deliver the same data, or the speed ratio means nothing: per volume, the npz cache
-    (the per-item computation, saved) and the shards agree on the voxels kept before the cap and the points
-    stored; an uncapped volume's coordinates and features are equal. RuntimeError naming the volume if not."""
+    """The methods must deliver the same data, or the speed ratio means nothing: per volume, the npz
+    cache
+    (the per-item computation, saved) and the shards agree on the voxels kept before the cap and the
+    points
+    stored; an uncapped volume's coordinates and features are equal. RuntimeError naming the volume
+    if not."""
     from loaders.dataset import ShardDataset
     from loaders.format import read_index
 
     index = read_index(shards)
     recs = {r["file"]: r for rs in index.section("ct")["records"].values() for r in rs}
     got = {}
-    for b in ShardDataset(shards, split="train", sample="ct", batch_size=1, shuffle=False, decode_process=False):
-        got[Path(index.sources[int(b["sample_id"][0])]["path"]).name] = (b["coords"][:, 1:].numpy(), b["feats"].numpy())
+    for b in ShardDataset(
+        shards, split="train", sample="ct", batch_size=1, shuffle=False, decode_process=False
+    ):
+        got[Path(index.sources[int(b["sample_id"][0])]["path"]).name] = (
+            b["coords"][:, 1:].numpy(),
+            b["feats"].numpy(),
+        )
     exact = 0
     for p in cache:
         name, z = f"{p.stem}.npy", npz_item(p, with_kept=True)
         r = recs.get(name)
         if r is None or name not in got:
             raise RuntimeError(f"parity: {name} is in the npz cache but not in the shards")
-        if (int(z["kept"]) != int(r["kept"]) or z["coords"].shape[0] != int(r["points"])
-                or got[name][0].shape[0] != int(r["points"])):
-            raise RuntimeError(f"parity: {name}: per-item keeps {int(z['kept'])} voxels, stores {len(z['coords'])}; "
-                               f"shards {r['kept']}, {r['points']}")
+        if (
+            int(z["kept"]) != int(r["kept"])
+            or z["coords"].shape[0] != int(r["points"])
+            or got[name][0].shape[0] != int(r["points"])
+        ):
+            raise RuntimeError(
+                f"parity: {name}: per-item keeps {int(z['kept'])} voxels, stores {len(z['coords'])}; "
+                f"shards {r['kept']}, {r['points']}"
+            )
         if int(r["kept"]) == int(r["points"]):  # no cap drawn: the very same points
             feats = np.stack([z["hu"].astype(np.float32), z["window"].astype(np.float32)], axis=1)
-            if not (np.array_equal(got[name][0], z["coords"]) and np.array_equal(got[name][1], feats)):
+            if not (
+                np.array_equal(got[name][0], z["coords"]) and np.array_equal(got[name][1], feats)
+            ):
                 raise RuntimeError(f"parity: {name}: shards and per-item give different points")
             exact += 1
     return {"volumes": len(cache), "compared_exactly": exact}
@@ -154,7 +192,8 @@ def npz_item(path: Path, with_kept: bool = False) -> dict[str, np.ndarray]:
         return {k: z[k] for k in ("coords", "hu", "window", *(("kept",) if with_kept else ()))}
 
 
-# -- measurement ---------------------------------------------------------------------------------------------
+# -- measurement
+# ---------------------------------------------------------------------------------------------
 class Chain:
     """Epoch after epoch of ``make(epoch)``, counting volumes and points."""
 
@@ -181,30 +220,47 @@ def measure_window(chain: Chain, seconds: float) -> dict[str, float]:
         vols, pts = vols + v, pts + p
         dt = time.perf_counter() - t0
         if dt >= seconds:
-            return {"volumes_per_s": vols / dt, "points_per_s": pts / dt, "seconds": dt, "volumes": vols}
+            return {
+                "volumes_per_s": vols / dt,
+                "points_per_s": pts / dt,
+                "seconds": dt,
+                "volumes": vols,
+            }
 
 
-def interleaved(methods: dict[str, Chain], seconds: float, repeats: int) -> dict[str, dict[str, Any]]:
+def interleaved(
+    methods: dict[str, Chain], seconds: float, repeats: int
+) -> dict[str, dict[str, Any]]:
     for c in methods.values():  # warm-up: first batch of each (imports, first decode, page cache)
         c.next()
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
     for _ in range(repeats):
         for m, c in methods.items():
             runs[m].append(measure_window(c, seconds))
-    return {m: {"volumes_per_s": statistics.median(r["volumes_per_s"] for r in rs),
-                "points_per_s": statistics.median(r["points_per_s"] for r in rs), "windows": rs}
-            for m, rs in runs.items()}
+    return {
+        m: {
+            "volumes_per_s": statistics.median(r["volumes_per_s"] for r in rs),
+            "points_per_s": statistics.median(r["points_per_s"] for r in rs),
+            "windows": rs,
+        }
+        for m, rs in runs.items()
+    }
 
 
 def du(paths: list[Path] | Path) -> int:
     paths = [paths] if isinstance(paths, Path) else paths
     total = 0
     for p in paths:
-        total += p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        total += (
+            p.stat().st_size
+            if p.is_file()
+            else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        )
     return total
 
 
-# -- data and builds -----------------------------------------------------------------------------------------
+# -- data and builds
+# -----------------------------------------------------------------------------------------
 def corpus(data_dir: Path, shape: tuple[int, int, int], n: int) -> list[Path]:
     d = data_dir / f"ct_{'x'.join(map(str, shape))}_{n}"
     paths = [d / f"chest_{i:03d}.npy" for i in range(n)]
@@ -214,8 +270,15 @@ def corpus(data_dir: Path, shape: tuple[int, int, int], n: int) -> list[Path]:
     return paths
 
 
-def write_manifest(path: Path, volumes_glob: str, name: str, fmt: str, max_points: int, seed: int,
-                   shard_size_mb: float = 64) -> Path:
+def write_manifest(
+    path: Path,
+    volumes_glob: str,
+    name: str,
+    fmt: str,
+    max_points: int,
+    seed: int,
+    shard_size_mb: float = 64,
+) -> Path:
     path.write_text(f"""[dataset]
 name = "{name}"
 kind = "ct"
@@ -242,7 +305,17 @@ def build(manifest: Path, out: Path, jobs: int) -> dict[str, float]:
     from benchmarks.measure import RssSampler
 
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pipeline", "build", str(manifest), "--out", str(out), "--jobs", str(jobs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        str(manifest),
+        "--out",
+        str(out),
+        "--jobs",
+        str(jobs),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     with RssSampler(proc.pid) as rss:
@@ -251,13 +324,21 @@ def build(manifest: Path, out: Path, jobs: int) -> dict[str, float]:
     text = output.decode(errors="replace")
     if proc.returncode:
         raise RuntimeError(f"build failed ({proc.returncode}): {text[-2000:]}")
-    own = re.search(r"reused in ([0-9.]+)s", text)  # the build's own time, without the interpreter's start
-    return {"seconds": dt, "build_seconds": float(own.group(1)) if own else dt, "peak_rss_mib": rss.peak / 2**20}
+    own = re.search(
+        r"reused in ([0-9.]+)s", text
+    )  # the build's own time, without the interpreter's start
+    return {
+        "seconds": dt,
+        "build_seconds": float(own.group(1)) if own else dt,
+        "peak_rss_mib": rss.peak / 2**20,
+    }
 
 
 def volume_memory(path: Path, max_points: int) -> dict[str, float]:
-    """``process_volume`` on one volume in a fresh interpreter: seconds, tracemalloc peak (numpy's working set)
-    and the VmHWM growth (which also counts the memory-mapped file's pages), as multiples of its int16 bytes."""
+    """``process_volume`` on one volume in a fresh interpreter: seconds, tracemalloc peak (numpy's
+    working set)
+    and the VmHWM growth (which also counts the memory-mapped file's pages), as multiples of its
+    int16 bytes."""
     code = f"""
 import json, time, tracemalloc
 import numpy as np
@@ -274,7 +355,9 @@ vb = rec.voxels * 2
 print(json.dumps({{"seconds": dt, "traced_peak_x": peak / vb, "rss_growth_x": (hwm() - base) / vb,
                   "traced_peak_mib": peak / 2**20, "rss_growth_mib": (hwm() - base) / 2**20, "points": rec.points}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -283,20 +366,33 @@ def shard_chain(root: Path, batch_size: int) -> Chain:
 
     ds = ShardDataset(root, split="train", sample="ct", batch_size=batch_size, shuffle=True, seed=0)
 
-    def make(epoch: int) -> Iterator[Any]:  # one dataset for the run, as a trainer keeps it: epochs re-plan
+    def make(
+        epoch: int,
+    ) -> Iterator[Any]:  # one dataset for the run, as a trainer keeps it: epochs re-plan
         ds.set_epoch(epoch)
         return iter(ds)
 
     return Chain(make)
 
 
-def run_ct_bench(data_dir: str | Path, work_dir: str | Path, cfg: CtBenchConfig = CtBenchConfig()) -> dict[str, Any]:
-    data_dir, work = Path(data_dir).resolve(), Path(work_dir).resolve()  # manifests resolve paths from their folder
+def run_ct_bench(
+    data_dir: str | Path, work_dir: str | Path, cfg: CtBenchConfig = CtBenchConfig()
+) -> dict[str, Any]:
+    data_dir, work = (
+        Path(data_dir).resolve(),
+        Path(work_dir).resolve(),
+    )  # manifests resolve paths from their folder
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"config": asdict(cfg)}
     vols = corpus(data_dir, cfg.loader_shape, cfg.loader_volumes)
-    m = write_manifest(work / "ct_loader.toml", str(vols[0].parent / "*.npy"), "bench-ct", "zarr", cfg.max_points,
-                       cfg.seed)
+    m = write_manifest(
+        work / "ct_loader.toml",
+        str(vols[0].parent / "*.npy"),
+        "bench-ct",
+        "zarr",
+        cfg.max_points,
+        cfg.seed,
+    )
     result["loader_build"] = build(m, work / "shards_loader", cfg.build_jobs)
     t0 = time.perf_counter()
     cache = write_npz_cache(vols, work / "npz_cache", cfg.max_points)
@@ -305,19 +401,34 @@ def run_ct_bench(data_dir: str | Path, work_dir: str | Path, cfg: CtBenchConfig 
     bs, n, cap = cfg.batch_size, len(vols), cfg.max_points
     methods = {
         "shardsmith": shard_chain(work / "shards_loader", bs),
-        "per-item": Chain(lambda e: _batches(lambda i: baseline_item(vols[i], max_points=cap), n, bs, e)),
+        "per-item": Chain(
+            lambda e: _batches(lambda i: baseline_item(vols[i], max_points=cap), n, bs, e)
+        ),
         "npz cache": Chain(lambda e: _batches(lambda i: npz_item(cache[i]), n, bs, e)),
-        "per-item (no mask)": Chain(lambda e: _batches(lambda i: baseline_item(vols[i], False, cap), n, bs, e)),
+        "per-item (no mask)": Chain(
+            lambda e: _batches(lambda i: baseline_item(vols[i], False, cap), n, bs, e)
+        ),
     }
     loader = interleaved(methods, cfg.seconds, cfg.repeats)
     ours = loader["shardsmith"]["volumes_per_s"]
     for r in loader.values():
         r["ours_over_this"] = ours / r["volumes_per_s"] if r["volumes_per_s"] else float("inf")
     result["loader"] = loader
-    result["bytes"] = {"npy": du(vols), "npz_cache": du(cache), "shards": du(work / "shards_loader")}
+    result["bytes"] = {
+        "npy": du(vols),
+        "npz_cache": du(cache),
+        "shards": du(work / "shards_loader"),
+    }
     big = corpus(data_dir, cfg.build_shape, cfg.build_volumes)
-    mb = write_manifest(work / "ct_build.toml", str(big[0].parent / "*.npy"), "bench-ct-512", "zarr",
-                        cfg.max_points, cfg.seed, shard_size_mb=4)  # ~1 volume a shard: one pack task each
+    mb = write_manifest(
+        work / "ct_build.toml",
+        str(big[0].parent / "*.npy"),
+        "bench-ct-512",
+        "zarr",
+        cfg.max_points,
+        cfg.seed,
+        shard_size_mb=4,
+    )  # ~1 volume a shard: one pack task each
     b = build(mb, work / "shards_build", cfg.build_jobs)
     b["volumes_per_s"] = cfg.build_volumes / b["build_seconds"]
     b["volumes_per_s_with_start"] = cfg.build_volumes / b["seconds"]
@@ -326,32 +437,48 @@ def run_ct_bench(data_dir: str | Path, work_dir: str | Path, cfg: CtBenchConfig 
     result["volume_memory"] = volume_memory(big[0], cfg.max_points)
     from benchmarks.ct_formats_bench import run_formats_bench
 
-    result["formats"] = run_formats_bench(data_dir, work / "formats", cfg.loader_shape,
-                                          cfg.formats_volumes, cfg.formats_repeats, cfg.max_points)
+    result["formats"] = run_formats_bench(
+        data_dir,
+        work / "formats",
+        cfg.loader_shape,
+        cfg.formats_volumes,
+        cfg.formats_repeats,
+        cfg.max_points,
+    )
     result["table"] = table(result, cfg) + "\n\n" + result["formats"]["table"]
     return result
 
 
 def table(r: dict[str, Any], cfg: CtBenchConfig) -> str:
     shape = "x".join(map(str, cfg.loader_shape))
-    lines = [f"CT loader, {cfg.loader_volumes} volumes of {shape}, batch {cfg.batch_size}, median of "
-             f"{cfg.repeats} interleaved {cfg.seconds:g} s windows:", "",
-             "| method | volumes/s | Mpoints/s | shardsmith / method |", "|---|---:|---:|---:|"]
+    lines = [
+        f"CT loader, {cfg.loader_volumes} volumes of {shape}, batch {cfg.batch_size}, median of "
+        f"{cfg.repeats} interleaved {cfg.seconds:g} s windows:",
+        "",
+        "| method | volumes/s | Mpoints/s | shardsmith / method |",
+        "|---|---:|---:|---:|",
+    ]
     for name, x in r["loader"].items():
-        lines.append(f"| {name} | {x['volumes_per_s']:.2f} | {x['points_per_s'] / 1e6:.2f} | "
-                     f"{x['ours_over_this']:.1f}x |")
+        lines.append(
+            f"| {name} | {x['volumes_per_s']:.2f} | {x['points_per_s'] / 1e6:.2f} | "
+            f"{x['ours_over_this']:.1f}x |"
+        )
     by = r["bytes"]
     lines += ["", "| on disk | MB | vs .npy |", "|---|---:|---:|"]
     for k in ("npy", "npz_cache", "shards"):
         lines.append(f"| {k} | {by[k] / 1e6:.1f} | {by[k] / by['npy']:.4f} |")
     b = r["build_512"]
-    lines += ["", f"Build of {cfg.build_volumes} x {'x'.join(map(str, cfg.build_shape))} int16 volumes "
-              f"({b['volume_mib']:.0f} MiB each), --jobs {cfg.build_jobs}: {b['volumes_per_s']:.2f} volumes/s "
-              f"({b['volumes_per_s_with_start']:.2f} counting the interpreter's start), peak RSS of the build's "
-              f"process tree {b['peak_rss_mib']:.0f} MiB.",
-              "", f"One such volume in one process: {r['volume_memory']['seconds']:.1f} s, numpy working set "
-              f"(tracemalloc peak) {r['volume_memory']['traced_peak_x']:.2f} x its int16 bytes, RSS growth "
-              f"{r['volume_memory']['rss_growth_x']:.2f} x (includes the memory-mapped file's pages)."]
+    lines += [
+        "",
+        f"Build of {cfg.build_volumes} x {'x'.join(map(str, cfg.build_shape))} int16 volumes "
+        f"({b['volume_mib']:.0f} MiB each), --jobs {cfg.build_jobs}: {b['volumes_per_s']:.2f} volumes/s "
+        f"({b['volumes_per_s_with_start']:.2f} counting the interpreter's start), peak RSS of the build's "
+        f"process tree {b['peak_rss_mib']:.0f} MiB.",
+        "",
+        f"One such volume in one process: {r['volume_memory']['seconds']:.1f} s, numpy working set "
+        f"(tracemalloc peak) {r['volume_memory']['traced_peak_x']:.2f} x its int16 bytes, RSS growth "
+        f"{r['volume_memory']['rss_growth_x']:.2f} x (includes the memory-mapped file's pages).",
+    ]
     return "\n".join(lines)
 
 

@@ -95,9 +95,14 @@ def _content(out: Path) -> list[str]:
     return [e.sha256 for e in read_index(out).shards]
 
 
-def run_formats_bench(data_dir: str | Path, work_dir: str | Path,
-                      shape: tuple[int, int, int] = (512, 512, 48), volumes: int = 2,
-                      repeats: int = 2, max_points: int = 500_000) -> dict[str, Any]:
+def run_formats_bench(
+    data_dir: str | Path,
+    work_dir: str | Path,
+    shape: tuple[int, int, int] = (512, 512, 48),
+    volumes: int = 2,
+    repeats: int = 2,
+    max_points: int = 500_000,
+) -> dict[str, Any]:
     data_dir, work = Path(data_dir).resolve(), Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     d = corpus(data_dir, shape, volumes)
@@ -109,32 +114,47 @@ def run_formats_bench(data_dir: str | Path, work_dir: str | Path,
         got = _content(work / f"out_{folder}")
         ref = ref or got
         if got != ref:
-            raise RuntimeError(f"formats bench: {name} stores other points than the .npy build "
-                               f"(shard sha256 {got} vs {ref}): its reader does not return the "
-                               "same arrays")
+            raise RuntimeError(
+                f"formats bench: {name} stores other points than the .npy build "
+                f"(shard sha256 {got} vs {ref}): its reader does not return the "
+                "same arrays"
+            )
         secs = statistics.median(r["build_seconds"] for r in runs)
-        rows[name] = {"seconds_per_volume": secs / volumes,
-                      "build_seconds": [r["build_seconds"] for r in runs],
-                      "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
-                      "mb_on_disk": du(d / folder) / 1e6}
+        rows[name] = {
+            "seconds_per_volume": secs / volumes,
+            "build_seconds": [r["build_seconds"] for r in runs],
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+            "mb_on_disk": du(d / folder) / 1e6,
+        }
     npy = rows["npy"]["seconds_per_volume"]
     for r in rows.values():
         r["vs_npy"] = r["seconds_per_volume"] / npy if npy else float("inf")
-    return {"shape": list(shape), "volumes": volumes, "repeats": repeats, "formats": rows,
-            "table": table(rows, shape, volumes, repeats)}
+    return {
+        "shape": list(shape),
+        "volumes": volumes,
+        "repeats": repeats,
+        "formats": rows,
+        "table": table(rows, shape, volumes, repeats),
+    }
 
 
-def table(rows: dict[str, dict[str, Any]], shape: tuple[int, int, int], volumes: int,
-          repeats: int) -> str:
+def table(
+    rows: dict[str, dict[str, Any]], shape: tuple[int, int, int], volumes: int, repeats: int
+) -> str:
     grid = "x".join(map(str, shape))
-    lines = [f"CT build time per volume by source format: the same {volumes} chests of {grid} "
-             f"int16, `--jobs 1`, median of {repeats} builds (the build's own time):", "",
-             "| source | s / volume | vs .npy | on disk MB | peak RSS MiB |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"CT build time per volume by source format: the same {volumes} chests of {grid} "
+        f"int16, `--jobs 1`, median of {repeats} builds (the build's own time):",
+        "",
+        "| source | s / volume | vs .npy | on disk MB | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, r in rows.items():
-        lines.append(f"| {name} | {r['seconds_per_volume']:.2f} | {r['vs_npy']:.2f}x | "
-                     f"{r['mb_on_disk']:.1f} | "
-                     f"{r['peak_rss_mib']:.0f} |")
+        lines.append(
+            f"| {name} | {r['seconds_per_volume']:.2f} | {r['vs_npy']:.2f}x | "
+            f"{r['mb_on_disk']:.1f} | "
+            f"{r['peak_rss_mib']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -148,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="", help="also write the result dict here")
     a = ap.parse_args(argv)
     shape = tuple(int(x) for x in a.shape.split(","))
-    r = run_formats_bench(a.data_dir, a.work_dir, (shape[0], shape[1], shape[2]), a.volumes,
-                          a.repeats)
+    r = run_formats_bench(
+        a.data_dir, a.work_dir, (shape[0], shape[1], shape[2]), a.volumes, a.repeats
+    )
     print(r["table"])
     if a.json:
         Path(a.json).write_text(json.dumps(r, indent=1, default=str))

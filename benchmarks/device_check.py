@@ -1,22 +1,31 @@
-"""One prepared run on a lent GPU node (the device machine: a GPU, 16 cores, no network, no build tools of ours).
+"""One prepared run on a lent GPU node (the device machine: a GPU, 16 cores, no network, no build
+tools of ours).
 
-    python -m benchmarks.device_check --prepare --data .devdata     # here, on the CPU machine (~1 min)
+    python -m benchmarks.device_check --prepare --data .devdata     # here, on the CPU machine (~1
+    min)
     python -m benchmarks.device_check --data .devdata --out $OUT    # there
 
-Everything it reads is made beforehand on the CPU machine by ``--prepare``, under ``--data`` (~46 MB, under
-the device tool's 64 MiB with zarr/numcodecs wheels): ``cells/`` (shards of the bench's synthetic screen, 50k x
+Everything it reads is made beforehand on the CPU machine by ``--prepare``, under ``--data`` (~46
+MB, under
+the device tool's 64 MiB with zarr/numcodecs wheels): ``cells/`` (shards of the bench's synthetic
+screen, 50k x
 2,000), ``csr.h5`` (4,096 CSR rows of it, h5py), ``gpu_spike/`` (the demo spike build,
 ``benchmarks.gpu_spike.demo_build``). It measures, on the device's own CPU and GPU:
 
-* the GPU section of ``make bench`` (``benchmarks.gpu.run_gpu``): host-to-device GB/s, on-device densify, and
-  ``ShardLoader(device="cuda")`` (CSR parts shipped, densified on the GPU) with the trainer's wait per batch,
+* the GPU section of ``make bench`` (``benchmarks.gpu.run_gpu``): host-to-device GB/s, on-device
+densify, and
+  ``ShardLoader(device="cuda")`` (CSR parts shipped, densified on the GPU) with the trainer's wait
+  per batch,
   ``num_workers`` 0, 2 and 4;
-* the host loader's rate for ``num_workers`` 0, 1, 2, 4, 8 on 16 cores (dense, persistent workers, the
+* the host loader's rate for ``num_workers`` 0, 1, 2, 4, 8 on 16 cores (dense, persistent workers,
+the
   whole split one window): what docs/LOADER.md says to expect on 16+ cores, measured;
 * the spike voxel op and loader on the GPU (``benchmarks.gpu_spike``), equal to numpy or an error;
-* cells, pairs and sentences through ``device="cuda"`` equal to the host loader's, key by key (or an error).
+* cells, pairs and sentences through ``device="cuda"`` equal to the host loader's, key by key (or an
+error).
 
-Results go to ``--out/device.json`` and a markdown summary to stdout. Not interleaved across processes: the
+Results go to ``--out/device.json`` and a markdown summary to stdout. Not interleaved across
+processes: the
 rates of the worker scan are from consecutive windows of one process, on a machine nobody else uses.
 """
 
@@ -30,20 +39,26 @@ from typing import Any
 
 
 def worker_scan(root: str, workers: tuple[int, ...], seconds: float) -> list[dict[str, Any]]:
-    """The host loader (dense, the whole split one window) for each ``num_workers``: ``benchmarks.gpu``'s loader
+    """The host loader (dense, the whole split one window) for each ``num_workers``:
+    ``benchmarks.gpu``'s loader
     measure with ``device=None``."""
     from benchmarks.gpu import loader_on_cuda
 
     out = []
     for w in workers:
         out.append(loader_on_cuda(root, 2000, 256, w, seconds, device=None, window=8))
-        print(f"[device] host loader num_workers={w}: {out[-1]['cells_per_s']:,.0f} cells/s", flush=True)
+        print(
+            f"[device] host loader num_workers={w}: {out[-1]['cells_per_s']:,.0f} cells/s",
+            flush=True,
+        )
     return out
 
 
 def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str, Any]]:
-    """``device="cuda"`` (CSR parts shipped, densified on the GPU) against ``device=None``: every key of every
-    batch equal, for cells, pairs and sentences, dense and ``densify=False``; raises on the first difference."""
+    """``device="cuda"`` (CSR parts shipped, densified on the GPU) against ``device=None``: every
+    key of every
+    batch equal, for cells, pairs and sentences, dense and ``densify=False``; raises on the first
+    difference."""
     import torch
 
     from loaders import ShardDataset, ShardLoader
@@ -51,9 +66,15 @@ def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str,
     if not torch.cuda.is_available():
         return [{"status": "not measured (no CUDA device)"}]
     out = []
-    for sample, densify, w in ((s, d, w) for s in ("cells", "pairs", "sentences") for d in (True, False)
-                               for w in workers):
-        kw = {"sample": sample, "batch_size": 2 if sample == "sentences" else 128, "seed": 3, "densify": densify}
+    for sample, densify, w in (
+        (s, d, w) for s in ("cells", "pairs", "sentences") for d in (True, False) for w in workers
+    ):
+        kw = {
+            "sample": sample,
+            "batch_size": 2 if sample == "sentences" else 128,
+            "seed": 3,
+            "densify": densify,
+        }
         host = ShardLoader(ShardDataset(root, split="train", **kw), num_workers=w)  # type: ignore[arg-type]
         dev = ShardLoader(ShardDataset(root, split="train", **kw), num_workers=w, device="cuda")  # type: ignore[arg-type]
         n = 0
@@ -66,16 +87,24 @@ def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str,
                     x, y = a[k], b[k]
                     if isinstance(x, torch.Tensor):
                         assert y.device.type == "cuda", (k, y.device)
-                        assert x.dtype == y.dtype and torch.equal(x, y.cpu()), f"{sample} w={w} epoch {e}: {k} differs"
+                        assert x.dtype == y.dtype and torch.equal(x, y.cpu()), (
+                            f"{sample} w={w} epoch {e}: {k} differs"
+                        )
                 n += 1
-        out.append({"sample": sample, "densify": densify, "num_workers": w, "batches": n, "equal": True})
-        print(f"[device] parity {sample} densify={densify} num_workers={w}: {n} batches equal", flush=True)
+        out.append(
+            {"sample": sample, "densify": densify, "num_workers": w, "batches": n, "equal": True}
+        )
+        print(
+            f"[device] parity {sample} densify={densify} num_workers={w}: {n} batches equal",
+            flush=True,
+        )
         del host, dev
     return out
 
 
 def prepare(data: Path, bench_data: Path = Path("bench_data")) -> None:
-    """Make ``data`` for a device run (on the CPU machine, where the pipeline and anndata are installed)."""
+    """Make ``data`` for a device run (on the CPU machine, where the pipeline and anndata are
+    installed)."""
     import h5py
 
     from benchmarks.gpu_spike import demo_build
@@ -89,7 +118,11 @@ def prepare(data: Path, bench_data: Path = Path("bench_data")) -> None:
         g = f["X"]
         ip = g["indptr"][:4097]
         x = o.create_group("X")
-        x["indptr"], x["indices"], x["data"] = ip, g["indices"][: int(ip[-1])], g["data"][: int(ip[-1])]
+        x["indptr"], x["indices"], x["data"] = (
+            ip,
+            g["indices"][: int(ip[-1])],
+            g["data"][: int(ip[-1])],
+        )
     demo_build((data / "gpu_spike").resolve())
 
 
@@ -98,8 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=".devdata")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--parts", default="cells_parity,gpu_cells,host_workers,gpu_spike", help="comma list of the parts to run")
-    ap.add_argument("--prepare", action="store_true", help="make --data here (CPU machine) and exit")
+    ap.add_argument(
+        "--parts",
+        default="cells_parity,gpu_cells,host_workers,gpu_spike",
+        help="comma list of the parts to run",
+    )
+    ap.add_argument(
+        "--prepare", action="store_true", help="make --data here (CPU machine) and exit"
+    )
     a = ap.parse_args(argv)
     if a.prepare:
         prepare(Path(a.data))
@@ -111,13 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu_spike import run_gpu_spike, table
 
     data = Path(a.data)
-    res: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(),
-                           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    res: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
     print(f"[device] {res}", flush=True)
     if "gpu_cells" in parts:
-        res["gpu_cells"] = run_gpu({"n_genes": 2000, "batch_size": 256, "h5ad": str(data / "csr.h5"),
-                                    "shards_root": str(data / "cells"), "workers": [0, 2, 4], "seconds": a.seconds,
-                                    })
+        res["gpu_cells"] = run_gpu(
+            {
+                "n_genes": 2000,
+                "batch_size": 256,
+                "h5ad": str(data / "csr.h5"),
+                "shards_root": str(data / "cells"),
+                "workers": [0, 2, 4],
+                "seconds": a.seconds,
+            }
+        )
         print(f"[device] gpu cells: {json.dumps(res['gpu_cells'])}", flush=True)
     if "cells_parity" in parts:
         res["cells_parity"] = cells_parity(str(data / "cells"))

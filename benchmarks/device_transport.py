@@ -1,10 +1,15 @@
-"""What a trainer on a GPU gets from the loader, per transport, on a lent GPU node (throwaway-sized: ~15 s).
+"""What a trainer on a GPU gets from the loader, per transport, on a lent GPU node (throwaway-sized:
+~15 s).
 
-For ``num_workers`` 0 and 2, windows of ``--epochs`` epochs (shuffled 256-cell batches of ``--data``'s
-``cells`` shards: ``benchmarks.device_check --prepare``), rotating through: ``device="cuda"`` with a full
-device sync per batch (what ``benchmarks.gpu`` reports), with the consumer stream's sync (the batch is usable),
+For ``num_workers`` 0 and 2, windows of ``--epochs`` epochs (shuffled 256-cell batches of
+``--data``'s
+``cells`` shards: ``benchmarks.device_check --prepare``), rotating through: ``device="cuda"`` with a
+full
+device sync per batch (what ``benchmarks.gpu`` reports), with the consumer stream's sync (the batch
+is usable),
 and with none (the training thread's own cost); host batches copied by the trainer (``.to("cuda",
-non_blocking=True)`` per tensor, ``pin_memory=True``) with a stream sync and with none; host batches not
+non_blocking=True)`` per tensor, ``pin_memory=True``) with a stream sync and with none; host batches
+not
 copied. Three rounds; JSON lines to stdout and ``--out/rates-LABEL.json``.
 
 Before/after a change of the transport, in one lease, alternating processes (A B A B)::
@@ -15,9 +20,11 @@ Before/after a change of the transport, in one lease, alternating processes (A B
       PYTHONPATH=. python benchmarks/device_transport.py --label new$r --out $OUT
     done
 
-(Run as a script path, not with ``-m``: ``-m`` puts the working directory first on ``sys.path``, and the
+(Run as a script path, not with ``-m``: ``-m`` puts the working directory first on ``sys.path``, and
+the
 "old" side would import this checkout's ``loaders`` instead of ``PYTHONPATH``'s.)
-``--profile`` adds cProfile and torch.profiler tables of ``device="cuda"`` to ``--out/profile-LABEL.txt``.
+``--profile`` adds cProfile and torch.profiler tables of ``device="cuda"`` to
+``--out/profile-LABEL.txt``.
 """
 
 from __future__ import annotations
@@ -29,15 +36,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONFIGS = [("cuda", "device", False), ("cuda", "stream", False), ("cuda", "none", False),
-           (None, "stream", True), (None, "none", True), (None, "none", False)]
+CONFIGS = [
+    ("cuda", "device", False),
+    ("cuda", "stream", False),
+    ("cuda", "none", False),
+    (None, "stream", True),
+    (None, "none", True),
+    (None, "none", False),
+]
 
 
 def _loader(data: str, workers: int, device: str | None) -> Any:
     from loaders import ShardDataset, ShardLoader
 
-    ds = ShardDataset(f"{data}/cells", split="train", sample="cells", batch_size=256, seed=0, shuffle=True, window=4)
-    return ShardLoader(ds, num_workers=workers, pin_memory=True, device=device, persistent_workers=workers > 0)
+    ds = ShardDataset(
+        f"{data}/cells",
+        split="train",
+        sample="cells",
+        batch_size=256,
+        seed=0,
+        shuffle=True,
+        window=4,
+    )
+    return ShardLoader(
+        ds, num_workers=workers, pin_memory=True, device=device, persistent_workers=workers > 0
+    )
 
 
 def _rate(dl: Any, epochs: int, sync: str, copy: bool, first: int = 1) -> float:
@@ -50,7 +73,10 @@ def _rate(dl: Any, epochs: int, sync: str, copy: bool, first: int = 1) -> float:
         dl.set_epoch(first + e)
         for b in dl:
             if copy:
-                b = {k: (v.to("cuda", non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
+                b = {
+                    k: (v.to("cuda", non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                    for k, v in b.items()
+                }
             if sync == "device":
                 torch.cuda.synchronize()
             elif sync == "stream":
@@ -70,8 +96,17 @@ def rates(data: str, label: str, epochs: int, rounds: int = 3) -> list[dict[str,
         for rnd in range(rounds):
             for dev, sync, copy in CONFIGS:
                 r = _rate(loaders[dev], epochs, sync, copy)
-                out.append({"code": label, "num_workers": w, "loader": dev or "host", "sync": sync,
-                            "trainer_copies": copy, "round": rnd, "cells_per_s": round(r)})
+                out.append(
+                    {
+                        "code": label,
+                        "num_workers": w,
+                        "loader": dev or "host",
+                        "sync": sync,
+                        "trainer_copies": copy,
+                        "round": rnd,
+                        "cells_per_s": round(r),
+                    }
+                )
                 print(json.dumps(out[-1]), flush=True)
         del loaders
     return out
@@ -93,7 +128,10 @@ def profile(data: str, label: str) -> str:
         p.enable()
         r = _rate(dl, 4, "none", False)
         p.disable()
-        print(f"== {label} num_workers={w}, no per-batch sync: {r:,.0f} cells/s (under cProfile)", file=buf)
+        print(
+            f"== {label} num_workers={w}, no per-batch sync: {r:,.0f} cells/s (under cProfile)",
+            file=buf,
+        )
         pstats.Stats(p, stream=buf).sort_stats("tottime").print_stats(30)
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             _rate(dl, 1, "none", False)
@@ -103,7 +141,9 @@ def profile(data: str, label: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data", default=".devdata")
     ap.add_argument("--label", default="new")
     ap.add_argument("--out", type=Path, default=Path("."))

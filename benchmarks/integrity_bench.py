@@ -1,7 +1,11 @@
-"""What integrity on read costs: the loader with shard checks (``verify=True``: sha256 once per process and file
-state, every chunk present on every read; ``verify="always"``: sha256 on every read) against the same loader
-with ``verify=False`` (chunks counted only), epochs interleaved in one process (rotating order), median of
-the per-epoch ratios. Also the decode alone (``WindowReader.read_window``), interleaved the same way.
+"""What integrity on read costs: the loader with shard checks (``verify=True``: sha256 once per
+process and file
+state, every chunk present on every read; ``verify="always"``: sha256 on every read) against the
+same loader
+with ``verify=False`` (chunks counted only), epochs interleaved in one process (rotating order),
+median of
+the per-epoch ratios. Also the decode alone (``WindowReader.read_window``), interleaved the same
+way.
 
     python -m benchmarks.integrity_bench --cells 80000 --epochs 6 --data-dir bench_data
 
@@ -23,7 +27,9 @@ def build(cells: int, data_dir: Path, codec: str) -> Path:
 
     ds = synth.ensure_dataset(synth.SynthParams(n_cells=cells), data_dir)
     out = data_dir / f"integrity-{cells}-{codec}"
-    manifest = synth.write_manifest(data_dir / f"integrity-{cells}-{codec}.toml", ds, name="integrity", codec=codec)
+    manifest = synth.write_manifest(
+        data_dir / f"integrity-{cells}-{codec}.toml", ds, name="integrity", codec=codec
+    )
     if not (out / "index.json").exists():
         run_build(manifest, out, jobs=1, progress=False)
     return out
@@ -47,7 +53,9 @@ def decode_window(reader: object, pool: object, epoch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cells", type=int, default=80_000)
     ap.add_argument("--epochs", type=int, default=6, help="epochs per side (interleaved)")
     ap.add_argument("--codec", default="blosc-lz4")
@@ -60,30 +68,37 @@ def main(argv: list[str] | None = None) -> None:
 
     root = build(args.cells, Path(args.data_dir), args.codec)
     kw = {"batch_size": 256, "window": args.window, "seed": 0}
-    sides = {name: ShardLoader(ShardDataset(root, verify=v, **kw))  # type: ignore[arg-type]
-             for name, v in (("on", True), ("always", "always"), ("off", False))}
+    sides = {
+        name: ShardLoader(ShardDataset(root, verify=v, **kw))  # type: ignore[arg-type]
+        for name, v in (("on", True), ("always", "always"), ("off", False))
+    }
     for dl in sides.values():
         loader_epoch(dl, 100)  # warm: page cache, decoder processes started
     rates: dict[str, list[float]] = {name: [] for name in sides}
     names = list(sides)
     for e in range(args.epochs):
-        for name in names[e % 3:] + names[:e % 3]:  # rotate who goes first
+        for name in names[e % 3 :] + names[: e % 3]:  # rotate who goes first
             rates[name].append(loader_epoch(sides[name], e))
     readers = {name: dl.dataset.reader for name, dl in sides.items()}
     pools = {name: BufferPool() for name in sides}
     decode: dict[str, list[float]] = {name: [] for name in sides}
     for e in range(2 * args.epochs):
-        for name in names[e % 3:] + names[:e % 3]:
+        for name in names[e % 3 :] + names[: e % 3]:
             decode[name].append(decode_window(readers[name], pools[name], e))
-    stored = sum(e.bytes for e in readers["on"].entries[:args.window]) / 1e6
-    print(f"data: {root} ({len(readers['on'].entries)} train shards, window {args.window}: ~{stored:.0f} MB stored "
-          "per window)")
+    stored = sum(e.bytes for e in readers["on"].entries[: args.window]) / 1e6
+    print(
+        f"data: {root} ({len(readers['on'].entries)} train shards, window {args.window}: ~{stored:.0f} MB stored "
+        "per window)"
+    )
     for name in sides:
         ratio = statistics.median(a / b for a, b in zip(rates[name], rates["off"], strict=True))
         d_ratio = statistics.median(a / b for a, b in zip(decode[name], decode["off"], strict=True))
-        print(f"verify={name:6}: loader median {statistics.median(rates[name]):9,.0f} cells/s, throughput / off "
-              f"{ratio:.3f} (median of interleaved epochs); one window decoded in-process "
-              f"{statistics.median(decode[name]):.3f} s, time / off {d_ratio:.3f}")
+        print(
+            f"verify={name:6}: loader median {statistics.median(rates[name]):9,.0f} cells/s, throughput / off "
+            f"{ratio:.3f} (median of interleaved epochs); one window decoded in-process "
+            f"{statistics.median(decode[name]):.3f} s, time / off {d_ratio:.3f}"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -1,19 +1,27 @@
 """The loader against its in-memory scipy limits in ONE process, interleaved (the honest ratio).
 
 Why: a baseline timed in another interpreter at another moment moves with this VM's speed (the same
-``X[idx].toarray()`` ran at 531k and at 2M cells/s in two sessions), so a ratio of two separate runs says
+``X[idx].toarray()`` ran at 531k and at 2M cells/s in two sessions), so a ratio of two separate runs
+says
 little. Here every method is a stream that lives for the whole task; they take turns, one window of
-``seconds`` each (A, B, C, A, B, C ...), for ``rounds`` rounds. A method's figure is the median of its
-windows; a ratio is the median over rounds of (loader window / its baseline's window in the same round).
+``seconds`` each (A, B, C, A, B, C ...), for ``rounds`` rounds. A method's figure is the median of
+its
+windows; a ratio is the median over rounds of (loader window / its baseline's window in the same
+round).
 
-Baselines: ``X[idx].toarray()`` for dense batches and ``X[idx]`` (scipy's CSR row gather) for sparse ones,
-on the whole matrix held in memory as one scipy CSR. Both hand torch tensors back, as the loader does.
+Baselines: ``X[idx].toarray()`` for dense batches and ``X[idx]`` (scipy's CSR row gather) for sparse
+ones,
+on the whole matrix held in memory as one scipy CSR. Both hand torch tensors back, as the loader
+does.
 
-Memory: no sampler thread runs while a window is timed; the process tree's RSS is read between windows,
-and the kernel's own high-water mark (``VmHWM``, per process) is read at the end. The loader's decoder
+Memory: no sampler thread runs while a window is timed; the process tree's RSS is read between
+windows,
+and the kernel's own high-water mark (``VmHWM``, per process) is read at the end. The loader's
+decoder
 process and its shared windows count in both processes' RSS (shared pages counted twice).
 
-Decode CPU: the CPU seconds of the decoder process (every window is decoded there, once per rank), read
+Decode CPU: the CPU seconds of the decoder process (every window is decoded there, once per rank),
+read
 from ``/proc`` between windows, per epoch started.
 """
 
@@ -35,7 +43,8 @@ EXPR = ("X", "x_ctrl", "x_pert")
 
 
 def rows_of(batch: Any) -> int:
-    """Expression rows in a batch: dense tensors, CSR parts (``X.crow``), torch sparse or scipy matrices."""
+    """Expression rows in a batch: dense tensors, CSR parts (``X.crow``), torch sparse or scipy
+    matrices."""
     if isinstance(batch, dict):
         n = 0
         for k in EXPR:
@@ -64,7 +73,7 @@ def _sparse_csr() -> Any:
 def perm_batches(n: int, batch_size: int, epoch: int) -> Iterator[np.ndarray]:
     perm = np.random.default_rng(epoch).permutation(n)
     for i in range(0, n - batch_size + 1, batch_size):
-        yield perm[i:i + batch_size]
+        yield perm[i : i + batch_size]
 
 
 def scipy_dense(x: Any, bs: int) -> Callable[[int], Iterator[Any]]:
@@ -146,8 +155,15 @@ def hwm_mib(root: psutil.Process) -> float:
     return total / MIB
 
 
-def loader_stream(root: str, sample: str, bs: int, workers: int, densify: bool, window: int,
-                  torch_sparse: bool = False) -> tuple[Callable[[], Iterator[Any]], Any]:
+def loader_stream(
+    root: str,
+    sample: str,
+    bs: int,
+    workers: int,
+    densify: bool,
+    window: int,
+    torch_sparse: bool = False,
+) -> tuple[Callable[[], Iterator[Any]], Any]:
     from loaders import ShardDataset, ShardLoader
 
     kw: dict[str, Any] = {"densify": densify, "window": window, "torch_sparse": torch_sparse}
@@ -162,20 +178,29 @@ def loader_stream(root: str, sample: str, bs: int, workers: int, densify: bool, 
 
 
 def run_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
-    """Spec: h5ad, shards_root, batch_size, seconds (per window), rounds, warmup, workers (list), windows
+    """Spec: h5ad, shards_root, batch_size, seconds (per window), rounds, warmup, workers (list),
+    windows
     (shuffle windows to measure, in shards), sparse (bool)."""
 
     x = load_csr(spec["h5ad"])
     bs, root = int(spec["batch_size"]), spec["shards_root"]
-    streams = [Stream("scipy X[idx].toarray()", lambda: EpochChain(scipy_dense(x, bs)), {"kind": "baseline"}),
-               Stream("scipy X[idx]", lambda: EpochChain(scipy_sparse(x, bs)), {"kind": "baseline"})]
+    streams = [
+        Stream(
+            "scipy X[idx].toarray()", lambda: EpochChain(scipy_dense(x, bs)), {"kind": "baseline"}
+        ),
+        Stream("scipy X[idx]", lambda: EpochChain(scipy_sparse(x, bs)), {"kind": "baseline"}),
+    ]
     for window in spec.get("windows", [4]):
         for w in spec.get("workers", [0]):
             for densify in (True, False) if spec.get("sparse", True) else (True,):
                 make, dl = loader_stream(root, "cells", bs, w, densify, window)
                 name = f"shards cells {'dense' if densify else 'sparse'} (w={w}, window={window})"
-                s = Stream(name, make, {"kind": "loader", "num_workers": w, "densify": densify, "window": window},
-                           baseline=streams[0].name if densify else streams[1].name)
+                s = Stream(
+                    name,
+                    make,
+                    {"kind": "loader", "num_workers": w, "densify": densify, "window": window},
+                    baseline=streams[0].name if densify else streams[1].name,
+                )
                 s.loader = dl
                 streams.append(s)
     me = psutil.Process(os.getpid())
@@ -194,9 +219,15 @@ def run_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
     by_name = {s.name: s for s in streams}
     for s in streams:
         epochs = getattr(s.it, "epochs", 0) - epochs0[s.name]
-        row: dict[str, Any] = {"method": s.name, "params": s.params, "cells_per_s": statistics.median(s.windows),
-                               "windows": s.windows, "ttfb_s": ttfb[s.name], "epochs": epochs,
-                               "decode_cpu_s_per_epoch": decode[s.name] / epochs if epochs else None}
+        row: dict[str, Any] = {
+            "method": s.name,
+            "params": s.params,
+            "cells_per_s": statistics.median(s.windows),
+            "windows": s.windows,
+            "ttfb_s": ttfb[s.name],
+            "epochs": epochs,
+            "decode_cpu_s_per_epoch": decode[s.name] / epochs if epochs else None,
+        }
         if s.baseline is not None:
             base = by_name[s.baseline]
             ratios = [a / b for a, b in zip(s.windows, base.windows, strict=True)]
@@ -206,22 +237,37 @@ def run_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
         close = getattr(s.it, "close", None)
         if close is not None:
             close()
-    return {"results": results, "rss_between_windows_mib": max(rss_between, default=0.0),
-            "hwm_sum_mib": hwm_mib(me), "decoder_cpu_s": decoder_cpu(me) - cpu0,
-            "rounds": int(spec["rounds"]), "seconds": float(spec["seconds"])}
+    return {
+        "results": results,
+        "rss_between_windows_mib": max(rss_between, default=0.0),
+        "hwm_sum_mib": hwm_mib(me),
+        "decoder_cpu_s": decoder_cpu(me) - cpu0,
+        "rounds": int(spec["rounds"]),
+        "seconds": float(spec["seconds"]),
+    }
 
 
 def run_workers(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Decode CPU-seconds per epoch and peak window memory for each ``num_workers`` (``workers_scan``), dense
-    cells, ``scan_window`` shards a window (so every epoch decodes), persistent workers: one warm-up epoch, then
-    ``scan_epochs`` measured. Window memory: the most bytes of decoder slabs alive at once (the windows the
-    rank holds; workers map the same slabs) plus what workers decoded themselves (none with the broker)."""
+    """Decode CPU-seconds per epoch and peak window memory for each ``num_workers``
+    (``workers_scan``), dense
+    cells, ``scan_window`` shards a window (so every epoch decodes), persistent workers: one warm-up
+    epoch, then
+    ``scan_epochs`` measured. Window memory: the most bytes of decoder slabs alive at once (the
+    windows the
+    rank holds; workers map the same slabs) plus what workers decoded themselves (none with the
+    broker)."""
     from loaders import ShardDataset, ShardLoader
 
     out = []
     for w in spec.get("workers_scan", [0, 1, 2, 4]):
-        ds = ShardDataset(spec["shards_root"], split="train", sample="cells", batch_size=int(spec["batch_size"]),
-                          window=int(spec.get("scan_window", 2)), seed=0)
+        ds = ShardDataset(
+            spec["shards_root"],
+            split="train",
+            sample="cells",
+            batch_size=int(spec["batch_size"]),
+            window=int(spec.get("scan_window", 2)),
+            seed=0,
+        )
         dl = ShardLoader(ds, num_workers=w, persistent_workers=w > 0)
         me = psutil.Process(os.getpid())
         dl.set_epoch(0)
@@ -236,17 +282,24 @@ def run_workers(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 rows += rows_of(b)
         dt = time.perf_counter() - t0
         dec = ds._decoder_state[1] if ds._decoder_state else None
-        out.append({"num_workers": w, "cells_per_s": rows / dt, "epochs": epochs,
-                    "decode_cpu_s_per_epoch": (decoder_cpu(me) - c0) / epochs,
-                    "worker_cpu_s_per_epoch": (_workers_cpu(me) - wc0) / epochs,
-                    "window_decodes": ds._broker.decodes if ds._broker else None,
-                    "peak_window_mib": (dec.peak_bytes if dec else 0) / MIB})
+        out.append(
+            {
+                "num_workers": w,
+                "cells_per_s": rows / dt,
+                "epochs": epochs,
+                "decode_cpu_s_per_epoch": (decoder_cpu(me) - c0) / epochs,
+                "worker_cpu_s_per_epoch": (_workers_cpu(me) - wc0) / epochs,
+                "window_decodes": ds._broker.decodes if ds._broker else None,
+                "peak_window_mib": (dec.peak_bytes if dec else 0) / MIB,
+            }
+        )
         del dl, ds
     return out
 
 
 def _workers_cpu(root: psutil.Process) -> float:
-    """CPU seconds of the DataLoader workers under ``root`` (children that are not decoder processes)."""
+    """CPU seconds of the DataLoader workers under ``root`` (children that are not decoder
+    processes)."""
     total = 0.0
     for p in root.children(recursive=False):
         try:
@@ -259,7 +312,8 @@ def _workers_cpu(root: psutil.Process) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The same-process run alone, e.g. for an A/B of a loader change (``make bench`` runs it with every other
+    """The same-process run alone, e.g. for an A/B of a loader change (``make bench`` runs it with
+    every other
     section):
 
         python -m benchmarks.interleaved --h5ad bench_data/synth_.../part_00.h5ad --shards SHARDS
@@ -267,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--h5ad", required=True, help="the source the shards were built from (the scipy baselines)")
+    ap.add_argument(
+        "--h5ad", required=True, help="the source the shards were built from (the scipy baselines)"
+    )
     ap.add_argument("--shards", required=True, help="a built dataset folder (index.json + shards/)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
@@ -275,8 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=4, help="shuffle window (shards)")
     a = ap.parse_args(argv)
     workers = [int(w) for w in a.workers.split(",")]
-    r = run_interleaved({"h5ad": a.h5ad, "shards_root": a.shards, "batch_size": 256, "seconds": a.seconds,
-                         "rounds": a.rounds, "warmup": 5, "workers": workers, "windows": [a.window]})
+    r = run_interleaved(
+        {
+            "h5ad": a.h5ad,
+            "shards_root": a.shards,
+            "batch_size": 256,
+            "seconds": a.seconds,
+            "rounds": a.rounds,
+            "warmup": 5,
+            "workers": workers,
+            "windows": [a.window],
+        }
+    )
     rows = {x["method"]: x for x in r["results"]}
     for name, row in rows.items():
         extra = f", {row['ratio']:.3f}x {row['baseline']}" if "ratio" in row else ""
@@ -286,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             a_w = rows[f"shards cells {kind} (w={w}, window={a.window})"]["windows"]
             b_w = rows[f"shards cells {kind} (w={workers[0]}, window={a.window})"]["windows"]
             per = [x / y for x, y in zip(a_w, b_w, strict=True)]
-            print(f"{kind}: w={w} / w={workers[0]} per round {', '.join(f'{x:.2f}' for x in per)}; "
-                  f"median {statistics.median(per):.3f}")
+            print(
+                f"{kind}: w={w} / w={workers[0]} per round {', '.join(f'{x:.2f}' for x in per)}; "
+                f"median {statistics.median(per):.3f}"
+            )
     print(f"load average {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -1,8 +1,12 @@
-"""Loader throughput: our ShardLoader against baselines, on the same data, in an isolated child process.
+"""Loader throughput: our ShardLoader against baselines, on the same data, in an isolated child
+process.
 
-Each task runs in its own interpreter (``python -m benchmarks.loaders_bench SPEC.json OUT.json``) so its
-peak RSS (main process + DataLoader workers, sampled in a thread) is its own. Every method delivers random
-batches of dense float32 rows; the figures span epoch boundaries (a new shuffle every epoch, start-ups
+Each task runs in its own interpreter (``python -m benchmarks.loaders_bench SPEC.json OUT.json``) so
+its
+peak RSS (main process + DataLoader workers, sampled in a thread) is its own. Every method delivers
+random
+batches of dense float32 rows; the figures span epoch boundaries (a new shuffle every epoch,
+start-ups
 included) after warm-up, median of the repeats.
 """
 
@@ -32,13 +36,11 @@ from benchmarks.measure import (
 BASELINES = ("scipy", "h5py", "anndata", "scdataset")
 
 
-
-
 def epoch_batches(n: int, batch_size: int, epoch: int) -> Iterator[np.ndarray]:
     """One epoch of a true shuffle: a fresh permutation of all rows, cut into batches."""
     perm = np.random.default_rng(epoch).permutation(n)
     for i in range(0, n - batch_size + 1, batch_size):
-        yield perm[i:i + batch_size]
+        yield perm[i : i + batch_size]
 
 
 def scipy_iter(x: Any, batch_size: int, epoch: int) -> Iterator[Any]:
@@ -48,7 +50,9 @@ def scipy_iter(x: Any, batch_size: int, epoch: int) -> Iterator[Any]:
         yield torch.from_numpy(x[idx].toarray())
 
 
-def h5py_iter(f: Any, indptr: np.ndarray, n_genes: int, batch_size: int, epoch: int) -> Iterator[Any]:
+def h5py_iter(
+    f: Any, indptr: np.ndarray, n_genes: int, batch_size: int, epoch: int
+) -> Iterator[Any]:
     import torch
 
     data, indices = f["X/data"], f["X/indices"]
@@ -85,28 +89,67 @@ def run_baseline(spec: dict[str, Any], method: str, sampler: RssSampler) -> list
     out: list[Summary] = []
     if method == "scipy":
         x = load_csr(path)
-        runs = [measure_once(lambda r=r: EpochChain(lambda e: scipy_iter(x, bs, e), 1000 * r), n_genes, **common)
-                for r in range(reps)]
-        out.append(summarize("scipy in-memory gather+densify", {"batch_size": bs}, runs, sampler,
-                             "whole CSR in RAM; X[random idx].toarray(); the memory-bound limit"))
+        runs = [
+            measure_once(
+                lambda r=r: EpochChain(lambda e: scipy_iter(x, bs, e), 1000 * r), n_genes, **common
+            )
+            for r in range(reps)
+        ]
+        out.append(
+            summarize(
+                "scipy in-memory gather+densify",
+                {"batch_size": bs},
+                runs,
+                sampler,
+                "whole CSR in RAM; X[random idx].toarray(); the memory-bound limit",
+            )
+        )
     elif method == "h5py":
         import h5py
 
         with h5py.File(path, "r") as f:
             indptr = f["X/indptr"][:]
-            runs = [measure_once(lambda r=r: EpochChain(lambda e: h5py_iter(f, indptr, n_genes, bs, e), 1000 * r),
-                                 n_genes, **common) for r in range(reps)]
-        out.append(summarize("h5py CSR row gather", {"batch_size": bs}, runs, sampler,
-                             "indptr in memory; two slice reads per row (sorted rows); densify"))
+            runs = [
+                measure_once(
+                    lambda r=r: EpochChain(
+                        lambda e: h5py_iter(f, indptr, n_genes, bs, e), 1000 * r
+                    ),
+                    n_genes,
+                    **common,
+                )
+                for r in range(reps)
+            ]
+        out.append(
+            summarize(
+                "h5py CSR row gather",
+                {"batch_size": bs},
+                runs,
+                sampler,
+                "indptr in memory; two slice reads per row (sorted rows); densify",
+            )
+        )
     elif method == "anndata":
         import anndata
 
         adata = anndata.read_h5ad(path, backed="r")
         xb, n = adata.X, adata.n_obs
-        runs = [measure_once(lambda r=r: EpochChain(lambda e: anndata_iter(xb, n, bs, e), 1000 * r), n_genes,
-                             **common) for r in range(reps)]
-        out.append(summarize("anndata backed", {"batch_size": bs}, runs, sampler,
-                             "read_h5ad(backed='r'); adata.X[sorted idx].toarray()"))
+        runs = [
+            measure_once(
+                lambda r=r: EpochChain(lambda e: anndata_iter(xb, n, bs, e), 1000 * r),
+                n_genes,
+                **common,
+            )
+            for r in range(reps)
+        ]
+        out.append(
+            summarize(
+                "anndata backed",
+                {"batch_size": bs},
+                runs,
+                sampler,
+                "read_h5ad(backed='r'); adata.X[sorted idx].toarray()",
+            )
+        )
     elif method == "scdataset":
         out.extend(run_scdataset(spec, sampler))
     return out
@@ -123,23 +166,46 @@ def run_scdataset(spec: dict[str, Any], sampler: RssSampler) -> list[Summary]:
     for workers in spec.get("scd_workers", [0]):
         sampler.reset()
         adata = anndata.read_h5ad(spec["h5ad"], backed="r")
-        ds = scDataset(adata, BlockShuffling(block_size=block), batch_size=bs, fetch_factor=ff,
-                       fetch_callback=fetch_anndata, seed=0)
-        kw: dict[str, Any] = {"prefetch_factor": ff + 1, "persistent_workers": False} if workers else {}
+        ds = scDataset(
+            adata,
+            BlockShuffling(block_size=block),
+            batch_size=bs,
+            fetch_factor=ff,
+            fetch_callback=fetch_anndata,
+            seed=0,
+        )
+        kw: dict[str, Any] = (
+            {"prefetch_factor": ff + 1, "persistent_workers": False} if workers else {}
+        )
         dl = DataLoader(ds, batch_size=None, num_workers=workers, **kw)
-        runs = [measure_once(lambda dl=dl: EpochChain(lambda _e: iter(dl)), n_genes, warmup=ff,
-                             seconds=float(spec["seconds"]), min_batches=ff, multiple_of=ff if workers == 0 else 1)
-                for _ in range(reps)]
-        out.append(summarize(f"scDataset (w={workers})", {"batch_size": bs, "num_workers": workers,
-                                                          "fetch_factor": ff, "block_size": block}, runs, sampler,
-                             f"anndata backed, BlockShuffling(block_size={block}) (shuffles blocks, not single "
-                             f"cells), fetch_factor={ff}"))
+        runs = [
+            measure_once(
+                lambda dl=dl: EpochChain(lambda _e: iter(dl)),
+                n_genes,
+                warmup=ff,
+                seconds=float(spec["seconds"]),
+                min_batches=ff,
+                multiple_of=ff if workers == 0 else 1,
+            )
+            for _ in range(reps)
+        ]
+        out.append(
+            summarize(
+                f"scDataset (w={workers})",
+                {"batch_size": bs, "num_workers": workers, "fetch_factor": ff, "block_size": block},
+                runs,
+                sampler,
+                f"anndata backed, BlockShuffling(block_size={block}) (shuffles blocks, not single "
+                f"cells), fetch_factor={ff}",
+            )
+        )
         del dl, ds, adata
     return out
 
 
 class EpochProbe:
-    """Wraps a loader iterator, remembering a fingerprint of the first batch (to check per-epoch reshuffles)."""
+    """Wraps a loader iterator, remembering a fingerprint of the first batch (to check per-epoch
+    reshuffles)."""
 
     def __init__(self, it: Iterator[Any], sink: list[str]) -> None:
         self.it, self.sink, self.first = it, sink, True
@@ -152,8 +218,14 @@ class EpochProbe:
         if self.first:
             self.first = False
             key = "sample_id" if isinstance(batch, dict) and "sample_id" in batch else None
-            t = batch[key] if key else (next(iter(batch.values())) if isinstance(batch, dict) else batch)
-            self.sink.append(hashlib.sha1(t[:8].contiguous().cpu().numpy().tobytes()).hexdigest()[:12])
+            t = (
+                batch[key]
+                if key
+                else (next(iter(batch.values())) if isinstance(batch, dict) else batch)
+            )
+            self.sink.append(
+                hashlib.sha1(t[:8].contiguous().cpu().numpy().tobytes()).hexdigest()[:12]
+            )
         return batch
 
     def close(self) -> None:
@@ -163,11 +235,18 @@ class EpochProbe:
         self.it = iter(())
 
 
-def shard_loader_factory(root: str, sample: str, batch_size: int, workers: int, device: str | None = None,
-                         ) -> tuple[Any, Callable[[int, list[str]], Iterator[Any]]]:
+def shard_loader_factory(
+    root: str,
+    sample: str,
+    batch_size: int,
+    workers: int,
+    device: str | None = None,
+) -> tuple[Any, Callable[[int, list[str]], Iterator[Any]]]:
     from loaders import ShardDataset, ShardLoader
 
-    ds = ShardDataset(root, split="train", sample=sample, batch_size=batch_size, shuffle=True, seed=0)
+    ds = ShardDataset(
+        root, split="train", sample=sample, batch_size=batch_size, shuffle=True, seed=0
+    )
     cuda = device is not None and device.startswith("cuda")
     dl = ShardLoader(ds, num_workers=workers, pin_memory=cuda, device=device if cuda else None)
 
@@ -186,19 +265,37 @@ def measure_shards(spec: dict[str, Any], sample: str, workers: int, sampler: Rss
     firsts: list[str] = []
     try:
         _dl, make = shard_loader_factory(spec["shards_root"], sample, bs, workers)
-        runs = [measure_once(lambda r=r: EpochChain(lambda e: make(e, firsts), 1000 * r), int(spec["n_genes"]),
-                             warmup=int(spec["warmup"]), seconds=float(spec["seconds"]))
-                for r in range(int(spec["repeats"]))]
+        runs = [
+            measure_once(
+                lambda r=r: EpochChain(lambda e: make(e, firsts), 1000 * r),
+                int(spec["n_genes"]),
+                warmup=int(spec["warmup"]),
+                seconds=float(spec["seconds"]),
+            )
+            for r in range(int(spec["repeats"]))
+        ]
     except Exception as e:  # one failing mode must not lose the others
-        return Summary(name, params, 0.0, 0.0, 0.0, sampler.peak / (1 << 20), sampler.start_rss / (1 << 20),
-                       note=f"FAILED: {type(e).__name__}: {e}")
+        return Summary(
+            name,
+            params,
+            0.0,
+            0.0,
+            0.0,
+            sampler.peak / (1 << 20),
+            sampler.start_rss / (1 << 20),
+            note=f"FAILED: {type(e).__name__}: {e}",
+        )
     reshuffled = len(firsts) > 1 and len(set(firsts)) == len(firsts)
     note = f"{len(firsts)} epochs started, first batches {'all differ' if reshuffled else 'REPEAT'}"
     return summarize(name, {**params, "reshuffled": reshuffled}, runs, sampler, note)
 
 
 def run_shards(spec: dict[str, Any], sampler: RssSampler) -> list[Summary]:
-    return [measure_shards(spec, sample, w, sampler) for sample in spec["samples"] for w in spec["workers"]]
+    return [
+        measure_shards(spec, sample, w, sampler)
+        for sample in spec["samples"]
+        for w in spec["workers"]
+    ]
 
 
 def run_task(spec: dict[str, Any]) -> dict[str, Any]:
@@ -212,11 +309,18 @@ def run_task(spec: dict[str, Any]) -> dict[str, Any]:
 
         il = run_interleaved(spec)
         il["workers_scan"] = run_workers(spec) if spec.get("workers_scan") else []
-        return {"task": task, "interleaved": il, "page_cache_warmed_bytes": warm, "seconds": time.perf_counter() - t0}
+        return {
+            "task": task,
+            "interleaved": il,
+            "page_cache_warmed_bytes": warm,
+            "seconds": time.perf_counter() - t0,
+        }
     with RssSampler() as sampler:
         if task in BASELINES:
             results = run_baseline(spec, task, sampler)
-        elif task == "baselines":  # several in one interpreter (quick runs): RSS no longer isolated per method
+        elif (
+            task == "baselines"
+        ):  # several in one interpreter (quick runs): RSS no longer isolated per method
             results = [s for m in spec["methods"] for s in run_baseline(spec, m, sampler)]
         elif task == "shards":
             results = run_shards(spec, sampler)
@@ -226,8 +330,12 @@ def run_task(spec: dict[str, Any]) -> dict[str, Any]:
             return {"task": task, "gpu": run_gpu(spec), "seconds": time.perf_counter() - t0}
         else:
             raise ValueError(f"unknown task {task!r}")
-    return {"task": task, "results": [r.to_json() for r in results], "page_cache_warmed_bytes": warm,
-            "seconds": time.perf_counter() - t0}
+    return {
+        "task": task,
+        "results": [r.to_json() for r in results],
+        "page_cache_warmed_bytes": warm,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = run_task(spec)
     except Exception as e:
-        doc = {"task": spec.get("task"), "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        doc = {
+            "task": spec.get("task"),
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(),
+        }
     out_path.write_text(json.dumps(doc, indent=1))
     return 0 if "error" not in doc else 1
 

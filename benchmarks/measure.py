@@ -1,4 +1,5 @@
-"""Measurement helpers: process-tree RSS sampling, throughput loops over epochs, machine description."""
+"""Measurement helpers: process-tree RSS sampling, throughput loops over epochs, machine
+description."""
 
 from __future__ import annotations
 
@@ -19,8 +20,20 @@ import psutil
 MB = 1e6
 MIB = float(1 << 20)
 EXPR_KEYS = ("X", "x_ctrl", "x_pert")  # expression tensors in ShardLoader batches
-PACKAGES = ("numpy", "scipy", "anndata", "h5py", "zarr", "numcodecs", "torch", "psutil", "pandas", "joblib",
-            "matplotlib", "scdataset")
+PACKAGES = (
+    "numpy",
+    "scipy",
+    "anndata",
+    "h5py",
+    "zarr",
+    "numcodecs",
+    "torch",
+    "psutil",
+    "pandas",
+    "joblib",
+    "matplotlib",
+    "scdataset",
+)
 
 
 def tree_rss(proc: psutil.Process) -> int:
@@ -43,13 +56,17 @@ def _rss_sum(procs: Iterable[psutil.Process]) -> int:
 
 
 class RssSampler:
-    """Samples the RSS of a process tree in a daemon thread; `peak` is the largest sum seen since `reset()`.
+    """Samples the RSS of a process tree in a daemon thread; `peak` is the largest sum seen since
+    `reset()`.
 
-    The process list (a scan of /proc, ~2 ms) is refreshed every `refresh` seconds; the RSS of the known
+    The process list (a scan of /proc, ~2 ms) is refreshed every `refresh` seconds; the RSS of the
+    known
     processes (~30 us each) is read every `interval` seconds, so sampling costs about 1% of a core.
     """
 
-    def __init__(self, pid: int | None = None, interval: float = 0.05, refresh: float = 0.25) -> None:
+    def __init__(
+        self, pid: int | None = None, interval: float = 0.05, refresh: float = 0.25
+    ) -> None:
         self.proc = psutil.Process(pid or os.getpid())
         self.interval, self.refresh = interval, refresh
         self.peak = 0
@@ -104,7 +121,8 @@ class RunStats:
     cells: int
     payload_bytes: int  # dense float32 bytes delivered
     seconds: float  # measured wall time, epoch start-ups (reshuffle, first decode) included
-    restart_s: float = 0.0  # the part of `seconds` spent in epoch start-ups (asking for an epoch -> its first batch)
+    # the part of `seconds` spent in epoch start-ups (asking for an epoch -> its first batch)
+    restart_s: float = 0.0
     epochs: int = 1  # epochs started in this repeat (warm-up included)
 
     @property
@@ -135,8 +153,11 @@ class Summary:
 
 
 def payload(batch: Any, n_genes: int) -> tuple[int, int]:
-    """(cells, bytes) of dense float32 gene-expression rows in a batch (a tensor or array, or a loader dict)."""
-    items: Iterable[Any] = [batch[k] for k in EXPR_KEYS if k in batch] if isinstance(batch, dict) else (batch,)
+    """(cells, bytes) of dense float32 gene-expression rows in a batch (a tensor or array, or a
+    loader dict)."""
+    items: Iterable[Any] = (
+        [batch[k] for k in EXPR_KEYS if k in batch] if isinstance(batch, dict) else (batch,)
+    )
     cells = nbytes = 0
     for t in items:
         shape = tuple(getattr(t, "shape", ()))
@@ -151,8 +172,10 @@ def payload(batch: Any, n_genes: int) -> tuple[int, int]:
 class EpochChain:
     """Epoch after epoch as one stream (``make(epoch)`` gives an epoch's iterator).
 
-    ``restart_s`` accumulates the time from asking for an epoch to its first batch: epoch start-up. It is
-    part of the measured time (a true per-epoch reshuffle is paid every epoch) and reported on its own.
+    ``restart_s`` accumulates the time from asking for an epoch to its first batch: epoch start-up.
+    It is
+    part of the measured time (a true per-epoch reshuffle is paid every epoch) and reported on its
+    own.
     """
 
     def __init__(self, make: Callable[[int], Iterator[Any]], first_epoch: int = 0) -> None:
@@ -189,12 +212,22 @@ class EpochChain:
         self._it = None
 
 
-def measure_once(make_iter: Callable[[], Iterator[Any]], n_genes: int, *, warmup: int, seconds: float,
-                 min_batches: int = 1, max_batches: int = 1_000_000, multiple_of: int = 1) -> RunStats:
+def measure_once(
+    make_iter: Callable[[], Iterator[Any]],
+    n_genes: int,
+    *,
+    warmup: int,
+    seconds: float,
+    min_batches: int = 1,
+    max_batches: int = 1_000_000,
+    multiple_of: int = 1,
+) -> RunStats:
     """Time-to-first-batch, then `warmup` batches, then batches until `seconds` have passed.
 
-    With an :class:`EpochChain` the measured time spans epoch boundaries and includes their start-ups
-    (also reported apart, as ``restart_s``); a plain iterator stops at its end. `multiple_of` keeps measured batches aligned with a
+    With an :class:`EpochChain` the measured time spans epoch boundaries and includes their
+    start-ups
+    (also reported apart, as ``restart_s``); a plain iterator stops at its end. `multiple_of` keeps
+    measured batches aligned with a
     method's internal fetch blocks (scDataset fetches several batches at once).
     """
     t0 = time.perf_counter()
@@ -216,7 +249,9 @@ def measure_once(make_iter: Callable[[], Iterator[Any]], n_genes: int, *, warmup
         cells += c
         nbytes += b
         wall = time.perf_counter() - t1
-        if batches >= max_batches or (batches >= min_batches and batches % multiple_of == 0 and wall >= seconds):
+        if batches >= max_batches or (
+            batches >= min_batches and batches % multiple_of == 0 and wall >= seconds
+        ):
             break
     close = getattr(it, "close", None)
     if close is not None:
@@ -227,10 +262,11 @@ def measure_once(make_iter: Callable[[], Iterator[Any]], n_genes: int, *, warmup
     return RunStats(ttfb, batches, cells, nbytes, wall, restart, epochs)
 
 
-def summarize(method: str, params: dict[str, Any], runs: list[RunStats], sampler: RssSampler,
-              note: str = "") -> Summary:
+def summarize(
+    method: str, params: dict[str, Any], runs: list[RunStats], sampler: RssSampler, note: str = ""
+) -> Summary:
     ok = [r for r in runs if r.batches > 0]
-    med = (lambda xs: statistics.median(xs) if xs else 0.0)  # noqa: E731
+    med = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
     return Summary(
         method=method,
         params=params,

@@ -1,5 +1,7 @@
-"""Pipeline figures: build throughput against the codec-bound limit, peak RSS against size, --jobs scaling,
-incremental and no-change rebuilds. Builds run the real CLI in a child process (``python -m pipeline build``)
+"""Pipeline figures: build throughput against the codec-bound limit, peak RSS against size, --jobs
+scaling,
+incremental and no-change rebuilds. Builds run the real CLI in a child process (``python -m pipeline
+build``)
 whose whole process tree (joblib workers included) is RSS-sampled from here.
 """
 
@@ -42,8 +44,9 @@ class BuildRun:
     stored_bytes: int = 0
     raw_bytes: int = 0
     error: str = ""
-    cpu_s: float = -1.0  # user + system CPU seconds of the CLI process and the children it waited for
-
+    cpu_s: float = (
+        -1.0
+    )  # user + system CPU seconds of the CLI process and the children it waited for
 
     @property
     def ok(self) -> bool:
@@ -58,8 +61,12 @@ class BuildRun:
         return self.source_bytes / MB / self.wall_s if self.ok and self.wall_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "cells_per_s": self.cells_per_s, "mb_per_s": self.mb_per_s,
-                "cells_per_s_per_job": self.cells_per_s / max(1, self.jobs)}
+        return {
+            **asdict(self),
+            "cells_per_s": self.cells_per_s,
+            "mb_per_s": self.mb_per_s,
+            "cells_per_s_per_job": self.cells_per_s / max(1, self.jobs),
+        }
 
 
 def pipeline_available() -> str:
@@ -69,14 +76,39 @@ def pipeline_available() -> str:
     return ""
 
 
-def run_build(label: str, manifest: Path, out: Path, jobs: int, *, n_cells: int, codec: str, source_bytes: int,
-              log_dir: Path, extra: tuple[str, ...] = ()) -> BuildRun:
-    """Run one build, timing it and sampling the RSS of its process tree (`extra`: more CLI arguments)."""
+def run_build(
+    label: str,
+    manifest: Path,
+    out: Path,
+    jobs: int,
+    *,
+    n_cells: int,
+    codec: str,
+    source_bytes: int,
+    log_dir: Path,
+    extra: tuple[str, ...] = (),
+) -> BuildRun:
+    """Run one build, timing it and sampling the RSS of its process tree (`extra`: more CLI
+    arguments)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"build-{label}.log"
-    cmd = [sys.executable, "-m", "pipeline", "build", str(manifest), "--out", str(out), "--jobs", str(jobs),
-           "--no-progress", *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        str(manifest),
+        "--out",
+        str(out),
+        "--jobs",
+        str(jobs),
+        "--no-progress",
+        *extra,
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     with open(log, "w") as fh:
         t0 = time.perf_counter()
         cpu0 = _children_cpu()
@@ -88,8 +120,17 @@ def run_build(label: str, manifest: Path, out: Path, jobs: int, *, n_cells: int,
         cpu = _children_cpu() - cpu0
     text = log.read_text(errors="replace")
     m = BUILT_RE.search(text)
-    run = BuildRun(label, n_cells, jobs, codec, source_bytes, wall, float(m.group(3)) if m else -1.0,
-                   sampler.peak / MIB, rc)
+    run = BuildRun(
+        label,
+        n_cells,
+        jobs,
+        codec,
+        source_bytes,
+        wall,
+        float(m.group(3)) if m else -1.0,
+        sampler.peak / MIB,
+        rc,
+    )
     run.cpu_s = cpu
     if m:
         run.written, run.reused = int(m.group(1)), int(m.group(2))
@@ -101,8 +142,11 @@ def run_build(label: str, manifest: Path, out: Path, jobs: int, *, n_cells: int,
         run.shards = len(doc.get("shards", []))
         run.stored_bytes = sum(int(s.get("bytes", 0)) for s in doc.get("shards", []))
         run.raw_bytes = sum(int(s.get("raw_bytes", 0)) for s in doc.get("shards", []))
-    print(f"[build] {label}: {'ok' if rc == 0 else 'FAILED'} {wall:.1f}s, peak RSS {run.peak_rss_mb:.0f} MiB "
-          f"({n_cells} cells, --jobs {jobs}, {codec}){' ' + run.error if run.error else ''}", flush=True)
+    print(
+        f"[build] {label}: {'ok' if rc == 0 else 'FAILED'} {wall:.1f}s, peak RSS {run.peak_rss_mb:.0f} MiB "
+        f"({n_cells} cells, --jobs {jobs}, {codec}){' ' + run.error if run.error else ''}",
+        flush=True,
+    )
     return run
 
 
@@ -117,15 +161,19 @@ def blosc_codec(codec: str, level: int = 5) -> Any:
     import numcodecs
 
     if codec.startswith("blosc-"):
-        return numcodecs.Blosc(cname=codec.split("-", 1)[1], clevel=level, shuffle=numcodecs.Blosc.SHUFFLE)
+        return numcodecs.Blosc(
+            cname=codec.split("-", 1)[1], clevel=level, shuffle=numcodecs.Blosc.SHUFFLE
+        )
     if codec == "zstd":
         return numcodecs.Zstd(level=level)
     return None
 
 
-def codec_bound_limit(files: list[Path], codec: str, level: int = 5, block_bytes: int = 8 << 20,
-                      repeats: int = 3) -> dict[str, Any]:
-    """Read the source CSR with h5py in large contiguous blocks and compress the same bytes; nothing else.
+def codec_bound_limit(
+    files: list[Path], codec: str, level: int = 5, block_bytes: int = 8 << 20, repeats: int = 3
+) -> dict[str, Any]:
+    """Read the source CSR with h5py in large contiguous blocks and compress the same bytes; nothing
+    else.
 
     Single-threaded (blosc nthreads = 1, as the pipeline sets per task): the limit of one job.
     """
@@ -148,7 +196,7 @@ def codec_bound_limit(files: list[Path], codec: str, level: int = 5, block_bytes
                     step = max(1, block_bytes // ds.dtype.itemsize)
                     for s in range(0, ds.shape[0], step):
                         tr = time.perf_counter()
-                        a = ds[s:s + step]
+                        a = ds[s : s + step]
                         t_read += time.perf_counter() - tr
                         raw += a.nbytes
                         stored += len(comp.encode(a)) if comp is not None else a.nbytes
@@ -156,11 +204,22 @@ def codec_bound_limit(files: list[Path], codec: str, level: int = 5, block_bytes
         cpu_times.append(time.process_time() - c0)
         read_times.append(t_read)
     t = statistics.median(times)
-    return {"codec": codec, "level": level, "seconds": t, "read_seconds": statistics.median(read_times),
-            "cpu_seconds": statistics.median(cpu_times),
-            "cells": cells, "raw_bytes": raw, "compressed_bytes": stored, "ratio": raw / max(1, stored),
-            "cells_per_s": cells / t, "mb_per_s": raw / MB / t, "repeats": times, "block_bytes": block_bytes,
-            "threads": 1}
+    return {
+        "codec": codec,
+        "level": level,
+        "seconds": t,
+        "read_seconds": statistics.median(read_times),
+        "cpu_seconds": statistics.median(cpu_times),
+        "cells": cells,
+        "raw_bytes": raw,
+        "compressed_bytes": stored,
+        "ratio": raw / max(1, stored),
+        "cells_per_s": cells / t,
+        "mb_per_s": raw / MB / t,
+        "repeats": times,
+        "block_bytes": block_bytes,
+        "threads": 1,
+    }
 
 
 def sha256_seconds(files: list[Path]) -> float:
@@ -176,29 +235,77 @@ def shard_hashes(out: Path) -> dict[str, str]:
     return {s["plan_key"]: s["sha256"] for s in doc.get("shards", [])}
 
 
-def incremental(files: list[Path], manifest: Path, out: Path, jobs: int, *, n_cells: int, codec: str,
-                source_bytes: int, log_dir: Path, changed: int = 3) -> dict[str, Any]:
-    """Full build of a k-file dataset, then rebuild after rewriting one file, then rebuild with no change."""
+def incremental(
+    files: list[Path],
+    manifest: Path,
+    out: Path,
+    jobs: int,
+    *,
+    n_cells: int,
+    codec: str,
+    source_bytes: int,
+    log_dir: Path,
+    changed: int = 3,
+) -> dict[str, Any]:
+    """Full build of a k-file dataset, then rebuild after rewriting one file, then rebuild with no
+    change."""
     from benchmarks.synth import rewrite_changed_values
 
-    full = run_build("incr-full", manifest, out, jobs, n_cells=n_cells, codec=codec, source_bytes=source_bytes,
-                     log_dir=log_dir)
-    res: dict[str, Any] = {"files": len(files), "changed_file": files[changed].name, "full": full.to_json()}
+    full = run_build(
+        "incr-full",
+        manifest,
+        out,
+        jobs,
+        n_cells=n_cells,
+        codec=codec,
+        source_bytes=source_bytes,
+        log_dir=log_dir,
+    )
+    res: dict[str, Any] = {
+        "files": len(files),
+        "changed_file": files[changed].name,
+        "full": full.to_json(),
+    }
     if not full.ok:
         return res
     before = shard_hashes(out)
     res["rewrite_s"] = rewrite_changed_values(files[changed])
-    dry = run_build("incr-dry-run", manifest, out, jobs, n_cells=n_cells, codec=codec, source_bytes=source_bytes,
-                    log_dir=log_dir, extra=("--dry-run",))
+    dry = run_build(
+        "incr-dry-run",
+        manifest,
+        out,
+        jobs,
+        n_cells=n_cells,
+        codec=codec,
+        source_bytes=source_bytes,
+        log_dir=log_dir,
+        extra=("--dry-run",),
+    )
     res["dry_run"] = {**dry.to_json(), "unchanged": shard_hashes(out) == before}
-    one = run_build("incr-1-of-k", manifest, out, jobs, n_cells=n_cells, codec=codec, source_bytes=source_bytes,
-                    log_dir=log_dir)
+    one = run_build(
+        "incr-1-of-k",
+        manifest,
+        out,
+        jobs,
+        n_cells=n_cells,
+        codec=codec,
+        source_bytes=source_bytes,
+        log_dir=log_dir,
+    )
     after = shard_hashes(out) if one.ok else {}
     res["changed"] = one.to_json()
     res["shards_total"] = len(after)
     res["shards_rehashed_different"] = sum(1 for k, v in after.items() if before.get(k) != v)
-    noop = run_build("incr-nochange", manifest, out, jobs, n_cells=n_cells, codec=codec, source_bytes=source_bytes,
-                     log_dir=log_dir)
+    noop = run_build(
+        "incr-nochange",
+        manifest,
+        out,
+        jobs,
+        n_cells=n_cells,
+        codec=codec,
+        source_bytes=source_bytes,
+        log_dir=log_dir,
+    )
     res["nochange"] = noop.to_json()
     res["hash_s"] = sha256_seconds(files)
     res["ratio_changed_vs_full"] = one.wall_s / full.wall_s if one.ok else None
@@ -210,6 +317,9 @@ def rss_flatness(runs: list[BuildRun]) -> dict[str, Any]:
     if len(ok) < 2:
         return {"max_over_min": None, "max_mb": max((r.peak_rss_mb for r in ok), default=0.0)}
     peaks = np.array([r.peak_rss_mb for r in ok])
-    return {"max_over_min": float(peaks.max() / peaks.min()), "max_mb": float(peaks.max()),
-            "min_mb": float(peaks.min()), "slope_mb_per_100k_cells": float(
-                np.polyfit([r.n_cells / 1e5 for r in ok], peaks, 1)[0])}
+    return {
+        "max_over_min": float(peaks.max() / peaks.min()),
+        "max_mb": float(peaks.max()),
+        "min_mb": float(peaks.min()),
+        "slope_mb_per_100k_cells": float(np.polyfit([r.n_cells / 1e5 for r in ok], peaks, 1)[0]),
+    }

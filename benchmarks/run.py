@@ -1,9 +1,12 @@
-"""Run the benchmarks and write BENCHMARKS.md, benchmarks/results.json and benchmarks/plots/*.png under --out.
+"""Run the benchmarks and write BENCHMARKS.md, benchmarks/results.json and benchmarks/plots/*.png
+under --out.
 
-    python -m benchmarks.run --full  --out .                 # ~15 min on 2 cores: 200k x 2k, sizes 50k..400k
+    python -m benchmarks.run --full  --out .                 # ~15 min on 2 cores: 200k x 2k, sizes
+    50k..400k
     python -m benchmarks.run --quick --out bench_data/quick  # < 2 min: 20k x 500
 
-Generated data is cached by parameters under --data-dir (default bench_data/, gitignored); shards and logs go to
+Generated data is cached by parameters under --data-dir (default bench_data/, gitignored); shards
+and logs go to
 DATA_DIR/work/<mode>/ and are rebuilt on every run.
 """
 
@@ -58,33 +61,77 @@ class Config:
     samples: tuple[str, ...] = ("cells", "pairs", "sentences")
     max_pairs_per_condition: int = 500
     task_timeout_s: int = 600
-    group_baselines: bool = False  # quick: scipy/h5py/anndata share one interpreter (saves ~8 s of imports)
-    il_rounds: int = 5  # interleaved same-process loader vs scipy (benchmarks/interleaved.py): rounds of windows
+    group_baselines: bool = (
+        False  # quick: scipy/h5py/anndata share one interpreter (saves ~8 s of imports)
+    )
+    il_rounds: int = (
+        5  # interleaved same-process loader vs scipy (benchmarks/interleaved.py): rounds of windows
+    )
     il_workers: tuple[int, ...] = (0, 2)
-    il_windows: tuple[int, ...] = (4, 2)  # shuffle windows in shards (4: the whole train split of the full data)
+    il_windows: tuple[int, ...] = (
+        4,
+        2,
+    )  # shuffle windows in shards (4: the whole train split of the full data)
 
     @property
     def sentence_batch(self) -> int:
-        """Sentences per batch so a sentence batch delivers as many rows as a batch of `batch_size` pairs."""
+        """Sentences per batch so a sentence batch delivers as many rows as a batch of `batch_size`
+        pairs."""
         return max(1, self.batch_size // self.sentence_size)
 
 
 PRESETS = {
-    "full": Config("full", 200_000, 2_000, 200, (50_000, 100_000, 200_000, 400_000), 200_000, 8, 128, 64,
-                   seconds=2.0, warmup=5, repeats=3),
-    "quick": Config("quick", 20_000, 500, 50, (5_000, 20_000), 20_000, 8, 32, 4,
-                    seconds=0.3, warmup=2, repeats=3, build_jobs=1, scd_workers=(0,), group_baselines=True,
-                    il_rounds=2),
+    "full": Config(
+        "full",
+        200_000,
+        2_000,
+        200,
+        (50_000, 100_000, 200_000, 400_000),
+        200_000,
+        8,
+        128,
+        64,
+        seconds=2.0,
+        warmup=5,
+        repeats=3,
+    ),
+    "quick": Config(
+        "quick",
+        20_000,
+        500,
+        50,
+        (5_000, 20_000),
+        20_000,
+        8,
+        32,
+        4,
+        seconds=0.3,
+        warmup=2,
+        repeats=3,
+        build_jobs=1,
+        scd_workers=(0,),
+        group_baselines=True,
+        il_rounds=2,
+    ),
 }
 
 
 def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--full", action="store_const", const="full", dest="mode")
     g.add_argument("--quick", action="store_const", const="quick", dest="mode")
-    ap.add_argument("--out", type=Path, default=REPO, help="where BENCHMARKS.md and benchmarks/ go (default: repo)")
-    ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data", help="cache of generated data")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPO,
+        help="where BENCHMARKS.md and benchmarks/ go (default: repo)",
+    )
+    ap.add_argument(
+        "--data-dir", type=Path, default=REPO / "bench_data", help="cache of generated data"
+    )
     ap.add_argument("--cells", type=int, help="main dataset size (override the preset)")
     ap.add_argument("--genes", type=int)
     ap.add_argument("--perturbations", type=int)
@@ -94,20 +141,46 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     ap.add_argument("--shard-size-mb", type=float)
     ap.add_argument("--seconds", type=float, help="measured seconds per loader repeat")
     ap.add_argument("--repeats", type=int)
-    ap.add_argument("--build-jobs", type=int, help="--jobs of the sweep, zstd and incremental builds (default 2)")
-    ap.add_argument("--jobs-compare", help="comma-separated --jobs values timed on the main dataset (default 1,2)")
-    ap.add_argument("--keep-shards", action="store_true", help="keep the built shards under DATA_DIR/work/")
-    ap.add_argument("--skip", default="",
-                    help="comma list of: pipeline, loader, baselines, scdataset, annbatch, gpu, spike, ct")
-    ap.add_argument("--torch-spec", default=default_torch_spec(),
-                    help="pip requirement(s) for torch in the annbatch venv (make bench: the Makefile's TORCH_SPEC; "
-                         "default: the torch this interpreter has)")
+    ap.add_argument(
+        "--build-jobs",
+        type=int,
+        help="--jobs of the sweep, zstd and incremental builds (default 2)",
+    )
+    ap.add_argument(
+        "--jobs-compare",
+        help="comma-separated --jobs values timed on the main dataset (default 1,2)",
+    )
+    ap.add_argument(
+        "--keep-shards", action="store_true", help="keep the built shards under DATA_DIR/work/"
+    )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma list of: pipeline, loader, baselines, scdataset, annbatch, gpu, spike, ct",
+    )
+    ap.add_argument(
+        "--torch-spec",
+        default=default_torch_spec(),
+        help="pip requirement(s) for torch in the annbatch venv (make bench: the Makefile's TORCH_SPEC; "
+        "default: the torch this interpreter has)",
+    )
     a = ap.parse_args(argv)
     cfg = PRESETS[a.mode or "quick"]
-    over: dict[str, Any] = {k: v for k, v in {
-        "n_cells": a.cells, "n_genes": a.genes, "n_perturbations": a.perturbations, "incr_cells": a.incr_cells,
-        "sentence_size": a.sentence_size, "shard_size_mb": a.shard_size_mb, "seconds": a.seconds,
-        "repeats": a.repeats, "build_jobs": a.build_jobs}.items() if v is not None}
+    over: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "n_cells": a.cells,
+            "n_genes": a.genes,
+            "n_perturbations": a.perturbations,
+            "incr_cells": a.incr_cells,
+            "sentence_size": a.sentence_size,
+            "shard_size_mb": a.shard_size_mb,
+            "seconds": a.seconds,
+            "repeats": a.repeats,
+            "build_jobs": a.build_jobs,
+        }.items()
+        if v is not None
+    }
     if a.sizes:
         over["sizes"] = tuple(int(s) for s in a.sizes.split(","))
     if a.jobs_compare:
@@ -128,21 +201,40 @@ def default_torch_spec() -> str:
         return "torch"
 
 
-def annbatch_section(cfg: Config, a: argparse.Namespace, main: SynthDataset, roots: dict[str, Path], data_dir: Path,
-                     work: Path, skip: set[str]) -> dict[str, Any]:
-    """annbatch paired with our loader, process by process (benchmarks/annbatch_bench.py); optional: a skip or
+def annbatch_section(
+    cfg: Config,
+    a: argparse.Namespace,
+    main: SynthDataset,
+    roots: dict[str, Path],
+    data_dir: Path,
+    work: Path,
+    skip: set[str],
+) -> dict[str, Any]:
+    """annbatch paired with our loader, process by process (benchmarks/annbatch_bench.py); optional:
+    a skip or
     failure is a record with its reason, never an exception."""
     if "annbatch" in skip:
         rec = skip_record("--skip annbatch")
-    elif not cfg.mode.startswith("full") and not os.environ.get(ANNBATCH_ENV):  # a first run installs torch: minutes
+    elif not cfg.mode.startswith("full") and not os.environ.get(
+        ANNBATCH_ENV
+    ):  # a first run installs torch: minutes
         rec = skip_record(f"smoke run: it runs in `make bench`, or here when {ANNBATCH_ENV} is set")
     elif "loader" in skip or loader_available():
         rec = skip_record("our loader is not measured in this run, nothing to pair annbatch with")
     else:
         lz4 = roots.get(CODECS[0])
-        rec = run_annbatch(str(main.files[0]), str(lz4) if lz4 and (lz4 / "index.json").exists() else None,
-                           data_dir, work, batch_size=cfg.batch_size, warmup=cfg.warmup, seconds=cfg.seconds,
-                           rounds=cfg.il_rounds, torch_spec=a.torch_spec, timeout=cfg.task_timeout_s)
+        rec = run_annbatch(
+            str(main.files[0]),
+            str(lz4) if lz4 and (lz4 / "index.json").exists() else None,
+            data_dir,
+            work,
+            batch_size=cfg.batch_size,
+            warmup=cfg.warmup,
+            seconds=cfg.seconds,
+            rounds=cfg.il_rounds,
+            torch_spec=a.torch_spec,
+            timeout=cfg.task_timeout_s,
+        )
     print(f"[loader] {summary_line(rec)}", flush=True)
     return rec
 
@@ -162,58 +254,103 @@ def loader_available() -> str:
 
 def run_child(name: str, spec: dict[str, Any], work: Path, timeout: int) -> dict[str, Any]:
     """One measurement task in a fresh interpreter (its own RSS); returns its JSON document."""
-    spec_path, out_path, log = work / f"task-{name}.json", work / f"task-{name}.out.json", work / f"task-{name}.log"
+    spec_path, out_path, log = (
+        work / f"task-{name}.json",
+        work / f"task-{name}.out.json",
+        work / f"task-{name}.log",
+    )
     spec_path.write_text(json.dumps(spec, indent=1))
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         try:
-            rc = subprocess.run([sys.executable, "-m", "benchmarks.loaders_bench", str(spec_path), str(out_path)],
-                                cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            rc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.loaders_bench", str(spec_path), str(out_path)],
+                cwd=REPO,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = -1
     doc = json.loads(out_path.read_text()) if out_path.exists() else {}
     if rc != 0 and "error" not in doc:
-        doc["error"] = f"task exited with {rc} (timeout {timeout}s)" if rc == -1 else f"task exited with {rc}"
+        doc["error"] = (
+            f"task exited with {rc} (timeout {timeout}s)" if rc == -1 else f"task exited with {rc}"
+        )
     if doc.get("error"):
         tail = log.read_text(errors="replace")[-400:]
         print(f"[loader] {name}: FAILED {doc['error']}\n{tail}", flush=True)
     else:
         for r in doc.get("results", []):
-            print(f"[loader] {r['method']}: {r['cells_per_s']:,.0f} cells/s, {r['mb_per_s']:,.0f} MB/s, "
-                  f"first batch {r['ttfb_s']:.3f}s, peak RSS {r['peak_rss_mb']:.0f} MiB {r['note']}", flush=True)
+            print(
+                f"[loader] {r['method']}: {r['cells_per_s']:,.0f} cells/s, {r['mb_per_s']:,.0f} MB/s, "
+                f"first batch {r['ttfb_s']:.3f}s, peak RSS {r['peak_rss_mb']:.0f} MiB {r['note']}",
+                flush=True,
+            )
         for r in doc.get("interleaved", {}).get("results", []):
-            print(f"[loader] interleaved {r['method']}: {r['cells_per_s']:,.0f} cells/s"
-                  + (f", {r['ratio']:.2f}x {r['baseline']}" if "ratio" in r else ""), flush=True)
+            print(
+                f"[loader] interleaved {r['method']}: {r['cells_per_s']:,.0f} cells/s"
+                + (f", {r['ratio']:.2f}x {r['baseline']}" if "ratio" in r else ""),
+                flush=True,
+            )
     print(f"[loader] task {name} took {time.perf_counter() - t0:.1f}s", flush=True)
     return doc
 
 
-def datasets(cfg: Config, data_dir: Path) -> tuple[SynthParams, dict[int, SynthDataset], SynthDataset]:
-    base = SynthParams(n_cells=cfg.n_cells, n_genes=cfg.n_genes, n_perturbations=cfg.n_perturbations)
+def datasets(
+    cfg: Config, data_dir: Path
+) -> tuple[SynthParams, dict[int, SynthDataset], SynthDataset]:
+    base = SynthParams(
+        n_cells=cfg.n_cells, n_genes=cfg.n_genes, n_perturbations=cfg.n_perturbations
+    )
     by_size = {n: ensure_dataset(replace(base, n_cells=n), data_dir) for n in cfg.sizes}
     incr = ensure_dataset(replace(base, n_cells=cfg.incr_cells, n_files=cfg.incr_files), data_dir)
     return base, by_size, incr
 
 
-def pipeline_section(cfg: Config, by_size: dict[int, SynthDataset], incr: SynthDataset, work: Path,
-                     roots: dict[str, Path]) -> dict[str, Any]:
+def pipeline_section(
+    cfg: Config,
+    by_size: dict[int, SynthDataset],
+    incr: SynthDataset,
+    work: Path,
+    roots: dict[str, Path],
+) -> dict[str, Any]:
     logs, main = work / "logs", by_size[cfg.n_cells]
-    mkw = {"sentence_size": cfg.sentence_size, "shard_size_mb": cfg.shard_size_mb,
-           "max_pairs_per_condition": cfg.max_pairs_per_condition}
+    mkw = {
+        "sentence_size": cfg.sentence_size,
+        "shard_size_mb": cfg.shard_size_mb,
+        "max_pairs_per_condition": cfg.max_pairs_per_condition,
+    }
 
     def build(label: str, ds: SynthDataset, codec: str, jobs: int) -> tuple[pb.BuildRun, Path]:
-        manifest = write_manifest(work / f"{label}.toml", ds, name=f"bench-{label}", codec=codec, **mkw)
+        manifest = write_manifest(
+            work / f"{label}.toml", ds, name=f"bench-{label}", codec=codec, **mkw
+        )
         out = work / f"shards-{label}"
-        return pb.run_build(label, manifest, out, jobs, n_cells=ds.params.n_cells, codec=codec,
-                            source_bytes=ds.csr_bytes, log_dir=logs), out
+        return pb.run_build(
+            label,
+            manifest,
+            out,
+            jobs,
+            n_cells=ds.params.n_cells,
+            codec=codec,
+            source_bytes=ds.csr_bytes,
+            log_dir=logs,
+        ), out
 
-    res: dict[str, Any] = {"codec_limit": {c: pb.codec_bound_limit(list(main.files), c) for c in CODECS}}
+    res: dict[str, Any] = {
+        "codec_limit": {c: pb.codec_bound_limit(list(main.files), c) for c in CODECS}
+    }
     for c, lim in res["codec_limit"].items():
-        print(f"[limit] {c}: {lim['cells_per_s']:,.0f} cells/s, {lim['mb_per_s']:,.0f} MB/s, ratio {lim['ratio']:.2f}",
-              flush=True)
+        print(
+            f"[limit] {c}: {lim['cells_per_s']:,.0f} cells/s, {lim['mb_per_s']:,.0f} MB/s, ratio {lim['ratio']:.2f}",
+            flush=True,
+        )
     sweep, main_run = [], None
     for n in sorted(cfg.sizes):
-        run, out = build(f"size-{n}-{CODECS[0]}-j{cfg.build_jobs}", by_size[n], CODECS[0], cfg.build_jobs)
+        run, out = build(
+            f"size-{n}-{CODECS[0]}-j{cfg.build_jobs}", by_size[n], CODECS[0], cfg.build_jobs
+        )
         sweep.append(run)
         if n == cfg.n_cells:
             main_run, roots[CODECS[0]] = run, out
@@ -221,7 +358,9 @@ def pipeline_section(cfg: Config, by_size: dict[int, SynthDataset], incr: SynthD
             shutil.rmtree(out, ignore_errors=True)
     res["sweep"] = [r.to_json() for r in sweep]
     res["rss_flatness"] = pb.rss_flatness(sweep)
-    zstd, roots[CODECS[1]] = build(f"size-{cfg.n_cells}-{CODECS[1]}-j{cfg.build_jobs}", main, CODECS[1], cfg.build_jobs)
+    zstd, roots[CODECS[1]] = build(
+        f"size-{cfg.n_cells}-{CODECS[1]}-j{cfg.build_jobs}", main, CODECS[1], cfg.build_jobs
+    )
     res["zstd"] = zstd.to_json()
     jobs_runs = {cfg.build_jobs: main_run}
     for j in cfg.jobs_compare:
@@ -230,45 +369,99 @@ def pipeline_section(cfg: Config, by_size: dict[int, SynthDataset], incr: SynthD
             shutil.rmtree(out, ignore_errors=True)
     res["jobs"] = [jobs_runs[j].to_json() for j in sorted(jobs_runs) if jobs_runs[j] is not None]
     if 1 in jobs_runs and 2 in jobs_runs and jobs_runs[1].ok and jobs_runs[2].ok:
-        res["speedup"] = {"n_cells": cfg.n_cells, "jobs1_s": jobs_runs[1].wall_s, "jobs2_s": jobs_runs[2].wall_s,
-                          "speedup": jobs_runs[1].wall_s / jobs_runs[2].wall_s}
+        res["speedup"] = {
+            "n_cells": cfg.n_cells,
+            "jobs1_s": jobs_runs[1].wall_s,
+            "jobs2_s": jobs_runs[2].wall_s,
+            "speedup": jobs_runs[1].wall_s / jobs_runs[2].wall_s,
+        }
     src = copy_dataset(incr, work / "incr-sources")
     manifest = write_manifest(work / "incr.toml", src, name="bench-incr", codec=CODECS[0], **mkw)
-    res["incremental"] = pb.incremental(list(src.files), manifest, work / "shards-incr", cfg.build_jobs,
-                                        n_cells=incr.params.n_cells, codec=CODECS[0], source_bytes=incr.csr_bytes,
-                                        log_dir=logs, changed=min(3, len(src.files) - 1))
+    res["incremental"] = pb.incremental(
+        list(src.files),
+        manifest,
+        work / "shards-incr",
+        cfg.build_jobs,
+        n_cells=incr.params.n_cells,
+        codec=CODECS[0],
+        source_bytes=incr.csr_bytes,
+        log_dir=logs,
+        changed=min(3, len(src.files) - 1),
+    )
     shutil.rmtree(work / "shards-incr", ignore_errors=True)
     from benchmarks.cluster_bench import backend_comparison
 
-    res["backends"] = backend_comparison(manifest, work, cfg.build_jobs, n_cells=incr.params.n_cells,
-                                         codec=CODECS[0], source_bytes=incr.csr_bytes, log_dir=logs)
+    res["backends"] = backend_comparison(
+        manifest,
+        work,
+        cfg.build_jobs,
+        n_cells=incr.params.n_cells,
+        codec=CODECS[0],
+        source_bytes=incr.csr_bytes,
+        log_dir=logs,
+    )
     shutil.rmtree(work / "incr-sources", ignore_errors=True)
     return res
 
 
-def loader_section(cfg: Config, main: SynthDataset, roots: dict[str, Path], work: Path, skip: set[str],
-                   notes: list[str]) -> dict[str, Any]:
+def loader_section(
+    cfg: Config,
+    main: SynthDataset,
+    roots: dict[str, Path],
+    work: Path,
+    skip: set[str],
+    notes: list[str],
+) -> dict[str, Any]:
     h5ad = str(main.files[0])
-    common = {"h5ad": h5ad, "n_genes": cfg.n_genes, "batch_size": cfg.batch_size, "repeats": cfg.repeats,
-              "warmup": cfg.warmup, "seconds": cfg.seconds, "sentence_batch": cfg.sentence_batch}
+    common = {
+        "h5ad": h5ad,
+        "n_genes": cfg.n_genes,
+        "batch_size": cfg.batch_size,
+        "repeats": cfg.repeats,
+        "warmup": cfg.warmup,
+        "seconds": cfg.seconds,
+        "sentence_batch": cfg.sentence_batch,
+    }
     results: list[dict[str, Any]] = []
     out: dict[str, Any] = {"results": results, "errors": {}}
     tasks: list[tuple[str, dict[str, Any]]] = []
     if "baselines" not in skip:
         if cfg.group_baselines:
-            tasks.append(("baselines", {"task": "baselines", "methods": ["h5py", "anndata", "scipy"],
-                                        "warm_paths": [h5ad]}))
-            notes.append("h5py, anndata and scipy baselines ran in one interpreter (quick mode): their peak RSS "
-                         "figures are not isolated from each other.")
+            tasks.append(
+                (
+                    "baselines",
+                    {
+                        "task": "baselines",
+                        "methods": ["h5py", "anndata", "scipy"],
+                        "warm_paths": [h5ad],
+                    },
+                )
+            )
+            notes.append(
+                "h5py, anndata and scipy baselines ran in one interpreter (quick mode): their peak RSS "
+                "figures are not isolated from each other."
+            )
         else:
             tasks += [(t, {"task": t, "warm_paths": [h5ad]}) for t in ("scipy", "h5py", "anndata")]
         if "scdataset" in skip:
             notes.append("scDataset baseline skipped (--skip scdataset).")
         elif importlib.util.find_spec("scdataset") is None:
-            notes.append("scDataset baseline skipped: `scdataset` is not importable (pip install scdataset).")
+            notes.append(
+                "scDataset baseline skipped: `scdataset` is not importable (pip install scdataset)."
+            )
         else:
-            tasks.append(("scdataset", {"task": "scdataset", "warm_paths": [h5ad], "scd_workers": list(cfg.scd_workers),
-                                        "scd_fetch_factor": 16, "scd_block_size": 16}))
+            tasks.append(
+                (
+                    "scdataset",
+                    {
+                        "task": "scdataset",
+                        "warm_paths": [h5ad],
+                        "scd_workers": list(cfg.scd_workers),
+                        "scd_fetch_factor": 16,
+                        "scd_block_size": 16,
+                    },
+                )
+            )
     why = loader_available() if "loader" not in skip else "skipped (--skip loader)"
     if not why:
         for codec in CODECS:
@@ -276,19 +469,40 @@ def loader_section(cfg: Config, main: SynthDataset, roots: dict[str, Path], work
             if root is None or not (root / "index.json").exists():
                 notes.append(f"loader with {codec}: no shards (the build did not run or failed).")
                 continue
-            tasks.append((f"shards-{codec}", {"task": "shards", "shards_root": str(root), "codec": codec,
-                                              "warm_paths": [str(root)], "samples": list(cfg.samples),
-                                              "workers": list(cfg.workers)}))
+            tasks.append(
+                (
+                    f"shards-{codec}",
+                    {
+                        "task": "shards",
+                        "shards_root": str(root),
+                        "codec": codec,
+                        "warm_paths": [str(root)],
+                        "samples": list(cfg.samples),
+                        "workers": list(cfg.workers),
+                    },
+                )
+            )
     else:
         out["skipped"] = why
         notes.append(f"our loader not measured: {why}.")
     lz4 = roots.get("blosc-lz4")
     if not why and lz4 is not None and (lz4 / "index.json").exists():
-        tasks.append(("interleaved", {"task": "interleaved", "shards_root": str(lz4), "rounds": cfg.il_rounds,
-                                      "workers": list(cfg.il_workers), "windows": list(cfg.il_windows),
-                                      "workers_scan": [0, 1, 2, 4], "scan_window": 2,
-                                      "scan_epochs": 2 if cfg.mode.startswith("full") else 1,
-                                      "warm_paths": [str(lz4), h5ad]}))
+        tasks.append(
+            (
+                "interleaved",
+                {
+                    "task": "interleaved",
+                    "shards_root": str(lz4),
+                    "rounds": cfg.il_rounds,
+                    "workers": list(cfg.il_workers),
+                    "windows": list(cfg.il_windows),
+                    "workers_scan": [0, 1, 2, 4],
+                    "scan_window": 2,
+                    "scan_epochs": 2 if cfg.mode.startswith("full") else 1,
+                    "warm_paths": [str(lz4), h5ad],
+                },
+            )
+        )
     for name, spec in tasks:
         doc = run_child(name, {**common, **spec}, work, cfg.task_timeout_s)
         if doc.get("error"):
@@ -299,9 +513,11 @@ def loader_section(cfg: Config, main: SynthDataset, roots: dict[str, Path], work
     return out
 
 
-def modality_section(name: str, cfg: Config, data_dir: Path, work: Path, skip: set[str],
-                     notes: list[str]) -> dict[str, Any]:
-    """The spike or CT figures (benchmarks/spike_bench.py, ct_bench.py), measured in this process; quick mode
+def modality_section(
+    name: str, cfg: Config, data_dir: Path, work: Path, skip: set[str], notes: list[str]
+) -> dict[str, Any]:
+    """The spike or CT figures (benchmarks/spike_bench.py, ct_bench.py), measured in this process;
+    quick mode
     uses tiny corpora (the harness is exercised, the figures are not meaningful)."""
     if name in skip:
         return {"skipped": f"--skip {name}"}
@@ -310,15 +526,39 @@ def modality_section(name: str, cfg: Config, data_dir: Path, work: Path, skip: s
         if name == "spike":
             from benchmarks.spike_bench import SpikeBenchConfig, run_spike_bench
 
-            sc = SpikeBenchConfig() if cfg.mode == "full" else SpikeBenchConfig(
-                height=64, width=96, sequences=2, frames_per_sequence=4, file_frames=48, window=40, crop=(32, 32),
-                batch_size=2, seconds=0.05, repeats=1, build_jobs=1)
+            sc = (
+                SpikeBenchConfig()
+                if cfg.mode == "full"
+                else SpikeBenchConfig(
+                    height=64,
+                    width=96,
+                    sequences=2,
+                    frames_per_sequence=4,
+                    file_frames=48,
+                    window=40,
+                    crop=(32, 32),
+                    batch_size=2,
+                    seconds=0.05,
+                    repeats=1,
+                    build_jobs=1,
+                )
+            )
             return run_spike_bench(data_dir, work / "spike", sc)
         from benchmarks.ct_bench import CtBenchConfig, run_ct_bench
 
-        cc = CtBenchConfig() if cfg.mode == "full" else CtBenchConfig(
-            loader_shape=(64, 64, 24), loader_volumes=3, build_shape=(64, 64, 32), build_volumes=2, seconds=0.05,
-            repeats=1, build_jobs=1)
+        cc = (
+            CtBenchConfig()
+            if cfg.mode == "full"
+            else CtBenchConfig(
+                loader_shape=(64, 64, 24),
+                loader_volumes=3,
+                build_shape=(64, 64, 32),
+                build_volumes=2,
+                seconds=0.05,
+                repeats=1,
+                build_jobs=1,
+            )
+        )
         return run_ct_bench(data_dir, work / "ct", cc)
     except Exception as e:  # reported; the smoke test fails on it
         traceback.print_exc()
@@ -335,17 +575,28 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     notes: list[str] = []
-    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "config": {**asdict(cfg),
-                           "sentence_batch": cfg.sentence_batch}, "machine": machine_info(),
-                           "packages": package_versions(), "notes": notes, "page_cache": "warm (files read once "
-                           "before each measurement; caches never dropped)", "load_avg_start": list(os.getloadavg())}
-    print(f"[bench] mode {cfg.mode}: {cfg.n_cells} cells x {cfg.n_genes} genes, sizes {cfg.sizes}", flush=True)
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "config": {**asdict(cfg), "sentence_batch": cfg.sentence_batch},
+        "machine": machine_info(),
+        "packages": package_versions(),
+        "notes": notes,
+        "page_cache": "warm (files read once before each measurement; caches never dropped)",
+        "load_avg_start": list(os.getloadavg()),
+    }
+    print(
+        f"[bench] mode {cfg.mode}: {cfg.n_cells} cells x {cfg.n_genes} genes, sizes {cfg.sizes}",
+        flush=True,
+    )
     if cfg.mode != "full":
         print(f"[bench] {SMOKE_NOTE}", flush=True)
     _base, by_size, incr = datasets(cfg, data_dir)
     main_ds = by_size[cfg.n_cells]
-    res["datasets"] = {"main": main_ds.to_json(), "sizes": {str(n): d.to_json() for n, d in by_size.items()},
-                       "incremental": incr.to_json()}
+    res["datasets"] = {
+        "main": main_ds.to_json(),
+        "sizes": {str(n): d.to_json() for n, d in by_size.items()},
+        "incremental": incr.to_json(),
+    }
     roots: dict[str, Path] = {}
     why = pb.pipeline_available() if "pipeline" not in skip else "skipped (--skip pipeline)"
     if why:
@@ -364,10 +615,22 @@ def main(argv: list[str] | None = None) -> int:
         res["gpu"] = {"status": NOT_MEASURED if "gpu" not in skip else "not measured (--skip gpu)"}
     else:
         root = roots.get(CODECS[0])
-        doc = run_child("gpu", {"task": "gpu", "h5ad": str(main_ds.files[0]), "n_genes": cfg.n_genes,
-                                "batch_size": cfg.batch_size, "seconds": cfg.seconds, "warmup": cfg.warmup,
-                                "workers": list(cfg.workers), "shards_root": str(root) if root else "",
-                                "warm_paths": [str(root)] if root else []}, work, cfg.task_timeout_s)
+        doc = run_child(
+            "gpu",
+            {
+                "task": "gpu",
+                "h5ad": str(main_ds.files[0]),
+                "n_genes": cfg.n_genes,
+                "batch_size": cfg.batch_size,
+                "seconds": cfg.seconds,
+                "warmup": cfg.warmup,
+                "workers": list(cfg.workers),
+                "shards_root": str(root) if root else "",
+                "warm_paths": [str(root)] if root else [],
+            },
+            work,
+            cfg.task_timeout_s,
+        )
         res["gpu"] = doc.get("gpu") or {"status": f"failed: {doc.get('error')}"}
     res["spike"] = modality_section("spike", cfg, data_dir, work, skip, notes)
     res["ct"] = modality_section("ct", cfg, data_dir, work, skip, notes)
@@ -382,7 +645,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "benchmarks" / "results.json").write_text(json.dumps(res, indent=1, default=str))
     for t in res["targets"]:
         print(f"[target {t['name']}] {t.get('by', t['status'])} - {t['what']}", flush=True)
-    print(f"[bench] wrote {md} and {out / 'benchmarks' / 'results.json'} in {res['total_s']:.0f}s", flush=True)
+    print(
+        f"[bench] wrote {md} and {out / 'benchmarks' / 'results.json'} in {res['total_s']:.0f}s",
+        flush=True,
+    )
     if cfg.mode != "full":
         print(f"[bench] {SMOKE_NOTE}", flush=True)
     return 0

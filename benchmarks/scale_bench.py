@@ -1,15 +1,24 @@
-"""`make bench-scale`: the build from 200k to 2M cells (x 2,000 genes, in .h5ad sources of up to 250k cells:
-1 file at 200k, 8 at 2M; generated one file at a time by benchmarks/synth.py; the 2M screen is ~3.3 GB),
---jobs 2. Sources of a bounded size model how collections grow (more screens, not bigger files), and keep
-what planning holds per source (one source's pairing and sentence draws) the same at every size, so the peak
+"""`make bench-scale`: the build from 200k to 2M cells (x 2,000 genes, in .h5ad sources of up to
+250k cells:
+1 file at 200k, 8 at 2M; generated one file at a time by benchmarks/synth.py; the 2M screen is ~3.3
+GB),
+--jobs 2. Sources of a bounded size model how collections grow (more screens, not bigger files), and
+keep
+what planning holds per source (one source's pairing and sentence draws) the same at every size, so
+the peak
 RSS measures what the plan holds per cell of the whole dataset.
 
-Per size: the codec-bound limit of the same files (h5py block reads + Blosc-lz4, one thread: the limit of
-one job), then the build through the CLI in a child process (RSS of its whole tree sampled), with its stage
-times from `--log-json`. Reports cells/s per job against the limit, peak RSS, and time against cells (a
-linear fit). Writes SCALE.md and scale.json under --out (default benchmarks/), which BENCHMARKS.md includes.
+Per size: the codec-bound limit of the same files (h5py block reads + Blosc-lz4, one thread: the
+limit of
+one job), then the build through the CLI in a child process (RSS of its whole tree sampled), with
+its stage
+times from `--log-json`. Reports cells/s per job against the limit, peak RSS, and time against cells
+(a
+linear fit). Writes SCALE.md and scale.json under --out (default benchmarks/), which BENCHMARKS.md
+includes.
 
-    python -m benchmarks.scale_bench                      # 200k,500k,1M,2M: ~10 min on 2 idle cores, ~8 GB disk
+    python -m benchmarks.scale_bench                      # 200k,500k,1M,2M: ~10 min on 2 idle
+    cores, ~8 GB disk
     python -m benchmarks.scale_bench --sizes 200000,500000
 """
 
@@ -44,64 +53,113 @@ def stage_times(log: Path) -> dict[str, float]:
 
 
 def measure(n: int, data_dir: Path, work: Path, jobs: int, files: int) -> dict[str, Any]:
-    ds = ensure_dataset(SynthParams(n_cells=n, n_genes=2_000, n_files=files, per_file=True), data_dir)
+    ds = ensure_dataset(
+        SynthParams(n_cells=n, n_genes=2_000, n_files=files, per_file=True), data_dir
+    )
     limit = pb.codec_bound_limit(list(ds.files), "blosc-lz4", repeats=1)
     manifest = write_manifest(work / f"scale-{n}.toml", ds, name=f"scale-{n}", codec="blosc-lz4")
     out, log = work / f"shards-{n}", work / f"events-{n}.jsonl"
     shutil.rmtree(out, ignore_errors=True)
     log.unlink(missing_ok=True)
-    run = pb.run_build(f"scale-{n}", manifest, out, jobs, n_cells=n, codec="blosc-lz4", source_bytes=ds.csr_bytes,
-                       log_dir=work / "logs", extra=("--log-json", str(log)))
+    run = pb.run_build(
+        f"scale-{n}",
+        manifest,
+        out,
+        jobs,
+        n_cells=n,
+        codec="blosc-lz4",
+        source_bytes=ds.csr_bytes,
+        log_dir=work / "logs",
+        extra=("--log-json", str(log)),
+    )
     shutil.rmtree(out, ignore_errors=True)
     per_job = run.cells_per_s / jobs
-    res = {"n_cells": n, "files": files, "csr_bytes": ds.csr_bytes, "file_bytes": ds.file_bytes,
-           "limit_cells_per_s": limit["cells_per_s"], "limit_s": limit["seconds"], "build": run.to_json(),
-           "cells_per_s_per_job": per_job, "vs_limit": per_job / limit["cells_per_s"],
-           # contention-proof: cells per CPU-second of the build (all its threads) against the limit's
-           "limit_cpu_s": limit["cpu_seconds"], "vs_limit_cpu": limit["cpu_seconds"] / run.cpu_s if run.cpu_s > 0 else 0.0,
-           "stages": stage_times(log) if log.exists() else {}}
-    print(f"[scale] {n:,} cells: build {run.wall_s:.1f}s, {per_job:,.0f} cells/s/job = {res['vs_limit']:.2f}x the "
-          f"limit ({limit['cells_per_s']:,.0f}); per CPU-second {res['vs_limit_cpu']:.2f}x; peak RSS "
-          f"{run.peak_rss_mb:.0f} MiB", flush=True)
+    res = {
+        "n_cells": n,
+        "files": files,
+        "csr_bytes": ds.csr_bytes,
+        "file_bytes": ds.file_bytes,
+        "limit_cells_per_s": limit["cells_per_s"],
+        "limit_s": limit["seconds"],
+        "build": run.to_json(),
+        "cells_per_s_per_job": per_job,
+        "vs_limit": per_job / limit["cells_per_s"],
+        # contention-proof: cells per CPU-second of the build (all its threads) against the limit's
+        "limit_cpu_s": limit["cpu_seconds"],
+        "vs_limit_cpu": limit["cpu_seconds"] / run.cpu_s if run.cpu_s > 0 else 0.0,
+        "stages": stage_times(log) if log.exists() else {},
+    }
+    print(
+        f"[scale] {n:,} cells: build {run.wall_s:.1f}s, {per_job:,.0f} cells/s/job = {res['vs_limit']:.2f}x the "
+        f"limit ({limit['cells_per_s']:,.0f}); per CPU-second {res['vs_limit_cpu']:.2f}x; peak RSS "
+        f"{run.peak_rss_mb:.0f} MiB",
+        flush=True,
+    )
     return res
 
 
 def markdown(doc: dict[str, Any]) -> str:
     rows = doc["sizes"]
-    L = ["## Build at scale (`make bench-scale`)", "",
-         f"Command: `{doc['command']}` ({doc['date']}; load average {doc['load_avg'][0]:.1f} at the start on "
-         f"{doc['machine'].get('cpu_count_logical', '?')} cores). h5ad sources of up to 250k cells x 2,000 genes, "
-         "10% nonzero, `--jobs 2`, blosc-lz4, threads. The limit is one job's codec-bound rate on the same files "
-         "(h5py 8 MiB block reads + Blosc, nothing else), measured just before the build.", "",
-         "`x limit (CPU)` compares cells per CPU-second (build: all its threads; limit: its one thread): what "
-         "each job would reach with a core of its own, whatever the other processes on the machine take.", "",
-         "| cells | sources (GB) | wall (s) | scan / plan / read / pack+commit (s) | cells/s per job | "
-         "x limit (wall) | build CPU (s) | x limit (CPU) | peak RSS (MiB) |",
-         "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    L = [
+        "## Build at scale (`make bench-scale`)",
+        "",
+        f"Command: `{doc['command']}` ({doc['date']}; load average {doc['load_avg'][0]:.1f} at the start on "
+        f"{doc['machine'].get('cpu_count_logical', '?')} cores). h5ad sources of up to 250k cells x 2,000 genes, "
+        "10% nonzero, `--jobs 2`, blosc-lz4, threads. The limit is one job's codec-bound rate on the same files "
+        "(h5py 8 MiB block reads + Blosc, nothing else), measured just before the build.",
+        "",
+        "`x limit (CPU)` compares cells per CPU-second (build: all its threads; limit: its one thread): what "
+        "each job would reach with a core of its own, whatever the other processes on the machine take.",
+        "",
+        "| cells | sources (GB) | wall (s) | scan / plan / read / pack+commit (s) | cells/s per job | "
+        "x limit (wall) | build CPU (s) | x limit (CPU) | peak RSS (MiB) |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         b, st = r["build"], r["stages"]
-        stages = " / ".join(f"{st.get(b_, 0) - st.get(a_, 0):.1f}" for a_, b_ in
-                            (("start", "scanned"), ("scanned", "planned"), ("planned", "read sources"),
-                             ("read sources", "summary"))) if st else ""
-        L.append(f"| {r['n_cells']:,} | {r['file_bytes'] / 1e9:.2f} | {b['wall_s']:.1f} | {stages} | "
-                 f"{r['cells_per_s_per_job']:,.0f} | {r['vs_limit']:.2f} | {b['cpu_s']:.1f} | "
-                 f"{r['vs_limit_cpu']:.2f} | {b['peak_rss_mb']:.0f} |")
+        stages = (
+            " / ".join(
+                f"{st.get(b_, 0) - st.get(a_, 0):.1f}"
+                for a_, b_ in (
+                    ("start", "scanned"),
+                    ("scanned", "planned"),
+                    ("planned", "read sources"),
+                    ("read sources", "summary"),
+                )
+            )
+            if st
+            else ""
+        )
+        L.append(
+            f"| {r['n_cells']:,} | {r['file_bytes'] / 1e9:.2f} | {b['wall_s']:.1f} | {stages} | "
+            f"{r['cells_per_s_per_job']:,.0f} | {r['vs_limit']:.2f} | {b['cpu_s']:.1f} | "
+            f"{r['vs_limit_cpu']:.2f} | {b['peak_rss_mb']:.0f} |"
+        )
     fit = doc.get("fit")
     if fit:
-        L += ["", f"Time vs cells: {fit['s_per_million']:.1f} s per million cells + {fit['intercept_s']:.1f} s "
-              f"(least squares); largest/smallest time ratio {fit['time_ratio']:.2f} for {fit['cell_ratio']:.0f}x "
-              f"the cells. CPU vs cells: {fit['cpu_s_per_million']:.1f} CPU-s per million cells + "
-              f"{fit['cpu_intercept_s']:.1f} s (largest residual {fit['cpu_residual_max']:.0%} of the largest). "
-              f"Peak RSS largest/smallest: {fit['rss_ratio']:.2f}."]
+        L += [
+            "",
+            f"Time vs cells: {fit['s_per_million']:.1f} s per million cells + {fit['intercept_s']:.1f} s "
+            f"(least squares); largest/smallest time ratio {fit['time_ratio']:.2f} for {fit['cell_ratio']:.0f}x "
+            f"the cells. CPU vs cells: {fit['cpu_s_per_million']:.1f} CPU-s per million cells + "
+            f"{fit['cpu_intercept_s']:.1f} s (largest residual {fit['cpu_residual_max']:.0%} of the largest). "
+            f"Peak RSS largest/smallest: {fit['rss_ratio']:.2f}.",
+        ]
     return "\n".join(L) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes", default="200000,500000,1000000,2000000")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--cells-per-file", type=int, default=250_000,
-                    help="sources of this many cells (a bigger screen is more files, as real collections grow)")
+    ap.add_argument(
+        "--cells-per-file",
+        type=int,
+        default=250_000,
+        help="sources of this many cells (a bigger screen is more files, as real collections grow)",
+    )
     ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks")
     a = ap.parse_args(argv)
@@ -110,11 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     work = a.data_dir.resolve() / "work" / "scale"
     work.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "command": "python -m benchmarks.scale_bench " + " ".join(argv if argv is not None
-                                                                                      else sys.argv[1:]),
-                           "machine": machine_info(), "load_avg": list(os.getloadavg()), "jobs": a.jobs}
-    doc["sizes"] = [measure(n, a.data_dir.resolve(), work, a.jobs, -(-n // a.cells_per_file)) for n in sizes]
+    doc: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python -m benchmarks.scale_bench "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine_info(),
+        "load_avg": list(os.getloadavg()),
+        "jobs": a.jobs,
+    }
+    doc["sizes"] = [
+        measure(n, a.data_dir.resolve(), work, a.jobs, -(-n // a.cells_per_file)) for n in sizes
+    ]
     ok = [r for r in doc["sizes"] if r["build"]["rc"] == 0]
     if len(ok) >= 2:
         x = np.array([r["n_cells"] / 1e6 for r in ok])
@@ -123,10 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         rss = [r["build"]["peak_rss_mb"] for r in ok]
         cpu = np.array([r["build"]["cpu_s"] for r in ok])
         cslope, cicpt = np.polyfit(x, cpu, 1)
-        doc["fit"] = {"s_per_million": float(slope), "intercept_s": float(icpt), "time_ratio": float(t[-1] / t[0]),
-                      "cell_ratio": float(x[-1] / x[0]), "rss_ratio": float(max(rss) / min(rss)),
-                      "cpu_s_per_million": float(cslope), "cpu_intercept_s": float(cicpt),
-                      "cpu_residual_max": float(np.abs(cpu - (cslope * x + cicpt)).max() / cpu.max())}
+        doc["fit"] = {
+            "s_per_million": float(slope),
+            "intercept_s": float(icpt),
+            "time_ratio": float(t[-1] / t[0]),
+            "cell_ratio": float(x[-1] / x[0]),
+            "rss_ratio": float(max(rss) / min(rss)),
+            "cpu_s_per_million": float(cslope),
+            "cpu_intercept_s": float(cicpt),
+            "cpu_residual_max": float(np.abs(cpu - (cslope * x + cicpt)).max() / cpu.max()),
+        }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "scale.json").write_text(json.dumps(doc, indent=1, default=str))
     (a.out / "SCALE.md").write_text(markdown(doc))

@@ -1,36 +1,55 @@
-"""Spike figures for ``make bench``: our loader vs a Spike-Zoo/SpikeCV-style per-item loader, bytes on disk,
+"""Spike figures for ``make bench``: our loader vs a Spike-Zoo/SpikeCV-style per-item loader, bytes
+on disk,
 build records/s and peak RSS.
 
     from benchmarks.spike_bench import run_spike_bench
     result = run_spike_bench(data_dir, work_dir)   # -> dict; result["table"] is markdown
     python -m benchmarks.spike_bench --data-dir bench_data --work-dir bench_data/work/spike
 
-Data (generated once, cached under ``data_dir``): ``sequences`` x ``frames_per_sequence`` ``.dat`` files of
+Data (generated once, cached under ``data_dir``): ``sequences`` x ``frames_per_sequence`` ``.dat``
+files of
 250 x 400 pixels (Vidar: bit-packed, rows flipped), ``file_frames`` frames each, in a GoPro-style
-tree (no images), spikes from an integrate-and-fire model of a drifting pattern (``pipeline.modalities.spike.demo``), as a
-spike camera makes them (about 30% of pixels fire per frame). Each record keeps the central ``window`` frames.
+tree (no images), spikes from an integrate-and-fire model of a drifting pattern
+(``pipeline.modalities.spike.demo``), as a
+spike camera makes them (about 30% of pixels fire per frame). Each record keeps the central
+``window`` frames.
 
-Loader methods, measured in ONE process, interleaved (A, B, A, B; ``repeats`` windows of ``seconds``), median:
+Loader methods, measured in ONE process, interleaved (A, B, A, B; ``repeats`` windows of
+``seconds``), median:
 
-* ``per-item``: what Spike-Zoo / SpikeCV dataset classes do in ``__getitem__``: read the whole ``.dat``,
-  unpack every frame, flip rows, keep the central window, sum into ``num_bins`` voxel bins (float32), random
+* ``per-item``: what Spike-Zoo / SpikeCV dataset classes do in ``__getitem__``: read the whole
+``.dat``,
+  unpack every frame, flip rows, keep the central window, sum into ``num_bins`` voxel bins
+  (float32), random
   crop; a ``torch.utils.data.DataLoader`` (same batch size and ``num_workers``) collates;
-* ``shardsmith``: ``ShardDataset(sample="spike", num_bins, crop)`` over the built shards (zarr) with the
-  default spike codec (``[spike] codec = "spikebits"``: the window stored pixel-major + zstd, voxels by
-  popcount, ``loaders/modalities/spike/ops.py``), over shards of the previous default (``"spikebits-v1"``: frame-major
-  column, the codec transposes back on every read, ``loaders/modalities/spike/bits.py``), and over shards without a codec
+* ``shardsmith``: ``ShardDataset(sample="spike", num_bins, crop)`` over the built shards (zarr) with
+the
+  default spike codec (``[spike] codec = "spikebits"``: the window stored pixel-major + zstd, voxels
+  by
+  popcount, ``loaders/modalities/spike/ops.py``), over shards of the previous default
+  (``"spikebits-v1"``: frame-major
+  column, the codec transposes back on every read, ``loaders/modalities/spike/bits.py``), and over
+  shards without a codec
   (``[spike] codec = "dataset"`` with ``[dataset] codec = "none"``: frame-major, nothing to decode).
 
-Both give float32 voxels ``[B, num_bins, h, w]`` (ours ``[B, 1, num_bins, h, w]``: clips of one frame).
-``num_workers`` is measured first (``result["loader"]``), then each of ``more_workers`` (both loaders with
+Both give float32 voxels ``[B, num_bins, h, w]`` (ours ``[B, 1, num_bins, h, w]``: clips of one
+frame).
+``num_workers`` is measured first (``result["loader"]``), then each of ``more_workers`` (both
+loaders with
 persistent workers, ``result["loader_workers"]``).
 
-Bytes: the raw ``.dat`` files, uint8 / float32 voxel grids of the same windows as ``.npy`` files (what voxel
-caches store), the uint8 grids compressed (``np.savez_compressed``, and zstd: caches a careful user would
-write), per-clip caches, and our shards: spikebits (the default), blosc-lz4 (the previous default) and no
-codec. At 40 frames and 5 bins a bit-packed window has exactly the bytes of its uint8 voxel grid (40 bits = 5
-bytes a pixel): only compression can move that ratio. Bytes are measured twice: on the corpus as the demo
-generator makes it, and on a noisier one (``noise``: threshold jitter and dark spikes, as real sensors have).
+Bytes: the raw ``.dat`` files, uint8 / float32 voxel grids of the same windows as ``.npy`` files
+(what voxel
+caches store), the uint8 grids compressed (``np.savez_compressed``, and zstd: caches a careful user
+would
+write), per-clip caches, and our shards: spikebits (the default), blosc-lz4 (the previous default)
+and no
+codec. At 40 frames and 5 bins a bit-packed window has exactly the bytes of its uint8 voxel grid (40
+bits = 5
+bytes a pixel): only compression can move that ratio. Bytes are measured twice: on the corpus as the
+demo
+generator makes it, and on a noisier one (``noise``: threshold jitter and dark spikes, as real
+sensors have).
 """
 
 from __future__ import annotations
@@ -66,32 +85,50 @@ class SpikeBenchConfig:
     seconds: float = 2.0
     repeats: int = 3
     build_jobs: int = 2
-    clip_cache: int = 5  # a per-clip voxel cache of clips of this many frames (stride 1) stores each frame this often
+    # a per-clip voxel cache of clips of this many frames (stride 1) stores each frame this often
+    clip_cache: int = 5
     more_workers: tuple[int, ...] = (2,)  # also measured with these num_workers (both loaders)
     zstd_level: int = 5
-    noise: tuple[float, float] = (0.03, 1e-3)  # the noisy corpus: threshold jitter (relative sd), dark spikes/px/frame
+    noise: tuple[float, float] = (
+        0.03,
+        1e-3,
+    )  # the noisy corpus: threshold jitter (relative sd), dark spikes/px/frame
 
 
 def corpus(data_dir: Path, cfg: SpikeBenchConfig, noise: tuple[float, float] = (0.0, 0.0)) -> Path:
     tag = f"_j{noise[0]:g}_d{noise[1]:g}" if any(noise) else ""
-    root = data_dir / f"spike_{cfg.height}x{cfg.width}_{cfg.sequences}x{cfg.frames_per_sequence}_{cfg.file_frames}{tag}"
+    root = (
+        data_dir
+        / f"spike_{cfg.height}x{cfg.width}_{cfg.sequences}x{cfg.frames_per_sequence}_{cfg.file_frames}{tag}"
+    )
     done = root / ".complete"
     if done.exists():
         return root
     for s in range(cfg.sequences):
         folder = root / "train" / f"seq{s:03d}" / "spike"
         folder.mkdir(parents=True, exist_ok=True)
-        for f in range(cfg.frames_per_sequence):  # an integrate-and-fire camera watching a drifting pattern
+        for f in range(
+            cfg.frames_per_sequence
+        ):  # an integrate-and-fire camera watching a drifting pattern
             t = f * cfg.file_frames + np.arange(cfg.file_frames)
-            spikes = integrate_and_fire(scene(t, cfg.height, cfg.width, seed=s), seed=s * 1000 + f,
-                                        jitter=noise[0], dark=noise[1])
+            spikes = integrate_and_fire(
+                scene(t, cfg.height, cfg.width, seed=s),
+                seed=s * 1000 + f,
+                jitter=noise[0],
+                dark=noise[1],
+            )
             (folder / f"{f:06d}.dat").write_bytes(vidar_bytes(spikes))
     done.write_text("ok")
     return root
 
 
-def manifest(path: Path, tree: Path, cfg: SpikeBenchConfig, codec: str = "blosc-lz4",
-             spike_codec: str = "spikebits") -> Path:
+def manifest(
+    path: Path,
+    tree: Path,
+    cfg: SpikeBenchConfig,
+    codec: str = "blosc-lz4",
+    spike_codec: str = "spikebits",
+) -> Path:
     path.write_text(f"""[dataset]
 name = "bench-spike"
 kind = "spike"
@@ -117,14 +154,18 @@ codec = "{spike_codec}"
 
 
 NONE, V1 = "shardsmith, codec = none", "shardsmith, spikebits-v1"
-LAYOUTS = (("dat", "raw .dat files (whole streams)"), ("voxel_uint8", "uint8 voxel grids of the windows (.npy)"),
-           ("voxel_uint8_npz", "uint8 voxel grids, np.savez_compressed"),
-           ("voxel_uint8_zstd", "uint8 voxel grids, zstd"), ("voxel_float32", "float32 voxel grids (.npy)"),
-           ("clip_cache_uint8", "uint8 voxel caches of 5-frame clips (stride 1, .npy)"),
-           ("shards", "shardsmith shards, spikebits (the default: pixel-major + zstd)"),
-           ("shards_v1", "shardsmith shards, spikebits-v1 (frame-major, transposing codec)"),
-           ("shards_lz4", "shardsmith shards, blosc-lz4 (the previous default)"),
-           ("shards_none", "shardsmith shards, no codec"))
+LAYOUTS = (
+    ("dat", "raw .dat files (whole streams)"),
+    ("voxel_uint8", "uint8 voxel grids of the windows (.npy)"),
+    ("voxel_uint8_npz", "uint8 voxel grids, np.savez_compressed"),
+    ("voxel_uint8_zstd", "uint8 voxel grids, zstd"),
+    ("voxel_float32", "float32 voxel grids (.npy)"),
+    ("clip_cache_uint8", "uint8 voxel caches of 5-frame clips (stride 1, .npy)"),
+    ("shards", "shardsmith shards, spikebits (the default: pixel-major + zstd)"),
+    ("shards_v1", "shardsmith shards, spikebits-v1 (frame-major, transposing codec)"),
+    ("shards_lz4", "shardsmith shards, blosc-lz4 (the previous default)"),
+    ("shards_none", "shardsmith shards, no codec"),
+)
 
 
 class PerItemSpikes:
@@ -139,8 +180,11 @@ class PerItemSpikes:
     def __getitem__(self, i: int) -> np.ndarray:
         c = self.cfg
         vox = voxel_window(self.files[i], c, np.float32)
-        y, x = self.rng.integers(0, c.height - c.crop[0] + 1), self.rng.integers(0, c.width - c.crop[1] + 1)
-        return np.ascontiguousarray(vox[:, y:y + c.crop[0], x:x + c.crop[1]])
+        y, x = (
+            self.rng.integers(0, c.height - c.crop[0] + 1),
+            self.rng.integers(0, c.width - c.crop[1] + 1),
+        )
+        return np.ascontiguousarray(vox[:, y : y + c.crop[0], x : x + c.crop[1]])
 
 
 def voxel_window(path: Path, c: SpikeBenchConfig, dtype: Any) -> np.ndarray:
@@ -149,19 +193,22 @@ def voxel_window(path: Path, c: SpikeBenchConfig, dtype: Any) -> np.ndarray:
     frames = np.unpackbits(raw.reshape(-1, c.height * c.width // 8), axis=1, bitorder="little")
     frames = frames.reshape(-1, c.height, c.width)[:, ::-1]
     start = (frames.shape[0] - c.window) // 2
-    win = frames[start:start + c.window].astype(dtype)
+    win = frames[start : start + c.window].astype(dtype)
     return win.reshape(c.num_bins, -1, c.height, c.width).sum(1, dtype=dtype)
 
 
 def voxel_cache_bytes(files: list[Path], c: SpikeBenchConfig) -> dict[str, int]:
-    """Bytes of the voxel caches users keep of every window: one uint8 / float32 ``.npy`` per window (header
+    """Bytes of the voxel caches users keep of every window: one uint8 / float32 ``.npy`` per window
+    (header
     included), uint8 ``np.savez_compressed`` (zlib), and uint8 zstd."""
     import io
 
     from numcodecs import Zstd
 
-    codec, out = Zstd(level=c.zstd_level), {"voxel_uint8": 0, "voxel_float32": 0, "voxel_uint8_npz": 0,
-                                             "voxel_uint8_zstd": 0}
+    codec, out = (
+        Zstd(level=c.zstd_level),
+        {"voxel_uint8": 0, "voxel_float32": 0, "voxel_uint8_npz": 0, "voxel_uint8_zstd": 0},
+    )
     for f in files:
         vox = voxel_window(f, c, np.uint8)
         for key, a in (("voxel_uint8", vox), ("voxel_float32", vox.astype(np.float32))):
@@ -195,7 +242,9 @@ class Chain:
             return int(v.shape[0])
 
 
-def interleaved(methods: dict[str, Chain], seconds: float, repeats: int) -> dict[str, dict[str, Any]]:
+def interleaved(
+    methods: dict[str, Chain], seconds: float, repeats: int
+) -> dict[str, dict[str, Any]]:
     for c in methods.values():
         c.next()
     runs: dict[str, list[float]] = {m: [] for m in methods}
@@ -208,24 +257,36 @@ def interleaved(methods: dict[str, Chain], seconds: float, repeats: int) -> dict
     return {m: {"samples_per_s": statistics.median(r), "windows": r} for m, r in runs.items()}
 
 
-def run_spike_bench(data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchConfig = SpikeBenchConfig()
-                    ) -> dict[str, Any]:
+def run_spike_bench(
+    data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchConfig = SpikeBenchConfig()
+) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader
 
     from loaders import ShardDataset, ShardLoader
 
-    data_dir, work = Path(data_dir).resolve(), Path(work_dir).resolve()  # the manifest and the child need absolute paths
+    data_dir, work = (
+        Path(data_dir).resolve(),
+        Path(work_dir).resolve(),
+    )  # the manifest and the child need absolute paths
     work.mkdir(parents=True, exist_ok=True)
     tree, noisy = corpus(data_dir, cfg), corpus(data_dir, cfg, cfg.noise)
     files, noisy_files = sorted(tree.rglob("*.dat")), sorted(noisy.rglob("*.dat"))
     result: dict[str, Any] = {"config": asdict(cfg), "records": len(files)}
-    builds = {"shards": ("blosc-lz4", "spikebits", tree), "shards_v1": ("blosc-lz4", "spikebits-v1", tree),
-              "shards_lz4": ("blosc-lz4", "dataset", tree),
-              "shards_none": ("none", "dataset", tree), "shards_noisy": ("blosc-lz4", "spikebits", noisy)}
+    builds = {
+        "shards": ("blosc-lz4", "spikebits", tree),
+        "shards_v1": ("blosc-lz4", "spikebits-v1", tree),
+        "shards_lz4": ("blosc-lz4", "dataset", tree),
+        "shards_none": ("none", "dataset", tree),
+        "shards_noisy": ("blosc-lz4", "spikebits", noisy),
+    }
     result["builds"] = {}
     for name, (codec, spike_codec, src) in builds.items():
-        b = build_child(manifest(work / f"{name}.toml", src, cfg, codec, spike_codec), work / name, cfg.build_jobs)
+        b = build_child(
+            manifest(work / f"{name}.toml", src, cfg, codec, spike_codec),
+            work / name,
+            cfg.build_jobs,
+        )
         result["builds"][name] = {**b, "records_per_s": len(files) / b["build_seconds"]}
     result["build"] = result["builds"]["shards"]
 
@@ -233,8 +294,15 @@ def run_spike_bench(data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchC
         persistent = workers > 0
 
         def ours(root: Path) -> Chain:
-            ds = ShardDataset(root, split="train", sample="spike", batch_size=cfg.batch_size,
-                              num_bins=cfg.num_bins, crop=cfg.crop, seed=0)
+            ds = ShardDataset(
+                root,
+                split="train",
+                sample="spike",
+                batch_size=cfg.batch_size,
+                num_bins=cfg.num_bins,
+                crop=cfg.crop,
+                seed=0,
+            )
             loader = ShardLoader(ds, num_workers=workers, persistent_workers=persistent)
 
             def epoch(e: int) -> Iterator[Any]:
@@ -243,21 +311,40 @@ def run_spike_bench(data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchC
 
             return Chain(epoch)
 
-        base = DataLoader(PerItemSpikes(files, cfg), batch_size=cfg.batch_size, shuffle=True, num_workers=workers,
-                          persistent_workers=persistent, generator=torch.Generator().manual_seed(0))
-        lo = interleaved({"shardsmith": ours(work / "shards"), V1: ours(work / "shards_v1"),
-                          NONE: ours(work / "shards_none"), "per-item": Chain(lambda e: iter(base))},
-                         cfg.seconds, cfg.repeats)
+        base = DataLoader(
+            PerItemSpikes(files, cfg),
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=persistent,
+            generator=torch.Generator().manual_seed(0),
+        )
+        lo = interleaved(
+            {
+                "shardsmith": ours(work / "shards"),
+                V1: ours(work / "shards_v1"),
+                NONE: ours(work / "shards_none"),
+                "per-item": Chain(lambda e: iter(base)),
+            },
+            cfg.seconds,
+            cfg.repeats,
+        )
         for m in ("shardsmith", V1, NONE):
             lo[m]["over_per_item"] = lo[m]["samples_per_s"] / lo["per-item"]["samples_per_s"]
         return lo
 
     result["loader"] = measure(cfg.num_workers)
     result["loader_workers"] = {w: measure(w) for w in cfg.more_workers if w != cfg.num_workers}
-    result["bytes"] = {"dat": du(files), **voxel_cache_bytes(files, cfg),
-                       **{k: du(work / k) for k in ("shards", "shards_v1", "shards_lz4", "shards_none")}}
-    result["bytes_noisy"] = {"dat": du(noisy_files), **voxel_cache_bytes(noisy_files, cfg),
-                             "shards": du(work / "shards_noisy")}
+    result["bytes"] = {
+        "dat": du(files),
+        **voxel_cache_bytes(files, cfg),
+        **{k: du(work / k) for k in ("shards", "shards_v1", "shards_lz4", "shards_none")},
+    }
+    result["bytes_noisy"] = {
+        "dat": du(noisy_files),
+        **voxel_cache_bytes(noisy_files, cfg),
+        "shards": du(work / "shards_noisy"),
+    }
     result["table"] = table(result, cfg)
     return result
 
@@ -265,36 +352,59 @@ def run_spike_bench(data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchC
 def table(r: dict[str, Any], cfg: SpikeBenchConfig) -> str:
     lo, by, nz = r["loader"], r["bytes"], r["bytes_noisy"]
     ratio = lo["shardsmith"]["over_per_item"]
-    lines = [f"Spike loader, {r['records']} records of {cfg.height}x{cfg.width}, {cfg.window} of {cfg.file_frames} "
-             f"frames kept, {cfg.num_bins} bins, crop {cfg.crop[0]}x{cfg.crop[1]}, batch {cfg.batch_size}, "
-             f"num_workers={cfg.num_workers}; median of {cfg.repeats} interleaved {cfg.seconds:g} s windows:", "",
-             "| method | samples/s |", "|---|---:|"]
+    lines = [
+        f"Spike loader, {r['records']} records of {cfg.height}x{cfg.width}, {cfg.window} of {cfg.file_frames} "
+        f"frames kept, {cfg.num_bins} bins, crop {cfg.crop[0]}x{cfg.crop[1]}, batch {cfg.batch_size}, "
+        f"num_workers={cfg.num_workers}; median of {cfg.repeats} interleaved {cfg.seconds:g} s windows:",
+        "",
+        "| method | samples/s |",
+        "|---|---:|",
+    ]
     lines += [f"| {m} | {x['samples_per_s']:.1f} |" for m, x in lo.items()]
-    lines += ["", f"shardsmith / per-item: **{ratio:.1f}x** with the default spike codec (spikebits, pixel-major), "
-              f"**{lo[V1]['over_per_item']:.1f}x** with the previous one (spikebits-v1), "
-              f"**{lo[NONE]['over_per_item']:.1f}x** with `[spike] codec = \"dataset\"` and `codec = \"none\"` "
-              f"(target >= 10x: {'met' if ratio >= 10 else 'missed'} / "
-              f"{'met' if lo[NONE]['over_per_item'] >= 10 else 'missed'})"]
+    lines += [
+        "",
+        f"shardsmith / per-item: **{ratio:.1f}x** with the default spike codec (spikebits, pixel-major), "
+        f"**{lo[V1]['over_per_item']:.1f}x** with the previous one (spikebits-v1), "
+        f'**{lo[NONE]["over_per_item"]:.1f}x** with `[spike] codec = "dataset"` and `codec = "none"` '
+        f"(target >= 10x: {'met' if ratio >= 10 else 'missed'} / "
+        f"{'met' if lo[NONE]['over_per_item'] >= 10 else 'missed'})",
+    ]
     for w, x in r.get("loader_workers", {}).items():
-        lines += ["", f"num_workers={w} (all three, persistent workers): "
-                  + ", ".join(f"{m} {v['samples_per_s']:.1f}" for m, v in x.items()) + " samples/s: "
-                  f"**{x['shardsmith']['over_per_item']:.1f}x** / {x[V1]['over_per_item']:.1f}x / "
-                  f"**{x[NONE]['over_per_item']:.1f}x**"]
+        lines += [
+            "",
+            f"num_workers={w} (all three, persistent workers): "
+            + ", ".join(f"{m} {v['samples_per_s']:.1f}" for m, v in x.items())
+            + " samples/s: "
+            f"**{x['shardsmith']['over_per_item']:.1f}x** / {x[V1]['over_per_item']:.1f}x / "
+            f"**{x[NONE]['over_per_item']:.1f}x**",
+        ]
     jitter, dark = cfg.noise
-    lines += ["", f"Bytes on disk; \"noisy\": the same scenes with threshold jitter {jitter:g} (relative sd) and "
-              f"{dark:g} dark spikes per pixel-frame.", "",
-              "| on disk | MB | spikebits shards / this | MB, noisy | noisy spikebits shards / this |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f'Bytes on disk; "noisy": the same scenes with threshold jitter {jitter:g} (relative sd) and '
+        f"{dark:g} dark spikes per pixel-frame.",
+        "",
+        "| on disk | MB | spikebits shards / this | MB, noisy | noisy spikebits shards / this |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for k, label in LAYOUTS:
-        noisy = (f"{nz[k] / 1e6:.1f} | {nz['shards'] / nz[k]:.3f}" if k in nz else " | ")
+        noisy = f"{nz[k] / 1e6:.1f} | {nz['shards'] / nz[k]:.3f}" if k in nz else " | "
         lines.append(f"| {label} | {by[k] / 1e6:.1f} | {by['shards'] / by[k]:.3f} | {noisy} |")
     frac, nfrac = by["shards"] / by["voxel_uint8"], nz["shards"] / nz["voxel_uint8"]
-    lines += ["", f"spikebits shards / uint8 voxel grids (.npy): **{frac:.3f}**, noisy **{nfrac:.3f}** "
-              f"(target <= 0.25: {'met' if max(frac, nfrac) <= 0.25 else 'missed'}; 0.25 leaves 10 bits a pixel "
-              f"for {cfg.window} frames, and the data's entropy is ~20 bits: docs/SPIKE.md, \"Codec\")", ""]
-    lines += [f"Build (`--jobs {cfg.build_jobs}`, {n}): {x['records_per_s']:.1f} records/s on the build's own timer "
-              f"({x['seconds']:.1f} s wall with the interpreter's start), peak RSS of the process tree "
-              f"{x['peak_rss_mib']:.0f} MiB." for n, x in r["builds"].items() if n in ("shards", "shards_none")]
+    lines += [
+        "",
+        f"spikebits shards / uint8 voxel grids (.npy): **{frac:.3f}**, noisy **{nfrac:.3f}** "
+        f"(target <= 0.25: {'met' if max(frac, nfrac) <= 0.25 else 'missed'}; 0.25 leaves 10 bits a pixel "
+        f'for {cfg.window} frames, and the data\'s entropy is ~20 bits: docs/SPIKE.md, "Codec")',
+        "",
+    ]
+    lines += [
+        f"Build (`--jobs {cfg.build_jobs}`, {n}): {x['records_per_s']:.1f} records/s on the build's own timer "
+        f"({x['seconds']:.1f} s wall with the interpreter's start), peak RSS of the process tree "
+        f"{x['peak_rss_mib']:.0f} MiB."
+        for n, x in r["builds"].items()
+        if n in ("shards", "shards_none")
+    ]
     return "\n".join(lines)
 
 

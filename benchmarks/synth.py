@@ -1,8 +1,12 @@
-"""Synthetic scPerturb-like datasets: sparse negative-binomial counts plus perturbation metadata, as .h5ad.
+"""Synthetic scPerturb-like datasets: sparse negative-binomial counts plus perturbation metadata, as
+.h5ad.
 
-The CSR matrix is built directly from per-row nonzero counts and random column draws (never a dense matrix),
-so 200,000 cells x 2,000 genes generate in a few seconds. Generated files are cached under a data folder,
-keyed by every parameter, and reused by later runs (a ``params.json`` written last marks a complete set).
+The CSR matrix is built directly from per-row nonzero counts and random column draws (never a dense
+matrix),
+so 200,000 cells x 2,000 genes generate in a few seconds. Generated files are cached under a data
+folder,
+keyed by every parameter, and reused by later runs (a ``params.json`` written last marks a complete
+set).
 
     python -m benchmarks.synth --cells 200000 --genes 2000 --files 1 --data-dir bench_data
 """
@@ -40,20 +44,27 @@ class SynthParams:
     n_files: int = 1  # rows are split into this many contiguous .h5ad files
     seed: int = 0
     # Generate and write one file at a time (memory: one file's matrix, not the whole screen's; the
-    # 2M-cell scale bench needs this). Other draws than the whole-matrix generator, so its own cache key.
+    # 2M-cell scale bench needs this). Other draws than the whole-matrix generator, so its own cache
+    # key.
     per_file: bool = False
 
     def key(self) -> str:
         doc = asdict(self)
-        if not self.per_file:  # keys of the whole-matrix datasets stay as they were (their caches stay valid)
+        if (
+            not self.per_file
+        ):  # keys of the whole-matrix datasets stay as they were (their caches stay valid)
             doc.pop("per_file")
         blob = json.dumps({**doc, "v": CACHE_VERSION}, sort_keys=True).encode()
         return f"synth_c{self.n_cells}_g{self.n_genes}_f{self.n_files}_{hashlib.sha256(blob).hexdigest()[:10]}"
 
     @property
     def n_categories(self) -> dict[str, int]:
-        return {"perturbation": self.n_perturbations + 1, "cell_type": self.n_cell_types,
-                "batch": self.n_batches, "timepoint": self.n_timepoints}
+        return {
+            "perturbation": self.n_perturbations + 1,
+            "cell_type": self.n_cell_types,
+            "batch": self.n_batches,
+            "timepoint": self.n_timepoints,
+        }
 
 
 @dataclass(frozen=True)
@@ -71,14 +82,27 @@ class SynthDataset:
         return str(self.folder / "part_*.h5ad")
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self.params), "folder": str(self.folder), "files": [str(f) for f in self.files],
-                "nnz": self.nnz, "nnz_fraction": self.nnz / max(1, self.params.n_cells * self.params.n_genes),
-                "csr_bytes": self.csr_bytes, "file_bytes": self.file_bytes, "generate_s": self.generate_s}
+        return {
+            **asdict(self.params),
+            "folder": str(self.folder),
+            "files": [str(f) for f in self.files],
+            "nnz": self.nnz,
+            "nnz_fraction": self.nnz / max(1, self.params.n_cells * self.params.n_genes),
+            "csr_bytes": self.csr_bytes,
+            "file_bytes": self.file_bytes,
+            "generate_s": self.generate_s,
+        }
 
 
-def random_csr(n_rows: int, n_cols: int, density: float, rng: np.random.Generator,
-               gene_mean: np.ndarray | None = None) -> sp.csr_matrix:
-    """float32 CSR with ~density nonzeros per row; values are 1 + NB(r=1) counts with a per-gene, per-cell mean."""
+def random_csr(
+    n_rows: int,
+    n_cols: int,
+    density: float,
+    rng: np.random.Generator,
+    gene_mean: np.ndarray | None = None,
+) -> sp.csr_matrix:
+    """float32 CSR with ~density nonzeros per row; values are 1 + NB(r=1) counts with a per-gene,
+    per-cell mean."""
     if gene_mean is None:
         gene_mean = rng.lognormal(0.0, 1.0, n_cols)
     size_factor = rng.lognormal(0.0, 0.3, n_rows)
@@ -113,17 +137,27 @@ def random_obs(p: SynthParams, rng: np.random.Generator) -> pd.DataFrame:
     n = p.n_cells
     perts = [CONTROL] + [f"PERT_{i:04d}" for i in range(p.n_perturbations)]
     is_ctrl = rng.random(n) < p.control_fraction
-    pert = np.where(is_ctrl, 0, rng.integers(1, p.n_perturbations + 1, n)) if p.n_perturbations else np.zeros(n, int)
+    pert = (
+        np.where(is_ctrl, 0, rng.integers(1, p.n_perturbations + 1, n))
+        if p.n_perturbations
+        else np.zeros(n, int)
+    )
 
     def cat(codes: np.ndarray, names: list[str]) -> pd.Categorical:
         return pd.Categorical.from_codes(codes.astype(np.int32), categories=names)
 
-    obs = pd.DataFrame({
-        "perturbation": cat(pert, perts),
-        "cell_type": cat(rng.integers(0, p.n_cell_types, n), [f"CT{i}" for i in range(p.n_cell_types)]),
-        "batch": cat(rng.integers(0, p.n_batches, n), [f"B{i}" for i in range(p.n_batches)]),
-        "timepoint": cat(rng.integers(0, p.n_timepoints, n), [f"T{i}" for i in range(p.n_timepoints)]),
-    })
+    obs = pd.DataFrame(
+        {
+            "perturbation": cat(pert, perts),
+            "cell_type": cat(
+                rng.integers(0, p.n_cell_types, n), [f"CT{i}" for i in range(p.n_cell_types)]
+            ),
+            "batch": cat(rng.integers(0, p.n_batches, n), [f"B{i}" for i in range(p.n_batches)]),
+            "timepoint": cat(
+                rng.integers(0, p.n_timepoints, n), [f"T{i}" for i in range(p.n_timepoints)]
+            ),
+        }
+    )
     obs.index = pd.Index([f"cell{i:07d}" for i in range(n)], dtype=object)
     return obs
 
@@ -137,9 +171,13 @@ def knockdown(x: sp.csr_matrix, obs: pd.DataFrame, n_genes: int, rng: np.random.
     x.data[hit] = np.maximum(1.0, np.floor(x.data[hit] * 0.25))
 
 
-def generate(p: SynthParams, part: int | None = None) -> tuple[sp.csr_matrix, pd.DataFrame, pd.DataFrame]:
-    """The whole matrix, or (`part`) one file of a per-file dataset: the genes' means and the knockdown
-    targets come from the seed alone, so every file shares them; the cells are drawn from (seed, part)."""
+def generate(
+    p: SynthParams, part: int | None = None
+) -> tuple[sp.csr_matrix, pd.DataFrame, pd.DataFrame]:
+    """The whole matrix, or (`part`) one file of a per-file dataset: the genes' means and the
+    knockdown
+    targets come from the seed alone, so every file shares them; the cells are drawn from (seed,
+    part)."""
     rng = np.random.default_rng(p.seed)
     gene_mean = rng.lognormal(0.0, 1.0, p.n_genes)
     if part is not None:
@@ -186,7 +224,9 @@ def ensure_dataset(p: SynthParams, data_dir: str | Path, log: bool = True) -> Sy
         meta = json.loads(marker.read_text())
         files = tuple(folder / f for f in meta["files"])
         if all(f.exists() for f in files):
-            return SynthDataset(p, folder, files, meta["nnz"], meta["csr_bytes"], meta["file_bytes"], 0.0)
+            return SynthDataset(
+                p, folder, files, meta["nnz"], meta["csr_bytes"], meta["file_bytes"], 0.0
+            )
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -212,12 +252,20 @@ def ensure_dataset(p: SynthParams, data_dir: str | Path, log: bool = True) -> Sy
     dt = time.perf_counter() - t0
     csr_bytes = sum(csr_nbytes(f) for f in files)
     file_bytes = sum(f.stat().st_size for f in files)
-    meta = {"params": asdict(p), "files": [f.name for f in files], "nnz": nnz, "csr_bytes": csr_bytes,
-            "file_bytes": file_bytes, "generate_s": dt}
+    meta = {
+        "params": asdict(p),
+        "files": [f.name for f in files],
+        "nnz": nnz,
+        "csr_bytes": csr_bytes,
+        "file_bytes": file_bytes,
+        "generate_s": dt,
+    }
     marker.write_text(json.dumps(meta, indent=1))
     if log:
-        print(f"[synth] {p.n_cells} x {p.n_genes} in {p.n_files} file(s): {nnz} nnz, {dt:.1f}s -> {folder}",
-              flush=True)
+        print(
+            f"[synth] {p.n_cells} x {p.n_genes} in {p.n_files} file(s): {nnz} nnz, {dt:.1f}s -> {folder}",
+            flush=True,
+        )
     return SynthDataset(p, folder, tuple(files), nnz, csr_bytes, file_bytes, dt)
 
 
@@ -235,7 +283,8 @@ def copy_dataset(ds: SynthDataset, dest: str | Path) -> SynthDataset:
 
 
 def rewrite_changed_values(path: str | Path, seed: int = 1) -> float:
-    """Rewrite one .h5ad with new count values (same obs, same sparsity pattern). Returns seconds taken."""
+    """Rewrite one .h5ad with new count values (same obs, same sparsity pattern). Returns seconds
+    taken."""
     import anndata
 
     t0 = time.perf_counter()
@@ -248,9 +297,18 @@ def rewrite_changed_values(path: str | Path, seed: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def manifest_text(sources_glob: str, *, name: str, codec: str, sentence_size: int = 128, shard_size_mb: float = 64,
-                  max_pairs_per_condition: int = 500, seed: int = 0) -> str:
-    """A perturbation manifest for a synthetic dataset (source path absolute, so it can live anywhere)."""
+def manifest_text(
+    sources_glob: str,
+    *,
+    name: str,
+    codec: str,
+    sentence_size: int = 128,
+    shard_size_mb: float = 64,
+    max_pairs_per_condition: int = 500,
+    seed: int = 0,
+) -> str:
+    """A perturbation manifest for a synthetic dataset (source path absolute, so it can live
+    anywhere)."""
     return f"""[dataset]
 name = "{name}"
 kind = "perturbation"
@@ -291,18 +349,29 @@ def write_manifest(path: str | Path, ds: SynthDataset, **kwargs: object) -> Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cells", type=int, default=SynthParams.n_cells)
     ap.add_argument("--genes", type=int, default=SynthParams.n_genes)
     ap.add_argument("--density", type=float, default=SynthParams.density)
     ap.add_argument("--perturbations", type=int, default=SynthParams.n_perturbations)
     ap.add_argument("--files", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--per-file", action="store_true", help="generate one file at a time (big screens)")
+    ap.add_argument(
+        "--per-file", action="store_true", help="generate one file at a time (big screens)"
+    )
     ap.add_argument("--data-dir", default="bench_data")
     a = ap.parse_args(argv)
-    p = SynthParams(n_cells=a.cells, n_genes=a.genes, density=a.density, n_perturbations=a.perturbations,
-                    n_files=a.files, seed=a.seed, per_file=a.per_file)
+    p = SynthParams(
+        n_cells=a.cells,
+        n_genes=a.genes,
+        density=a.density,
+        n_perturbations=a.perturbations,
+        n_files=a.files,
+        seed=a.seed,
+        per_file=a.per_file,
+    )
     ds = ensure_dataset(p, a.data_dir)
     print(json.dumps(ds.to_json(), indent=1))
 

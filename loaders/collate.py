@@ -1,10 +1,16 @@
-"""Batch transport: a :class:`~loaders.payload.Payload` made into tensors (gathers: :mod:`loaders.gather`).
+"""Batch transport: a :class:`~loaders.payload.Payload` made into tensors (gathers:
+:mod:`loaders.gather`).
 
-In the main process batches are zero-copy tensors (:func:`to_tensors`). A DataLoader worker ships ONE
-buffer per run of consecutive batches (:func:`to_shared` -> :class:`Shipped`, finished values written straight
-into it), in a reused slot of its :mod:`loaders.engine.ring` when one is free: torch otherwise creates a shared-memory
-segment per tensor (~1 ms each here), and even one segment per batch cost more than gathering it. The
-consumer splits it back into views (:func:`loaders.device.unpack_batches`), on the GPU after a single
+In the main process batches are zero-copy tensors (:func:`to_tensors`). A DataLoader worker ships
+ONE
+buffer per run of consecutive batches (:func:`to_shared` -> :class:`Shipped`, finished values
+written straight
+into it), in a reused slot of its :mod:`loaders.engine.ring` when one is free: torch otherwise
+creates a shared-memory
+segment per tensor (~1 ms each here), and even one segment per batch cost more than gathering it.
+The
+consumer splits it back into views (:func:`loaders.device.unpack_batches`), on the GPU after a
+single
 host-to-device copy.
 
 ``output`` (:data:`OUTPUTS`): ``"dense"`` finishes deferred items here (numpy); ``"parts"`` ships
@@ -37,11 +43,26 @@ from loaders.gather import BatchRows, Rows
 from loaders.ops import TORCH_OPS, is_torch_only
 from loaders.payload import PARTS, Deferred, Payload
 
-__all__ = ["ALIGN", "META", "Arena", "BatchRows", "BufferPool", "Payload", "Rows", "RunShipping",
-           "Shipped", "staging_buffer", "to_shared", "to_tensors"]
+__all__ = [
+    "ALIGN",
+    "META",
+    "Arena",
+    "BatchRows",
+    "BufferPool",
+    "Payload",
+    "Rows",
+    "RunShipping",
+    "Shipped",
+    "staging_buffer",
+    "to_shared",
+    "to_tensors",
+]
 META = ".meta"  # key + META: (op, meta, part names) of a shipped deferred item
 OUTPUTS = ("dense", "parts", "positions")  # any other output names a form (``Deferred.as_form``)
-FINISHED_BY_CONSUMER = ("parts", "positions")  # outputs whose shipped items carry META for the consumer
+FINISHED_BY_CONSUMER = (
+    "parts",
+    "positions",
+)  # outputs whose shipped items carry META for the consumer
 
 
 def _form(d: Deferred, output: str) -> Deferred:
@@ -60,7 +81,9 @@ def _as_shipped(d: Deferred, output: str) -> Deferred:
     return d.for_device() if output == "positions" and d.delivery != PARTS else d
 
 
-def _describe(d: Deferred, parts: dict[str, np.ndarray]) -> tuple[str, dict[str, Any], tuple[str, ...]]:
+def _describe(
+    d: Deferred, parts: dict[str, np.ndarray]
+) -> tuple[str, dict[str, Any], tuple[str, ...]]:
     return (d.op, d.meta(), tuple(parts))
 
 
@@ -89,18 +112,24 @@ def _shared_bytes(n: int) -> torch.Tensor:
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if new_shared is None:  # the DataLoader will copy it into shared memory itself
         return torch.zeros(n, dtype=torch.uint8)
-    # a fresh shared-memory object (shm_open + ftruncate) reads as zeros: no memset, no copy when pickled
+    # a fresh shared-memory object (shm_open + ftruncate) reads as zeros: no memset, no copy when
+    # pickled
     return torch.empty(0, dtype=torch.uint8).set_(new_shared(n), 0, (n,), (1,))
 
 
-Entry = tuple[str, str, tuple[int, ...], int]  # (key, numpy dtype str, shape, byte offset in the buffer)
+Entry = tuple[
+    str, str, tuple[int, ...], int
+]  # (key, numpy dtype str, shape, byte offset in the buffer)
 
 
 @dataclass
 class Shipped:
-    """What a worker ships for a run of consecutive batches: ONE uint8 buffer (a ring slot or a torch shared
-    segment), each batch's layout (:data:`Entry` tuples) and its extras (a shipped item's op/meta), and the
-    output form. The consumer splits it with :func:`loaders.device.unpack_batches`, on whatever device the
+    """What a worker ships for a run of consecutive batches: ONE uint8 buffer (a ring slot or a
+    torch shared
+    segment), each batch's layout (:data:`Entry` tuples) and its extras (a shipped item's op/meta),
+    and the
+    output form. The consumer splits it with :func:`loaders.device.unpack_batches`, on whatever
+    device the
     buffer now is. Pickles small when the buffer is a ring slot (:mod:`loaders.engine.ring`)."""
 
     buffer: torch.Tensor
@@ -114,42 +143,71 @@ class Shipped:
         return replace(self, buffer=buffer, slot=None)
 
     def pin_memory(self, device: Any = None) -> Shipped:
-        """For the DataLoader's pin thread: one page-locked copy of the whole buffer (frees a ring slot)."""
+        """For the DataLoader's pin thread: one page-locked copy of the whole buffer (frees a ring
+        slot)."""
         return self.with_buffer(self.buffer.pin_memory())
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if self.slot is None:  # torch's reduction shares the segment
             return (Shipped, (self.buffer, self.layouts, self.output, self.extras))
         r, i = self.slot
-        return (_from_ring, (r.id, r.registration(), i, int(self.buffer.numel()), self.layouts, self.output,
-                             self.extras))
+        return (
+            _from_ring,
+            (
+                r.id,
+                r.registration(),
+                i,
+                int(self.buffer.numel()),
+                self.layouts,
+                self.output,
+                self.extras,
+            ),
+        )
 
 
 @dataclass(frozen=True)
 class RunShipping:
-    """How a ShardLoader's workers ship: runs of ``batches`` consecutive batches as one :class:`Shipped` item,
+    """How a ShardLoader's workers ship: runs of ``batches`` consecutive batches as one
+    :class:`Shipped` item,
     in a ring of ``ring_slots`` reused slots per worker (:mod:`loaders.engine.ring`)."""
 
     batches: int
     ring_slots: int
 
 
-def _from_ring(ring_id: str, registration: Any, slot: int, nbytes: int, layouts: tuple[tuple[Entry, ...], ...],
-               output: str, extras: tuple[dict[str, Any], ...]) -> Shipped:
-    return Shipped(torch.from_numpy(receive(ring_id, registration, slot, nbytes)), layouts, output, extras)
+def _from_ring(
+    ring_id: str,
+    registration: Any,
+    slot: int,
+    nbytes: int,
+    layouts: tuple[tuple[Entry, ...], ...],
+    output: str,
+    extras: tuple[dict[str, Any], ...],
+) -> Shipped:
+    return Shipped(
+        torch.from_numpy(receive(ring_id, registration, slot, nbytes)), layouts, output, extras
+    )
 
 
 def staging_buffer(n: int, pinned: bool) -> torch.Tensor:
-    """``n`` bytes (old contents) to stage a batch for a device in; page-locked when ``pinned`` (torch's
+    """``n`` bytes (old contents) to stage a batch for a device in; page-locked when ``pinned``
+    (torch's
     caching host allocator recycles them once the copies that read them are done)."""
     return torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
 
 
-def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None,
-              alloc: Callable[[int], torch.Tensor] | None = None) -> Shipped:
-    """Worker transport: consecutive batches in ONE buffer (a free slot of the worker's ``ring`` if it
-    has one, else a fresh shared segment); finished values are written straight into it. ``alloc(n)``: the
-    buffer comes from there instead (the training process staging a batch for a device: pinned memory)."""
+def to_shared(
+    payloads: Sequence[Payload],
+    output: str,
+    ring: Ring | None = None,
+    alloc: Callable[[int], torch.Tensor] | None = None,
+) -> Shipped:
+    """Worker transport: consecutive batches in ONE buffer (a free slot of the worker's ``ring`` if
+    it
+    has one, else a fresh shared segment); finished values are written straight into it.
+    ``alloc(n)``: the
+    buffer comes from there instead (the training process staging a batch for a device: pinned
+    memory)."""
     layouts: list[tuple[Entry, ...]] = []
     offset = 0
 
@@ -187,10 +245,12 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
         raw = ring.view(slot, size)  # type: ignore[union-attr]  # holds an earlier item's bytes
         buf = torch.from_numpy(raw)
 
-    def view(entry: Entry) -> np.ndarray:  # math.prod: np.prod costs ~5 us a call, 10% of a sparse batch
+    def view(
+        entry: Entry,
+    ) -> np.ndarray:  # math.prod: np.prod costs ~5 us a call, 10% of a sparse batch
         _, dt, shape, off = entry
         dtype = np.dtype(dt)
-        return raw[off:off + math.prod(shape) * dtype.itemsize].view(dtype)
+        return raw[off : off + math.prod(shape) * dtype.itemsize].view(dtype)
 
     extras: list[dict[str, Any]] = []
     for p, layout, shipping in zip(payloads, layouts, shipped_parts, strict=True):
@@ -208,4 +268,6 @@ def to_shared(payloads: Sequence[Payload], output: str, ring: Ring | None = None
             else:
                 d.finish(out=view(entries[key]), zeroed=zeroed)
         extras.append(extra)
-    return Shipped(buf, tuple(layouts), output, tuple(extras), None if slot is None else (ring, slot))
+    return Shipped(
+        buf, tuple(layouts), output, tuple(extras), None if slot is None else (ring, slot)
+    )

@@ -1,5 +1,7 @@
-"""The schema check of a shard's logical columns (``loaders.format``): shapes, dtypes, bounds, pointer arrays
-and table references, run by the writer before a shard is committed and by every reader before it serves one."""
+"""The schema check of a shard's logical columns (``loaders.format``): shapes, dtypes, bounds,
+pointer arrays
+and table references, run by the writer before a shard is committed and by every reader before it
+serves one."""
 
 from __future__ import annotations
 
@@ -10,9 +12,14 @@ import numpy as np
 from loaders.format import FieldSpec, FormatError
 
 
-def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSpec], tables: Iterable[str] = (),
-                     name: str = "shard") -> int:
-    """Check shapes, dtypes, bounds, CSR/ragged consistency and table references; return the number of
+def validate_columns(
+    columns: Mapping[str, np.ndarray],
+    fields: Iterable[FieldSpec],
+    tables: Iterable[str] = (),
+    name: str = "shard",
+) -> int:
+    """Check shapes, dtypes, bounds, CSR/ragged consistency and table references; return the number
+    of
     records. Tables (``[T, k]`` local row ids) are checked when present in ``columns``."""
     n: int | None = None
 
@@ -30,7 +37,9 @@ def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSp
         if f.layout == "dense":
             a = columns[f.name]
             if tuple(a.shape[1:]) != f.shape or a.dtype != np.dtype(f.dtype):
-                raise FormatError(f"{name}: {f.name!r} is {a.dtype}{list(a.shape)}, schema says {f.dtype}[n,{f.shape}]")
+                raise FormatError(
+                    f"{name}: {f.name!r} is {a.dtype}{list(a.shape)}, schema says {f.dtype}[n,{f.shape}]"
+                )
             if f.bound is not None and a.size and (a.min() < 0 or a.max() >= f.bound):
                 raise FormatError(f"{name}: {f.name!r} has values outside [0, {f.bound})")
             count(f.name, a.shape[0])
@@ -41,13 +50,19 @@ def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSp
             raise FormatError(f"{name}: {ptr_key!r} is not a monotonic pointer array starting at 0")
         payload = columns[payload_key]
         if int(ptr[-1]) != payload.shape[0] or payload.dtype != np.dtype(f.dtype):
-            raise FormatError(f"{name}: {payload_key!r} has {payload.shape[0]} {payload.dtype} entries, pointers say {ptr[-1]} {f.dtype}")
+            raise FormatError(
+                f"{name}: {payload_key!r} has {payload.shape[0]} {payload.dtype} entries, pointers say {ptr[-1]} {f.dtype}"
+            )
         if f.layout == "csr":
             idx = columns[f"{f.name}/indices"]
-            if idx.shape != payload.shape or (idx.size and (idx.min() < 0 or idx.max() >= f.shape[0])):
+            if idx.shape != payload.shape or (
+                idx.size and (idx.min() < 0 or idx.max() >= f.shape[0])
+            ):
                 raise FormatError(f"{name}: {f.name}/indices out of range [0, {f.shape[0]})")
         elif tuple(payload.shape[1:]) != f.shape:
-            raise FormatError(f"{name}: {payload_key!r} inner shape {payload.shape[1:]} != {f.shape}")
+            raise FormatError(
+                f"{name}: {payload_key!r} inner shape {payload.shape[1:]} != {f.shape}"
+            )
         if f.bound is not None and payload.size and (payload.min() < 0 or payload.max() >= f.bound):
             raise FormatError(f"{name}: {payload_key!r} has values outside [0, {f.bound})")
         count(ptr_key, ptr.size - 1)
@@ -56,7 +71,9 @@ def validate_columns(columns: Mapping[str, np.ndarray], fields: Iterable[FieldSp
         if t in columns:
             a = columns[t]
             if a.ndim != 2:
-                raise FormatError(f"{name}: table {t!r} is {list(a.shape)}, expected [rows, k] local row ids")
+                raise FormatError(
+                    f"{name}: table {t!r} is {list(a.shape)}, expected [rows, k] local row ids"
+                )
             if a.size and (a.min() < 0 or a.max() >= n):
                 raise FormatError(f"{name}: table {t!r} refers to rows outside [0, {n})")
     return n

@@ -35,7 +35,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders import budget, interop, order
-from loaders.collate import Arena, BufferPool, Payload, RunShipping, staging_buffer, to_shared, to_tensors
+from loaders.collate import (
+    Arena,
+    BufferPool,
+    Payload,
+    RunShipping,
+    staging_buffer,
+    to_shared,
+    to_tensors,
+)
 from loaders.device import prefetch
 from loaders.engine import decoder
 from loaders.engine.broker import Broker, BrokerClient
@@ -86,22 +94,46 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
       that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
     """
 
-    def __init__(self, root: str | Path, split: str = "train", sample: str | None = None,
-                 batch_size: int = 256, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, pad: bool = True, window: int = 4,
-                 *, rank: int | None = None, world_size: int | None = None,
-                 engine: Engine | None = None, integrity: Integrity | None = None,
-                 decode_ahead: bool | None = None, batches_ahead: int | None = None,
-                 decode_threads: int | None = None, decode_process: bool | None = None,
-                 decode_timeout: float | None = None, verify: bool | str | None = None,
-                 on_corrupt: str | None = None, **sample_options: Any) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        split: str = "train",
+        sample: str | None = None,
+        batch_size: int = 256,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        pad: bool = True,
+        window: int = 4,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        engine: Engine | None = None,
+        integrity: Integrity | None = None,
+        decode_ahead: bool | None = None,
+        batches_ahead: int | None = None,
+        decode_threads: int | None = None,
+        decode_process: bool | None = None,
+        decode_timeout: float | None = None,
+        verify: bool | str | None = None,
+        on_corrupt: str | None = None,
+        **sample_options: Any,
+    ) -> None:
         super().__init__()
-        self.engine = resolve(engine, Engine, decode_process=decode_process,
-                              decode_ahead=decode_ahead, decode_threads=decode_threads,
-                              batches_ahead=batches_ahead, decode_timeout=decode_timeout)
+        self.engine = resolve(
+            engine,
+            Engine,
+            decode_process=decode_process,
+            decode_ahead=decode_ahead,
+            decode_threads=decode_threads,
+            batches_ahead=batches_ahead,
+            decode_timeout=decode_timeout,
+        )
         self.integrity = resolve(integrity, Integrity, verify=verify, on_corrupt=on_corrupt)
         self.root = Path(root)
-        data = read_index_bytes(self.root)  # read once: every process of this loader decodes this generation
+        data = read_index_bytes(
+            self.root
+        )  # read once: every process of this loader decodes this generation
         index = read_index(self.root, data)
         present = sorted({s.split for s in index.shards})
         if split not in present:
@@ -119,63 +151,118 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         self.world_size = d_world if world_size is None else int(world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside [0, {self.world_size})")
-        self.split, self.sample, self.batch_size, self.shuffle, self.seed = split, sample, batch_size, shuffle, seed
+        self.split, self.sample, self.batch_size, self.shuffle, self.seed = (
+            split,
+            sample,
+            batch_size,
+            shuffle,
+            seed,
+        )
         self.drop_last, self.pad, self.window = drop_last, pad, window
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
         eng = self.engine
-        self.decode_process = decoder.AVAILABLE if eng.decode_process is None \
-            else bool(eng.decode_process)
-        # Defaults measured on a 2-core node (docs/LOADER.md): there the decoder process already takes the
-        # second core, and an assembly thread would be a third busy thread (0.55x vs 0.62x of the baseline).
+        self.decode_process = (
+            decoder.AVAILABLE if eng.decode_process is None else bool(eng.decode_process)
+        )
+        # Defaults measured on a 2-core node (docs/LOADER.md): there the decoder process already
+        # takes the
+        # second core, and an assembly thread would be a third busy thread (0.55x vs 0.62x of the
+        # baseline).
         self.decode_ahead = eng.decode_ahead
-        self.batches_ahead = (2 if cores >= 4 else 0) if eng.batches_ahead is None \
+        self.batches_ahead = (
+            (2 if cores >= 4 else 0)
+            if eng.batches_ahead is None
             else max(0, int(eng.batches_ahead))
-        self.decode_threads = max(1, min(window, cores, 4) if eng.decode_threads is None
-                                  else int(eng.decode_threads))
+        )
+        self.decode_threads = max(
+            1, min(window, cores, 4) if eng.decode_threads is None else int(eng.decode_threads)
+        )
         # the decoder process takes one core unless told otherwise
         self.decoder_threads = 1 if eng.decode_threads is None else self.decode_threads
         # how batches leave: "dense" (deferred items finished here, each delivered as its sample
         # type made it); ShardLoader switches to "positions" to finish them on a device
         self.output = "dense"
 
-        # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is served;
-        # on_corrupt="skip" drops a failing shard's units from their batches and counts it (skipped_shards)
+        # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is
+        # served;
+        # on_corrupt="skip" drops a failing shard's units from their batches and counts it
+        # (skipped_shards)
         verify = self.integrity.verify
         if verify not in (True, False, "always"):
-            raise ValueError(f"verify={verify!r}: expected True (hash each shard once per process, again whenever "
-                             "a file of it changes), 'always' (hash every read) or False (chunks counted only)")
+            raise ValueError(
+                f"verify={verify!r}: expected True (hash each shard once per process, again whenever "
+                "a file of it changes), 'always' (hash every read) or False (chunks counted only)"
+            )
         self.verify, self.on_corrupt = verify, check_on_corrupt(self.integrity.on_corrupt)
         self.decode_timeout = float(eng.decode_timeout)  # seconds the decoder may stay silent
-        self.reader = WindowReader.from_spec({"root": str(self.root), "split": split,
-                                              "sample": self.sample_type.get_config(), "window": window,
-                                              "seed": seed, "shuffle": shuffle, "index": data.decode(),
-                                              "index_sha256": index_sha256(data), "verify": self.verify,
-                                              "on_corrupt": self.on_corrupt})
-        self.fingerprint = self.reader.fingerprint()  # what a resume state must match (loaders/resume.py)
+        self.reader = WindowReader.from_spec(
+            {
+                "root": str(self.root),
+                "split": split,
+                "sample": self.sample_type.get_config(),
+                "window": window,
+                "seed": seed,
+                "shuffle": shuffle,
+                "index": data.decode(),
+                "index_sha256": index_sha256(data),
+                "verify": self.verify,
+                "on_corrupt": self.on_corrupt,
+            }
+        )
+        self.fingerprint = (
+            self.reader.fingerprint()
+        )  # what a resume state must match (loaders/resume.py)
         self.sample_type = self.reader.sample  # bound to the index
         self.encoding = index.encoding
-        self.vocabularies = index.vocabularies  # code -> label per obs field (e.g. to size a classifier)
-        self.entries, self.paths, self.counts = self.reader.entries, self.reader.paths, self.reader.counts
+        self.vocabularies = (
+            index.vocabularies
+        )  # code -> label per obs field (e.g. to size a classifier)
+        self.entries, self.paths, self.counts = (
+            self.reader.entries,
+            self.reader.paths,
+            self.reader.counts,
+        )
         self.n_cols = getattr(self.sample_type, "n_cols", None)
         self._pool: BufferPool | None = None
-        self._threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = None  # (pid, ...)
-        self._ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, window), its decode)
+        self._threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = (
+            None  # (pid, ...)
+        )
+        self._ahead: tuple[tuple[int, int], Future[Arena]] | None = (
+            None  # ((epoch, window), its decode)
+        )
         self._ahead_lock = threading.Lock()
-        self._decoder_state: tuple[int, Decoder] | None = None  # (pid, this process's decoder process)
-        self._live: LiveWindows | None = None  # this process's decoded windows still served (loaders.engine.live)
-        self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
+        self._decoder_state: tuple[int, Decoder] | None = (
+            None  # (pid, this process's decoder process)
+        )
+        self._live: LiveWindows | None = (
+            None  # this process's decoded windows still served (loaders.engine.live)
+        )
+        self._broker: Broker | None = (
+            None  # the training process's, when DataLoader workers share its decode
+        )
         self._broker_address: str | None = None
         self._broker_pid = 0
         self._broker_client: BrokerClient | None = None
         self._epoch, self._start = 0, 0
         self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
-        self._budget: tuple[int, np.ndarray] | None = None  # (epoch, this rank's batch bounds) by voxel budget
+        self._budget: tuple[int, np.ndarray] | None = (
+            None  # (epoch, this rank's batch bounds) by voxel budget
+        )
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
-        self._skip_flags: Any = None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
-        # set by ShardLoader: its workers ship runs of batches (it unpacks them); None: a plain DataLoader's
+        self._skip_flags: Any = (
+            None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
+        )
+        # set by ShardLoader: its workers ship runs of batches (it unpacks them); None: a plain
+        # DataLoader's
         # workers yield dicts of tensors
         self.shipping: RunShipping | None = None
-        self.staging: bool | None = None  # main-process batches for a device: None tensors, else one buffer
+        self.staging: bool | None = (
+            None  # main-process batches for a device: None tensors, else one buffer
+        )
 
     # -- sizes and iteration state ---------------------------------------------------------------
     @property
@@ -187,7 +274,8 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         return order.rank_size(self.n_units, self.world_size, self.pad)
 
     def num_batches(self, epoch: int | None = None) -> int:
-        """Batches per epoch on this rank (the same on every rank). With a sample type that batches by cost
+        """Batches per epoch on this rank (the same on every rank). With a sample type that batches
+        by cost
         budget (its ``budget``, e.g. a cap on points) the count depends on the epoch's order."""
         bounds = self._budget_bounds(self._iteration()[0] if epoch is None else epoch)
         if bounds is not None:
@@ -201,14 +289,21 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         if cap is None:
             return None
         if self._budget is None or self._budget[0] != epoch:
-            costs = budget.epoch_costs(self.counts, self.sample_type.unit_costs(self.entries),  # type: ignore[attr-defined]
-                                       self.seed, epoch, self.window, self.shuffle)
+            costs = budget.epoch_costs(
+                self.counts,
+                self.sample_type.unit_costs(self.entries),  # type: ignore[attr-defined]
+                self.seed,
+                epoch,
+                self.window,
+                self.shuffle,
+            )
             plan = budget.budget_bounds(costs, cap, self.world_size, self.pad)
             self._budget = (epoch, budget.rank_batches(plan, self.rank, self.world_size))
         return self._budget[1]
 
     def _plans(self, epoch: int, wstarts: np.ndarray) -> Callable[[int], Plan]:
-        """Batch ``j`` -> its :data:`~loaders.engine.schedule.Plan` (segments of windows) for ``epoch``."""
+        """Batch ``j`` -> its :data:`~loaders.engine.schedule.Plan` (segments of windows) for
+        ``epoch``."""
         bounds, rb = wstarts.tolist(), self._budget_bounds(epoch)
         if rb is not None:
             return lambda j: range_segments(bounds, int(rb[j]), int(rb[j + 1]))
@@ -230,7 +325,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
             self._shared[0], self._shared[1] = self._epoch, self._start
 
     def _iteration(self) -> tuple[int, int]:
-        if self._shared is not None:  # persistent workers: the main process may have moved on since the fork
+        if (
+            self._shared is not None
+        ):  # persistent workers: the main process may have moved on since the fork
             return int(self._shared[0]), int(self._shared[1])
         return self._epoch, self._start
 
@@ -240,22 +337,29 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
         state["_decoder_state"] = None  # and the decoder process
         state["_live"] = None  # and the windows it holds
-        state["_broker"], state["_broker_client"] = None, None  # workers keep only the broker's address
+        state["_broker"], state["_broker_client"] = (
+            None,
+            None,
+        )  # workers keep only the broker's address
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._ahead_lock = threading.Lock()
-        self._broker: Broker | None = None  # the training process's, when DataLoader workers share its decode
+        self._broker: Broker | None = (
+            None  # the training process's, when DataLoader workers share its decode
+        )
         self._broker_address: str | None = None
         self._broker_pid = 0
         self._broker_client: BrokerClient | None = None
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """Batches (dicts of tensors). In a worker of a :class:`~loaders.loader.ShardLoader` (``shipping``):
+        """Batches (dicts of tensors). In a worker of a :class:`~loaders.loader.ShardLoader`
+        (``shipping``):
         :class:`Shipped` runs of ``shipping.batches`` batches, which the loader splits
-        (:func:`loaders.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch ships."""
+        (:func:`loaders.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch
+        ships."""
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
         epoch, start = self._iteration()
@@ -266,7 +370,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         if info is None:
             yield from served
             return
-        if self.shipping is None:  # a plain DataLoader: it gets what it can use, at torch's transport cost
+        if (
+            self.shipping is None
+        ):  # a plain DataLoader: it gets what it can use, at torch's transport cost
             yield from (to_tensors(p, self.output) for p in served)
             return
         ring = worker_ring(self.shipping.ring_slots)
@@ -280,39 +386,71 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
 
     def _group(self) -> int:
         """Batches a DataLoader worker ships per item (1 in the main process)."""
-        return self.shipping.batches if self.shipping is not None and get_worker_info() is not None else 1
+        return (
+            self.shipping.batches
+            if self.shipping is not None and get_worker_info() is not None
+            else 1
+        )
 
-    def _serve(self, epoch: int, batches: Iterable[int], worker: int, n_workers: int) -> Iterator[Any]:
+    def _serve(
+        self, epoch: int, batches: Iterable[int], worker: int, n_workers: int
+    ) -> Iterator[Any]:
         """Batches assembled ``batches_ahead`` ahead in a thread: numpy's take and scipy's row
         kernels release the GIL, so with ``num_workers=0`` the training thread only waits on a
         queue."""
         if self.batches_ahead == 0:
             return self._produce(epoch, batches, worker, n_workers)
-        return prefetch(lambda: self._produce(epoch, batches, worker, n_workers), self.batches_ahead,
-                        "shard-assemble")
+        return prefetch(
+            lambda: self._produce(epoch, batches, worker, n_workers),
+            self.batches_ahead,
+            "shard-assemble",
+        )
 
     def _executors(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None]:
-        """This process's (window, shard) decode threads; they outlive an epoch so that the next epoch's
+        """This process's (window, shard) decode threads; they outlive an epoch so that the next
+        epoch's
         first window can be decoded while this epoch's last one is served."""
         if self._threads is None or self._threads[0] != os.getpid():
-            window = ThreadPoolExecutor(1, thread_name_prefix="shard-window") if self.decode_ahead else None
-            shard = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode") \
-                if self.decode_threads > 1 and self.window > 1 else None
-            self._threads, self._ahead, self._ahead_lock = (os.getpid(), window, shard), None, threading.Lock()
-            for ex in (window, shard):  # idle threads end with the dataset, not only at interpreter exit
+            window = (
+                ThreadPoolExecutor(1, thread_name_prefix="shard-window")
+                if self.decode_ahead
+                else None
+            )
+            shard = (
+                ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode")
+                if self.decode_threads > 1 and self.window > 1
+                else None
+            )
+            self._threads, self._ahead, self._ahead_lock = (
+                (os.getpid(), window, shard),
+                None,
+                threading.Lock(),
+            )
+            for ex in (
+                window,
+                shard,
+            ):  # idle threads end with the dataset, not only at interpreter exit
                 if ex is not None:
                     weakref.finalize(self, ex.shutdown, wait=False, cancel_futures=True)
         return self._threads[1], self._threads[2]
 
     def _release(self, fut: Future[Arena]) -> None:
-        """Recycle a window's buffers once nothing decodes into them (a running decode is left to finish)."""
+        """Recycle a window's buffers once nothing decodes into them (a running decode is left to
+        finish)."""
         if not fut.cancel():
-            fut.add_done_callback(lambda f: f.result().release(self.buffers())
-                                  if not f.cancelled() and f.exception() is None else None)
+            fut.add_done_callback(
+                lambda f: (
+                    f.result().release(self.buffers())
+                    if not f.cancelled() and f.exception() is None
+                    else None
+                )
+            )
 
     def _speculate(self, epoch: int, worker: int, n_workers: int) -> None:
-        """Start decoding ``epoch``'s first window of this worker (the usual next epoch) in the background.
-        Only where the process lives on (the main process, persistent workers); a mismatch is just dropped."""
+        """Start decoding ``epoch``'s first window of this worker (the usual next epoch) in the
+        background.
+        Only where the process lives on (the main process, persistent workers); a mismatch is just
+        dropped."""
         window_pool, shard_pool = self._executors()
         if window_pool is None or (get_worker_info() is not None and self._shared is None):
             return
@@ -322,12 +460,16 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         w = self._plans(epoch, wstarts)(first[0][0])[1][0]
         with self._ahead_lock:
-            old, self._ahead = self._ahead, ((epoch, w), window_pool.submit(self.read_window, epoch, w, shard_pool))
+            old, self._ahead = (
+                self._ahead,
+                ((epoch, w), window_pool.submit(self.read_window, epoch, w, shard_pool)),
+            )
         if old is not None:
             self._release(old[1])
 
     def _adopt(self, epoch: int) -> dict[int, Future[Arena]]:
-        """The speculative decode of ``epoch``'s first window, if one was started (else it is dropped)."""
+        """The speculative decode of ``epoch``'s first window, if one was started (else it is
+        dropped)."""
         with self._ahead_lock:
             ahead, self._ahead = self._ahead, None
         if ahead is None:
@@ -337,8 +479,11 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
         self._release(ahead[1])
         return {}
 
-    def _produce(self, epoch: int, batches: Iterable[int], worker: int, n_workers: int) -> Iterator[Any]:
-        """Batches in order: tensors in the main process, payloads in a worker (its caller ships runs of them)."""
+    def _produce(
+        self, epoch: int, batches: Iterable[int], worker: int, n_workers: int
+    ) -> Iterator[Any]:
+        """Batches in order: tensors in the main process, payloads in a worker (its caller ships
+        runs of them)."""
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         in_worker = get_worker_info() is not None
         plan_of: Callable[[int], Plan] = self._plans(epoch, wstarts)
@@ -364,7 +509,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
                 if upcoming is not None and window_pool is not None:
                     request(upcoming)  # the next window this worker will touch: decode it meanwhile
                     keep.add(upcoming)
-                elif upcoming is None and not speculated:  # serving the last window: the next epoch's first
+                elif (
+                    upcoming is None and not speculated
+                ):  # serving the last window: the next epoch's first
                     self._speculate(epoch + 1, worker, n_workers)
                     speculated = True
                 for w in [w for w in loaded if w not in keep]:
@@ -376,9 +523,12 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
                 elif self.staging is None:
                     yield to_tensors(payload, self.output)
                 else:  # for a device: one (pinned) buffer, one host-to-device copy (loaders.device)
-                    yield to_shared([payload], self.output, alloc=partial(staging_buffer, pinned=self.staging))
+                    yield to_shared(
+                        [payload], self.output, alloc=partial(staging_buffer, pinned=self.staging)
+                    )
         finally:
-            # windows still held go back once the next epoch's first window is read (it may be a view of one
+            # windows still held go back once the next epoch's first window is read (it may be a
+            # view of one
             # of them: released first, it would be decoded again)
             held, ahead = list(loaded.values()), self._ahead
             loaded.clear()
@@ -388,27 +538,53 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
                 for fut in held:
                     self._release(fut)
 
-    def make_batch(self, arenas: dict[int, Arena], segments: list[Segment], epoch: int | None = None) -> Payload:
-        """The batch of the units at positions ``[lo, hi)`` of windows ``w`` for each ``(w, lo, hi)`` in
+    def make_batch(
+        self, arenas: dict[int, Arena], segments: list[Segment], epoch: int | None = None
+    ) -> Payload:
+        """The batch of the units at positions ``[lo, hi)`` of windows ``w`` for each ``(w, lo,
+        hi)`` in
         ``segments`` (in batch order), whose arenas are ``arenas``, assembled by the sample type."""
         epoch = self._iteration()[0] if epoch is None else epoch
-        if len(segments) == 1:  # the common case, kept lean: a batch costs ~100 us, a list comprehension ~1
+        if (
+            len(segments) == 1
+        ):  # the common case, kept lean: a batch costs ~100 us, a list comprehension ~1
             w, lo, hi = segments[0]
             a = arenas[w]
             pick = a.order[lo:hi]
             if a.skipped:  # units of skipped shards (on_corrupt="skip") are left out
                 pick = pick[pick >= 0]
-            return self.sample_type.assemble(BatchRows([a], None, a.units.take(pick, axis=0), a.unit_ids.take(pick),
-                                                       self.seed, epoch))
+            return self.sample_type.assemble(
+                BatchRows(
+                    [a], None, a.units.take(pick, axis=0), a.unit_ids.take(pick), self.seed, epoch
+                )
+            )
         keys = sorted(arenas)
         arena_list = [arenas[w] for w in keys]
         # a loop over (at most a few) segments, never over units
         picks = [arenas[w].order[lo:hi] for w, lo, hi in segments]
-        picks = [p[p >= 0] if arenas[w].skipped else p for (w, _, _), p in zip(segments, picks, strict=True)]
-        units = [np.take(arenas[w].units, pick, axis=0) for (w, _, _), pick in zip(segments, picks, strict=True)]
-        ids = [np.take(arenas[w].unit_ids, pick) for (w, _, _), pick in zip(segments, picks, strict=True)]
-        group = None if len(arena_list) == 1 else \
-            np.repeat([keys.index(w) for w, _, _ in segments], [p.size for p in picks])
-        batch = BatchRows(arena_list, group, np.concatenate(units) if len(units) > 1 else units[0],
-                          np.concatenate(ids) if len(ids) > 1 else ids[0], self.seed, epoch)
+        picks = [
+            p[p >= 0] if arenas[w].skipped else p
+            for (w, _, _), p in zip(segments, picks, strict=True)
+        ]
+        units = [
+            np.take(arenas[w].units, pick, axis=0)
+            for (w, _, _), pick in zip(segments, picks, strict=True)
+        ]
+        ids = [
+            np.take(arenas[w].unit_ids, pick)
+            for (w, _, _), pick in zip(segments, picks, strict=True)
+        ]
+        group = (
+            None
+            if len(arena_list) == 1
+            else np.repeat([keys.index(w) for w, _, _ in segments], [p.size for p in picks])
+        )
+        batch = BatchRows(
+            arena_list,
+            group,
+            np.concatenate(units) if len(units) > 1 else units[0],
+            np.concatenate(ids) if len(ids) > 1 else ids[0],
+            self.seed,
+            epoch,
+        )
         return self.sample_type.assemble(batch)

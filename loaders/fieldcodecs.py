@@ -1,14 +1,21 @@
-"""Field codecs: a dense field may name its own lossless codec in ``index.json`` (``fields[i].codec``, a
-numcodecs-style config ``{"id": ..., ...}``), used for that column instead of the dataset's ``codec``.
+"""Field codecs: a dense field may name its own lossless codec in ``index.json``
+(``fields[i].codec``, a
+numcodecs-style config ``{"id": ..., ...}``), used for that column instead of the dataset's
+``codec``.
 
 Why per field: one modality's columns can need a codec that knows their structure (spike windows:
-``shardsmith.spikebits``) while the rest of the shard keeps the dataset's generic codec. Both encodings store
-it: zarr names it in the array's ``zarr.json`` (a registered zarr v3 codec), tar stores the column's members
-as encoded bytes and its ``_meta.json`` says so. An index with field codecs is index version 3, so a reader
-that predates them refuses it with a version error instead of misreading the bytes; this reader refuses an
+``shardsmith.spikebits``) while the rest of the shard keeps the dataset's generic codec. Both
+encodings store
+it: zarr names it in the array's ``zarr.json`` (a registered zarr v3 codec), tar stores the column's
+members
+as encoded bytes and its ``_meta.json`` says so. An index with field codecs is index version 3, so a
+reader
+that predates them refuses it with a version error instead of misreading the bytes; this reader
+refuses an
 unknown codec id or a bad config with a FormatError naming the field.
 
-Registry in the style of numcodecs: ``register_field_codec(id, module, zarr_module)``; the modules are
+Registry in the style of numcodecs: ``register_field_codec(id, module, zarr_module)``; the modules
+are
 imported only when a codec is used (numcodecs costs ~0.2 s to import).
 """
 
@@ -22,7 +29,8 @@ from loaders.errors import FormatError
 from loaders.plugins import load_loader_modalities
 from loaders.registry import Registry
 
-# id -> (module registering the numcodecs codec, the zarr one); a modality registers its own on import
+# id -> (module registering the numcodecs codec, the zarr one); a modality registers its own on
+# import
 FIELD_CODECS: Registry[tuple[str, str]] = Registry("field codec", discover=load_loader_modalities)
 
 
@@ -30,19 +38,23 @@ def register_field_codec(codec_id: str, module: str, zarr_module: str) -> None:
     FIELD_CODECS.register(codec_id, (module, zarr_module))
 
 
-# plain zstd (numcodecs' and zarr's own): pixel-major spike windows, whose layout already makes them compress
+# plain zstd (numcodecs' and zarr's own): pixel-major spike windows, whose layout already makes them
+# compress
 register_field_codec("zstd", "numcodecs.zstd", "zarr.codecs")
 
 
 def check_config(config: Any, where: str) -> dict[str, Any]:
-    """The config as a dict; not a dict with a known ``id`` -> FormatError naming ``where`` and the fix."""
+    """The config as a dict; not a dict with a known ``id`` -> FormatError naming ``where`` and the
+    fix."""
     if not isinstance(config, Mapping) or not isinstance(config.get("id"), str):
-        raise FormatError(f"{where}: codec must be an object with an \"id\", got {config!r}")
+        raise FormatError(f'{where}: codec must be an object with an "id", got {config!r}')
     if config["id"] not in FIELD_CODECS:
         FIELD_CODECS.discover()
     if config["id"] not in FIELD_CODECS:
-        raise FormatError(f"{where}: codec {config['id']!r} is unknown to this shardsmith (known: "
-                          f"{FIELD_CODECS.names()}): upgrade shardsmith, or install the plug-in that adds it")
+        raise FormatError(
+            f"{where}: codec {config['id']!r} is unknown to this shardsmith (known: "
+            f"{FIELD_CODECS.names()}): upgrade shardsmith, or install the plug-in that adds it"
+        )
     return dict(config)
 
 

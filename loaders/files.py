@@ -1,4 +1,5 @@
-"""Files as the dataset contract needs them: atomic replacement with the process umask's mode, and content
+"""Files as the dataset contract needs them: atomic replacement with the process umask's mode, and
+content
 hashes and stored sizes of a shard (a file, or a folder such as a zarr store)."""
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~process_umask())  # mkstemp makes 0600: give it the mode open() gives shards
+        os.fchmod(
+            fd, 0o666 & ~process_umask()
+        )  # mkstemp makes 0600: give it the mode open() gives shards
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -28,7 +31,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def process_umask() -> int:
-    """The process umask, read without changing it (os.umask sets it, racing other threads creating files)."""
+    """The process umask, read without changing it (os.umask sets it, racing other threads creating
+    files)."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
@@ -47,7 +51,6 @@ def content_hash(path: str | Path) -> str:
     h = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     if not files and not path.exists():
-
         raise FormatError(f"{path}: missing")
     for p in files:
         if p != path:

@@ -6,12 +6,16 @@ Every shard stores the same *logical columns* whatever its encoding (zarr store 
 
 * record fields, one entry per record, of three kinds:
   ``dense``  -> one array ``[n, *shape]``;
-  ``csr``    -> ``<name>/indptr [n+1]``, ``<name>/indices [nnz]``, ``<name>/data [nnz]`` (rows of ``shape[0]`` columns);
-  ``ragged`` -> ``<name>/offsets [n+1]``, ``<name>/values [total, *shape]`` (a variable-length list per record);
-* shard tables that refer to records by local row id, ``[T, k]`` int32 (``pairs [P,2]``, ``sentences/pert|ctrl
+  ``csr``    -> ``<name>/indptr [n+1]``, ``<name>/indices [nnz]``, ``<name>/data [nnz]`` (rows of
+  ``shape[0]`` columns);
+  ``ragged`` -> ``<name>/offsets [n+1]``, ``<name>/values [total, *shape]`` (a variable-length list
+  per record);
+* shard tables that refer to records by local row id, ``[T, k]`` int32 (``pairs [P,2]``,
+``sentences/pert|ctrl
   [S,L]``, spike ``clips [C,L]``); which tables a dataset has is listed in ``index.json``.
 
-Adding a modality adds fields of these layouts and tables, never a new format version. Two versions exist:
+Adding a modality adds fields of these layouts and tables, never a new format version. Two versions
+exist:
 ``SHARD_VERSION`` (the layout inside a shard) and ``INDEX_VERSION`` (index.json).
 """
 
@@ -30,24 +34,37 @@ from loaders.plugins import load_loader_modalities, load_plugin
 from loaders.registry import Registry
 
 FORMAT_NAME = "shardsmith"
-# index version -> the upgrade of that version's document to the current layout. An old version holds one
+# index version -> the upgrade of that version's document to the current layout. An old version
+# holds one
 # modality's names (version 1 predates kinds), so that modality registers its upgrade.
 INDEX_UPGRADES: Registry[Callable[[Mapping[str, Any]], dict[str, Any]]] = Registry(
-    "index upgrade from version", discover=load_loader_modalities, error=FormatError)
-SHARD_VERSION = 1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
-INDEX_VERSION = 3  # the layout of index.json; 1 is still read (converted by ``read_index``); an index without
-#                   field codecs is written as version 2 (its layout then is 2's), so older readers keep reading it
+    "index upgrade from version", discover=load_loader_modalities, error=FormatError
+)
+SHARD_VERSION = (
+    1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
+)
+INDEX_VERSION = (
+    3  # the layout of index.json; 1 is still read (converted by ``read_index``); an index without
+)
+# field codecs is written as version 2 (its layout then is 2's), so older readers keep reading it
 PLAIN_INDEX_VERSION = 2  # the version of an index whose fields name no codec
 INDEX_FILE = "index.json"
 SHARDS_DIR = "shards"
 ENCODINGS = ("zarr", "tar")
-LAYOUTS = ("dense", "csr", "ragged")  # how a record field is stored (never called "kind": a dataset has a kind)
+LAYOUTS = (
+    "dense",
+    "csr",
+    "ragged",
+)  # how a record field is stored (never called "kind": a dataset has a kind)
 SPLITS = ("train", "val", "test")
 
 # Column names every kind may use.
-SAMPLE_ID = "sample_id"  # int64: position of the record in the concatenation of the manifest's sources
-PRIMARY = "primary"  # bool: False for a record duplicated into this shard (e.g. a control for pairing): not
-#                      counted in epochs; a dataset without this field counts every record as primary
+SAMPLE_ID = (
+    "sample_id"  # int64: position of the record in the concatenation of the manifest's sources
+)
+# bool: False for a record duplicated into this shard (e.g. a control for pairing): not
+PRIMARY = "primary"
+# counted in epochs; a dataset without this field counts every record as primary
 # A kind's own column and table names are declared by its modality (its loader package's
 # ``FORMAT_KEYS``, e.g. ``X``, ``PAIRS``); this module answers them by name too (``fmt.X``: see
 # ``__getattr__`` below).
@@ -58,26 +75,37 @@ CONDITION_CODES = "codes"  # and the obs codes each condition row stands for
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One record field: ``layout`` says how it is stored, ``shape`` the shape of one record's value (for
-    ``ragged``: of one list element; for ``csr``: ``(n_cols,)``). ``bound``: integer values must lie in
-    ``[0, bound)`` (codes into a vocabulary or table of that many rows), checked wherever a shard is read."""
+    """One record field: ``layout`` says how it is stored, ``shape`` the shape of one record's value
+    (for
+    ``ragged``: of one list element; for ``csr``: ``(n_cols,)``). ``bound``: integer values must lie
+    in
+    ``[0, bound)`` (codes into a vocabulary or table of that many rows), checked wherever a shard is
+    read."""
 
     name: str
     layout: str
     dtype: str
     shape: tuple[int, ...] = ()
     bound: int | None = None
-    codec: Mapping[str, Any] | None = None  # this field's own codec (loaders.fieldcodecs), else the dataset's
+    codec: Mapping[str, Any] | None = (
+        None  # this field's own codec (loaders.fieldcodecs), else the dataset's
+    )
 
     def __post_init__(self) -> None:
-        if self.codec is not None:  # stored as sorted items: the spec stays hashable and compares by value
+        if (
+            self.codec is not None
+        ):  # stored as sorted items: the spec stays hashable and compares by value
             if self.layout != "dense":
                 raise FormatError(f"field {self.name!r}: only dense fields take a codec")
             if not isinstance(self.codec, Mapping) or not isinstance(self.codec.get("id"), str):
-                raise FormatError(f"field {self.name!r}: codec must be an object with an \"id\", got {self.codec!r}")
+                raise FormatError(
+                    f'field {self.name!r}: codec must be an object with an "id", got {self.codec!r}'
+                )
             object.__setattr__(self, "codec", _FrozenConfig(self.codec))
         if self.layout not in LAYOUTS:
-            raise FormatError(f"field {self.name!r}: unknown layout {self.layout!r} (expected one of {LAYOUTS})")
+            raise FormatError(
+                f"field {self.name!r}: unknown layout {self.layout!r} (expected one of {LAYOUTS})"
+            )
         if self.layout == "csr" and len(self.shape) != 1:
             raise FormatError(f"field {self.name!r}: a csr field has shape (n_cols,)")
 
@@ -100,7 +128,12 @@ class FieldSpec:
         return self.keys()[-1]
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "layout": self.layout, "dtype": self.dtype, "shape": list(self.shape)}
+        d: dict[str, Any] = {
+            "name": self.name,
+            "layout": self.layout,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+        }
         if self.bound is not None:
             d["bound"] = int(self.bound)
         if self.codec is not None:
@@ -111,12 +144,19 @@ class FieldSpec:
     def from_json(d: Mapping[str, Any]) -> FieldSpec:
         layout = d["layout"] if "layout" in d else d["kind"]  # index v1 said "kind"
         bound = d.get("bound")
-        return FieldSpec(str(d["name"]), str(layout), str(d["dtype"]), tuple(int(s) for s in d["shape"]),
-                         None if bound is None else int(bound), d.get("codec"))
+        return FieldSpec(
+            str(d["name"]),
+            str(layout),
+            str(d["dtype"]),
+            tuple(int(s) for s in d["shape"]),
+            None if bound is None else int(bound),
+            d.get("codec"),
+        )
 
 
 class _FrozenConfig(dict):  # type: ignore[type-arg]
-    """A codec config that hashes (FieldSpec is frozen and hashable); JSON-serialises as the dict it is."""
+    """A codec config that hashes (FieldSpec is frozen and hashable); JSON-serialises as the dict it
+    is."""
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(json.dumps(self, sort_keys=True, default=str))
@@ -144,7 +184,8 @@ def shard_keys(fields: Iterable[FieldSpec], tables: Iterable[str] = ()) -> list[
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One shard as the index describes it. ``units`` maps each sample type the dataset serves to the number
+    """One shard as the index describes it. ``units`` maps each sample type the dataset serves to
+    the number
     of its units in this shard (what an epoch of that sample type iterates)."""
 
     file: str
@@ -162,8 +203,10 @@ class ShardEntry:
         try:
             return int(self.units[sample])
         except KeyError:
-            raise FormatError(f"shard {self.file}: index.json counts no units of sample type {sample!r} "
-                              f"(it counts {sorted(self.units)})") from None
+            raise FormatError(
+                f"shard {self.file}: index.json counts no units of sample type {sample!r} "
+                f"(it counts {sorted(self.units)})"
+            ) from None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -172,22 +215,33 @@ class ShardEntry:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> ShardEntry:
-        return ShardEntry(file=str(d["file"]), split=str(d["split"]), records=int(d["records"]),
-                          units={str(k): int(v) for k, v in dict(d["units"]).items()}, bytes=int(d["bytes"]),
-                          raw_bytes=int(d["raw_bytes"]), sha256=str(d["sha256"]), plan_key=str(d["plan_key"]),
-                          source=int(d.get("source", -1)), part=int(d.get("part", 0)))
+        return ShardEntry(
+            file=str(d["file"]),
+            split=str(d["split"]),
+            records=int(d["records"]),
+            units={str(k): int(v) for k, v in dict(d["units"]).items()},
+            bytes=int(d["bytes"]),
+            raw_bytes=int(d["raw_bytes"]),
+            sha256=str(d["sha256"]),
+            plan_key=str(d["plan_key"]),
+            source=int(d.get("source", -1)),
+            part=int(d.get("part", 0)),
+        )
 
 
 @dataclass(frozen=True)
 class ConditionsRef:
-    """The condition table: a file beside index.json holding ``vectors`` [rows, dim] (and ``codes``)."""
+    """The condition table: a file beside index.json holding ``vectors`` [rows, dim] (and
+    ``codes``)."""
 
     file: str
     rows: int
     dim: int
     sha256: str = ""
     bytes: int = 0
-    segments: list[Any] = field(default_factory=list)  # which obs field fills which columns of a vector
+    segments: list[Any] = field(
+        default_factory=list
+    )  # which obs field fills which columns of a vector
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,16 +249,24 @@ class ConditionsRef:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> ConditionsRef:
         rows = d["rows"] if "rows" in d else d["n"]  # index v1 said "n"
-        return ConditionsRef(file=str(d["file"]), rows=int(rows), dim=int(d.get("dim", 0)),
-                             sha256=str(d.get("sha256", "")), bytes=int(d.get("bytes", 0)),
-                             segments=list(d.get("segments", [])))
+        return ConditionsRef(
+            file=str(d["file"]),
+            rows=int(rows),
+            dim=int(d.get("dim", 0)),
+            sha256=str(d.get("sha256", "")),
+            bytes=int(d.get("bytes", 0)),
+            segments=list(d.get("segments", [])),
+        )
 
 
 @dataclass(frozen=True)
 class Generation:
-    """A committed generation of a dataset, as the next one's index remembers it (``Index.previous``): its
-    number, the sha256 of its index.json bytes, and the files it named (shard names inside ``shards/``, the
-    condition table beside index.json). A rebuild keeps these files, so a reader that opened that index keeps
+    """A committed generation of a dataset, as the next one's index remembers it
+    (``Index.previous``): its
+    number, the sha256 of its index.json bytes, and the files it named (shard names inside
+    ``shards/``, the
+    condition table beside index.json). A rebuild keeps these files, so a reader that opened that
+    index keeps
     working until the generation after next is committed."""
 
     generation: int
@@ -214,7 +276,9 @@ class Generation:
 
     def files(self) -> list[str]:
         """The files it names, relative to the dataset folder."""
-        return [f"{SHARDS_DIR}/{s}" for s in self.shards] + ([self.conditions] if self.conditions else [])
+        return [f"{SHARDS_DIR}/{s}" for s in self.shards] + (
+            [self.conditions] if self.conditions else []
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,17 +286,24 @@ class Generation:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Generation:
         cond = d.get("conditions")
-        return Generation(int(d["generation"]), str(d["index_sha256"]), [str(s) for s in d["shards"]],
-                          None if cond is None else str(cond))
+        return Generation(
+            int(d["generation"]),
+            str(d["index_sha256"]),
+            [str(s) for s in d["shards"]],
+            None if cond is None else str(cond),
+        )
 
 
 @dataclass
 class Index:
     """`index.json`, parsed and checked: the typed form of everything the format defines.
 
-    ``sections`` holds each kind's own settings (``sections[kind]``: e.g. pairing and split settings for
-    perturbation, resolution and packing for spike); the format stores them, their kind defines them.
-    ``stats`` are the build's counts (records dropped and why, fallbacks taken): reported, never relied on
+    ``sections`` holds each kind's own settings (``sections[kind]``: e.g. pairing and split settings
+    for
+    perturbation, resolution and packing for spike); the format stores them, their kind defines
+    them.
+    ``stats`` are the build's counts (records dropped and why, fallbacks taken): reported, never
+    relied on
     for reading."""
 
     root: Path
@@ -248,14 +319,21 @@ class Index:
     control_labels: list[str] = field(default_factory=list)
     conditions: ConditionsRef | None = None
     codec: dict[str, Any] = field(default_factory=dict)
-    sources: list[dict[str, Any]] = field(default_factory=list)  # fingerprints: path, size, mtime_ns, sha256, ...
+    sources: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # fingerprints: path, size, mtime_ns, sha256, ...
     stats: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, Any] = field(default_factory=dict)
-    primary_records: int | None = None  # records the plan placed (each primary exactly once), for verify
-    # Generations (docs/FORMAT.md, "Generations"): 1 for a first build, +1 per commit into the same folder; 0 in
-    # an index written before generations existed. ``previous``: the generation this one replaced, whose files
-    # are kept until the next commit. ``retired``: files (relative to the folder) this commit deleted, or
+    primary_records: int | None = (
+        None  # records the plan placed (each primary exactly once), for verify
+    )
+    # Generations (docs/FORMAT.md, "Generations"): 1 for a first build, +1 per commit into the same
+    # folder; 0 in
+    # an index written before generations existed. ``previous``: the generation this one replaced,
+    # whose files
+    # are kept until the next commit. ``retired``: files (relative to the folder) this commit
+    # deleted, or
     # whose deletion a later build or `shardsmith gc` finishes if it was interrupted.
     generation: int = 0
     previous: Generation | None = None
@@ -264,7 +342,9 @@ class Index:
     # sample types, codecs and ops: ``read_index`` imports them, so that a fresh process (verify, a
     # decoder process, a trainer that never imported the plug-in) reads it. Absent: none needed.
     plugins: list[str] = field(default_factory=list)
-    raw: dict[str, Any] = field(default_factory=dict)  # the JSON as read (for tools; code reads typed fields)
+    raw: dict[str, Any] = field(
+        default_factory=dict
+    )  # the JSON as read (for tools; code reads typed fields)
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:
@@ -282,45 +362,70 @@ class Index:
         return self.root / SHARDS_DIR / entry.file
 
     def files(self) -> list[str]:
-        """The files this generation names, relative to the dataset folder (shards, condition table)."""
-        return Generation(self.generation, "", [s.file for s in self.shards],
-                          self.conditions.file if self.conditions is not None else None).files()
+        """The files this generation names, relative to the dataset folder (shards, condition
+        table)."""
+        return Generation(
+            self.generation,
+            "",
+            [s.file for s in self.shards],
+            self.conditions.file if self.conditions is not None else None,
+        ).files()
 
     def section(self, name: str | None = None) -> dict[str, Any]:
         """This kind's (or ``name``'s) settings; {} when the index has none."""
         return dict(self.sections.get(self.kind if name is None else name) or {})
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document for index.json (keys sorted on write, so equal inputs give equal bytes)."""
+        """The JSON document for index.json (keys sorted on write, so equal inputs give equal
+        bytes)."""
         doc = {
-            "format": FORMAT_NAME, "shard_version": SHARD_VERSION,
+            "format": FORMAT_NAME,
+            "shard_version": SHARD_VERSION,
             "version": INDEX_VERSION if column_codecs(self.fields) else PLAIN_INDEX_VERSION,
-            "name": self.name, "kind": self.kind, "encoding": self.encoding,
-            "fields": [f.to_json() for f in self.fields], "tables": list(self.tables),
-            "shards": [s.to_json() for s in self.shards], "samples": list(self.samples),
-            "vocabularies": self.vocabularies, "obs_fields": list(self.obs_fields),
+            "name": self.name,
+            "kind": self.kind,
+            "encoding": self.encoding,
+            "fields": [f.to_json() for f in self.fields],
+            "tables": list(self.tables),
+            "shards": [s.to_json() for s in self.shards],
+            "samples": list(self.samples),
+            "vocabularies": self.vocabularies,
+            "obs_fields": list(self.obs_fields),
             "control_labels": list(self.control_labels),
             "conditions": None if self.conditions is None else self.conditions.to_json(),
-            "codec": self.codec, "sources": self.sources, "stats": self.stats, "provenance": self.provenance,
-            "sections": self.sections, "primary_records": self.primary_records,
-            "generation": self.generation, "previous": None if self.previous is None else self.previous.to_json(),
+            "codec": self.codec,
+            "sources": self.sources,
+            "stats": self.stats,
+            "provenance": self.provenance,
+            "sections": self.sections,
+            "primary_records": self.primary_records,
+            "generation": self.generation,
+            "previous": None if self.previous is None else self.previous.to_json(),
             "retired": list(self.retired),
         }
         if self.plugins:  # only when named: an index without plug-ins keeps its bytes
             doc["plugins"] = list(self.plugins)
-        # digested as it will read back (tuples become lists, keys strings), so verify recomputes the same
-        return doc | {"digest": index_digest(json.loads(json.dumps({k: doc[k] for k in DIGEST_KEYS})))}
+        # digested as it will read back (tuples become lists, keys strings), so verify recomputes
+        # the same
+        return doc | {
+            "digest": index_digest(json.loads(json.dumps({k: doc[k] for k in DIGEST_KEYS})))
+        }
 
 
-# The index's own content, which no shard hash covers: labels of the codes, var_names (in the kind's section),
+# The index's own content, which no shard hash covers: labels of the codes, var_names (in the kind's
+# section),
 # the condition table reference. A digest of each is stored at build; `verify` recomputes them.
 DIGEST_KEYS = ("conditions", "control_labels", "obs_fields", "sections", "vocabularies")
 
 
 def index_digest(doc: Mapping[str, Any]) -> dict[str, str]:
     """sha256 per DIGEST_KEYS entry of an index document (as written, or as read back from JSON)."""
-    return {k: hashlib.sha256(json.dumps(doc.get(k), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-            for k in DIGEST_KEYS}
+    return {
+        k: hashlib.sha256(
+            json.dumps(doc.get(k), sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+        for k in DIGEST_KEYS
+    }
 
 
 def index_path(root: str | Path) -> Path:
@@ -328,12 +433,15 @@ def index_path(root: str | Path) -> Path:
 
 
 def read_index_bytes(root: str | Path) -> bytes:
-    """index.json's bytes: what a reader opens once and then hands, unchanged, to every process it starts."""
+    """index.json's bytes: what a reader opens once and then hands, unchanged, to every process it
+    starts."""
     path = index_path(root)
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise FormatError(f"{path}: no index.json (not a shardsmith dataset, or never committed)") from None
+        raise FormatError(
+            f"{path}: no index.json (not a shardsmith dataset, or never committed)"
+        ) from None
 
 
 def index_sha256(data: bytes) -> str:
@@ -342,8 +450,10 @@ def index_sha256(data: bytes) -> str:
 
 
 def read_index(root: str | Path, data: bytes | None = None) -> Index:
-    """The index of ``root``: read now, or parsed from ``data`` (index.json's bytes as read earlier, so that every
-    process of one loader sees the same generation even after a rebuild replaced the file). Imports the
+    """The index of ``root``: read now, or parsed from ``data`` (index.json's bytes as read earlier,
+    so that every
+    process of one loader sees the same generation even after a rebuild replaced the file). Imports
+    the
     read-side plug-in modules it names (``plugins``); a missing one is a ``PluginError``."""
     path = index_path(root)
     try:
@@ -356,9 +466,14 @@ def read_index(root: str | Path, data: bytes | None = None) -> Index:
     version = raw.get("version")
     if version not in range(1, INDEX_VERSION + 1):
         newer = isinstance(version, int) and version > INDEX_VERSION
-        raise FormatError(f"{path}: index version {version!r}; this reader understands 1 to {INDEX_VERSION} "
-                          + ("(written by a newer shardsmith: upgrade shardsmith)" if newer else
-                             "(rebuild the dataset with this shardsmith: `shardsmith build MANIFEST --out DIR`)"))
+        raise FormatError(
+            f"{path}: index version {version!r}; this reader understands 1 to {INDEX_VERSION} "
+            + (
+                "(written by a newer shardsmith: upgrade shardsmith)"
+                if newer
+                else "(rebuild the dataset with this shardsmith: `shardsmith build MANIFEST --out DIR`)"
+            )
+        )
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(m, str) and m for m in plugins):
         raise FormatError(f"{path}: 'plugins' must be a list of module names, got {plugins!r}")
@@ -373,19 +488,33 @@ def read_index(root: str | Path, data: bytes | None = None) -> Index:
         fields = [FieldSpec.from_json(f) for f in doc["fields"]]
         _check_codecs(path, fields, version)
         return Index(
-            root=Path(root), name=str(doc["name"]), kind=str(doc["kind"]), encoding=str(doc["encoding"]),
-            fields=fields, tables=[str(t) for t in doc.get("tables", [])],
-            shards=[ShardEntry.from_json(s) for s in doc["shards"]], samples=[str(s) for s in doc.get("samples", [])],
-            vocabularies={k: [str(x) for x in v] for k, v in (doc.get("vocabularies") or {}).items()},
+            root=Path(root),
+            name=str(doc["name"]),
+            kind=str(doc["kind"]),
+            encoding=str(doc["encoding"]),
+            fields=fields,
+            tables=[str(t) for t in doc.get("tables", [])],
+            shards=[ShardEntry.from_json(s) for s in doc["shards"]],
+            samples=[str(s) for s in doc.get("samples", [])],
+            vocabularies={
+                k: [str(x) for x in v] for k, v in (doc.get("vocabularies") or {}).items()
+            },
             obs_fields=[str(f) for f in doc.get("obs_fields") or []],
             control_labels=[str(c) for c in doc.get("control_labels") or []],
-            conditions=None if not cond else ConditionsRef.from_json(cond), codec=dict(doc.get("codec") or {}),
-            sources=list(doc.get("sources") or []), stats=dict(doc.get("stats") or {}),
-            provenance=dict(doc.get("provenance") or {}), sections=dict(doc.get("sections") or {}),
-            primary_records=None if doc.get("primary_records") is None else int(doc["primary_records"]),
+            conditions=None if not cond else ConditionsRef.from_json(cond),
+            codec=dict(doc.get("codec") or {}),
+            sources=list(doc.get("sources") or []),
+            stats=dict(doc.get("stats") or {}),
+            provenance=dict(doc.get("provenance") or {}),
+            sections=dict(doc.get("sections") or {}),
+            primary_records=None
+            if doc.get("primary_records") is None
+            else int(doc["primary_records"]),
             generation=int(doc.get("generation") or 0),
             previous=None if not doc.get("previous") else Generation.from_json(doc["previous"]),
-            retired=[str(f) for f in doc.get("retired") or []], plugins=list(plugins), raw=raw,
+            retired=[str(f) for f in doc.get("retired") or []],
+            plugins=list(plugins),
+            raw=raw,
         )
     except FormatError as e:  # e.g. a field's bad layout or codec: say which index.json
         if str(path) in str(e):
@@ -399,7 +528,9 @@ def _check_codecs(path: Path, fields: list[FieldSpec], version: int) -> None:
     """Field codecs appear only in version-3 indexes, and each must be one this reader knows."""
     named = [f for f in fields if f.codec is not None]
     if named and version < INDEX_VERSION:
-        raise FormatError(f"{path}: field {named[0].name!r} names a codec, which index version {version} cannot")
+        raise FormatError(
+            f"{path}: field {named[0].name!r} names a codec, which index version {version} cannot"
+        )
     if named:
         from loaders.fieldcodecs import get_field_codec
 
@@ -407,10 +538,9 @@ def _check_codecs(path: Path, fields: list[FieldSpec], version: int) -> None:
             get_field_codec(f.codec, f"{path}: field {f.name!r}")
 
 
-
-
 def write_index(index: Index) -> Path:
-    """Atomically replace ``index.root``/index.json: the moment a new dataset becomes visible to readers."""
+    """Atomically replace ``index.root``/index.json: the moment a new dataset becomes visible to
+    readers."""
     data = json.dumps(index.to_json(), indent=1, sort_keys=True).encode() + b"\n"
     path = index_path(index.root)
     atomic_write_bytes(path, data)

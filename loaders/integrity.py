@@ -1,4 +1,5 @@
-"""Integrity on read: a shard's bytes are checked against the index the loader opened before any is decoded.
+"""Integrity on read: a shard's bytes are checked against the index the loader opened before any is
+decoded.
 
 Why here and not in zarr: a zarr chunk file that is missing reads as the array's fill value (0), so
 a deleted chunk of a code column silently relabels its rows as ``vocab[0]`` and one of a table of
@@ -11,9 +12,12 @@ checked (no second read, no window between check and use). sha256 runs at ~1.6 G
 first read and again only when a file of it changed identity (inode, size, mtime, ctime); the chunk
 count and the file listing are checked on every read. Measured against the loader in BENCHMARKS.md.
 
-A shard that is missing or does not match is either corruption or a rebuild: when ``index.json`` on disk is no
-longer the one this loader opened, the error says "dataset rebuilt since this loader opened it; reopen"
-(:class:`DatasetRebuilt`, never skipped); otherwise it is corruption, raised or skipped per ``on_corrupt``.
+A shard that is missing or does not match is either corruption or a rebuild: when ``index.json`` on
+disk is no
+longer the one this loader opened, the error says "dataset rebuilt since this loader opened it;
+reopen"
+(:class:`DatasetRebuilt`, never skipped); otherwise it is corruption, raised or skipped per
+``on_corrupt``.
 """
 
 from __future__ import annotations
@@ -29,11 +33,15 @@ from loaders.engine.forksafe import fork_safe_lock
 from loaders.format import FieldSpec, FormatError, index_sha256, read_index_bytes
 from loaders.shardio import Column, import_zarr, open_zarr_columns, read_tar_shard
 
-ON_CORRUPT = ("raise", "skip")  # a shard that fails its checks: raise naming it, or skip it and count it
+ON_CORRUPT = (
+    "raise",
+    "skip",
+)  # a shard that fails its checks: raise naming it, or skip it and count it
 
 
 class DatasetRebuilt(FormatError):
-    """The dataset was rebuilt since this loader opened it (its shards are gone or changed): reopen it."""
+    """The dataset was rebuilt since this loader opened it (its shards are gone or changed): reopen
+    it."""
 
 
 def check_on_corrupt(value: str) -> str:
@@ -44,7 +52,8 @@ def check_on_corrupt(value: str) -> str:
 
 @dataclass(frozen=True)
 class Generation:
-    """The generation of a dataset a loader opened: its root and the sha256 of the index.json bytes it read."""
+    """The generation of a dataset a loader opened: its root and the sha256 of the index.json bytes
+    it read."""
 
     root: str
     index_sha256: str
@@ -57,12 +66,15 @@ class Generation:
             return True
 
     def explain(self, error: FormatError, shard: str) -> FormatError:
-        """``error`` (a shard missing or not matching), as :class:`DatasetRebuilt` when the index has changed."""
+        """``error`` (a shard missing or not matching), as :class:`DatasetRebuilt` when the index
+        has changed."""
         if isinstance(error, DatasetRebuilt) or not self.rebuilt():
             return error
-        return DatasetRebuilt(f"{shard}: dataset rebuilt since this loader opened it (index.json of {self.root} "
-                              f"changed, and this shard of the opened generation is gone or changed: {error}); "
-                              "reopen the ShardDataset")
+        return DatasetRebuilt(
+            f"{shard}: dataset rebuilt since this loader opened it (index.json of {self.root} "
+            f"changed, and this shard of the opened generation is gone or changed: {error}); "
+            "reopen the ShardDataset"
+        )
 
 
 def _files(path: Path) -> list[Path]:
@@ -70,17 +82,22 @@ def _files(path: Path) -> list[Path]:
     return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
 
 
-# Shards whose bytes hashed right in this process, with the (name, inode, size, mtime, ctime) of every file at
-# that time: while nothing of that changes, a re-read (every epoch) skips the hash. Any write, rename, deletion
-# or addition through the filesystem changes it (ctime cannot be set from user space), so only silent media
+# Shards whose bytes hashed right in this process, with the (name, inode, size, mtime, ctime) of
+# every file at
+# that time: while nothing of that changes, a re-read (every epoch) skips the hash. Any write,
+# rename, deletion
+# or addition through the filesystem changes it (ctime cannot be set from user space), so only
+# silent media
 # corruption after the first check goes unseen; ``verify="always"`` hashes every read.
 _VERIFIED: dict[str, tuple[tuple[tuple[object, ...], ...], str]] = {}
 _VERIFIED_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
 
 
 def read_checked(path: Path, sha256: str | None, always: bool = False) -> dict[str, bytes]:
-    """Every file of a shard (a zarr folder: relative path -> bytes; a single file: ``{"": bytes}``), its sha256
-    checked against ``sha256`` unless that is None or empty (an index that records none): on the first read in
+    """Every file of a shard (a zarr folder: relative path -> bytes; a single file: ``{"":
+    bytes}``), its sha256
+    checked against ``sha256`` unless that is None or empty (an index that records none): on the
+    first read in
     this process, whenever a file's identity changed since, or always (``always``)."""
     if not path.exists():
         raise FormatError(f"{path}: shard is missing")
@@ -108,8 +125,10 @@ def read_checked(path: Path, sha256: str | None, always: bool = False) -> dict[s
         h.update(data)
         h.update(b"\0")
     if h.hexdigest() != sha256:
-        raise FormatError(f"{path}: content hash mismatch: index.json says {sha256[:16]}..., the shard's bytes hash "
-                          f"to {h.hexdigest()[:16]}... (a chunk changed, went missing or was added)")
+        raise FormatError(
+            f"{path}: content hash mismatch: index.json says {sha256[:16]}..., the shard's bytes hash "
+            f"to {h.hexdigest()[:16]}... (a chunk changed, went missing or was added)"
+        )
     with _VERIFIED_LOCK:
         _VERIFIED[key] = seen
     return out
@@ -126,17 +145,24 @@ def _check_chunks(path: Path, files: dict[str, bytes], columns: dict[str, Column
         prefix = f"{key}/c"
         have = sum(1 for f in files if f == prefix or f.startswith(prefix + "/"))
         if have != want:
-            raise FormatError(f"{path}: column {key!r} has {have} of its {want} chunk files (a missing chunk would "
-                              "read as zeros)")
+            raise FormatError(
+                f"{path}: column {key!r} has {have} of its {want} chunk files (a missing chunk would "
+                "read as zeros)"
+            )
 
 
-def open_checked(path: str | Path, encoding: str, keys: Sequence[str], sha256: str | None,
-                 always: bool = False) -> dict[str, Column]:
-    """The columns ``keys`` of a shard, decoded later (``Column.read_into``) from the bytes checked here."""
+def open_checked(
+    path: str | Path, encoding: str, keys: Sequence[str], sha256: str | None, always: bool = False
+) -> dict[str, Column]:
+    """The columns ``keys`` of a shard, decoded later (``Column.read_into``) from the bytes checked
+    here."""
     path = Path(path)
     files = read_checked(path, sha256, always)
     if encoding == "tar":
-        return {k: Column(path, k, a.shape, a.dtype, a) for k, a in read_tar_shard(path, keys, files[""]).items()}
+        return {
+            k: Column(path, k, a.shape, a.dtype, a)
+            for k, a in read_tar_shard(path, keys, files[""]).items()
+        }
     if encoding != "zarr":
         raise FormatError(f"{path}: no checked reader for encoding {encoding!r}")
     import_zarr()
@@ -161,4 +187,3 @@ def bounded_fields(fields: Sequence[FieldSpec], bounds: Mapping[str, int]) -> li
             f = replace(f, bound=int(cap))
         out.append(f)
     return out
-

@@ -2,8 +2,10 @@
 (genes), the splits, the condition table, and the names of the records a batch came from (a
 single-cell dataset's cell barcodes: the field its sample types name as ``record_names``).
 
-Why a module of its own: these read ``index.json`` and, for barcodes, one field of the shards; the training
-path (:mod:`loaders.dataset`) never reads them, so a dataset costs nothing for them until they are asked for.
+Why a module of its own: these read ``index.json`` and, for barcodes, one field of the shards; the
+training
+path (:mod:`loaders.dataset`) never reads them, so a dataset costs nothing for them until they are
+asked for.
 """
 
 from __future__ import annotations
@@ -24,21 +26,28 @@ def var_names(index: fmt.Index) -> list[str]:
 
 
 def splits(index: fmt.Index) -> list[str]:
-    """The splits that hold shards, in the format's order (train, val, test), then any other, sorted."""
+    """The splits that hold shards, in the format's order (train, val, test), then any other,
+    sorted."""
     present = {s.split for s in index.shards}
     return [s for s in fmt.SPLITS if s in present] + sorted(present - set(fmt.SPLITS))
 
 
 def condition_dim(index: fmt.Index) -> int:
-    """Width of the condition vectors (``batch["cond"]``): 0 when the dataset has no condition table."""
+    """Width of the condition vectors (``batch["cond"]``): 0 when the dataset has no condition
+    table."""
     return 0 if index.conditions is None else int(index.conditions.dim)
 
 
 def decode_names(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     """A ragged UTF-8 field of a shard (e.g. the record names) as an object array of str."""
     raw = values.tobytes()
-    return np.array([raw[a:b].decode() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)],
-                    dtype=object)
+    return np.array(
+        [
+            raw[a:b].decode()
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        ],
+        dtype=object,
+    )
 
 
 def names_field(index: fmt.Index) -> str | None:
@@ -54,8 +63,9 @@ def names_field(index: fmt.Index) -> str | None:
     return None
 
 
-def shard_obs_names(index: fmt.Index, entry: fmt.ShardEntry, field: str | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def shard_obs_names(
+    index: fmt.Index, entry: fmt.ShardEntry, field: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(sample_id, name) of every record of one shard (``field``: the names' field, by default the
     sample types' ``record_names``)."""
     field = field or names_field(index)
@@ -66,9 +76,12 @@ def shard_obs_names(index: fmt.Index, entry: fmt.ShardEntry, field: str | None =
     return cols[fmt.SAMPLE_ID], decode_names(cols[off], cols[val])
 
 
-def obs_names_for(root: str | Path | fmt.Index, sample_ids: Iterable[int] | np.ndarray,
-                  split: str | Sequence[str] | None = None,
-                  field: str | None = None) -> np.ndarray:
+def obs_names_for(
+    root: str | Path | fmt.Index,
+    sample_ids: Iterable[int] | np.ndarray,
+    split: str | Sequence[str] | None = None,
+    field: str | None = None,
+) -> np.ndarray:
     """The name of each sample id's record (a cell's barcode: its source's ``obs_names``), in the
     order given.
 
@@ -79,10 +92,14 @@ def obs_names_for(root: str | Path | fmt.Index, sample_ids: Iterable[int] | np.n
     index = root if isinstance(root, fmt.Index) else fmt.read_index(root)
     field = field or names_field(index)
     if field is None or not index.has_field(field):
-        raise fmt.FormatError(f"{index.root}: this dataset stores no record names (built before "
-                              "they were stored, or a kind without them): rebuild it with "
-                              f"`shardsmith build MANIFEST --out {index.root}`")
-    wanted = np.asarray(list(sample_ids) if not isinstance(sample_ids, np.ndarray) else sample_ids, np.int64)
+        raise fmt.FormatError(
+            f"{index.root}: this dataset stores no record names (built before "
+            "they were stored, or a kind without them): rebuild it with "
+            f"`shardsmith build MANIFEST --out {index.root}`"
+        )
+    wanted = np.asarray(
+        list(sample_ids) if not isinstance(sample_ids, np.ndarray) else sample_ids, np.int64
+    )
     keep = [split] if isinstance(split, str) else None if split is None else list(split)
     ids, names = [], []
     for entry in index.shards:
@@ -92,12 +109,18 @@ def obs_names_for(root: str | Path | fmt.Index, sample_ids: Iterable[int] | np.n
             names.append(n)
     all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     all_names = np.concatenate(names) if names else np.zeros(0, object)
-    order = np.argsort(all_ids, kind="stable")  # duplicated controls repeat an id with the same name
+    order = np.argsort(
+        all_ids, kind="stable"
+    )  # duplicated controls repeat an id with the same name
     pos = np.searchsorted(all_ids[order], wanted)
-    found = (pos < all_ids.size) & (all_ids[order][np.minimum(pos, max(all_ids.size - 1, 0))] == wanted)
+    found = (pos < all_ids.size) & (
+        all_ids[order][np.minimum(pos, max(all_ids.size - 1, 0))] == wanted
+    )
     if not found.all():
-        raise KeyError(f"sample_id {int(wanted[~found][0])} is not in {index.root}"
-                       + (f" (split {split})" if split is not None else ""))
+        raise KeyError(
+            f"sample_id {int(wanted[~found][0])} is not in {index.root}"
+            + (f" (split {split})" if split is not None else "")
+        )
     return all_names[order][pos]
 
 
@@ -121,13 +144,16 @@ class DatasetInfo:
 
     @property
     def condition_dim(self) -> int:
-        """Width of ``batch["cond"]`` (0 without a condition table): to size a model's condition input."""
+        """Width of ``batch["cond"]`` (0 without a condition table): to size a model's condition
+        input."""
         return condition_dim(fmt.read_index(self.root))
 
     @property
     def vectors(self) -> np.ndarray | None:
-        """The condition table, float32 [conditions, condition_dim] (``batch["cond"]`` is its rows at
-        ``batch["cond_id"]``); None when the dataset has none. A property, loaded once per process."""
+        """The condition table, float32 [conditions, condition_dim] (``batch["cond"]`` is its rows
+        at
+        ``batch["cond_id"]``); None when the dataset has none. A property, loaded once per
+        process."""
         get = getattr(self.sample_type, "vectors", None)
         return get() if get is not None else None
 

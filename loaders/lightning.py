@@ -1,14 +1,19 @@
-"""``ShardDataModule``: a Lightning ``LightningDataModule`` over :class:`~loaders.ShardLoader` (extra
+"""``ShardDataModule``: a Lightning ``LightningDataModule`` over :class:`~loaders.ShardLoader`
+(extra
 ``lightning``: ``pip install -e ".[lightning]"``).
 
 What it wires, which a plain ``DataLoader`` in Lightning would get wrong:
 
-* **epochs**: every train iteration starts with ``set_epoch(trainer.current_epoch)``, so each epoch has its
+* **epochs**: every train iteration starts with ``set_epoch(trainer.current_epoch)``, so each epoch
+has its
   own order (Lightning calls ``set_epoch`` only on a ``DataLoader``'s sampler; ours is not one);
-* **DDP ranks**: datasets are made in ``setup`` with the trainer's ``global_rank`` / ``world_size`` (the loader
+* **DDP ranks**: datasets are made in ``setup`` with the trainer's ``global_rank`` / ``world_size``
+(the loader
   shards units itself: Lightning's distributed sampler does not apply to it);
-* **resume**: ``state_dict`` (saved in every checkpoint) holds the train loader's state with the number of
-  batches the trainer has *processed* this epoch (not the loader's count, which includes the batch Lightning
+* **resume**: ``state_dict`` (saved in every checkpoint) holds the train loader's state with the
+number of
+  batches the trainer has *processed* this epoch (not the loader's count, which includes the batch
+  Lightning
   prefetches); ``fit(ckpt_path=...)`` mid-epoch then yields exactly the epoch's remaining batches.
 
 Lightning is imported when ``ShardDataModule`` is first looked up, not when ``loaders`` is imported.
@@ -35,7 +40,8 @@ def _lightning() -> Any:
 
 
 class _EpochLoader:
-    """What ``*_dataloader()`` returns: a ShardLoader whose every iteration first sets the trainer's epoch
+    """What ``*_dataloader()`` returns: a ShardLoader whose every iteration first sets the trainer's
+    epoch
     (and applies a pending resume state of that epoch)."""
 
     def __init__(self, module: Any, split: str) -> None:
@@ -67,16 +73,29 @@ def _make_class() -> type:
 
     class ShardDataModule(pl.LightningDataModule):  # type: ignore[misc, name-defined]
         """Train / val / test loaders of one dataset folder. ``dataset_options`` go to every
-        :class:`~loaders.ShardDataset` (``sample``, ``batch_size``, ``seed``, sample-type options...),
-        ``loader_options`` to every :class:`~loaders.ShardLoader` (``num_workers``, ``device``...). Train
+        :class:`~loaders.ShardDataset` (``sample``, ``batch_size``, ``seed``, sample-type
+        options...),
+        ``loader_options`` to every :class:`~loaders.ShardLoader` (``num_workers``, ``device``...).
+        Train
         batches are shuffled, val/test ones are not. Splits the dataset lacks get no loader."""
 
-        def __init__(self, root: str | Path, sample: str | None = None, batch_size: int = 256,
-                     seed: int = 0,
-                     splits: Sequence[str] = ("train", "val", "test"),
-                     loader_options: Mapping[str, Any] | None = None, **dataset_options: Any) -> None:
+        def __init__(
+            self,
+            root: str | Path,
+            sample: str | None = None,
+            batch_size: int = 256,
+            seed: int = 0,
+            splits: Sequence[str] = ("train", "val", "test"),
+            loader_options: Mapping[str, Any] | None = None,
+            **dataset_options: Any,
+        ) -> None:
             super().__init__()
-            self.root, self.sample, self.batch_size, self.seed = Path(root), sample, batch_size, seed
+            self.root, self.sample, self.batch_size, self.seed = (
+                Path(root),
+                sample,
+                batch_size,
+                seed,
+            )
             self.wanted = tuple(splits)
             self.loader_options = dict(loader_options or {})
             self.dataset_options = dataset_options
@@ -93,9 +112,17 @@ def _make_class() -> type:
             present = splits(read_index(self.root))
             for split in self.wanted:
                 if split in present and split not in self.loaders:
-                    ds = ShardDataset(self.root, split=split, sample=self.sample, batch_size=self.batch_size,
-                                      shuffle=split == "train", seed=self.seed, rank=rank, world_size=world,
-                                      **self.dataset_options)
+                    ds = ShardDataset(
+                        self.root,
+                        split=split,
+                        sample=self.sample,
+                        batch_size=self.batch_size,
+                        shuffle=split == "train",
+                        seed=self.seed,
+                        rank=rank,
+                        world_size=world,
+                        **self.dataset_options,
+                    )
                     self.loaders[split] = ShardLoader(ds, **self.loader_options)
 
         def _loader(self, split: str) -> Any:
@@ -120,13 +147,18 @@ def _make_class() -> type:
             trainer = self.trainer
             if trainer is not None:  # what the trainer has stepped on, not what was prefetched
                 state["epoch"] = int(trainer.current_epoch)
-                state["batches_done"] = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+                state["batches_done"] = int(
+                    trainer.fit_loop.epoch_loop.batch_progress.current.processed
+                )
             return {"train": state}
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
             self.pending_state = state_dict.get("train")
 
-    ShardDataModule.__module__, ShardDataModule.__qualname__ = __name__, "ShardDataModule"  # checkpoint key
+    ShardDataModule.__module__, ShardDataModule.__qualname__ = (
+        __name__,
+        "ShardDataModule",
+    )  # checkpoint key
     return ShardDataModule
 
 

@@ -1,4 +1,5 @@
-"""ShardLoader: a DataLoader over a ShardDataset with epochs, exact mid-epoch resume and device feeding.
+"""ShardLoader: a DataLoader over a ShardDataset with epochs, exact mid-epoch resume and device
+feeding.
 
 Resume rules (also in docs/LOADER.md):
 
@@ -12,8 +13,10 @@ Resume rules (also in docs/LOADER.md):
 * ``set_epoch(e)`` with the epoch being resumed keeps the resume point; another epoch clears it.
 * A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.resume`).
 
-``timeout`` (seconds, 0 = none) covers the DataLoader workers (a stopped or stuck worker: its batch does not
-come within ``timeout``, the workers are killed and :class:`LoaderTimeout` names them) and the decoder process
+``timeout`` (seconds, 0 = none) covers the DataLoader workers (a stopped or stuck worker: its batch
+does not
+come within ``timeout``, the workers are killed and :class:`LoaderTimeout` names them) and the
+decoder process
 (silent that long: killed, decoding moves into the training process with a warning).
 """
 
@@ -58,11 +61,22 @@ class ShardLoader:
     The loader configures its dataset (output form, shared epoch state): one loader per dataset.
     """
 
-    def __init__(self, dataset: ShardDataset, num_workers: int = 0, pin_memory: bool = True,
-                 prefetch_factor: int = 2, device: torch.device | str | None = None,
-                 persistent_workers: bool = False, multiprocessing_context: str | None = None,
-                 timeout: float = 0.0, device_prefetch: int = 2, device_finish: bool | None = None,
-                 worker_batches: int = 4, *, ship_csr: bool | None = None) -> None:
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+        prefetch_factor: int = 2,
+        device: torch.device | str | None = None,
+        persistent_workers: bool = False,
+        multiprocessing_context: str | None = None,
+        timeout: float = 0.0,
+        device_prefetch: int = 2,
+        device_finish: bool | None = None,
+        worker_batches: int = 4,
+        *,
+        ship_csr: bool | None = None,
+    ) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError("ShardLoader needs a ShardDataset")
         if ship_csr is not None:  # the old name (kept: scripts and docs use it)
@@ -72,8 +86,11 @@ class ShardLoader:
         self.dataset = dataset
         dev = None if device is None else torch.device(device)
         if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
-            warnings.warn("device is CUDA but torch.cuda.is_available() is False: batches stay on the CPU",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "device is CUDA but torch.cuda.is_available() is False: batches stay on the CPU",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             dev = None
         cuda = dev is not None and dev.type == "cuda"
         self.device = dev
@@ -81,16 +98,26 @@ class ShardLoader:
         # shipped for a device: every deferred item's parts in its device form, finished there;
         # otherwise finished here (each item delivered as its sample type made it: loaders.collate)
         dataset.output = "positions" if self.device_finish else "dense"
-        # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy like a worker's
+        # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy
+        # like a worker's
         dataset.staging = (cuda and pin_memory) if dev is not None and self.device_finish else None
         self._feeder = DeviceFeeder(dev, device_prefetch)
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
-            raise ValueError(f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1")
-        # ring slots: the items a worker may have out at once: its prefetched ones, the one being unpacked, the one
-        # whose batch the trainer holds, the pin thread's, and those the device feeder stages; beyond, fresh segments
-        dataset.shipping = RunShipping(int(worker_batches), prefetch_factor + 3 + -(-max(1, device_prefetch)
-                                                                                    // int(worker_batches))) \
-            if num_workers > 0 else None
+            raise ValueError(
+                f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1"
+            )
+        # ring slots: the items a worker may have out at once: its prefetched ones, the one being
+        # unpacked, the one
+        # whose batch the trainer holds, the pin thread's, and those the device feeder stages;
+        # beyond, fresh segments
+        dataset.shipping = (
+            RunShipping(
+                int(worker_batches),
+                prefetch_factor + 3 + -(-max(1, device_prefetch) // int(worker_batches)),
+            )
+            if num_workers > 0
+            else None
+        )
         persistent = persistent_workers and num_workers > 0
         if persistent:  # workers outlive iterations: they read epoch/start from shared memory
             dataset._shared = mp.get_context(multiprocessing_context).RawArray("q", 2)
@@ -98,13 +125,19 @@ class ShardLoader:
         else:
             dataset._shared = None
         if num_workers > 0 and dataset.on_corrupt == "skip":  # workers report the shards they skip
-            dataset._skip_flags = mp.get_context(multiprocessing_context).RawArray("b", len(dataset.entries))
+            dataset._skip_flags = mp.get_context(multiprocessing_context).RawArray(
+                "b", len(dataset.entries)
+            )
         if timeout > 0:  # the decoder process answers to the same timeout (it beats while it works)
             dataset.decode_timeout = float(timeout)
         self.timeout = float(timeout)
         self._loader = DataLoader(
-            dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory and cuda,
-            prefetch_factor=prefetch_factor if num_workers > 0 else None, persistent_workers=persistent,
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=pin_memory and cuda,
+            prefetch_factor=prefetch_factor if num_workers > 0 else None,
+            persistent_workers=persistent,
             multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
             timeout=timeout if num_workers > 0 else 0,
         )
@@ -138,22 +171,35 @@ class ShardLoader:
         self.dataset._set_iteration(self._epoch, start)
         if start >= len(self):
             return
-        # one process: the dataset's own batches (torch's single-process iterator adds a default_convert walk, a
-        # profiler record and a pin per tensor per batch; the device feeder stages and pins what it needs)
+        # one process: the dataset's own batches (torch's single-process iterator adds a
+        # default_convert walk, a
+        # profiler record and a pin per tensor per batch; the device feeder stages and pins what it
+        # needs)
         direct = self._loader.num_workers == 0
         if self._loader.num_workers > 0:
-            self.dataset.start_broker()  # workers map the windows this process's decoder decodes once
+            # workers map the windows this process's decoder decodes once
+            self.dataset.start_broker()
         it = iter(self.dataset) if direct else iter(self._loader)
-        watch = WorkerWatch(it, self.timeout) if self._loader.num_workers > 0 and self.timeout > 0 else None
+        watch = (
+            WorkerWatch(it, self.timeout)
+            if self._loader.num_workers > 0 and self.timeout > 0
+            else None
+        )
         try:
             for batch in self._feeder(it if watch is None else iter(watch)):
                 self._done += 1
                 yield batch
-        except (RuntimeError, OSError, EOFError) as e:  # after a kill: SIGCHLD's RuntimeError, or EOF on a fetch
+        except (
+            RuntimeError,
+            OSError,
+            EOFError,
+        ) as e:  # after a kill: SIGCHLD's RuntimeError, or EOF on a fetch
             timeout = None if watch is None else watch.timed_out(e)
             if timeout is None:
                 raise
-            self._loader._iterator = None  # persistent workers are gone too: the next epoch starts new ones
+            self._loader._iterator = (
+                None  # persistent workers are gone too: the next epoch starts new ones
+            )
             raise timeout from e
         finally:
             # An error or an early ``break`` leaves torch's iterator in a reference cycle (via the
@@ -169,16 +215,28 @@ class ShardLoader:
     def state_dict(self) -> dict[str, Any]:
         ds = self.dataset
         return {
-            "version": STATE_VERSION, "epoch": self._epoch, "batches_done": self._done, "rank": ds.rank,
-            "num_batches": len(self), "world_size": ds.world_size, "batch_size": ds.batch_size, "seed": ds.seed,
-            "sample": ds.sample, "split": ds.split, "window": ds.window, "shuffle": ds.shuffle, "pad": ds.pad,
-            "drop_last": ds.drop_last, "units": ds.n_units,
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "batches_done": self._done,
+            "rank": ds.rank,
+            "num_batches": len(self),
+            "world_size": ds.world_size,
+            "batch_size": ds.batch_size,
+            "seed": ds.seed,
+            "sample": ds.sample,
+            "split": ds.split,
+            "window": ds.window,
+            "shuffle": ds.shuffle,
+            "pad": ds.pad,
+            "drop_last": ds.drop_last,
+            "units": ds.n_units,
             "sample_config": ds.sample_type.order_config(),
             "dataset": ds.fingerprint,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume mid-epoch; raises ValueError when the state belongs to a different order (see module doc)."""
+        """Resume mid-epoch; raises ValueError when the state belongs to a different order (see
+        module doc)."""
         mine = self.state_dict()
         done = check_state(state, mine)
         self._epoch, self._done, self._resume = int(state["epoch"]), done, done

@@ -20,16 +20,22 @@ import numpy as np
 from loaders.plugins import load_loader_modalities
 from loaders.registry import Registry
 
-NumpyFinish = Callable[[Mapping[str, np.ndarray], Mapping[str, Any], "np.ndarray | None"], np.ndarray]
+NumpyFinish = Callable[
+    [Mapping[str, np.ndarray], Mapping[str, Any], "np.ndarray | None"], np.ndarray
+]
 
 OPS: Registry[NumpyFinish] = Registry("deferred op", discover=load_loader_modalities)
-# op -> its torch finisher, registered lazily: the module is imported by the device layer on first use
-TORCH_OPS: Registry[Any] = Registry("torch finisher of deferred op", discover=load_loader_modalities)
+# op -> its torch finisher, registered lazily: the module is imported by the device layer on first
+# use
+TORCH_OPS: Registry[Any] = Registry(
+    "torch finisher of deferred op", discover=load_loader_modalities
+)
 
 
 def register_op(name: str, torch_module: str | None = None) -> Callable[[NumpyFinish], NumpyFinish]:
     """Register the numpy finisher of op ``name``. Its torch finisher is registered with
-    ``loaders.device.register_torch_op`` in ``torch_module``, which the device layer imports when it first
+    ``loaders.device.register_torch_op`` in ``torch_module``, which the device layer imports when it
+    first
     meets the op (so this module, and the decoder process, never import torch)."""
 
     def deco(fn: NumpyFinish) -> NumpyFinish:
@@ -46,8 +52,9 @@ def register_torch_only_op(name: str, torch_module: str) -> None:
     tensor), so it has no numpy finisher and its torch finisher (registered in ``torch_module``)
     runs wherever its parts are, the host included. Transports always ship its parts."""
 
-    def no_numpy(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any],
-                 out: np.ndarray | None) -> np.ndarray:
+    def no_numpy(
+        parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None
+    ) -> np.ndarray:
         raise TypeError(f"deferred op {name!r} is torch-only: it has no numpy finisher")
 
     no_numpy.torch_only = True  # type: ignore[attr-defined]
@@ -65,5 +72,6 @@ def is_torch_only(name: str) -> bool:
 
 
 # field layout -> the deferred item class its gather returns, made of the gathered arrays and shape
-LAYOUT_ITEMS: Registry[Callable[..., Any]] = Registry("deferred item of field layout",
-                                                      discover=load_loader_modalities)
+LAYOUT_ITEMS: Registry[Callable[..., Any]] = Registry(
+    "deferred item of field layout", discover=load_loader_modalities
+)

@@ -13,7 +13,8 @@ Vocabulary:
   depend on the world size, the number of workers or the batch size;
 * rank ``r`` of ``world`` takes the contiguous slice ``[r*n, (r+1)*n)`` of global positions;
   batch ``j`` of a rank covers its positions ``[j*B, (j+1)*B)``; worker ``w`` of ``W`` takes runs of
-  ``group`` consecutive batches, runs ``w, w + W, ...`` from ``start``, so the DataLoader's round-robin over
+  ``group`` consecutive batches, runs ``w, w + W, ...`` from ``start``, so the DataLoader's
+  round-robin over
   workers gives back the rank's batch sequence exactly (``start`` > 0 resumes mid-epoch).
 
 Memory: only the windows a request overlaps are materialised; nothing is O(total units) except
@@ -28,7 +29,9 @@ from typing import overload
 
 import numpy as np
 
-WindowUnits = tuple[np.ndarray, np.ndarray]  # (shard_idx int64[], local_idx int64[]) of one window, in order
+WindowUnits = tuple[
+    np.ndarray, np.ndarray
+]  # (shard_idx int64[], local_idx int64[]) of one window, in order
 
 
 def _counts(counts: np.ndarray | list[int]) -> np.ndarray:
@@ -51,10 +54,13 @@ def shard_permutation(n_shards: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0]).permutation(n_shards).astype(np.int64)
 
 
-def window_bounds(counts: np.ndarray | list[int], seed: int, epoch: int, window: int,
-                  shuffle: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """``(shard_order, window_starts)``: window ``w`` holds shards ``shard_order[w*window:(w+1)*window]``
-    and global positions ``[window_starts[w], window_starts[w+1])``; ``window_starts[-1]`` is the total.
+def window_bounds(
+    counts: np.ndarray | list[int], seed: int, epoch: int, window: int, shuffle: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(shard_order, window_starts)``: window ``w`` holds shards
+    ``shard_order[w*window:(w+1)*window]``
+    and global positions ``[window_starts[w], window_starts[w+1])``; ``window_starts[-1]`` is the
+    total.
 
     ``shuffle=False`` keeps shards in index order (same windows, used only for decode grouping).
     """
@@ -62,7 +68,9 @@ def window_bounds(counts: np.ndarray | list[int], seed: int, epoch: int, window:
     c = _counts(counts)
     order = shard_permutation(c.size, seed, epoch) if shuffle else np.arange(c.size, dtype=np.int64)
     n_windows = -(-c.size // window)
-    per_window = np.add.reduceat(c[order], np.arange(0, c.size, window)) if c.size else np.zeros(0, np.int64)
+    per_window = (
+        np.add.reduceat(c[order], np.arange(0, c.size, window)) if c.size else np.zeros(0, np.int64)
+    )
     starts = np.zeros(n_windows + 1, dtype=np.int64)
     np.cumsum(per_window, out=starts[1:])
     return order, starts
@@ -70,11 +78,12 @@ def window_bounds(counts: np.ndarray | list[int], seed: int, epoch: int, window:
 
 def window_shards(shard_order: np.ndarray, window: int, w: int) -> np.ndarray:
     """Shards of window ``w`` in the order their units are concatenated."""
-    return shard_order[w * window:(w + 1) * window]
+    return shard_order[w * window : (w + 1) * window]
 
 
-def window_units(counts: np.ndarray | list[int], seed: int, epoch: int, window: int, w: int,
-                 shuffle: bool = True) -> WindowUnits:
+def window_units(
+    counts: np.ndarray | list[int], seed: int, epoch: int, window: int, w: int, shuffle: bool = True
+) -> WindowUnits:
     """All units of window ``w`` in global order: its shards' units concatenated, then shuffled."""
     c = _counts(counts)
     order, _ = window_bounds(c, seed, epoch, window, shuffle)
@@ -91,9 +100,16 @@ def window_units(counts: np.ndarray | list[int], seed: int, epoch: int, window: 
     return shard_idx, local_idx
 
 
-def units_at(counts: np.ndarray | list[int], seed: int, epoch: int, window: int, positions: np.ndarray,
-             shuffle: bool = True, get_window: Callable[[int], WindowUnits] | None = None,
-             starts: np.ndarray | None = None) -> WindowUnits:
+def units_at(
+    counts: np.ndarray | list[int],
+    seed: int,
+    epoch: int,
+    window: int,
+    positions: np.ndarray,
+    shuffle: bool = True,
+    get_window: Callable[[int], WindowUnits] | None = None,
+    starts: np.ndarray | None = None,
+) -> WindowUnits:
     """Units at arbitrary global positions (each in ``[0, N)``).
 
     ``get_window(w)`` may serve ``window_units(..., w)`` from a cache and ``starts`` may pass
@@ -113,7 +129,9 @@ def units_at(counts: np.ndarray | list[int], seed: int, epoch: int, window: int,
         return shard_idx, local_idx
     win = np.searchsorted(starts, pos, side="right") - 1
     fetch = get_window or (lambda w: window_units(c, seed, epoch, window, w, shuffle))
-    for w in np.unique(win).tolist():  # a batch touches one window, rarely two: a loop over windows, not units
+    for w in np.unique(
+        win
+    ).tolist():  # a batch touches one window, rarely two: a loop over windows, not units
         sel = np.flatnonzero(win == w)
         s, loc = fetch(int(w))
         rel = pos[sel] - starts[w]
@@ -122,14 +140,22 @@ def units_at(counts: np.ndarray | list[int], seed: int, epoch: int, window: int,
     return shard_idx, local_idx
 
 
-def global_units(counts: np.ndarray | list[int], seed: int, epoch: int, window: int, start: int, stop: int,
-                 shuffle: bool = True) -> WindowUnits:
+def global_units(
+    counts: np.ndarray | list[int],
+    seed: int,
+    epoch: int,
+    window: int,
+    start: int,
+    stop: int,
+    shuffle: bool = True,
+) -> WindowUnits:
     """Units at global positions ``[start, stop)``, materialising only the overlapping windows."""
     return units_at(counts, seed, epoch, window, np.arange(start, stop, dtype=np.int64), shuffle)
 
 
 def rank_size(n_units: int, world: int, pad: bool) -> int:
-    """Positions per rank: ceil (padding by repetition) or floor (dropping the tail). Equal on every rank."""
+    """Positions per rank: ceil (padding by repetition) or floor (dropping the tail). Equal on every
+    rank."""
     if world < 1:
         raise ValueError(f"world size must be >= 1 (got {world})")
     if n_units <= 0:
@@ -137,7 +163,9 @@ def rank_size(n_units: int, world: int, pad: bool) -> int:
     return -(-n_units // world) if pad else n_units // world
 
 
-def rank_positions(n_units: int, rank: int, world: int, pad: bool, start: int, stop: int) -> np.ndarray:
+def rank_positions(
+    n_units: int, rank: int, world: int, pad: bool, start: int, stop: int
+) -> np.ndarray:
     """Global positions of rank positions ``[start, stop)``; positions past the end wrap modulo N."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside [0, {world})")
@@ -155,14 +183,17 @@ def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def batch_positions(n_units: int, rank: int, world: int, batch_size: int, j: int, pad: bool) -> np.ndarray:
+def batch_positions(
+    n_units: int, rank: int, world: int, batch_size: int, j: int, pad: bool
+) -> np.ndarray:
     """Global positions of batch ``j`` of ``rank``."""
     return rank_positions(n_units, rank, world, pad, j * batch_size, (j + 1) * batch_size)
 
 
 @dataclass(frozen=True)
 class WorkerRuns(Sequence[range]):
-    """The runs of consecutive batch ids one DataLoader worker ships, one item each; lazy (O(1) memory)."""
+    """The runs of consecutive batch ids one DataLoader worker ships, one item each; lazy (O(1)
+    memory)."""
 
     firsts: range  # each run's first batch id
     group: int
@@ -188,11 +219,16 @@ class WorkerRuns(Sequence[range]):
             yield from run
 
 
-def worker_runs(n_batches: int, worker: int, num_workers: int, start: int = 0, group: int = 1) -> WorkerRuns:
-    """The runs of batches worker ``worker`` of ``num_workers`` ships (0 workers: the main process does all).
+def worker_runs(
+    n_batches: int, worker: int, num_workers: int, start: int = 0, group: int = 1
+) -> WorkerRuns:
+    """The runs of batches worker ``worker`` of ``num_workers`` ships (0 workers: the main process
+    does all).
 
-    From ``start`` on, batches are cut into runs of ``group`` and dealt round-robin from worker 0: worker ``w``
-    takes runs ``w, w + W, ...``. The DataLoader asks workers in that same order, so merging their items back
+    From ``start`` on, batches are cut into runs of ``group`` and dealt round-robin from worker 0:
+    worker ``w``
+    takes runs ``w, w + W, ...``. The DataLoader asks workers in that same order, so merging their
+    items back
     reproduces the rank's batch sequence from ``start`` on, for any ``W`` and ``group``.
     """
     w_total, group, start = max(1, num_workers), max(1, int(group)), max(0, int(start))
@@ -201,15 +237,29 @@ def worker_runs(n_batches: int, worker: int, num_workers: int, start: int = 0, g
     return WorkerRuns(range(start + worker * group, n_batches, w_total * group), group, n_batches)
 
 
-def worker_batches(n_batches: int, worker: int, num_workers: int, start: int = 0, group: int = 1) -> list[int]:
-    """Batch ids of one worker, in order (tests and small counts; the loader iterates :func:`worker_runs`)."""
+def worker_batches(
+    n_batches: int, worker: int, num_workers: int, start: int = 0, group: int = 1
+) -> list[int]:
+    """Batch ids of one worker, in order (tests and small counts; the loader iterates
+    :func:`worker_runs`)."""
     return list(worker_runs(n_batches, worker, num_workers, start, group).batches())
 
 
-def batch_units(counts: np.ndarray | list[int], seed: int, epoch: int, window: int, rank: int, world: int,
-                batch_size: int, j: int, pad: bool, shuffle: bool = True,
-                get_window: Callable[[int], WindowUnits] | None = None) -> WindowUnits:
-    """``(shard_idx, local_idx)`` of batch ``j`` of ``rank``; ``shuffle=False`` is the natural order."""
+def batch_units(
+    counts: np.ndarray | list[int],
+    seed: int,
+    epoch: int,
+    window: int,
+    rank: int,
+    world: int,
+    batch_size: int,
+    j: int,
+    pad: bool,
+    shuffle: bool = True,
+    get_window: Callable[[int], WindowUnits] | None = None,
+) -> WindowUnits:
+    """``(shard_idx, local_idx)`` of batch ``j`` of ``rank``; ``shuffle=False`` is the natural
+    order."""
     c = _counts(counts)
     pos = batch_positions(int(c.sum()), rank, world, batch_size, j, pad)
     return units_at(c, seed, epoch, window, pos, shuffle, get_window)

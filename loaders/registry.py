@@ -1,9 +1,14 @@
-"""One registry helper for every plug-in point (kinds, sources, writers, readers, backends, commands, field
-codecs, sample types, deferred ops, demo writers): ``register`` / ``get`` / a typed "unknown X" error.
+"""One registry helper for every plug-in point (kinds, sources, writers, readers, backends,
+commands, field
+codecs, sample types, deferred ops, demo writers): ``register`` / ``get`` / a typed "unknown X"
+error.
 
-Why one class: ten hand-rolled dicts each had their own error text and their own way of importing built-ins.
-A registry here holds objects, or *lazy* entries (a module that registers the name when imported, so a CT
-kind's scipy.ndimage is paid only by CT builds), and may call a ``discover`` hook on a miss: the modality
+Why one class: ten hand-rolled dicts each had their own error text and their own way of importing
+built-ins.
+A registry here holds objects, or *lazy* entries (a module that registers the name when imported, so
+a CT
+kind's scipy.ndimage is paid only by CT builds), and may call a ``discover`` hook on a miss: the
+modality
 entry points (:mod:`loaders.plugins`). Modelled on numcodecs' ``register_codec`` / ``get_codec``.
 """
 
@@ -23,8 +28,13 @@ class UnknownNameError(ValueError):
 class Registry(Generic[T]):
     """Name -> object. ``what`` names the thing in errors ("dataset kind", "sample type")."""
 
-    def __init__(self, what: str, discover: Callable[[], None] | None = None,
-                 error: type[Exception] = UnknownNameError, ordered: bool = False) -> None:
+    def __init__(
+        self,
+        what: str,
+        discover: Callable[[], None] | None = None,
+        error: type[Exception] = UnknownNameError,
+        ordered: bool = False,
+    ) -> None:
         self.what = what
         self._ordered = ordered  # names() in registration order (e.g. backends, cheapest first)
         self._items: dict[str, T] = {}
@@ -65,10 +75,13 @@ class Registry(Generic[T]):
         importlib.import_module(module)
         if name not in self._items:
             self._lazy.pop(name, None)
-            raise self._error(f"{self.what} {name!r}: module {module!r} was to register it and did not")
+            raise self._error(
+                f"{self.what} {name!r}: module {module!r} was to register it and did not"
+            )
 
     def get(self, name: str, *default: T) -> T:
-        """The object registered as ``name``; unknown -> the registry's error listing the known names."""
+        """The object registered as ``name``; unknown -> the registry's error listing the known
+        names."""
         if name not in self._items and name not in self._lazy:
             self.discover()
         self._resolve(name)
@@ -77,7 +90,9 @@ class Registry(Generic[T]):
         except KeyError:
             if default:
                 return default[0]
-            raise self._error(f"unknown {self.what} {name!r} (known: {', '.join(self.names()) or 'none'})") from None
+            raise self._error(
+                f"unknown {self.what} {name!r} (known: {', '.join(self.names()) or 'none'})"
+            ) from None
 
     def names(self) -> list[str]:
         """Every registered name, lazy ones included, without importing them."""
@@ -86,7 +101,8 @@ class Registry(Generic[T]):
         return names if self._ordered else sorted(names)
 
     def load_all(self) -> dict[str, T]:
-        """Every entry resolved (imports the lazy modules): for lookups by an attribute (suffix, kind)."""
+        """Every entry resolved (imports the lazy modules): for lookups by an attribute (suffix,
+        kind)."""
         self.discover()
         for name in list(self._lazy):
             self._resolve(name)

@@ -1,17 +1,26 @@
-"""Sample types: what one *unit* of an epoch is and how a batch of units is assembled (no torch here).
+"""Sample types: what one *unit* of an epoch is and how a batch of units is assembled (no torch
+here).
 
-A sample type is the loader half of a modality (the pipeline half is a kind, ``pipeline.kinds``). It says
+A sample type is the loader half of a modality (the pipeline half is a kind, ``pipeline.kinds``). It
+says
 
-* which record fields and shard tables it reads (:meth:`SampleType.fields`, :attr:`SampleType.tables`);
-* what its units are in a shard (:meth:`SampleType.units`: ``[U, width]`` local rows; a cell is one row, a pair
-  two, a sentence ``2L``). The pipeline counts them when it packs a shard (``ShardEntry.units[name]``), so the
+* which record fields and shard tables it reads (:meth:`SampleType.fields`,
+:attr:`SampleType.tables`);
+* what its units are in a shard (:meth:`SampleType.units`: ``[U, width]`` local rows; a cell is one
+row, a pair
+  two, a sentence ``2L``). The pipeline counts them when it packs a shard
+  (``ShardEntry.units[name]``), so the
   loader plans epochs from ``index.json`` alone and checks every shard's count before serving it;
-* how a batch is assembled from gathered rows (:meth:`SampleType.assemble`), using one gather function per
+* how a batch is assembled from gathered rows (:meth:`SampleType.assemble`), using one gather
+function per
   field layout (dense, csr, ragged) shared by every sample type (``loaders.gather``).
 
-Load-time options (``num_bins=5``, ``crop=(256, 256)``...) are keyword arguments of the constructor, validated
-there; :meth:`get_config` / :func:`from_config` round-trip them through JSON (the decoder process rebuilds the
-same sample type from that config; nothing is pickled). A plug-in defined outside this package is found by
+Load-time options (``num_bins=5``, ``crop=(256, 256)``...) are keyword arguments of the constructor,
+validated
+there; :meth:`get_config` / :func:`from_config` round-trip them through JSON (the decoder process
+rebuilds the
+same sample type from that config; nothing is pickled). A plug-in defined outside this package is
+found by
 its module name, which the config carries.
 
 Options that only change the form a batch's deferred items are delivered in (dense values or their
@@ -43,13 +52,19 @@ if TYPE_CHECKING:
 
 
 class SampleType(ABC):
-    """One way of iterating a dataset. Subclasses set :attr:`name` (and :attr:`tables`), and implement
-    :meth:`fields`, :meth:`units` and :meth:`assemble`. Instances are cheap and hold only JSON-able options
+    """One way of iterating a dataset. Subclasses set :attr:`name` (and :attr:`tables`), and
+    implement
+    :meth:`fields`, :meth:`units` and :meth:`assemble`. Instances are cheap and hold only JSON-able
+    options
     plus what :meth:`bind` derives from the index."""
 
     name: ClassVar[str]
-    tables: ClassVar[tuple[str, ...]] = ()  # shard tables it reads (units of most types refer to them)
-    budget: int | None = None  # set: batches hold units up to this total cost (unit_costs) instead of batch_size
+    tables: ClassVar[
+        tuple[str, ...]
+    ] = ()  # shard tables it reads (units of most types refer to them)
+    budget: int | None = (
+        None  # set: batches hold units up to this total cost (unit_costs) instead of batch_size
+    )
     # options that choose only how deferred items reach the user, not which units a batch holds
     delivery_options: ClassVar[tuple[str, ...]] = ()
     # a ragged uint8 field of each record's name (UTF-8), what ``obs_names_for`` reads; None: none
@@ -59,13 +74,16 @@ class SampleType(ABC):
         if options:
             raise TypeError(f"sample type {self.name!r} takes no option {sorted(options)[0]!r}")
 
-    # -- configuration ------------------------------------------------------------------------------
+    # -- configuration
+    # ------------------------------------------------------------------------------
     def get_config(self) -> dict[str, Any]:
-        """JSON-able ``{"name", "module", **options}``; ``from_config(get_config())`` is an equal instance."""
+        """JSON-able ``{"name", "module", **options}``; ``from_config(get_config())`` is an equal
+        instance."""
         return {"name": self.name, "module": type(self).__module__, **self.options()}
 
     def options(self) -> dict[str, Any]:
-        """The load-time options this instance was made with (JSON-able). Override with the constructor."""
+        """The load-time options this instance was made with (JSON-able). Override with the
+        constructor."""
         return {}
 
     def order_config(self) -> dict[str, Any]:
@@ -79,23 +97,30 @@ class SampleType(ABC):
     def __hash__(self) -> int:
         return hash(self.name)
 
-    # -- the dataset --------------------------------------------------------------------------------
+    # -- the dataset
+    # --------------------------------------------------------------------------------
     @abstractmethod
     def fields(self, index: Index) -> list[str]:
         """Names of the record fields it reads (each declared in ``index.fields``)."""
 
     def check(self, index: Index) -> None:
-        """Raise ValueError naming what this dataset lacks for this sample type (a field, a table, a count)."""
+        """Raise ValueError naming what this dataset lacks for this sample type (a field, a table, a
+        count)."""
         have = {f.name for f in index.fields}
         missing = [f for f in self.fields(index) if f not in have]
         missing += [t for t in self.tables if t not in index.tables]
         if missing:
-            raise ValueError(f"sample={self.name!r} needs {missing}, which {index.root} ({index.kind}) does not have")
+            raise ValueError(
+                f"sample={self.name!r} needs {missing}, which {index.root} ({index.kind}) does not have"
+            )
         if index.samples and self.name not in index.samples:
-            raise ValueError(f"sample={self.name!r}: {index.root} counts units only for {index.samples}")
+            raise ValueError(
+                f"sample={self.name!r}: {index.root} counts units only for {index.samples}"
+            )
 
     def bind(self, index: Index) -> None:  # noqa: B027 - optional hook
-        """Derive what :meth:`assemble` needs from the index (sizes, vocabularies, side tables' paths)."""
+        """Derive what :meth:`assemble` needs from the index (sizes, vocabularies, side tables'
+        paths)."""
 
     def field_bounds(self, index: Index) -> dict[str, int]:
         """Exclusive upper bounds of integer fields it reads beyond each field's own ``bound``
@@ -103,14 +128,17 @@ class SampleType(ABC):
         label). Checked wherever a shard is read, whatever ``index.json`` says."""
         return {}
 
-    # -- a shard ------------------------------------------------------------------------------------
+    # -- a shard
+    # ------------------------------------------------------------------------------------
     @abstractmethod
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Local rows of this shard's units, int64 ``[U, width]``, in unit order (``columns``: the shard's
+        """Local rows of this shard's units, int64 ``[U, width]``, in unit order (``columns``: the
+        shard's
         columns as stored; at least the fields and tables this type reads)."""
 
     def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:  # noqa: B027 - optional hook
-        """Checks beyond the schema's (``validate_columns``) before a shard is served; raise FormatError
+        """Checks beyond the schema's (``validate_columns``) before a shard is served; raise
+        FormatError
         naming ``name`` (the shard)."""
 
     def unit_costs(self, entries: Sequence[ShardEntry]) -> list[np.ndarray]:
@@ -122,10 +150,12 @@ class SampleType(ABC):
         """Units in a shard (what ``ShardEntry.units[name]`` records)."""
         return int(self.units(columns).shape[0])
 
-    # -- a batch ------------------------------------------------------------------------------------
+    # -- a batch
+    # ------------------------------------------------------------------------------------
     @abstractmethod
     def assemble(self, batch: BatchRows) -> Payload:
-        """The batch of ``batch.units`` (arena rows ``[b, width]``, in batch order): gather each field with the
+        """The batch of ``batch.units`` (arena rows ``[b, width]``, in batch order): gather each
+        field with the
         layout's gather function and return numpy arrays plus deferred (device-finishable) parts."""
 
 
@@ -173,8 +203,14 @@ def register_sample_type(cls: type[SampleType]) -> type[SampleType]:
     if not isinstance(name, str) or not name:
         raise TypeError(f"{cls.__name__} has no sample type name")
     old = SAMPLE_TYPES.peek(name)
-    if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"sample type {name!r} is already registered by {old.__module__}.{old.__qualname__}")
+    if (
+        old is not None
+        and old is not cls
+        and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__)
+    ):
+        raise ValueError(
+            f"sample type {name!r} is already registered by {old.__module__}.{old.__qualname__}"
+        )
     return SAMPLE_TYPES.register(name, cls)
 
 
@@ -184,7 +220,8 @@ def get_sample_type(name: str, **options: Any) -> SampleType:
 
 
 def from_config(config: Mapping[str, Any] | str) -> SampleType:
-    """Rebuild a sample type from :meth:`SampleType.get_config` (importing its module if it is a plug-in);
+    """Rebuild a sample type from :meth:`SampleType.get_config` (importing its module if it is a
+    plug-in);
     a bare name means the type with its default options."""
     config = {"name": config} if isinstance(config, str) else dict(config)
     name, module = str(config.pop("name")), config.pop("module", None)

@@ -29,8 +29,10 @@ READERS: Registry[ShardReader] = Registry("shard encoding", error=FormatError)
 
 
 def _zarr_lock_after_fork() -> None:
-    """zarr resets its event loop in a forked child but not the lock that guards creating a new one: a
-    DataLoader worker forked while one of our decode threads held it (creating the loop) waits on it forever
+    """zarr resets its event loop in a forked child but not the lock that guards creating a new one:
+    a
+    DataLoader worker forked while one of our decode threads held it (creating the loop) waits on it
+    forever
     (seen as a hung bench). A child has only the forking thread, so a fresh lock is always right."""
     sync = sys.modules.get("zarr.core.sync")
     if sync is not None:
@@ -40,12 +42,16 @@ def _zarr_lock_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_zarr_lock_after_fork)
 
-_ZARR_IMPORT_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
+_ZARR_IMPORT_LOCK = (
+    fork_safe_lock()
+)  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
 
 
 def import_zarr() -> None:
-    """Import zarr's modules we use once, under a lock: decode threads importing zarr for the first time at
-    once can see a partially initialised module (``cannot import name 'StorePath' ... circular import``)."""
+    """Import zarr's modules we use once, under a lock: decode threads importing zarr for the first
+    time at
+    once can see a partially initialised module (``cannot import name 'StorePath' ... circular
+    import``)."""
     if "zarr.storage" in sys.modules and "zarr.core.buffer" in sys.modules:
         return
     with _ZARR_IMPORT_LOCK:
@@ -61,9 +67,12 @@ def register_reader(encoding: str) -> Callable[[ShardReader], ShardReader]:
     return deco
 
 
-# -- zarr v3 ------------------------------------------------------------------------------------------
-# Read through zarr-python. A column can decode straight into a caller's buffer (get_basic_selection with
-# out=), so the loader reuses one buffer pool across windows instead of faulting in fresh pages per shard.
+# -- zarr v3
+# ------------------------------------------------------------------------------------------
+# Read through zarr-python. A column can decode straight into a caller's buffer (get_basic_selection
+# with
+# out=), so the loader reuses one buffer pool across windows instead of faulting in fresh pages per
+# shard.
 
 
 @dataclass(frozen=True)
@@ -82,14 +91,25 @@ class Column:
         return self.shape[0]
 
     def read(self) -> np.ndarray:
-        return self.source if isinstance(self.source, np.ndarray) else self.read_into(np.empty(self.shape, self.dtype))
+        return (
+            self.source
+            if isinstance(self.source, np.ndarray)
+            else self.read_into(np.empty(self.shape, self.dtype))
+        )
 
     def read_into(self, out: np.ndarray) -> np.ndarray:
         """Decode into ``out[:rows]`` and return that view (``out`` may be longer: a pooled buffer)."""
         n = self.shape[0]
-        if out.dtype != self.dtype or out.shape[1:] != self.shape[1:] or out.shape[0] < n or not out.flags.c_contiguous:
-            raise FormatError(f"{self.shard}: {self.key!r} is {self.dtype}{list(self.shape)}, expected {out.dtype} "
-                              f"with <= {out.shape[0]} rows of {list(out.shape[1:])}")
+        if (
+            out.dtype != self.dtype
+            or out.shape[1:] != self.shape[1:]
+            or out.shape[0] < n
+            or not out.flags.c_contiguous
+        ):
+            raise FormatError(
+                f"{self.shard}: {self.key!r} is {self.dtype}{list(self.shape)}, expected {out.dtype} "
+                f"with <= {out.shape[0]} rows of {list(out.shape[1:])}"
+            )
         try:
             if isinstance(self.source, np.ndarray):
                 out[:n] = self.source
@@ -102,19 +122,24 @@ class Column:
         except FormatError:
             raise
         except Exception as e:  # corrupt or truncated chunk: name the shard, never hang
-            raise FormatError(f"{self.shard}: cannot read {self.key!r} ({type(e).__name__}: {e})") from e
+            raise FormatError(
+                f"{self.shard}: cannot read {self.key!r} ({type(e).__name__}: {e})"
+            ) from e
         return out[:n]
 
 
 def open_zarr_columns(path: Path, keys: Sequence[str], store: Any = None) -> dict[str, Column]:
-    """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard. ``store``: a zarr store
-    holding the shard's bytes already (``loaders.integrity`` reads and checks them first), else the folder."""
+    """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard. ``store``:
+    a zarr store
+    holding the shard's bytes already (``loaders.integrity`` reads and checks them first), else the
+    folder."""
     import_zarr()
     import zarr
 
     from loaders.fieldcodecs import load_zarr_codecs
 
-    load_zarr_codecs()  # arrays may name a field codec (e.g. spike windows): zarr must know it to decode
+    # arrays may name a field codec (e.g. spike windows): zarr must know it to decode
+    load_zarr_codecs()
     try:
         group = zarr.open_group(str(path) if store is None else store, mode="r")
         out = {}
@@ -141,22 +166,29 @@ def read_zarr_shard(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
 
 
 def open_shard(path: str | Path, encoding: str, keys: Sequence[str]) -> dict[str, Column]:
-    """The columns ``keys`` of a shard, to decode into buffers of the caller's (``Column.read_into``).
+    """The columns ``keys`` of a shard, to decode into buffers of the caller's
+    (``Column.read_into``).
     zarr reads only metadata here; other encodings are decoded whole by their reader."""
     path = Path(path)
     if encoding == "zarr" and path.exists():
         return dict(open_zarr_columns(path, keys))
-    return {k: Column(path, k, a.shape, a.dtype, a) for k, a in read_shard(path, encoding, keys).items()}
+    return {
+        k: Column(path, k, a.shape, a.dtype, a) for k, a in read_shard(path, encoding, keys).items()
+    }
 
 
 # -- tar (WebDataset-compatible) -------------------------------------------------------------------
-# Layout shared with pipeline/writers/tar_writer.py (the writer imports these names, so both sides agree):
-#   _meta.json                      the shard's own map: member field -> column key, counts, block size
+# Layout shared with pipeline/writers/tar_writer.py (the writer imports these names, so both sides
+# agree):
+# _meta.json                      the shard's own map: member field -> column key, counts, block
+# size
 #   b000000.<field>.npy ...         block 0: rows [0, block_records) of every record column
 #   b000001.<field>.npy ...         (CSR/ragged pointers rebased to 0 in every block)
-#   tables.<field>.npy              shard tables (pairs, sentences/*): they refer to whole-shard rows
-# WebDataset splits a member name at the first dot: key "b000000", field "x_indptr.npy". Names sort in
-# this order (ASCII "_" < "b" < "t"), so sorted members put the map first and a reader needs one pass.
+# tables.<field>.npy              shard tables (pairs, sentences/*): they refer to whole-shard rows
+# WebDataset splits a member name at the first dot: key "b000000", field "x_indptr.npy". Names sort
+# in
+# this order (ASCII "_" < "b" < "t"), so sorted members put the map first and a reader needs one
+# pass.
 TAR_META_KEY = "_meta"
 TAR_TABLES_KEY = "tables"
 TAR_BLOCK_PREFIX = "b"
@@ -166,7 +198,8 @@ _MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_e
 
 
 def tar_field_names(keys: Iterable[str]) -> dict[str, str]:
-    """Column key -> member field token: lower case (WebDataset lower-cases extensions), no "/" or ".",
+    """Column key -> member field token: lower case (WebDataset lower-cases extensions), no "/" or
+    ".",
     unique (a clash gets a numeric suffix, decided in sorted key order so it is deterministic)."""
     names: dict[str, str] = {}
     taken: set[str] = set()
@@ -181,13 +214,16 @@ def tar_field_names(keys: Iterable[str]) -> dict[str, str]:
 
 
 def pointer_groups(keys: Iterable[str]) -> dict[str, list[str]]:
-    """Pointer key -> its payload keys (same prefix): the columns that must be cut and rejoined together."""
+    """Pointer key -> its payload keys (same prefix): the columns that must be cut and rejoined
+    together."""
     keys = list(keys)
     groups = {}
     for k in keys:
         if k.endswith(POINTER_SUFFIXES):
             prefix = k.rsplit("/", 1)[0]
-            groups[k] = sorted(p for p in keys if p != k and p.rsplit("/", 1)[0] == prefix and "/" in p)
+            groups[k] = sorted(
+                p for p in keys if p != k and p.rsplit("/", 1)[0] == prefix and "/" in p
+            )
     return groups
 
 
@@ -197,19 +233,31 @@ def tar_block_key(block: int, blocks: int) -> str:
 
 
 @register_reader("tar")
-def read_tar_shard(path: Path, keys: Sequence[str], data: bytes | None = None) -> dict[str, np.ndarray]:
+def read_tar_shard(
+    path: Path, keys: Sequence[str], data: bytes | None = None
+) -> dict[str, np.ndarray]:
     """One sequential pass with the stdlib; members of columns not asked for are skipped, not read.
     ``data``: the file's bytes, read (and checked) already by ``loaders.integrity``."""
     path = Path(path)
     try:
-        with tarfile.open(path, mode="r:") if data is None else tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        with (
+            tarfile.open(path, mode="r:")
+            if data is None
+            else tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf
+        ):
             return _read_tar(tf, path, keys)
     except FileNotFoundError:
         raise FormatError(f"{path}: shard is missing") from None
     except FormatError:
         raise
-    except (tarfile.TarError, EOFError, OSError) as e:  # bad header, truncated data, not a tar at all
-        raise FormatError(f"{path}: corrupt or truncated tar shard ({type(e).__name__}: {e})") from e
+    except (
+        tarfile.TarError,
+        EOFError,
+        OSError,
+    ) as e:  # bad header, truncated data, not a tar at all
+        raise FormatError(
+            f"{path}: corrupt or truncated tar shard ({type(e).__name__}: {e})"
+        ) from e
 
 
 def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -223,12 +271,16 @@ def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str,
     for info in tf:
         m = _MEMBER.match(info.name)
         if not info.isreg() or m is None or info.name in names:
-            raise FormatError(f"{path}: unexpected {'duplicate ' * (info.name in names)}tar member {info.name!r}")
+            raise FormatError(
+                f"{path}: unexpected {'duplicate ' * (info.name in names)}tar member {info.name!r}"
+            )
         names.add(info.name)
         sample, fld = m.group(1), m.group(2)
         if meta is None:
             if (sample, fld) != (TAR_META_KEY, "json"):
-                raise FormatError(f"{path}: first member is {info.name!r}, expected {TAR_META_KEY}.json")
+                raise FormatError(
+                    f"{path}: first member is {info.name!r}, expected {TAR_META_KEY}.json"
+                )
             meta = _tar_meta(tf, info, path)
             field_key = {f: str(k) for f, k in meta["columns"].items()}
             tables = set(meta["tables"])
@@ -238,12 +290,16 @@ def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str,
                 raise FormatError(f"{path}: shard has no column {missing[0]!r}")
             continue
         if not fld.endswith(".npy") or fld[:-4] not in field_key:
-            raise FormatError(f"{path}: unexpected tar member {info.name!r} (only .npy columns of {TAR_META_KEY})")
+            raise FormatError(
+                f"{path}: unexpected tar member {info.name!r} (only .npy columns of {TAR_META_KEY})"
+            )
         key = field_key[fld[:-4]]
         if (sample == TAR_TABLES_KEY) != (key in tables):
-            raise FormatError(f"{path}: unexpected tar member {info.name!r} (tables go in {TAR_TABLES_KEY}.*)")
+            raise FormatError(
+                f"{path}: unexpected tar member {info.name!r} (tables go in {TAR_TABLES_KEY}.*)"
+            )
         if sample.startswith(TAR_BLOCK_PREFIX):
-            block = sample[len(TAR_BLOCK_PREFIX):]
+            block = sample[len(TAR_BLOCK_PREFIX) :]
             if not block.isdigit() or int(block) not in (blocks_seen - 1, blocks_seen):
                 raise FormatError(f"{path}: tar member {info.name!r} is out of order")
             blocks_seen = int(block) + 1
@@ -269,7 +325,9 @@ def _tar_meta(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> dict[st
     raise FormatError(f"{path}: {info.name} is not a {FORMAT_NAME} v{SHARD_VERSION} tar map")
 
 
-def _tar_codecs(meta: dict[str, Any], path: Path) -> dict[str, Callable[[np.ndarray, str], np.ndarray]]:
+def _tar_codecs(
+    meta: dict[str, Any], path: Path
+) -> dict[str, Callable[[np.ndarray, str], np.ndarray]]:
     """Column key -> a decoder of its members, for columns stored with their field's own codec."""
     from loaders.fieldcodecs import get_field_codec
 
@@ -279,24 +337,30 @@ def _tar_codecs(meta: dict[str, Any], path: Path) -> dict[str, Callable[[np.ndar
             codec = get_field_codec(spec["codec"], f"{path}: {TAR_META_KEY}.json column {key!r}")
             dtype, shape = np.dtype(spec["dtype"]), tuple(int(s) for s in spec["shape"])
         except (KeyError, TypeError, ValueError) as e:
-            raise FormatError(f"{path}: {TAR_META_KEY}.json codecs[{key!r}] is malformed ({e})") from None
+            raise FormatError(
+                f"{path}: {TAR_META_KEY}.json codecs[{key!r}] is malformed ({e})"
+            ) from None
         out[str(key)] = _decoder(codec, dtype, shape, path)
     return out
 
 
-def _decoder(codec: Any, dtype: np.dtype, shape: tuple[int, ...],
-             path: Path) -> Callable[[np.ndarray, str], np.ndarray]:
+def _decoder(
+    codec: Any, dtype: np.dtype, shape: tuple[int, ...], path: Path
+) -> Callable[[np.ndarray, str], np.ndarray]:
     def decode(a: np.ndarray, member: str) -> np.ndarray:
         try:
             return np.asarray(codec.decode(a)).reshape(-1).view(dtype).reshape(-1, *shape)
         except Exception as e:  # a corrupt stream: name the shard and member
-            raise FormatError(f"{path}: member {member!r} does not decode ({type(e).__name__}: {e})") from None
+            raise FormatError(
+                f"{path}: member {member!r} does not decode ({type(e).__name__}: {e})"
+            ) from None
 
     return decode
 
 
 def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytearray:
-    """The member's bytes in one readinto (a bytearray, so arrays viewing it are writable, with no copy)."""
+    """The member's bytes in one readinto (a bytearray, so arrays viewing it are writable, with no
+    copy)."""
     if info.issparse():
         raise EOFError(f"member {info.name!r} is a sparse file")
     data = bytearray(info.size)
@@ -310,17 +374,25 @@ NPY_HEADER_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/
 
 
 def read_npy_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """numpy parses a .npy header with ``ast.literal_eval``; CPython 3.11 can fail that with ``SystemError: AST
-    constructor recursion depth mismatch`` when several threads parse at once (seen in the loader's tar reads),
+    """numpy parses a .npy header with ``ast.literal_eval``; CPython 3.11 can fail that with
+    ``SystemError: AST
+    constructor recursion depth mismatch`` when several threads parse at once (seen in the loader's
+    tar reads),
     so every header parse goes through one lock (a few microseconds per member)."""
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
     with NPY_HEADER_LOCK:
         return read(fh)
 
 
 def _npy(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> np.ndarray:
-    """Parse the .npy header with numpy and view the payload in place: np.load(BytesIO) copies the data twice
-    more (halving the read speed) and would also open a zip as an .npz. Object arrays (pickles) are refused."""
+    """Parse the .npy header with numpy and view the payload in place: np.load(BytesIO) copies the
+    data twice
+    more (halving the read speed) and would also open a zip as an .npz. Object arrays (pickles) are
+    refused."""
     data = _member_bytes(tf, info)  # a short read is truncation, reported by read_tar_shard
     try:
         head = io.BytesIO(memoryview(data)[:_NPY_HEAD])
@@ -334,14 +406,20 @@ def _npy(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> np.ndarray:
         if count * dtype.itemsize != len(data) - head.tell():
             raise ValueError(f"{len(data) - head.tell()} payload bytes for {dtype}{list(shape)}")
         a = np.frombuffer(data, dtype=dtype, count=count, offset=head.tell())
-    except (ValueError, OSError, EOFError) as e:  # bad magic or header, pickled objects, short payload
+    except (
+        ValueError,
+        OSError,
+        EOFError,
+    ) as e:  # bad magic or header, pickled objects, short payload
         raise FormatError(f"{path}: member {info.name!r} is not a valid .npy ({e})") from None
     return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
 
 
-def _join_blocks(path: Path, meta: dict[str, Any], parts: dict[str, list[np.ndarray]],
-                 blocks_seen: int) -> dict[str, np.ndarray]:
-    """Rejoin per-block slices; a short member list means a truncated tar (tarfile stops at a bad header)."""
+def _join_blocks(
+    path: Path, meta: dict[str, Any], parts: dict[str, list[np.ndarray]], blocks_seen: int
+) -> dict[str, np.ndarray]:
+    """Rejoin per-block slices; a short member list means a truncated tar (tarfile stops at a bad
+    header)."""
     blocks, n = int(meta["blocks"]), int(meta["n_records"])
     tables = set(meta["tables"])
     groups = pointer_groups(meta["columns"].values())
@@ -350,7 +428,9 @@ def _join_blocks(path: Path, meta: dict[str, Any], parts: dict[str, list[np.ndar
     for key, ps in parts.items():
         expected = 1 if key in tables else blocks
         if len(ps) != expected or (key not in tables and blocks_seen != blocks):
-            raise FormatError(f"{path}: truncated tar shard ({key!r}: {len(ps)} of {expected} members)")
+            raise FormatError(
+                f"{path}: truncated tar shard ({key!r}: {len(ps)} of {expected} members)"
+            )
         if key in tables:
             out[key] = ps[0]
             continue
@@ -364,7 +444,9 @@ def _join_blocks(path: Path, meta: dict[str, Any], parts: dict[str, list[np.ndar
             raise FormatError(f"{path}: {key!r} has {rows} records, {TAR_META_KEY}.json says {n}")
     for key, ptr in payloads.items():
         if key in out and ptr in out and out[key].shape[:1] != (int(out[ptr][-1]),):
-            raise FormatError(f"{path}: {key!r} has {out[key].shape[:1]} entries, {ptr!r} says {out[ptr][-1]}")
+            raise FormatError(
+                f"{path}: {key!r} has {out[key].shape[:1]} entries, {ptr!r} says {out[ptr][-1]}"
+            )
     return out
 
 
@@ -377,7 +459,7 @@ def _join_pointers(path: Path, key: str, ps: list[np.ndarray]) -> np.ndarray:
     out = np.empty(1 + sum(p.size - 1 for p in ps), dtype=ps[0].dtype)
     out[0], at, base = 0, 1, 0
     for p in ps:
-        np.add(p[1:], base, out=out[at:at + p.size - 1])
+        np.add(p[1:], base, out=out[at : at + p.size - 1])
         at, base = at + p.size - 1, base + int(p[-1])
     return out
 

@@ -29,9 +29,11 @@ from loaders.shardio import read_shard
 if TYPE_CHECKING:
     from loaders.dataset import ShardDataset
 
-EXAMPLES = settings(max_examples=8, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.differing_executors])
+EXAMPLES = settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
+)
 
 
 class SampleTypeTests:
@@ -46,8 +48,7 @@ class SampleTypeTests:
     split: ClassVar[str] = "train"
 
     def unit_keys(self, batch: dict[str, Any]) -> list[Hashable]:
-        """One hashable key per unit of ``batch`` (e.g. its ``sample_id``), unique within a split.
-        """
+        """One hashable key per unit of ``batch`` (e.g. its ``sample_id``), unique within a split."""
         raise NotImplementedError
 
     def reference_units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -61,8 +62,9 @@ class SampleTypeTests:
     def make(self, root: Path, **kw: Any) -> ShardDataset:
         from loaders.dataset import ShardDataset  # here: pipeline.testing imports us, torch-free
 
-        return ShardDataset(root, split=self.split, sample=self.name, decode_process=False,
-                            **self.options, **kw)
+        return ShardDataset(
+            root, split=self.split, sample=self.name, decode_process=False, **self.options, **kw
+        )
 
     def keys(self, ds: ShardDataset, epoch: int = 0) -> list[Hashable]:
         ds.set_epoch(epoch)
@@ -100,8 +102,9 @@ class SampleTypeTests:
             if want is None:
                 pytest.skip(f"{type(self).__name__} has no reference_units")
             got = st_.units(cols)
-            np.testing.assert_array_equal(got, np.asarray(want, np.int64), strict=True,
-                                          err_msg=f"units of {entry.file}")
+            np.testing.assert_array_equal(
+                got, np.asarray(want, np.int64), strict=True, err_msg=f"units of {entry.file}"
+            )
             compared += 1
         assert compared > 0
 
@@ -111,19 +114,33 @@ class SampleTypeTests:
         assert a == b and len(a) == len(set(a)) > 0
 
     @EXAMPLES
-    @given(world=st.integers(1, 3), batch=st.integers(1, 6), seed=st.integers(0, 3),
-           epoch=st.integers(0, 3))
-    def test_ranks_share_an_epoch_exactly_once(self, dataset: Path, world: int, batch: int,
-                                               seed: int, epoch: int) -> None:
-        per_rank = [self.keys(self.make(dataset, batch_size=batch, seed=seed, rank=r,
-                                        world_size=world, pad=False), epoch) for r in range(world)]
+    @given(
+        world=st.integers(1, 3),
+        batch=st.integers(1, 6),
+        seed=st.integers(0, 3),
+        epoch=st.integers(0, 3),
+    )
+    def test_ranks_share_an_epoch_exactly_once(
+        self, dataset: Path, world: int, batch: int, seed: int, epoch: int
+    ) -> None:
+        per_rank = [
+            self.keys(
+                self.make(
+                    dataset, batch_size=batch, seed=seed, rank=r, world_size=world, pad=False
+                ),
+                epoch,
+            )
+            for r in range(world)
+        ]
         everything = self.keys(self.make(dataset, batch_size=7, shuffle=False))
         flat = [k for keys in per_rank for k in keys]
         assert len(flat) == len(set(flat))  # disjoint, no repeats
         assert set(flat) <= set(everything) and len(flat) == len(everything) // world * world
         assert len({len(k) for k in per_rank}) == 1  # equal share per rank
-        again = self.keys(self.make(dataset, batch_size=batch, seed=seed, rank=0, world_size=world,
-                                    pad=False), epoch)
+        again = self.keys(
+            self.make(dataset, batch_size=batch, seed=seed, rank=0, world_size=world, pad=False),
+            epoch,
+        )
         assert again == per_rank[0]  # a pure function of (seed, epoch, world)
 
 
@@ -146,8 +163,9 @@ def modality_module_names(build: bool = False) -> list[str]:
     return names
 
 
-def uncovered_sample_types(covered: Iterable[str],
-                           prefixes: Iterable[str] = ("loaders",)) -> list[str]:
+def uncovered_sample_types(
+    covered: Iterable[str], prefixes: Iterable[str] = ("loaders",)
+) -> list[str]:
     """Registered sample types defined in ``prefixes`` or in an installed modality's module that
     are not among ``covered`` (names with a :class:`SampleTypeTests` subclass)."""
     where = (*prefixes, *modality_module_names())

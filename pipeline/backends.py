@@ -1,16 +1,25 @@
-"""Where the build's tasks run (`--backend`): a registry of executors, each running a list of tasks and
-returning their results in task order, whatever order they finish in (so outputs never depend on it).
+"""Where the build's tasks run (`--backend`): a registry of executors, each running a list of tasks
+and
+returning their results in task order, whatever order they finish in (so outputs never depend on
+it).
 
-* ``threading`` (default) and ``loky`` go through joblib: threads share the plan in memory; loky processes
+* ``threading`` (default) and ``loky`` go through joblib: threads share the plan in memory; loky
+processes
   receive the tasks pickled.
-* ``dask`` and ``ray`` run on a cluster (``--scheduler ADDRESS``), or, without an address, on a local one
-  started for this build (a ``distributed.LocalCluster`` on 127.0.0.1 with one single-threaded worker
+* ``dask`` and ``ray`` run on a cluster (``--scheduler ADDRESS``), or, without an address, on a
+local one
+  started for this build (a ``distributed.LocalCluster`` on 127.0.0.1 with one single-threaded
+  worker
   process per job; ``ray.init`` with ``num_cpus = jobs``). Their tasks never carry arrays: before
-  submission every array in a task's arguments is written to the build's spill folder (inside OUT, so on
-  the shared filesystem a cluster needs anyway) and replaced by an :class:`ArrayRef`. A task therefore
+  submission every array in a task's arguments is written to the build's spill folder (inside OUT,
+  so on
+  the shared filesystem a cluster needs anyway) and replaced by an :class:`ArrayRef`. A task
+  therefore
   receives paths, row ranges and settings, a few kB (joblib's dask backend would instead push every
-  argument over 1 kB through the scheduler), and the client fetches each result as soon as it is done,
-  so a worker lost later costs only the tasks it was running (the cluster reruns those). Each shard is
+  argument over 1 kB through the scheduler), and the client fetches each result as soon as it is
+  done,
+  so a worker lost later costs only the tasks it was running (the cluster reruns those). Each shard
+  is
   written under a temporary name and renamed, so a task rerun, or a rerun of the whole build after a
   crash, finds finished shards complete and does not redo them (``pipeline.resume``).
 """
@@ -39,14 +48,17 @@ class BackendError(ShardsmithError):
 
 
 class Backend(ABC):
-    """Runs tasks; ``start``/``close`` bracket a build. ``remote`` backends get descriptors (module doc)."""
+    """Runs tasks; ``start``/``close`` bracket a build. ``remote`` backends get descriptors (module
+    doc)."""
 
     name: ClassVar[str]
     remote: ClassVar[bool] = False
 
     def __init__(self, jobs: int, scheduler: str | None = None) -> None:
         self.jobs, self.scheduler = jobs, scheduler
-        self.max_descriptor_bytes = 0  # remote backends: the most bytes one task of the last map was sent
+        self.max_descriptor_bytes = (
+            0  # remote backends: the most bytes one task of the last map was sent
+        )
 
     def start(self) -> None:  # noqa: B027 (optional hook)
         """Connect to, or start, the cluster."""
@@ -61,26 +73,38 @@ class Backend(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def map(self, tasks: Sequence[Task], desc: str, progress: bool, on_result: OnResult | None = None,
-            spill: Path | None = None) -> list[Any]:
-        """Run every task; results in task order. ``on_result`` is called in this process as each completes."""
+    def map(
+        self,
+        tasks: Sequence[Task],
+        desc: str,
+        progress: bool,
+        on_result: OnResult | None = None,
+        spill: Path | None = None,
+    ) -> list[Any]:
+        """Run every task; results in task order. ``on_result`` is called in this process as each
+        completes."""
         done = on_result or (lambda r: None)
         if not tasks:
             return []
         if self.remote:
             if spill is None:
-                raise ValueError(f"the {self.name} backend needs a spill folder for its tasks' arrays")
+                raise ValueError(
+                    f"the {self.name} backend needs a spill folder for its tasks' arrays"
+                )
             descriptors = describe(tasks, spill / f"tasks-{desc.replace(' ', '-')}")
             self.max_descriptor_bytes = max(_pickled_size(d) for d in descriptors)
             return self._run(descriptors, desc, progress, done)
         return self._run(list(tasks), desc, progress, done)
 
     @abstractmethod
-    def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]: ...
+    def _run(
+        self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult
+    ) -> list[Any]: ...
 
 
 def _pickled_size(d: Descriptor) -> int:
-    """The bytes a cluster is sent for one task: measured with cloudpickle, the serializer dask and ray use
+    """The bytes a cluster is sent for one task: measured with cloudpickle, the serializer dask and
+    ray use
     for tasks (installed with either extra). Only ever dumps; nothing here loads a pickle."""
     import cloudpickle  # optional: only remote backends ship pickled tasks
 
@@ -115,8 +139,10 @@ def get_backend(name: str, jobs: int, scheduler: str | None = None) -> Backend:
 
 def missing_extra(backend: str, e: ImportError) -> BackendError:
 
-    return BackendError(f"--backend {backend} needs the {backend!r} extra, which is not installed ({e}): "
-                        f"{install_command(backend)} (in the shardsmith checkout), or use --backend threading")
+    return BackendError(
+        f"--backend {backend} needs the {backend!r} extra, which is not installed ({e}): "
+        f"{install_command(backend)} (in the shardsmith checkout), or use --backend threading"
+    )
 
 
 class _Joblib(Backend):
@@ -125,7 +151,9 @@ class _Joblib(Backend):
     def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
         out = []
         with _bar(len(tasks), desc, progress) as bar:
-            if self.jobs == 1 or len(tasks) == 1:  # inline, without importing joblib (~50 ms of a small rebuild)
+            if (
+                self.jobs == 1 or len(tasks) == 1
+            ):  # inline, without importing joblib (~50 ms of a small rebuild)
                 gen: Any = (t() for t in tasks)
             else:
                 from joblib import (  # import weight: one task runs inline without joblib
@@ -153,14 +181,17 @@ class LokyBackend(_Joblib):
     name = "loky"
 
     def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
-        from pipeline.orphans import watched  # workers end when the build dies (kill -9), not minutes later
+        from pipeline.orphans import (
+            watched,
+        )  # workers end when the build dies (kill -9), not minutes later
 
         return super()._run([watched(t) for t in tasks], desc, progress, on_result)
 
 
 @register_backend
 class DaskBackend(Backend):
-    """distributed: the given scheduler, or a LocalCluster of `jobs` single-threaded worker processes."""
+    """distributed: the given scheduler, or a LocalCluster of `jobs` single-threaded worker
+    processes."""
 
     name = "dask"
     remote = True
@@ -174,8 +205,14 @@ class DaskBackend(Backend):
         if self.scheduler:
             self.client = Client(self.scheduler)
         else:
-            self.cluster = LocalCluster(n_workers=self.jobs, threads_per_worker=1, processes=True,
-                                        host="127.0.0.1", dashboard_address=":0", silence_logs=logging.WARNING)
+            self.cluster = LocalCluster(
+                n_workers=self.jobs,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=":0",
+                silence_logs=logging.WARNING,
+            )
             self.client = Client(self.cluster)
 
     def close(self) -> None:
@@ -189,15 +226,20 @@ class DaskBackend(Backend):
         from distributed import as_completed  # optional extra dask
 
         token = uuid.uuid4().hex[:8]
-        futures = [self.client.submit(run_descriptor, d, key=f"{desc.replace(' ', '-')}-{i}-{d.label}-{token}")
-                   for i, d in enumerate(tasks)]
+        futures = [
+            self.client.submit(
+                run_descriptor, d, key=f"{desc.replace(' ', '-')}-{i}-{d.label}-{token}"
+            )
+            for i, d in enumerate(tasks)
+        ]
         position = {f.key: i for i, f in enumerate(futures)}
         out: list[Any] = [None] * len(futures)
         try:
             with _bar(len(futures), desc, progress) as bar:
                 for fut, result in as_completed(futures, with_results=True):
                     out[position[fut.key]] = result
-                    fut.release()  # the result lives here now: a worker lost later loses nothing done
+                    # the result lives here now: a worker lost later loses nothing done
+                    fut.release()
                     on_result(result)
                     bar.update()
         finally:
@@ -219,8 +261,11 @@ class RayBackend(Backend):
             raise missing_extra(self.name, e) from None
         self.started = not ray.is_initialized()
         if self.started:
-            kw: dict[str, Any] = {"address": self.scheduler} if self.scheduler else {
-                "num_cpus": self.jobs, "include_dashboard": False}
+            kw: dict[str, Any] = (
+                {"address": self.scheduler}
+                if self.scheduler
+                else {"num_cpus": self.jobs, "include_dashboard": False}
+            )
             ray.init(**kw, log_to_driver=False, configure_logging=False)
         self.task = ray.remote(num_cpus=1, max_retries=3)(run_descriptor)
 

@@ -1,7 +1,9 @@
-"""The staged build: scan -> plan -> scatter -> pack -> commit. index.json is written last (the commit point);
+"""The staged build: scan -> plan -> scatter -> pack -> commit. index.json is written last (the
+commit point);
 until then the previous dataset in OUT stays intact and readable, whatever fails and whenever.
 
-A rebuild whose inputs are unchanged (see `unchanged`) stops after a few stat calls; the heavy modules
+A rebuild whose inputs are unchanged (see `unchanged`) stops after a few stat calls; the heavy
+modules
 (anndata through the sources, scipy, joblib) are imported only once there is work to do.
 """
 
@@ -49,9 +51,15 @@ class BuildResult:
     written: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-    removed: int = 0  # files the commit deleted (shards and condition tables the new index no longer names)
-    changed: bool = True  # False: OUT is exactly as it was (nothing written, nothing removed, same index)
-    difference: PlanDifference | None = None  # --dry-run: what the build would do (and it did nothing)
+    removed: int = (
+        0  # files the commit deleted (shards and condition tables the new index no longer names)
+    )
+    changed: bool = (
+        True  # False: OUT is exactly as it was (nothing written, nothing removed, same index)
+    )
+    difference: PlanDifference | None = (
+        None  # --dry-run: what the build would do (and it did nothing)
+    )
 
 
 def previous_index(out: Path) -> fmt.Index | None:
@@ -64,25 +72,38 @@ def previous_index(out: Path) -> fmt.Index | None:
 
 
 def park_tables(spill: Path, reused: set[str], names: tuple[str, ...], shard: ShardPlan) -> None:
-    """Keep the plan's memory small: a new shard's big planned columns (``names``: the kind's ``parked``; a
-    name ending in "/" stands for every column under it) wait in the spill folder as .npy files (its pack
+    """Keep the plan's memory small: a new shard's big planned columns (``names``: the kind's
+    ``parked``; a
+    name ending in "/" stands for every column under it) wait in the spill folder as .npy files (its
+    pack
     task loads them and lets them go); a reused shard's columns are not needed at all."""
     if shard.key in reused:
         shard.columns.clear()
         return
-    for name in [c for c in shard.columns if any(c == n or (n.endswith("/") and c.startswith(n)) for n in names)]:
+    for name in [
+        c
+        for c in shard.columns
+        if any(c == n or (n.endswith("/") and c.startswith(n)) for n in names)
+    ]:
         a = shard.columns.get(name)
         if isinstance(a, np.ndarray) and a.nbytes > 1 << 16:
-            path = spill / f"plan-{shard.source}-{shard.split}-{shard.part}-{name.replace('/', '~')}.npy"
+            path = (
+                spill
+                / f"plan-{shard.source}-{shard.split}-{shard.part}-{name.replace('/', '~')}.npy"
+            )
             np.save(path, a, allow_pickle=False)
             shard.columns[name] = path
 
 
 def conditions_file(plan: KindPlan, cfg: PackConfig) -> str:
-    """The condition table's file name, from its content (so a rebuild with equal vectors reuses it)."""
+    """The condition table's file name, from its content (so a rebuild with equal vectors reuses
+    it)."""
     columns = plan.conditions or {}
     h = hashlib.sha256()
-    for key in (fmt.CONDITION_VECTORS, fmt.CONDITION_CODES):  # same digest as of the bytes joined, no copies
+    for key in (
+        fmt.CONDITION_VECTORS,
+        fmt.CONDITION_CODES,
+    ):  # same digest as of the bytes joined, no copies
         if key in columns:
             h.update(np.ascontiguousarray(columns[key]))
     return f"conditions-{h.hexdigest()[:16]}{shard_suffix(cfg)}"
@@ -96,8 +117,14 @@ def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig, name: str) -> f
     final = out / name
     digest, stored = write_columns(columns, final, cfg)
     vectors = columns[fmt.CONDITION_VECTORS]
-    return fmt.ConditionsRef(file=final.name, rows=int(vectors.shape[0]), dim=int(vectors.shape[1]), sha256=digest,
-                             bytes=stored, segments=list(plan.condition_segments))
+    return fmt.ConditionsRef(
+        file=final.name,
+        rows=int(vectors.shape[0]),
+        dim=int(vectors.shape[1]),
+        sha256=digest,
+        bytes=stored,
+        segments=list(plan.condition_segments),
+    )
 
 
 def _source_doc(s: ScannedSource) -> dict[str, Any]:
@@ -109,23 +136,39 @@ def _source_doc(s: ScannedSource) -> dict[str, Any]:
     return doc
 
 
-def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | None = None,
-          backend: str = "threading", scheduler: str | None = None, progress: bool = True,
-          encoding: str | None = None, dry_run: bool = False, events: EventLog | None = None,
-          wait: float = 0.0) -> BuildResult:
-    """Build or incrementally rebuild OUT from a manifest, through the manifest's kind (pipeline.kinds).
+def build(
+    manifest_path: str | Path,
+    out: str | Path | None = None,
+    jobs: int | None = None,
+    backend: str = "threading",
+    scheduler: str | None = None,
+    progress: bool = True,
+    encoding: str | None = None,
+    dry_run: bool = False,
+    events: EventLog | None = None,
+    wait: float = 0.0,
+) -> BuildResult:
+    """Build or incrementally rebuild OUT from a manifest, through the manifest's kind
+    (pipeline.kinds).
 
-    `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing, file I/O)
-    runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s) and
+    `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing,
+    file I/O)
+    runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s)
+    and
     hold its own copy of its tasks' plan. `dry_run`: scan and plan, report the difference
-    (`BuildResult.difference`), write and delete nothing. `events`: a JSON-lines log (pipeline.events).
+    (`BuildResult.difference`), write and delete nothing. `events`: a JSON-lines log
+    (pipeline.events).
 
-    One writer per OUT (`pipeline.generations.writing`): another build holding it -> `LockHeldError` at once,
-    or after `wait` seconds; an OUT holding files that are not ours -> `OutputError`, nothing touched."""
+    One writer per OUT (`pipeline.generations.writing`): another build holding it -> `LockHeldError`
+    at once,
+    or after `wait` seconds; an OUT holding files that are not ours -> `OutputError`, nothing
+    touched."""
     t0 = time.perf_counter()
     ev = events if events is not None else EventLog()
     manifest = load_manifest(manifest_path)
-    if encoding is not None and encoding != manifest.format:  # e.g. `--format tar` for a zarr manifest
+    if (
+        encoding is not None and encoding != manifest.format
+    ):  # e.g. `--format tar` for a zarr manifest
         manifest = dataclasses.replace(manifest, format=encoding)
     kind = get_kind(manifest.kind)
     out = Path(out) if out is not None else Path("shards") / manifest.name
@@ -133,16 +176,39 @@ def build(manifest_path: str | Path, out: str | Path | None = None, jobs: int | 
     from pipeline.backends import get_backend
 
     executor = get_backend(backend, jobs, scheduler)  # bad names and options fail before any work
-    ev.emit("start", manifest=str(manifest.path), out=str(out), backend=backend, jobs=jobs, dry_run=dry_run)
-    if dry_run:  # writes nothing, so takes no lock; a folder that is not ours is refused all the same
+    ev.emit(
+        "start",
+        manifest=str(manifest.path),
+        out=str(out),
+        backend=backend,
+        jobs=jobs,
+        dry_run=dry_run,
+    )
+    if (
+        dry_run
+    ):  # writes nothing, so takes no lock; a folder that is not ours is refused all the same
         generations.check_owned(out)
-        return _build_locked(t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run)
+        return _build_locked(
+            t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run
+        )
     with generations.writing(out, wait):
-        return _build_locked(t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run)
+        return _build_locked(
+            t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run
+        )
 
 
-def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: Path, jobs: int, backend: str,
-                  executor: Any, progress: bool, dry_run: bool) -> BuildResult:
+def _build_locked(
+    t0: float,
+    ev: EventLog,
+    manifest: Manifest,
+    kind: Kind,
+    out: Path,
+    jobs: int,
+    backend: str,
+    executor: Any,
+    progress: bool,
+    dry_run: bool,
+) -> BuildResult:
     prev = previous_index(out)
     saved = read_record(out) if prev is not None else {}
     if prev is not None and unchanged(manifest, kind, out, prev, saved):
@@ -153,16 +219,28 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         ev.emit("up_to_date", shards=len(shards))
         from pipeline.dryrun import nothing_to_do
 
-        return BuildResult(out, prev.raw, [], shards, {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0},
-                           changed=False, difference=nothing_to_do(prev) if dry_run else None)
+        return BuildResult(
+            out,
+            prev.raw,
+            [],
+            shards,
+            {"scan": time.perf_counter() - t0, "total": time.perf_counter() - t0},
+            changed=False,
+            difference=nothing_to_do(prev) if dry_run else None,
+        )
     if prev is not None and prev.name != manifest.name:
-        log.warning("%s holds dataset %r: this build of %r replaces it (its files go after two commits)", out,
-                    prev.name, manifest.name)
+        log.warning(
+            "%s holds dataset %r: this build of %r replaces it (its files go after two commits)",
+            out,
+            prev.name,
+            manifest.name,
+        )
     if not dry_run:
         generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
 
     cache = {str(s["path"]): s for s in (prev.sources if prev is not None else [])}
-    # with more than one job, new sources are hashed on a second thread while metadata is read and planned
+    # with more than one job, new sources are hashed on a second thread while metadata is read and
+    # planned
     hasher = ThreadPoolExecutor(1, thread_name_prefix="hash") if jobs > 1 else None
     spill = out.resolve() / f".spill-{os.getpid()}"  # absolute: remote workers get its paths
     started, journal = False, None
@@ -171,8 +249,11 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         scanned = kind.scan(manifest, cache, hasher)
         t_scan = time.perf_counter()
         ev.emit("scanned", sources=len(scanned), seconds=round(t_scan - t0, 3))
-        reusable = {s.plan_key: s for s in (prev.shards if prev is not None else [])
-                    if (out / fmt.SHARDS_DIR / s.file).exists()}
+        reusable = {
+            s.plan_key: s
+            for s in (prev.shards if prev is not None else [])
+            if (out / fmt.SHARDS_DIR / s.file).exists()
+        }
         if dry_run:  # nothing is written: reused and new shards alike drop their planned columns
             park: Callable[[ShardPlan], None] = drop_columns
         else:
@@ -182,42 +263,84 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         known = known_sources(out, prev, saved) if prev is not None else None
         plan = kind.plan(manifest, scanned, PlanContext(park, known, code_digest(), prev))
         t_plan = time.perf_counter()
-        release_freed_memory()  # after planning: its many short-lived temporaries are cheaper from the heap
-        cfg = PackConfig(out=out.resolve(), spill=spill, encoding=manifest.format, codec=Codec(manifest.codec, manifest.codec_level),
-                         fields=plan.fields, block_rows=manifest.block_rows, tables=tuple(plan.tables),
-                         samples=tuple(kind.samples), drop_spill=not executor.remote, jobs=jobs,
-                         options=kind.pack_options(manifest))
+        # after planning: its many short-lived temporaries are cheaper from the heap
+        release_freed_memory()
+        cfg = PackConfig(
+            out=out.resolve(),
+            spill=spill,
+            encoding=manifest.format,
+            codec=Codec(manifest.codec, manifest.codec_level),
+            fields=plan.fields,
+            block_rows=manifest.block_rows,
+            tables=tuple(plan.tables),
+            samples=tuple(kind.samples),
+            drop_spill=not executor.remote,
+            jobs=jobs,
+            options=kind.pack_options(manifest),
+        )
         todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
-        moved = {sh.key for sh in plan.shards if sh.key in reusable and reusable[sh.key].split != sh.split}
-        if moved:  # equal rows planned for another split (the split rules changed): a new shard, not a reuse
+        moved = {
+            sh.key
+            for sh in plan.shards
+            if sh.key in reusable and reusable[sh.key].split != sh.split
+        }
+        # equal rows planned for another split (the split rules changed): a new shard, not a reuse
+        if moved:
             reusable = {k: v for k, v in reusable.items() if k not in moved}
             park = park if dry_run else partial(park_tables, spill, set(reusable), kind.parked)
-        if moved or (known and any(not plan.shards[i].columns and not plan.shards[i].n for i in todo)):
+        if moved or (
+            known and any(not plan.shards[i].columns and not plan.shards[i].n for i in todo)
+        ):
             # a reused source's shard vanished meanwhile, or a shard moved: plan everything again
             plan = kind.plan(manifest, scanned, PlanContext(park, None, code_digest(), prev))
             todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         entries = {i: reusable[sh.key] for i, sh in enumerate(plan.shards) if sh.key in reusable}
         cond_file = conditions_file(plan, cfg) if plan.conditions else None
-        new_files = [f"{fmt.SHARDS_DIR}/{sh.file}{shard_suffix(cfg)}" for sh in plan.shards] + \
-            ([cond_file] if cond_file else [])
+        new_files = [f"{fmt.SHARDS_DIR}/{sh.file}{shard_suffix(cfg)}" for sh in plan.shards] + (
+            [cond_file] if cond_file else []
+        )
         if dry_run:
             from pipeline.dryrun import plan_difference
 
             retired = generations.next_generation(out, prev, new_files)["retired"]
-            diff = plan_difference(out, prev, plan.shards, shard_suffix(cfg), reusable, scanned, retired)
-            ev.emit("planned", shards=len(plan.shards), write=len(diff.write), reuse=len(diff.reuse),
-                    delete=len(diff.delete), seconds=round(t_plan - t_scan, 3))
-            return BuildResult(out, prev.raw if prev is not None else {}, [], sorted(diff.reuse),
-                               {"scan": t_scan - t0, "plan": t_plan - t_scan, "total": time.perf_counter() - t0},
-                               changed=diff.changed, difference=diff)
-        ev.emit("planned", shards=len(plan.shards), write=len(todo), reuse=len(plan.shards) - len(todo),
-                seconds=round(t_plan - t_scan, 3))
+            diff = plan_difference(
+                out, prev, plan.shards, shard_suffix(cfg), reusable, scanned, retired
+            )
+            ev.emit(
+                "planned",
+                shards=len(plan.shards),
+                write=len(diff.write),
+                reuse=len(diff.reuse),
+                delete=len(diff.delete),
+                seconds=round(t_plan - t_scan, 3),
+            )
+            return BuildResult(
+                out,
+                prev.raw if prev is not None else {},
+                [],
+                sorted(diff.reuse),
+                {"scan": t_scan - t0, "plan": t_plan - t_scan, "total": time.perf_counter() - t0},
+                changed=diff.changed,
+                difference=diff,
+            )
+        ev.emit(
+            "planned",
+            shards=len(plan.shards),
+            write=len(todo),
+            reuse=len(plan.shards) - len(todo),
+            seconds=round(t_plan - t_scan, 3),
+        )
         executor.start()
         started = True
-        journal = generations.write_journal(out, [new_files[i] for i in todo] + ([cond_file] if cond_file else []))
+        journal = generations.write_journal(
+            out, [new_files[i] for i in todo] + ([cond_file] if cond_file else [])
+        )
         conditions = write_conditions(out, plan, cfg, cond_file) if cond_file else None
-        plan.conditions = None  # written: its vectors (conditions x dimensions, 27 MB at 2M cells) can go,
-        trim_heap()  # and their pages with them, before the pack tasks' buffers come (pipeline.memory)
+        plan.conditions = (
+            None  # written: its vectors (conditions x dimensions, 27 MB at 2M cells) can go,
+        )
+        # and their pages with them, before the pack tasks' buffers come (pipeline.memory)
+        trim_heap()
         from pipeline.resume import adopt_finished
 
         missing, adopted = adopt_finished(kind, plan.shards, todo, cfg)
@@ -229,8 +352,13 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
         for phase, tasks in (("read sources", read), ("pack shards", pack)):
             if tasks:
                 done = executor.map(tasks, phase, progress, on_result, spill)
-                ev.emit("tasks", phase=phase, count=len(tasks), backend=backend,
-                        max_descriptor_bytes=executor.max_descriptor_bytes)
+                ev.emit(
+                    "tasks",
+                    phase=phase,
+                    count=len(tasks),
+                    backend=backend,
+                    max_descriptor_bytes=executor.max_descriptor_bytes,
+                )
                 results.extend(r for rs in done for r in rs)
             if phase == "read sources":
                 t_scatter = time.perf_counter()
@@ -246,20 +374,40 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
     entries.update({r.number: r.entry for r in results})
     shard_entries = [entries[i] for i in range(len(plan.shards))]
     side = [conditions.file] if conditions is not None else []
-    make_durable(out, [out / fmt.SHARDS_DIR / shard_entries[i].file for i in todo] + [out / f for f in side])
+    make_durable(
+        out, [out / fmt.SHARDS_DIR / shard_entries[i].file for i in todo] + [out / f for f in side]
+    )
     t_pack = time.perf_counter()
     stats, section = record_outcomes(plan, prev, shard_entries, results, kind.name)
     index = fmt.Index(
-        root=out, name=manifest.name, kind=manifest.kind, encoding=manifest.format, fields=list(plan.fields),
-        tables=list(plan.tables), shards=shard_entries, samples=list(kind.samples), vocabularies=plan.vocabularies,
-        obs_fields=plan.obs_fields, control_labels=plan.control_labels, conditions=conditions,
+        root=out,
+        name=manifest.name,
+        kind=manifest.kind,
+        encoding=manifest.format,
+        fields=list(plan.fields),
+        tables=list(plan.tables),
+        shards=shard_entries,
+        samples=list(kind.samples),
+        vocabularies=plan.vocabularies,
+        obs_fields=plan.obs_fields,
+        control_labels=plan.control_labels,
+        conditions=conditions,
         codec=cfg.codec.to_json() if manifest.format == "zarr" else {"name": "none", "level": 0},
-        sources=[_source_doc(s) for s in scanned], stats=stats,
-        provenance={"manifest": str(manifest.path), "manifest_sha256": manifest.sha256, "seed": manifest.seed,
-                    "shardsmith": __version__, "format_version": fmt.INDEX_VERSION},
-        sections={kind.name: section}, plugins=list(manifest.plugins),
-        primary_records=plan.primary_records if plan.primary_records is not None
-        else int(sum(e.records for e in shard_entries)))
+        sources=[_source_doc(s) for s in scanned],
+        stats=stats,
+        provenance={
+            "manifest": str(manifest.path),
+            "manifest_sha256": manifest.sha256,
+            "seed": manifest.seed,
+            "shardsmith": __version__,
+            "format_version": fmt.INDEX_VERSION,
+        },
+        sections={kind.name: section},
+        plugins=list(manifest.plugins),
+        primary_records=plan.primary_records
+        if plan.primary_records is not None
+        else int(sum(e.records for e in shard_entries)),
+    )
     index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))
     before = fmt.index_path(out).read_bytes() if prev is not None else b""
     try:
@@ -274,15 +422,37 @@ def _build_locked(t0: float, ev: EventLog, manifest: Manifest, kind: Kind, out: 
     removed = generations.after_commit(out, index.retired)
     t_end = time.perf_counter()
     written = [shard_entries[i].file for i in todo]
-    log.info("committed %s: %d shards (%d written, %d reused, %d stale removed)", out, len(shard_entries),
-             len(written), len(shard_entries) - len(written), removed)
-    ev.emit("committed", shards=len(shard_entries), written=len(written), reused=len(shard_entries) - len(written),
-            removed=removed)
-    return BuildResult(out, index.to_json(), written,
-                       [e.file for i, e in enumerate(shard_entries) if i not in set(todo)],
-                       {"scan": t_scan - t0, "plan": t_plan - t_scan, "scatter": t_scatter - t_plan,
-                        "pack": t_pack - t_scatter, "commit": t_end - t_pack, "total": t_end - t0},
-                       removed=removed, changed=bool(written or removed) or fmt.index_path(out).read_bytes() != before)
+    log.info(
+        "committed %s: %d shards (%d written, %d reused, %d stale removed)",
+        out,
+        len(shard_entries),
+        len(written),
+        len(shard_entries) - len(written),
+        removed,
+    )
+    ev.emit(
+        "committed",
+        shards=len(shard_entries),
+        written=len(written),
+        reused=len(shard_entries) - len(written),
+        removed=removed,
+    )
+    return BuildResult(
+        out,
+        index.to_json(),
+        written,
+        [e.file for i, e in enumerate(shard_entries) if i not in set(todo)],
+        {
+            "scan": t_scan - t0,
+            "plan": t_plan - t_scan,
+            "scatter": t_scatter - t_plan,
+            "pack": t_pack - t_scatter,
+            "commit": t_end - t_pack,
+            "total": t_end - t0,
+        },
+        removed=removed,
+        changed=bool(written or removed) or fmt.index_path(out).read_bytes() != before,
+    )
 
 
 def _shard_events(ev: EventLog, shards: list[ShardPlan], results: list[PackResult]) -> None:
@@ -290,9 +460,15 @@ def _shard_events(ev: EventLog, shards: list[ShardPlan], results: list[PackResul
         ev.emit("shard", file=r.entry.file, records=r.entry.records, bytes=r.entry.bytes)
 
 
-def record_outcomes(plan: KindPlan, prev: fmt.Index | None, entries: list[fmt.ShardEntry],
-                    results: list[PackResult], kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The index's stats and kind section, with what pack tasks reported per shard: records skipped (by
+def record_outcomes(
+    plan: KindPlan,
+    prev: fmt.Index | None,
+    entries: list[fmt.ShardEntry],
+    results: list[PackResult],
+    kind: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The index's stats and kind section, with what pack tasks reported per shard: records skipped
+    (by
     reason: nothing is lost silently) and per-record metadata. Reused shards keep what the previous
     index said of them."""
     fresh = {entries[r.number].file: r for r in results}
@@ -321,17 +497,28 @@ def record_outcomes(plan: KindPlan, prev: fmt.Index | None, entries: list[fmt.Sh
     return stats, section
 
 
-def _counts(entries: list[fmt.ShardEntry], fresh: dict[str, PackResult], prev: fmt.Index | None) -> dict[str, Any]:
-    """Totals of what pack tasks changed to keep values exact (e.g. ``duplicate_entries_summed``), with the
-    per-shard counts (``counts_by_shard``) that let a reused shard keep its share in later builds."""
+def _counts(
+    entries: list[fmt.ShardEntry], fresh: dict[str, PackResult], prev: fmt.Index | None
+) -> dict[str, Any]:
+    """Totals of what pack tasks changed to keep values exact (e.g. ``duplicate_entries_summed``),
+    with the
+    per-shard counts (``counts_by_shard``) that let a reused shard keep its share in later
+    builds."""
     old = (prev.stats.get("counts_by_shard") if prev is not None else None) or {}
-    by_shard = {e.file: dict(fresh[e.file].counts if e.file in fresh else old.get(e.file, {})) for e in entries}
+    by_shard = {
+        e.file: dict(fresh[e.file].counts if e.file in fresh else old.get(e.file, {}))
+        for e in entries
+    }
     by_shard = {f: c for f, c in by_shard.items() if c}
     totals: dict[str, Any] = {}
     for c in by_shard.values():
         for name, n in c.items():
             totals[name] = totals.get(name, 0) + int(n)
     for name, n in totals.items():
-        log.warning("%s: %d in %d shard(s) (see index.json stats.counts_by_shard)", name.replace("_", " "), n,
-                    sum(name in c for c in by_shard.values()))
+        log.warning(
+            "%s: %d in %d shard(s) (see index.json stats.counts_by_shard)",
+            name.replace("_", " "),
+            n,
+            sum(name in c for c in by_shard.values()),
+        )
     return {**totals, "counts_by_shard": by_shard} if by_shard else {}

@@ -1,4 +1,5 @@
-"""Errors that name the file (or manifest key) and the problem, so a nightly log says what to fix; and the
+"""Errors that name the file (or manifest key) and the problem, so a nightly log says what to fix;
+and the
 exit codes every `shardsmith` command shares (a nightly job branches on them)."""
 
 from __future__ import annotations
@@ -6,15 +7,22 @@ from __future__ import annotations
 from pathlib import Path
 
 # Exit codes of every `shardsmith` command, for schedulers (cron, Airflow, Slurm) that act on them:
-EXIT_OK = 0  # success, whether or not anything changed (a build's summary says "changed": true/false)
-EXIT_CRASH = 1  # an unexpected failure (a bug): the traceback is printed; `verify` also exits 1 on problems;
+EXIT_OK = (
+    0  # success, whether or not anything changed (a build's summary says "changed": true/false)
+)
+EXIT_CRASH = (
+    1  # an unexpected failure (a bug): the traceback is printed; `verify` also exits 1 on problems;
+)
 #                 also a build that the environment stopped (the disk is full: OutputError)
-EXIT_BAD_INPUT = 2  # the manifest, a source or a dataset is wrong: the message names the file/key and the fix
+EXIT_BAD_INPUT = (
+    2  # the manifest, a source or a dataset is wrong: the message names the file/key and the fix
+)
 EXIT_LOCKED = 3  # another build holds the output folder's lock: retry later
 
 
 class ShardsmithError(Exception):
-    """Base class: every user-facing failure of the pipeline. ``exit_code``: what the CLI exits with."""
+    """Base class: every user-facing failure of the pipeline. ``exit_code``: what the CLI exits
+    with."""
 
     exit_code = EXIT_BAD_INPUT
 
@@ -24,7 +32,9 @@ class ManifestError(ShardsmithError):
         self.manifest, self.key, self.problem = str(manifest), key, problem
         super().__init__(f"{manifest}: [{key}] {problem}")
 
-    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:  # survives joblib's trip between processes
+    def __reduce__(
+        self,
+    ) -> tuple[type, tuple[str, str, str]]:  # survives joblib's trip between processes
         return (type(self), (self.manifest, self.key, self.problem))
 
 
@@ -48,8 +58,10 @@ class LockHeldError(ShardsmithError):
 
 
 class OutputError(ShardsmithError):
-    """The output folder cannot be used: it holds files that are not ours (bad input), or writing to it failed
-    (disk full: EXIT_CRASH; read-only: bad input). Nothing was committed: the previous dataset is intact."""
+    """The output folder cannot be used: it holds files that are not ours (bad input), or writing to
+    it failed
+    (disk full: EXIT_CRASH; read-only: bad input). Nothing was committed: the previous dataset is
+    intact."""
 
     def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
         super().__init__(message)

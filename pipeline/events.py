@@ -1,9 +1,14 @@
-"""Machine-readable build log: one JSON object per line, per event (`shardsmith build --log-json FILE`).
+"""Machine-readable build log: one JSON object per line, per event (`shardsmith build --log-json
+FILE`).
 
-Why: a nightly scheduler must tell "rebuilt" from "nothing to do" from "failed" without parsing prose, and
-a person reading last night's log wants the same facts (which shards were written, how long each stage took,
-what went wrong). Every object has ``event`` and ``t`` (seconds since the build started); the last one of a
-run is always ``summary`` (also printed as the CLI's last stdout line), with ``changed`` and ``exit_code``.
+Why: a nightly scheduler must tell "rebuilt" from "nothing to do" from "failed" without parsing
+prose, and
+a person reading last night's log wants the same facts (which shards were written, how long each
+stage took,
+what went wrong). Every object has ``event`` and ``t`` (seconds since the build started); the last
+one of a
+run is always ``summary`` (also printed as the CLI's last stdout line), with ``changed`` and
+``exit_code``.
 
 Events (fields beyond ``event``/``t``):
 
@@ -16,7 +21,8 @@ Events (fields beyond ``event``/``t``):
 * ``committed``: shards, written, reused, removed
 * ``warning``: message (every warning the pipeline logs, e.g. dropped cells)
 * ``error``: type, message, exit_code
-* ``summary``: status, changed, exit_code, written, reused, removed, bytes_written, seconds, out, dry_run
+* ``summary``: status, changed, exit_code, written, reused, removed, bytes_written, seconds, out,
+dry_run
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, ShardsmithError
 
 
 class EventLog:
-    """Writes events as JSON lines to a file (appended, flushed per event) or a stream; `None` discards."""
+    """Writes events as JSON lines to a file (appended, flushed per event) or a stream; `None`
+    discards."""
 
     def __init__(self, target: str | Path | IO[str] | None = None) -> None:
         self.t0 = time.perf_counter()
@@ -68,7 +75,8 @@ class EventLog:
 
     @contextmanager
     def capture_warnings(self, logger: str = "pipeline") -> Iterator[None]:
-        """Forward the pipeline's warnings (and errors) to the log as ``warning`` events while inside."""
+        """Forward the pipeline's warnings (and errors) to the log as ``warning`` events while
+        inside."""
         handler = _Forward(self)
         log = logging.getLogger(logger)
         log.addHandler(handler)
@@ -97,9 +105,12 @@ class Report:
 
 @contextmanager
 def reported(log_json: str | None, out: Path | None) -> Iterator[Report]:
-    """Run a build inside: its warnings become events; at the end, success or not, the ``summary`` event is
-    logged and printed as the last line of stdout (one JSON object). An exception is logged as an ``error``
-    event with its exit code (``exit_code`` attribute, else 2 for bad input, else 1) and raised again, so the
+    """Run a build inside: its warnings become events; at the end, success or not, the ``summary``
+    event is
+    logged and printed as the last line of stdout (one JSON object). An exception is logged as an
+    ``error``
+    event with its exit code (``exit_code`` attribute, else 2 for bad input, else 1) and raised
+    again, so the
     CLI prints it and exits with that code."""
 
     report = Report(EventLog(log_json))
@@ -107,7 +118,11 @@ def reported(log_json: str | None, out: Path | None) -> Iterator[Report]:
         with report.events.capture_warnings():
             yield report
     except BaseException as e:
-        code = getattr(e, "exit_code", EXIT_BAD_INPUT if isinstance(e, (ShardsmithError, FormatError)) else EXIT_CRASH)
+        code = getattr(
+            e,
+            "exit_code",
+            EXIT_BAD_INPUT if isinstance(e, (ShardsmithError, FormatError)) else EXIT_CRASH,
+        )
         if isinstance(e, KeyboardInterrupt):
             code = 128 + 2
         report.events.emit("error", type=type(e).__name__, message=str(e), exit_code=code)
@@ -123,21 +138,38 @@ def _finish(report: Report, doc: dict[str, Any]) -> None:
 
 
 def summary_doc(result: Any, out: Path | None, exit_code: int) -> dict[str, Any]:
-    """The summary's fields. `changed` is about the committed dataset: a failed build commits nothing."""
+    """The summary's fields. `changed` is about the committed dataset: a failed build commits
+    nothing."""
     if result is None:
-        return {"status": "failed", "changed": False, "exit_code": exit_code, "out": str(out) if out else None}
-    doc: dict[str, Any] = {"status": "dry-run" if result.difference is not None else "ok",
-                           "changed": bool(result.changed), "exit_code": exit_code, "out": str(result.out),
-                           "written": len(result.written), "reused": len(result.reused), "removed": result.removed,
-                           "seconds": round(result.seconds.get("total", 0.0), 3)}
+        return {
+            "status": "failed",
+            "changed": False,
+            "exit_code": exit_code,
+            "out": str(out) if out else None,
+        }
+    doc: dict[str, Any] = {
+        "status": "dry-run" if result.difference is not None else "ok",
+        "changed": bool(result.changed),
+        "exit_code": exit_code,
+        "out": str(result.out),
+        "written": len(result.written),
+        "reused": len(result.reused),
+        "removed": result.removed,
+        "seconds": round(result.seconds.get("total", 0.0), 3),
+    }
     if result.difference is not None:
         doc.update(result.difference.to_json())
         doc.pop("files")
     else:
         written = set(result.written)
-        doc["bytes_written"] = sum(int(s.get("bytes", 0)) for s in result.index.get("shards", [])
-                                   if s.get("file") in written)
+        doc["bytes_written"] = sum(
+            int(s.get("bytes", 0))
+            for s in result.index.get("shards", [])
+            if s.get("file") in written
+        )
         from pipeline.verify import summary
 
-        doc["warnings"] = summary(result.out)["warnings"]  # the kind's counted weak spots, as `inspect` prints
+        doc["warnings"] = summary(result.out)[
+            "warnings"
+        ]  # the kind's counted weak spots, as `inspect` prints
     return doc

@@ -1,4 +1,5 @@
-"""Optional extras (pyproject ``[project.optional-dependencies]``): checked before any work, named with the
+"""Optional extras (pyproject ``[project.optional-dependencies]``): checked before any work, named
+with the
 install command that works from a checkout (shardsmith is not on a package index, so
 ``pip install shardsmith[dask]`` cannot)."""
 
@@ -8,7 +9,8 @@ import importlib.util
 
 from pipeline.errors import ShardsmithError
 
-# importable module -> (extra that installs it, package name, what needs it); a modality adds its own
+# importable module -> (extra that installs it, package name, what needs it); a modality adds its
+# own
 EXTRAS: dict[str, tuple[str, str, str]] = {
     "distributed": ("dask", "dask[distributed]", "--backend dask"),
     "ray": ("ray", "ray", "--backend ray"),
@@ -17,8 +19,11 @@ EXTRAS: dict[str, tuple[str, str, str]] = {
 
 
 def register_extra(module: str, extra: str, package: str, what: str) -> None:
-    """Declare that ``what`` needs ``module``, installed by the pyproject extra ``extra`` (``package``)."""
+    """Declare that ``what`` needs ``module``, installed by the pyproject extra ``extra``
+    (``package``)."""
     EXTRAS[module] = (extra, package, what)
+
+
 BACKEND_MODULES = {"dask": "distributed", "ray": "ray"}
 
 
@@ -38,8 +43,10 @@ def require(module: str) -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise MissingExtraError(f"{what} needs the optional package {package}, which is not installed: "
-                                f"{install_command(extra)} (run in the shardsmith checkout)")
+        raise MissingExtraError(
+            f"{what} needs the optional package {package}, which is not installed: "
+            f"{install_command(extra)} (run in the shardsmith checkout)"
+        )
 
 
 def require_backend(backend: str) -> None:

@@ -18,7 +18,12 @@ class Fingerprint:
     sha256: str
 
     def to_json(self) -> dict[str, object]:
-        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "sha256": self.sha256,
+        }
 
 
 def file_sha256(path: Path) -> str:
@@ -51,7 +56,8 @@ def folder_sha256(path: Path) -> str:
 
 
 def fingerprint(path: Path, cache: Mapping[str, Mapping[str, object]] | None = None) -> Fingerprint:
-    """size + mtime + content hash; the hash is reused from the last build when size and mtime are unchanged."""
+    """size + mtime + content hash; the hash is reused from the last build when size and mtime are
+    unchanged."""
     try:
         size, mtime_ns = source_stat(path)
     except OSError as e:

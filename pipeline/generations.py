@@ -1,19 +1,28 @@
 """Which files in an output folder are ours, which a reader may still use, and which may go.
 
-A build deletes only files that shardsmith itself named: those a committed index named (shards, condition
+A build deletes only files that shardsmith itself named: those a committed index named (shards,
+condition
 tables), those a build announced in its journal before writing them, and its own temporary files
-(`.spill-<pid>/`, `.tmp-<name>-<pid>`, `.index.json.*.tmp`). Anything else in the folder is never touched,
+(`.spill-<pid>/`, `.tmp-<name>-<pid>`, `.index.json.*.tmp`). Anything else in the folder is never
+touched,
 and a folder without an index that holds anything else is refused (`check_owned`), so `--out .` in a
 repository cannot wipe `./shards/*`.
 
-Generations: shards are immutable and content-named (their name holds the plan key, a digest of everything
-that decides their bytes; an existing file is never rewritten). Commit N+1 keeps generation N's files
-(`Index.previous`) and retires generation N-1's files that neither names: a reader that opened generation N
-keeps working until N+2 is committed. The retired list is written into the index before anything is deleted,
-so a kill during cleanup leaves a list that the next build (even an up-to-date one) or `shardsmith gc` finishes.
+Generations: shards are immutable and content-named (their name holds the plan key, a digest of
+everything
+that decides their bytes; an existing file is never rewritten). Commit N+1 keeps generation N's
+files
+(`Index.previous`) and retires generation N-1's files that neither names: a reader that opened
+generation N
+keeps working until N+2 is committed. The retired list is written into the index before anything is
+deleted,
+so a kill during cleanup leaves a list that the next build (even an up-to-date one) or `shardsmith
+gc` finishes.
 
-Journal: before writing any shard, a build writes ``.build-<pid>.journal`` naming every file it is about to
-create. A build killed with ``kill -9`` leaves the journal; the next build under the lock (or gc) knows these
+Journal: before writing any shard, a build writes ``.build-<pid>.journal`` naming every file it is
+about to
+create. A build killed with ``kill -9`` leaves the journal; the next build under the lock (or gc)
+knows these
 files are ours: it reuses them if its plan names them, and deletes the rest.
 """
 
@@ -40,8 +49,12 @@ log = logging.getLogger(__name__)
 JOURNAL_RE = re.compile(r"\.build-\d+\.journal$")
 SPILL_RE = re.compile(r"\.spill-\d+$")
 TMP_RE = re.compile(r"\.tmp-(?P<target>.+)-\d+$")  # pipeline.shardfile.write_columns' temp names
-OUR_NAME_RE = re.compile(r"(?:[a-z]+-\d{3,}-\d{3,}|conditions)-[0-9a-f]{16}(?:\.[a-z]+)?")  # shards, tables
-ATOMIC_TMP_RE = re.compile(r"\.(index\.json|\.build-inputs\.json)\.\w+\.tmp$")  # fmt.atomic_write_bytes'
+OUR_NAME_RE = re.compile(
+    r"(?:[a-z]+-\d{3,}-\d{3,}|conditions)-[0-9a-f]{16}(?:\.[a-z]+)?"
+)  # shards, tables
+ATOMIC_TMP_RE = re.compile(
+    r"\.(index\.json|\.build-inputs\.json)\.\w+\.tmp$"
+)  # fmt.atomic_write_bytes'
 FIXED = {LOCK_FILE, INPUTS_FILE}
 SHOWN = 5  # foreign entries named in the refusal
 
@@ -53,7 +66,9 @@ def journal_path(out: Path) -> Path:
 def write_journal(out: Path, files: Iterable[str]) -> Path:
     """Announce the files (relative to ``out``) this build may create, before creating any."""
     path = journal_path(out)
-    fmt.atomic_write_bytes(path, json.dumps({"pid": os.getpid(), "files": sorted(set(files))}).encode())
+    fmt.atomic_write_bytes(
+        path, json.dumps({"pid": os.getpid(), "files": sorted(set(files))}).encode()
+    )
     return path
 
 
@@ -62,8 +77,10 @@ def journals(out: Path) -> list[Path]:
 
 
 def inside(out: Path, rel: object) -> bool:
-    """Whether ``rel``, a name read back from a journal or an index, names a path inside ``out``: relative,
-    no ``..``, and no symlinked folder on the way that leads out. Those files are deleted by name, so a
+    """Whether ``rel``, a name read back from a journal or an index, names a path inside ``out``:
+    relative,
+    no ``..``, and no symlinked folder on the way that leads out. Those files are deleted by name,
+    so a
     name that leaves the folder (a tampered or hostile file) must never reach ``remove``."""
     if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
         return False
@@ -78,13 +95,19 @@ def inside(out: Path, rel: object) -> bool:
 
 
 def ours_only(out: Path, names: Iterable[object], where: str) -> set[str]:
-    """The names that stay inside ``out``; the others are logged (with where they came from) and dropped."""
+    """The names that stay inside ``out``; the others are logged (with where they came from) and
+    dropped."""
     names = list(names)
     kept = {n for n in names if inside(out, n)}
     dropped = [n for n in names if n not in kept]
     if dropped:
-        log.warning("%s: ignoring %d name(s) in %s that lead outside the dataset folder (never deleted): %s",
-                    out, len(dropped), where, ", ".join(map(repr, dropped[:SHOWN])))
+        log.warning(
+            "%s: ignoring %d name(s) in %s that lead outside the dataset folder (never deleted): %s",
+            out,
+            len(dropped),
+            where,
+            ", ".join(map(repr, dropped[:SHOWN])),
+        )
     return kept  # type: ignore[return-value]
 
 
@@ -113,8 +136,10 @@ def live(index: fmt.Index | None) -> set[str]:
 
 
 def _is_our_index(path: Path) -> bool:
-    """Whether index.json is a shardsmith index (of any version). Our writer's spelling is found without
-    parsing (an index with large vocabularies takes tens of ms to parse, on every build); else parse."""
+    """Whether index.json is a shardsmith index (of any version). Our writer's spelling is found
+    without
+    parsing (an index with large vocabularies takes tens of ms to parse, on every build); else
+    parse."""
     try:
         data = path.read_bytes()
         if f'"format": "{fmt.FORMAT_NAME}"'.encode() in data:
@@ -126,14 +151,18 @@ def _is_our_index(path: Path) -> bool:
 
 
 def _temp_of(name: str, prefix: str, owned: set[str]) -> bool:
-    """A half-written file of ours: the temp name of a file we own, or of one named the way we name shards
+    """A half-written file of ours: the temp name of a file we own, or of one named the way we name
+    shards
     and condition tables (left by a build from before journals existed)."""
     m = TMP_RE.fullmatch(name)
-    return bool(m) and (prefix + m.group("target") in owned or OUR_NAME_RE.fullmatch(m.group("target")) is not None)
+    return bool(m) and (
+        prefix + m.group("target") in owned or OUR_NAME_RE.fullmatch(m.group("target")) is not None
+    )
 
 
 def check_owned(out: Path) -> None:
-    """Refuse an output folder that holds anything but a shardsmith dataset or what our builds left there.
+    """Refuse an output folder that holds anything but a shardsmith dataset or what our builds left
+    there.
     Reads only: a refused folder is not touched."""
     if not out.exists():
         return
@@ -141,30 +170,45 @@ def check_owned(out: Path) -> None:
         raise OutputError(f"--out {out} exists and is not a folder: pass a new or empty folder")
     index = fmt.index_path(out)
     if index.exists() and _is_our_index(index):
-        return  # a dataset: its other files are never deleted (only those its indexes and journals name)
+        # a dataset: its other files are never deleted (only those its indexes and journals name)
+        return
     owned = journaled(out)
     foreign = []
     for entry in sorted(out.iterdir()):
         name = entry.name
-        if name in FIXED or JOURNAL_RE.fullmatch(name) or SPILL_RE.fullmatch(name) or ATOMIC_TMP_RE.fullmatch(name) \
-                or name in owned or _temp_of(name, "", owned):
+        if (
+            name in FIXED
+            or JOURNAL_RE.fullmatch(name)
+            or SPILL_RE.fullmatch(name)
+            or ATOMIC_TMP_RE.fullmatch(name)
+            or name in owned
+            or _temp_of(name, "", owned)
+        ):
             continue
         if name == fmt.SHARDS_DIR and entry.is_dir():
             prefix = f"{fmt.SHARDS_DIR}/"
-            foreign += [f"{prefix}{p.name}" for p in sorted(entry.iterdir())
-                        if prefix + p.name not in owned and not _temp_of(p.name, prefix, owned)]
+            foreign += [
+                f"{prefix}{p.name}"
+                for p in sorted(entry.iterdir())
+                if prefix + p.name not in owned and not _temp_of(p.name, prefix, owned)
+            ]
             continue
         foreign.append(name)
     if foreign:
-        shown = ", ".join(foreign[:SHOWN]) + (f" and {len(foreign) - SHOWN} more" if len(foreign) > SHOWN else "")
+        shown = ", ".join(foreign[:SHOWN]) + (
+            f" and {len(foreign) - SHOWN} more" if len(foreign) > SHOWN else ""
+        )
         what = "an index.json that is not a shardsmith index" if index.exists() else "no index.json"
-        raise OutputError(f"--out {out} is not a shardsmith dataset ({what}) and is not empty: it holds {shown}. "
-                          "A build deletes files in its output folder, so it only writes into a new or empty "
-                          "folder or an existing dataset: pass another --out (nothing was changed)")
+        raise OutputError(
+            f"--out {out} is not a shardsmith dataset ({what}) and is not empty: it holds {shown}. "
+            "A build deletes files in its output folder, so it only writes into a new or empty "
+            "folder or an existing dataset: pass another --out (nothing was changed)"
+        )
 
 
 def remove(out: Path, rel: str) -> bool:
-    """Delete one of our files or folders (relative to ``out``); True if something was removed. A name
+    """Delete one of our files or folders (relative to ``out``); True if something was removed. A
+    name
     that leads outside ``out`` is refused here too, whoever asks."""
     if not inside(out, rel):
         log.warning("%s: refusing to delete %r, which is not inside the dataset folder", out, rel)
@@ -184,10 +228,16 @@ def remove(out: Path, rel: str) -> bool:
 
 
 def temporaries(out: Path, owned: set[str]) -> list[str]:
-    """Temporary files and folders of builds that are not running (the caller holds the lock): spill folders,
+    """Temporary files and folders of builds that are not running (the caller holds the lock): spill
+    folders,
     half-written shards or tables of a file we own, atomic-write temp files."""
-    found = [p.name for p in out.iterdir() if SPILL_RE.fullmatch(p.name) or ATOMIC_TMP_RE.fullmatch(p.name)
-             or (JOURNAL_RE.fullmatch(p.name) is None and _temp_of(p.name, "", owned))]
+    found = [
+        p.name
+        for p in out.iterdir()
+        if SPILL_RE.fullmatch(p.name)
+        or ATOMIC_TMP_RE.fullmatch(p.name)
+        or (JOURNAL_RE.fullmatch(p.name) is None and _temp_of(p.name, "", owned))
+    ]
     shards = out / fmt.SHARDS_DIR
     if shards.is_dir():
         prefix = f"{fmt.SHARDS_DIR}/"
@@ -196,14 +246,20 @@ def temporaries(out: Path, owned: set[str]) -> list[str]:
 
 
 def sweep(out: Path, index: fmt.Index | None, dead_builds: bool = True) -> list[str]:
-    """Remove what no live generation names (the caller holds the lock): temporaries, the index's retired
-    files and, with ``dead_builds``, the files journaled by builds that died, and their journals. A starting
+    """Remove what no live generation names (the caller holds the lock): temporaries, the index's
+    retired
+    files and, with ``dead_builds``, the files journaled by builds that died, and their journals. A
+    starting
     build passes False: it may reuse those files by name, and retires the rest at its commit."""
     keep = live(index)
     journal = journaled(out)
-    retired = ours_only(out, index.retired if index is not None else [], "index.json's retired list")
+    retired = ours_only(
+        out, index.retired if index is not None else [], "index.json's retired list"
+    )
     doomed = temporaries(out, keep | retired | journal)
-    doomed += sorted(f for f in (retired | (journal if dead_builds else set())) - keep if (out / f).exists())
+    doomed += sorted(
+        f for f in (retired | (journal if dead_builds else set())) - keep if (out / f).exists()
+    )
     removed = [f for f in doomed if remove(out, f)]
     if dead_builds:
         for p in journals(out):
@@ -213,28 +269,48 @@ def sweep(out: Path, index: fmt.Index | None, dead_builds: bool = True) -> list[
     return removed
 
 
-def next_generation(out: Path, prev: fmt.Index | None, new_files: Iterable[str]) -> dict[str, object]:
-    """The new index's generation fields: its number, the generation it keeps (``previous``) and the files it
-    retires (every file we know is ours that neither names and that still exists). ``previous`` is the
-    committed generation, unless that names exactly the new files (a rebuild that changed no shard, e.g.
+def next_generation(
+    out: Path, prev: fmt.Index | None, new_files: Iterable[str]
+) -> dict[str, object]:
+    """The new index's generation fields: its number, the generation it keeps (``previous``) and the
+    files it
+    retires (every file we know is ours that neither names and that still exists). ``previous`` is
+    the
+    committed generation, unless that names exactly the new files (a rebuild that changed no shard,
+    e.g.
     after a ``touch``): then the older one stays protected instead."""
     new_files = set(new_files)
     if prev is not None and set(prev.files()) == new_files:
         previous = prev.previous
     else:
-        previous = None if prev is None else fmt.Generation(
-            prev.generation, index_digest(out), [s.file for s in prev.shards],
-            prev.conditions.file if prev.conditions is not None else None)
+        previous = (
+            None
+            if prev is None
+            else fmt.Generation(
+                prev.generation,
+                index_digest(out),
+                [s.file for s in prev.shards],
+                prev.conditions.file if prev.conditions is not None else None,
+            )
+        )
     keep = new_files | set(previous.files() if previous is not None else [])
-    retired_before = ours_only(out, prev.retired if prev is not None else [], "index.json's retired list")
+    retired_before = ours_only(
+        out, prev.retired if prev is not None else [], "index.json's retired list"
+    )
     ours = ours_only(out, live(prev), "index.json") | journaled(out) | retired_before
     retired = sorted(f for f in ours - keep if (out / f).exists())
-    return {"generation": (prev.generation if prev is not None else 0) + 1, "previous": previous, "retired": retired}
+    return {
+        "generation": (prev.generation if prev is not None else 0) + 1,
+        "previous": previous,
+        "retired": retired,
+    }
 
 
 def after_commit(out: Path, retired: Iterable[str]) -> int:
-    """Delete what the committed index retired, then every journal (all their files are now either named by
-    a live generation or retired). Interrupted: the index still lists them; the next build or gc finishes."""
+    """Delete what the committed index retired, then every journal (all their files are now either
+    named by
+    a live generation or retired). Interrupted: the index still lists them; the next build or gc
+    finishes."""
     removed = sum(remove(out, f) for f in retired)
     for p in journals(out):
         p.unlink(missing_ok=True)
@@ -242,9 +318,12 @@ def after_commit(out: Path, retired: Iterable[str]) -> int:
 
 
 def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseException) -> None:
-    """A build failed before its commit. Out of space (or read-only): delete the files it journaled that no
-    live generation names, then its journal, so the disk gets its space back. Otherwise keep its finished
-    shards and their journal: the rerun adopts them (`pipeline.resume`), or the next commit or gc retires
+    """A build failed before its commit. Out of space (or read-only): delete the files it journaled
+    that no
+    live generation names, then its journal, so the disk gets its space back. Otherwise keep its
+    finished
+    shards and their journal: the rerun adopts them (`pipeline.resume`), or the next commit or gc
+    retires
     them. Killed (no chance to run this): the journal stays, with the same effect."""
     if journal is None or not journal.exists():
         return
@@ -263,7 +342,8 @@ def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseE
 
 
 def _fails_the_output(out: Path, e: OSError) -> bool:
-    """An OSError that means the output folder cannot take our writes (not, e.g., an unreadable source)."""
+    """An OSError that means the output folder cannot take our writes (not, e.g., an unreadable
+    source)."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):
         return True
     if e.errno in (errno.EACCES, errno.EPERM) and e.filename:
@@ -273,8 +353,10 @@ def _fails_the_output(out: Path, e: OSError) -> bool:
 
 @contextmanager
 def writing(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]:
-    """The one way to write into an output folder: refuse a folder that is not ours (before touching it),
-    create it, hold its lock (`pipeline.lock`), and turn a full disk or read-only folder into a clear error."""
+    """The one way to write into an output folder: refuse a folder that is not ours (before touching
+    it),
+    create it, hold its lock (`pipeline.lock`), and turn a full disk or read-only folder into a
+    clear error."""
     check_owned(out)
     created = not out.exists()
     try:
@@ -296,9 +378,12 @@ def writing(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]
 
 
 def _drop_if_bare(out: Path, created: bool) -> None:
-    """A first build failed before anything worth keeping (bad input, typically): leave ``out`` as it found
-    it (no folder if it made it, else an empty one). Only an empty ``shards/`` and our lock file go; anything
-    else (finished shards a rerun adopts, their journal) stays, and so does the folder. Unlinking the lock while holding it is safe: `exclusive`
+    """A first build failed before anything worth keeping (bad input, typically): leave ``out`` as
+    it found
+    it (no folder if it made it, else an empty one). Only an empty ``shards/`` and our lock file go;
+    anything
+    else (finished shards a rerun adopts, their journal) stays, and so does the folder. Unlinking
+    the lock while holding it is safe: `exclusive`
     re-checks, after locking, that the path still names the file it locked."""
     if fmt.index_path(out).exists():
         return

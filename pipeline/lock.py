@@ -1,12 +1,19 @@
-"""One writer per output folder: an exclusive `flock` on ``OUT/.shardsmith.lock``, held by `build` and `gc`
+"""One writer per output folder: an exclusive `flock` on ``OUT/.shardsmith.lock``, held by `build`
+and `gc`
 for their whole run.
 
-Why flock: the kernel releases it when the holder dies (``kill -9`` included), so a crashed build never leaves
-a lock someone must remove by hand, and there is no stale-pid guessing. The holder writes its pid, host and
-start time into the file, so a refused build can say who holds it; that text is only a message: the lock
-itself is the truth (a file left with text after a crash is not a held lock). On Linux NFSv4, flock is
-forwarded to the server; on file systems without locking support the build fails with the errno instead of
-running unprotected. Readers (loaders, verify, inspect) never take the lock: they rely on generations
+Why flock: the kernel releases it when the holder dies (``kill -9`` included), so a crashed build
+never leaves
+a lock someone must remove by hand, and there is no stale-pid guessing. The holder writes its pid,
+host and
+start time into the file, so a refused build can say who holds it; that text is only a message: the
+lock
+itself is the truth (a file left with text after a crash is not a held lock). On Linux NFSv4, flock
+is
+forwarded to the server; on file systems without locking support the build fails with the errno
+instead of
+running unprotected. Readers (loaders, verify, inspect) never take the lock: they rely on
+generations
 (`pipeline.generations`).
 """
 
@@ -29,17 +36,23 @@ POLL_S = 0.1  # how often a waiting build retries
 
 
 def output_error(out: Path, e: OSError, doing: str) -> OutputError:
-    """A clear error for a failed write into ``out``: the folder, what was being done, the errno by name.
-    Read-only or forbidden folders are bad input (exit 2); a full disk or quota is the environment (exit 1)."""
+    """A clear error for a failed write into ``out``: the folder, what was being done, the errno by
+    name.
+    Read-only or forbidden folders are bad input (exit 2); a full disk or quota is the environment
+    (exit 1)."""
     name = errno.errorcode.get(e.errno or 0, "?")
     where = f" ({e.filename})" if e.filename else ""
     code = EXIT_BAD_INPUT if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else EXIT_CRASH
-    return OutputError(f"cannot write to --out {out}: {doing}: [Errno {e.errno} {name}] {e.strerror}{where}; "
-                       f"nothing was committed: the previous dataset in {out} (if any) is intact", code)
+    return OutputError(
+        f"cannot write to --out {out}: {doing}: [Errno {e.errno} {name}] {e.strerror}{where}; "
+        f"nothing was committed: the previous dataset in {out} (if any) is intact",
+        code,
+    )
 
 
 def holder(out: Path) -> str:
-    """Who holds the lock, as the holder wrote it (pid, host, since), or a placeholder while it is writing."""
+    """Who holds the lock, as the holder wrote it (pid, host, since), or a placeholder while it is
+    writing."""
     try:
         text = (out / LOCK_FILE).read_text().strip()
     except OSError:
@@ -49,7 +62,8 @@ def holder(out: Path) -> str:
 
 @contextmanager
 def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]:
-    """Hold the exclusive lock on ``out`` (which must exist) for the ``with`` block. Another holder: raise
+    """Hold the exclusive lock on ``out`` (which must exist) for the ``with`` block. Another holder:
+    raise
     `LockHeldError` at once, or after retrying for ``wait`` seconds."""
     path = out / LOCK_FILE
     deadline = time.monotonic() + max(0.0, wait)
@@ -58,7 +72,9 @@ def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[Non
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if not _still_named(fd, path):  # its holder removed it (a failed first build): lock the new one
+                if not _still_named(
+                    fd, path
+                ):  # its holder removed it (a failed first build): lock the new one
                     os.close(fd)
                     fd = -1
                     fd = _open(out, path)
@@ -72,7 +88,8 @@ def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[Non
                         f"cannot {what} {out}: it is locked by another shardsmith process{waited}: held by "
                         f"{holder(out)}. "
                         f"Only one build or gc may write a dataset at a time: wait for it, pass --wait SECONDS, "
-                        f"or use another --out") from None
+                        f"or use another --out"
+                    ) from None
                 time.sleep(min(POLL_S, left))
             except OSError as e:
                 raise output_error(out, e, "locking") from None
@@ -86,7 +103,9 @@ def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[Non
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)  # a finished holder leaves an empty file (the same bytes after every build)
+            os.ftruncate(
+                fd, 0
+            )  # a finished holder leaves an empty file (the same bytes after every build)
     finally:
         if fd >= 0:
             os.close(fd)  # releases the flock
@@ -94,14 +113,19 @@ def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[Non
 
 def _open(out: Path, path: Path) -> int:
     try:
-        out.mkdir(parents=True, exist_ok=True)  # gone if a failed first build removed its folder meanwhile
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask decides the mode
+        out.mkdir(
+            parents=True, exist_ok=True
+        )  # gone if a failed first build removed its folder meanwhile
+        return os.open(
+            path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666
+        )  # the umask decides the mode
     except OSError as e:
         raise output_error(out, e, "creating the lock file") from None
 
 
 def _still_named(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file ``fd`` locked (not unlinked or replaced since we opened it)."""
+    """Whether ``path`` still names the file ``fd`` locked (not unlinked or replaced since we opened
+    it)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:

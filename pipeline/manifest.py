@@ -1,10 +1,15 @@
-"""TOML manifests: what to read, which kind of dataset to build, how to pack. Every error names the file and
+"""TOML manifests: what to read, which kind of dataset to build, how to pack. Every error names the
+file and
 the key.
 
-The generic part is ``[dataset]`` and ``[[sources]]``; every other top-level table belongs to the dataset
-kind (``pipeline.model.Kind``), which parses and validates it. Source types come from the source registry
-(``pipeline.source``): a missing ``type`` is inferred from the file suffix among the types feeding the kind.
-``[dataset] plugins`` lists modules imported first, so user-defined kinds, sources and sample types register.
+The generic part is ``[dataset]`` and ``[[sources]]``; every other top-level table belongs to the
+dataset
+kind (``pipeline.model.Kind``), which parses and validates it. Source types come from the source
+registry
+(``pipeline.source``): a missing ``type`` is inferred from the file suffix among the types feeding
+the kind.
+``[dataset] plugins`` lists modules imported first, so user-defined kinds, sources and sample types
+register.
 """
 
 from __future__ import annotations
@@ -25,15 +30,22 @@ from pipeline.source import get_source, infer_type, source_types_for
 from pipeline.writers.base import CODECS, LEVELS
 
 FORMATS = ("zarr", "tar")
-# A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a typo
+# A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a
+# typo
 # (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
 MIN_SHARD_MB = 1e-4
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-DATASET_KEYS = {"name", "kind", "format", "seed", "shard_size_mb", "codec", "codec_level", "block_rows", "plugins"}
-
-
-
-
+DATASET_KEYS = {
+    "name",
+    "kind",
+    "format",
+    "seed",
+    "shard_size_mb",
+    "codec",
+    "codec_level",
+    "block_rows",
+    "plugins",
+}
 
 
 class Table:
@@ -44,10 +56,18 @@ class Table:
             raise ManifestError(path, name, "must be a table")
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ManifestError(path, f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})")
+            raise ManifestError(
+                path, f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})"
+            )
         self.path, self.name, self.data = path, name, data
 
-    def get(self, key: str, typ: type | tuple[type, ...], default: Any = ..., choices: tuple[Any, ...] = ()) -> Any:
+    def get(
+        self,
+        key: str,
+        typ: type | tuple[type, ...],
+        default: Any = ...,
+        choices: tuple[Any, ...] = (),
+    ) -> Any:
         if key not in self.data:
             if default is ...:
                 raise ManifestError(self.path, f"{self.name}.{key}", "is required")
@@ -56,9 +76,13 @@ class Table:
         if isinstance(v, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
             raise ManifestError(self.path, f"{self.name}.{key}", f"expected {typ}, got a boolean")
         if not isinstance(v, typ):
-            raise ManifestError(self.path, f"{self.name}.{key}", f"expected {typ}, got {type(v).__name__} {v!r}")
+            raise ManifestError(
+                self.path, f"{self.name}.{key}", f"expected {typ}, got {type(v).__name__} {v!r}"
+            )
         if choices and v not in choices:
-            raise ManifestError(self.path, f"{self.name}.{key}", f"{v!r} is not one of {list(choices)}")
+            raise ManifestError(
+                self.path, f"{self.name}.{key}", f"{v!r} is not one of {list(choices)}"
+            )
         return v
 
     def strings(self, key: str, default: Any = ...) -> tuple[str, ...] | None:
@@ -72,15 +96,19 @@ class Table:
 
 
 def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
-    """Import each plug-in module and its build half (``BUILD_MODULE``), so its kinds and sources register."""
+    """Import each plug-in module and its build half (``BUILD_MODULE``), so its kinds and sources
+    register."""
     for name in modules:
         try:
             load_plugin(name, build=True)
         except PluginError as e:
             raise ManifestError(path, "dataset.plugins", str(e)) from None
         except Exception as e:  # noqa: BLE001 - a plug-in's own bug is bad input here, named with its module
-            raise ManifestError(path, "dataset.plugins", f"cannot import plug-in module {name!r} "
-                                f"({type(e).__name__}: {e})") from None
+            raise ManifestError(
+                path,
+                "dataset.plugins",
+                f"cannot import plug-in module {name!r} ({type(e).__name__}: {e})",
+            ) from None
 
 
 def default_kind(path: Path) -> str:
@@ -102,7 +130,9 @@ def load_manifest(path: str | Path) -> Manifest:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(path, "-", f"not valid TOML: {e}") from None
     except RecursionError:
-        raise ManifestError(path, "-", "not a manifest: arrays or tables nested too deeply to read") from None
+        raise ManifestError(
+            path, "-", "not a manifest: arrays or tables nested too deeply to read"
+        ) from None
     if not isinstance(raw.get("dataset"), dict):
         raise ManifestError(path, "dataset", "is required (a [dataset] table)")
     ds = Table(path, "dataset", raw["dataset"], DATASET_KEYS)
@@ -112,16 +142,28 @@ def load_manifest(path: str | Path) -> Manifest:
     try:
         kind = get_kind(kind_name)
     except ValueError:
-        raise ManifestError(path, "dataset.kind", f"{kind_name!r} is not one of {kind_names()} "
-                            "(a plug-in kind's module goes in [dataset] plugins)") from None
+        raise ManifestError(
+            path,
+            "dataset.kind",
+            f"{kind_name!r} is not one of {kind_names()} "
+            "(a plug-in kind's module goes in [dataset] plugins)",
+        ) from None
     Table(path, "manifest", raw, {"dataset", "sources", *kind.sections})
     config = kind.parse(path, {name: raw.get(name) for name in kind.sections})
-    sources = _parse_sources(path, kind_name, Table(path, "manifest", raw, set(raw))
-                             .get("sources", list, []), kind.source_defaults(config))
+    sources = _parse_sources(
+        path,
+        kind_name,
+        Table(path, "manifest", raw, set(raw)).get("sources", list, []),
+        kind.source_defaults(config),
+    )
     shard_mb = float(ds.get("shard_size_mb", (int, float), 64))
     if not (math.isfinite(shard_mb) and shard_mb >= MIN_SHARD_MB):
-        raise ManifestError(path, "dataset.shard_size_mb", f"{shard_mb!r} is not a number >= {MIN_SHARD_MB} "
-                            "(MB of payload per shard; 64 is a good default)")
+        raise ManifestError(
+            path,
+            "dataset.shard_size_mb",
+            f"{shard_mb!r} is not a number >= {MIN_SHARD_MB} "
+            "(MB of payload per shard; 64 is a good default)",
+        )
     block_rows = ds.get("block_rows", int, 16384)
     if block_rows < 1:
         raise ManifestError(path, "dataset.block_rows", "must be >= 1")
@@ -131,19 +173,40 @@ def load_manifest(path: str | Path) -> Manifest:
     codec = ds.get("codec", str, "blosc-lz4", CODECS)
     level, levels = ds.get("codec_level", int, 5), LEVELS[codec]
     if level not in levels:
-        raise ManifestError(path, "dataset.codec_level", f"{level} is outside {levels.start}..{levels.stop - 1}, "
-                            f"the levels of codec {codec!r}")
+        raise ManifestError(
+            path,
+            "dataset.codec_level",
+            f"{level} is outside {levels.start}..{levels.stop - 1}, the levels of codec {codec!r}",
+        )
     name = ds.get("name", str)
     if not DATASET_NAME.fullmatch(name) or set(name) <= {"."}:
-        raise ManifestError(path, "dataset.name", f"{name!r} is not a plain name (letters, digits, '.', '_', "
-                            "'-'; no '/' or '..'): it names the default output folder shards/<name>")
+        raise ManifestError(
+            path,
+            "dataset.name",
+            f"{name!r} is not a plain name (letters, digits, '.', '_', "
+            "'-'; no '/' or '..'): it names the default output folder shards/<name>",
+        )
     return Manifest(
-        path=path, name=name, kind=kind_name, format=ds.get("format", str, "zarr", FORMATS),
-        seed=seed, shard_size_mb=shard_mb, codec=codec, codec_level=level, block_rows=block_rows, sources=sources,
-        config=config, plugins=tuple(plugins), sha256=hashlib.sha256(data).hexdigest(), raw=raw)
+        path=path,
+        name=name,
+        kind=kind_name,
+        format=ds.get("format", str, "zarr", FORMATS),
+        seed=seed,
+        shard_size_mb=shard_mb,
+        codec=codec,
+        codec_level=level,
+        block_rows=block_rows,
+        sources=sources,
+        config=config,
+        plugins=tuple(plugins),
+        sha256=hashlib.sha256(data).hexdigest(),
+        raw=raw,
+    )
 
 
-def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, Any]) -> tuple[SourceSpec, ...]:
+def _parse_sources(
+    path: Path, kind: str, items: list[Any], defaults: dict[str, Any]
+) -> tuple[SourceSpec, ...]:
     if not items:
         raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
     out: list[SourceSpec] = []
@@ -154,15 +217,22 @@ def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, 
         typ = head.get("type", str, None) or infer_type(pattern, kind)
         if typ is None:
             claims = {t: list(get_source(t).suffixes) for t in source_types_for(kind)}
-            raise ManifestError(path, f"sources[{i}].type", f"cannot infer the type of {pattern!r} from its suffix; "
-                                f"set one of the source types of kind {kind!r}: {claims}")
+            raise ManifestError(
+                path,
+                f"sources[{i}].type",
+                f"cannot infer the type of {pattern!r} from its suffix; "
+                f"set one of the source types of kind {kind!r}: {claims}",
+            )
         try:
             cls = get_source(typ)
         except ValueError:
             cls = None
         if cls is None or kind not in cls.kinds:
-            raise ManifestError(path, f"sources[{i}].type", f"{typ!r} is not one of {source_types_for(kind)} "
-                                f"(source types of kind {kind!r})")
+            raise ManifestError(
+                path,
+                f"sources[{i}].type",
+                f"{typ!r} is not one of {source_types_for(kind)} (source types of kind {kind!r})",
+            )
         t = Table(path, f"sources[{i}]", item, {"path", "type", *cls.options})
         opts = {k: t.data[k] for k in cls.options if k in t.data}
         matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))
@@ -170,7 +240,9 @@ def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, 
         matches = sorted(glob.glob(full, recursive=True)) if glob.has_magic(full) else [full]
         matches = [m for m in matches if not _through_a_link_cycle(Path(m))]
         if not matches:
-            raise ManifestError(path, f"sources[{i}].path", f"no file matches {pattern!r} (looked for {full})")
+            raise ManifestError(
+                path, f"sources[{i}].path", f"no file matches {pattern!r} (looked for {full})"
+            )
         for m in matches:
             if not Path(m).exists():
                 raise ManifestError(path, f"sources[{i}].path", f"file not found: {m}")
@@ -184,17 +256,23 @@ def _parse_sources(path: Path, kind: str, items: list[Any], defaults: dict[str, 
                 real = f.resolve()
                 if real in seen:
                     j, first = seen[real]
-                    raise ManifestError(path, f"sources[{i}].path", f"{m} is the file {first} already named by "
-                                        f"sources[{j}] (same real path {real}): a file is read once; "
-                                        "narrow the glob or drop one entry")
+                    raise ManifestError(
+                        path,
+                        f"sources[{i}].path",
+                        f"{m} is the file {first} already named by "
+                        f"sources[{j}] (same real path {real}): a file is read once; "
+                        "narrow the glob or drop one entry",
+                    )
                 seen[real] = (i, m)
                 out.append(SourceSpec(f, typ, matrix, tuple(sorted(opts.items()))))
     return tuple(out)
 
 
 def _through_a_link_cycle(match: Path) -> bool:
-    """Whether a glob match reached its file through a folder link pointing at one of its own ancestors
-    (``src/sub/up -> ..``): ``glob`` follows such links until the path is too long, one copy per level."""
+    """Whether a glob match reached its file through a folder link pointing at one of its own
+    ancestors
+    (``src/sub/up -> ..``): ``glob`` follows such links until the path is too long, one copy per
+    level."""
     parts = match.absolute().parts
     for n in range(2, len(parts)):
         folder = Path(*parts[:n])

@@ -1,10 +1,15 @@
 """Dataset kinds: what a manifest's ``kind`` selects, and the contract ``build`` works through.
 
-A kind owns its manifest sections (parsed and validated by :meth:`Kind.parse`, errors naming the key), its
-record schema (``FieldSpec`` s and shard tables, with ``bound`` s for codes), the sample types its shards serve
-(their units are counted at pack time with ``loaders.samples``), its scan and planner (which records go to
-which shard and split, side tables), how its shards are packed, what it adds to ``index.json``, its extra
-``verify`` checks and what ``inspect`` says. ``build``, ``verify``, ``incremental`` and ``inspect`` only call
+A kind owns its manifest sections (parsed and validated by :meth:`Kind.parse`, errors naming the
+key), its
+record schema (``FieldSpec`` s and shard tables, with ``bound`` s for codes), the sample types its
+shards serve
+(their units are counted at pack time with ``loaders.samples``), its scan and planner (which records
+go to
+which shard and split, side tables), how its shards are packed, what it adds to ``index.json``, its
+extra
+``verify`` checks and what ``inspect`` says. ``build``, ``verify``, ``incremental`` and ``inspect``
+only call
 these methods and read the typed :class:`KindPlan`; they never name a kind's columns.
 
 Registry in the style of numcodecs: :func:`register_kind` / :func:`get_kind`.
@@ -61,14 +66,18 @@ class Manifest:
 
 @dataclass
 class ShardPlan:
-    """One shard to write: its split, its source (-1 if mixed), its number within (source, split), the rows or
-    records it holds in shard order, and the columns the planner already made (a column may be parked in a
+    """One shard to write: its split, its source (-1 if mixed), its number within (source, split),
+    the rows or
+    records it holds in shard order, and the columns the planner already made (a column may be
+    parked in a
     ``.npy`` file between planning and packing)."""
 
     split: str
     source: int
     part: int
-    rows: np.ndarray  # source rows (perturbation: int32 below 2**31) or record numbers (int64), in shard order
+    rows: (
+        np.ndarray
+    )  # source rows (perturbation: int32 below 2**31) or record numbers (int64), in shard order
     columns: dict[str, np.ndarray | Path]
     key: str = ""
 
@@ -83,15 +92,20 @@ class ShardPlan:
 
 @dataclass
 class PackResult:
-    """What one pack task reports for one shard: its entry, records it skipped (reason -> count), the
-    kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``) and counts of
-    values it changed to keep them exact (name -> count, summed into the index stats under that name)."""
+    """What one pack task reports for one shard: its entry, records it skipped (reason -> count),
+    the
+    kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``) and
+    counts of
+    values it changed to keep them exact (name -> count, summed into the index stats under that
+    name)."""
 
     number: int
     entry: fmt.ShardEntry
     skipped: dict[str, int] = field(default_factory=dict)
     records: list[Any] | None = None
-    counts: dict[str, int] = field(default_factory=dict)  # values made exact, e.g. duplicate entries summed
+    counts: dict[str, int] = field(
+        default_factory=dict
+    )  # values made exact, e.g. duplicate entries summed
 
 
 @dataclass
@@ -101,22 +115,31 @@ class KindPlan:
     shards: list[ShardPlan]
     fields: tuple[fmt.FieldSpec, ...]
     tables: tuple[str, ...]
-    conditions: dict[str, np.ndarray] | None = None  # the condition table's columns, if the kind has one
-    condition_segments: list[Any] = field(default_factory=list)  # which field fills which vector columns
+    conditions: dict[str, np.ndarray] | None = (
+        None  # the condition table's columns, if the kind has one
+    )
+    condition_segments: list[Any] = field(
+        default_factory=list
+    )  # which field fills which vector columns
     vocabularies: dict[str, list[str]] = field(default_factory=dict)
     obs_fields: list[str] = field(default_factory=list)
     control_labels: list[str] = field(default_factory=list)
-    section: dict[str, Any] = field(default_factory=dict)  # sections[kind] of the index (settings, not data)
+    section: dict[str, Any] = field(
+        default_factory=dict
+    )  # sections[kind] of the index (settings, not data)
     stats: dict[str, Any] = field(default_factory=dict)
     primary_records: int | None = None  # None: the sum of the shards' records once packed
-    source_keys: list[str] = field(default_factory=list)  # per source: what its shards depend on (incremental)
+    source_keys: list[str] = field(
+        default_factory=list
+    )  # per source: what its shards depend on (incremental)
     source_stats: list[dict[str, int]] = field(default_factory=list)
     extra: Any = None  # the kind's own planning state, handed back to its pack_tasks
 
 
 @dataclass
 class PlanContext:
-    """What the build hands the planner: where big tables may be parked, which shards can be reused, what an
+    """What the build hands the planner: where big tables may be parked, which shards can be reused,
+    what an
     earlier build planned per source (``known``), and the code digest (``salt``)."""
 
     park: Callable[[ShardPlan], None] | None = None
@@ -131,42 +154,63 @@ class Kind(ABC):
     name: ClassVar[str]
     sections: ClassVar[tuple[str, ...]] = ()  # manifest tables this kind owns
     samples: ClassVar[tuple[str, ...]] = ()  # sample types its shards serve
-    parked: ClassVar[tuple[str, ...]] = ()  # planned columns parked in spill files until their shard is packed
-    resumable: ClassVar[bool] = False  # a pack result is the index entry alone: finished shards can be adopted
+    parked: ClassVar[
+        tuple[str, ...]
+    ] = ()  # planned columns parked in spill files until their shard is packed
+    resumable: ClassVar[bool] = (
+        False  # a pack result is the index entry alone: finished shards can be adopted
+    )
 
     @abstractmethod
     def parse(self, path: Path, sections: Mapping[str, Any]) -> Any:
-        """Validate the kind's manifest tables (``sections[name]`` is None when absent) into a typed config."""
+        """Validate the kind's manifest tables (``sections[name]`` is None when absent) into a typed
+        config."""
 
     def source_defaults(self, config: Any) -> dict[str, Any]:
         """Defaults for ``[[sources]]`` keys (e.g. the matrix for matrix sources)."""
         return {}
 
     def pack_options(self, manifest: Manifest) -> Any:
-        """The kind's own pack settings (``PackConfig.options``), read when the build starts; JSON-able or a
+        """The kind's own pack settings (``PackConfig.options``), read when the build starts;
+        JSON-able or a
         frozen dataclass (remote backends ship it to their workers)."""
         return None
 
     def input_files(self, manifest: Manifest) -> list[Path]:
-        """Files besides the sources whose content the shards depend on (part of the no-change check)."""
+        """Files besides the sources whose content the shards depend on (part of the no-change
+        check)."""
         return []
 
     @abstractmethod
-    def scan(self, manifest: Manifest, cache: Mapping[str, Mapping[str, object]] | None,
-             hasher: Executor | None) -> list[ScannedSource]:
+    def scan(
+        self,
+        manifest: Manifest,
+        cache: Mapping[str, Mapping[str, object]] | None,
+        hasher: Executor | None,
+    ) -> list[ScannedSource]:
         """Fingerprint the sources and read their metadata; fail early naming the file."""
 
     @abstractmethod
-    def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
+    def plan(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext
+    ) -> KindPlan:
         """The plan: a pure function of (manifest, seed, scanned sources)."""
 
     @abstractmethod
-    def pack_tasks(self, manifest: Manifest, plan: KindPlan, scanned: Sequence[ScannedSource], todo: Sequence[int],
-                   cfg: PackConfig) -> tuple[list[Task], list[Task]]:
-        """Tasks of two phases, each returning a list of :class:`PackResult` (phase 1 may return [])."""
+    def pack_tasks(
+        self,
+        manifest: Manifest,
+        plan: KindPlan,
+        scanned: Sequence[ScannedSource],
+        todo: Sequence[int],
+        cfg: PackConfig,
+    ) -> tuple[list[Task], list[Task]]:
+        """Tasks of two phases, each returning a list of :class:`PackResult` (phase 1 may return
+        [])."""
 
     def check_shard(self, index: fmt.Index, columns: Mapping[str, np.ndarray]) -> list[str]:
-        """Problems beyond the schema's (``verify``); messages without the shard path (added by verify)."""
+        """Problems beyond the schema's (``verify``); messages without the shard path (added by
+        verify)."""
         return []
 
     def describe(self, index: fmt.Index) -> dict[str, Any]:
@@ -178,8 +222,10 @@ class Kind(ABC):
         return [f"  {k}: {v}" for k, v in summary.items()]
 
     def warnings(self, index: fmt.Index) -> list[str]:
-        """Weak spots of a built dataset, each a sentence with its count (build summary, ``inspect``, and the
-        ``warnings`` list of ``inspect --json``). Derived from ``index.stats``, so older indexes work too."""
+        """Weak spots of a built dataset, each a sentence with its count (build summary,
+        ``inspect``, and the
+        ``warnings`` list of ``inspect --json``). Derived from ``index.stats``, so older indexes
+        work too."""
         return []
 
 
@@ -195,7 +241,8 @@ def register_kind(cls: type[Kind]) -> type[Kind]:
 
 
 def get_kind(name: str) -> Kind:
-    """The registered kind ``name``. A modality registers its kind lazily (its module is imported on the
+    """The registered kind ``name``. A modality registers its kind lazily (its module is imported on
+    the
     first lookup), so a perturbation build never pays for CT's scipy.ndimage."""
     return KINDS.get(name)
 
@@ -223,24 +270,26 @@ class ScannedSource:
 
     ordinal: int  # position in the manifest's resolved source list
     spec: SourceSpec
-    pending: Fingerprint | Future[Fingerprint]  # a Future while the content hash is computed in the background
+    pending: (
+        Fingerprint | Future[Fingerprint]
+    )  # a Future while the content hash is computed in the background
     meta: Any  # the kind's scan output for this source (a matrix kind: its SourceMeta)
     obs: dict[str, Any]  # a matrix kind: logical field name -> Categorical
-    has_obs_names: bool = False  # the source has cell barcodes: the plan reads them per source (see compact_meta)
+    has_obs_names: bool = (
+        False  # the source has cell barcodes: the plan reads them per source (see compact_meta)
+    )
 
     @property
     def fingerprint(self) -> Fingerprint:
-        """The fingerprint, waiting for the background hash if there is one (only plan keys need it)."""
+        """The fingerprint, waiting for the background hash if there is one (only plan keys need
+        it)."""
         return self.pending.result() if isinstance(self.pending, Future) else self.pending
-
-
-
-
 
 
 @dataclass(frozen=True)
 class PackConfig:
-    """What every pack task needs to write shards, whatever the kind (the write side of the contract)."""
+    """What every pack task needs to write shards, whatever the kind (the write side of the
+    contract)."""
 
     out: Path
     spill: Path
@@ -250,10 +299,15 @@ class PackConfig:
     block_rows: int
     tables: tuple[str, ...] = ()  # the schema's shard tables
     samples: tuple[str, ...] = ()  # sample types whose units each shard entry counts
-    # local backends: a task deletes the spill files it has consumed. Files deleted before the kernel writes
-    # them back never reach the disk: a 2M-cell build's ~4 GB of spill and parked columns crossed the dirty
-    # page limits, and writeback and write throttling made spill I/O grow ~2.5x for 2x the cells. A cluster
-    # backend reruns a lost worker's tasks, which need their files: the build's end removes them there.
+    # local backends: a task deletes the spill files it has consumed. Files deleted before the
+    # kernel writes
+    # them back never reach the disk: a 2M-cell build's ~4 GB of spill and parked columns crossed
+    # the dirty
+    # page limits, and writeback and write throttling made spill I/O grow ~2.5x for 2x the cells. A
+    # cluster
+    # backend reruns a lost worker's tasks, which need their files: the build's end removes them
+    # there.
     drop_spill: bool = False
-    jobs: int = 1  # the build's parallelism: with 2 sources a job or more, a source is one task (pack_tasks)
+    # the build's parallelism: with 2 sources a job or more, a source is one task (pack_tasks)
+    jobs: int = 1
     options: Any = None  # the kind's own pack settings (Kind.pack_options), typed by the kind

@@ -1,13 +1,19 @@
 """Resuming a build that failed: shards it finished are adopted, not rebuilt.
 
-Why: a build on a cluster can die late (a lost node, a killed job, a full disk) after writing most of its
-shards. Each shard is written under a temporary name and renamed (``pipeline.shardfile``), and its name
-carries its plan key, so a file under its final name is a complete shard of exactly that plan. The next
-build of the same manifest reads such a shard back (its columns give the index entry: records, units,
-bytes, hash) instead of reading its source rows again, so only the missing shards cost source reads and
+Why: a build on a cluster can die late (a lost node, a killed job, a full disk) after writing most
+of its
+shards. Each shard is written under a temporary name and renamed (``pipeline.shardfile``), and its
+name
+carries its plan key, so a file under its final name is a complete shard of exactly that plan. The
+next
+build of the same manifest reads such a shard back (its columns give the index entry: records,
+units,
+bytes, hash) instead of reading its source rows again, so only the missing shards cost source reads
+and
 compression. A file that cannot be read back is removed and rebuilt.
 
-Only kinds whose pack results are the index entry alone can be adopted (``Kind.resumable``): record kinds
+Only kinds whose pack results are the index entry alone can be adopted (``Kind.resumable``): record
+kinds
 also report skipped records and per-record metadata that only their pack task knows.
 """
 
@@ -26,8 +32,9 @@ from pipeline.shardfile import shard_entry, shard_suffix
 log = logging.getLogger(__name__)
 
 
-def adopt_finished(kind: Kind, shards: Sequence[ShardPlan], todo: Sequence[int],
-                   cfg: PackConfig) -> tuple[list[int], list[PackResult]]:
+def adopt_finished(
+    kind: Kind, shards: Sequence[ShardPlan], todo: Sequence[int], cfg: PackConfig
+) -> tuple[list[int], list[PackResult]]:
     """(shards still to pack, results of those adopted from an earlier, failed build)."""
     if not getattr(kind, "resumable", False):
         return list(todo), []
@@ -43,10 +50,14 @@ def adopt_finished(kind: Kind, shards: Sequence[ShardPlan], todo: Sequence[int],
             n = validate_columns(columns, cfg.fields, cfg.tables, name=final.name)
             if n != shards[i].n:
                 raise fmt.FormatError(f"{final}: {n} records, the plan has {shards[i].n}")
-            entry = shard_entry(columns, n, final, fmt.content_hash(final), fmt.stored_bytes(final), shards[i], cfg)
+            entry = shard_entry(
+                columns, n, final, fmt.content_hash(final), fmt.stored_bytes(final), shards[i], cfg
+            )
         except Exception as e:  # unreadable or not this plan's shard: rebuild it
             log.warning("%s: left by an earlier build but unreadable (%s): rebuilding it", final, e)
-            shutil.rmtree(final, ignore_errors=True) if final.is_dir() else final.unlink(missing_ok=True)
+            shutil.rmtree(final, ignore_errors=True) if final.is_dir() else final.unlink(
+                missing_ok=True
+            )
             remaining.append(i)
             continue
         adopted.append(PackResult(i, entry))

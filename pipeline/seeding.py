@@ -1,4 +1,5 @@
-"""Seeds and stable draws shared by every planner: a decision depends on (seed, names), never on order."""
+"""Seeds and stable draws shared by every planner: a decision depends on (seed, names), never on
+order."""
 
 from __future__ import annotations
 

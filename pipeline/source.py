@@ -1,6 +1,8 @@
-"""Input file types (``[[sources]] type``): the tiny base every source implements, and their registry.
+"""Input file types (``[[sources]] type``): the tiny base every source implements, and their
+registry.
 
-A modality registers its source types (lazily: its module is imported on first use); a manifest that names
+A modality registers its source types (lazily: its module is imported on first use); a manifest that
+names
 no type gets the one source type of its kind claiming the file's suffix."""
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ from loaders.registry import Registry
 
 
 class Source(ABC):
-    """One input file of a registered *source type*. Opened lazily; never loads more than a bounded block.
+    """One input file of a registered *source type*. Opened lazily; never loads more than a bounded
+    block.
 
-    A source class declares what the registry needs to pick it without copied lists: its ``type`` (the
-    manifest's ``[[sources]] type``), the dataset ``kinds`` it feeds, the file ``suffixes`` it claims (a
-    manifest that names no type gets the one source type of its kind claiming the file's suffix), the extra
-    ``[[sources]]`` keys it accepts (``options``) and the record fields it produces (``produces``, for docs and
+    A source class declares what the registry needs to pick it without copied lists: its ``type``
+    (the
+    manifest's ``[[sources]] type``), the dataset ``kinds`` it feeds, the file ``suffixes`` it
+    claims (a
+    manifest that names no type gets the one source type of its kind claiming the file's suffix),
+    the extra
+    ``[[sources]]`` keys it accepts (``options``) and the record fields it produces (``produces``,
+    for docs and
     error messages). How records are read is the business of the interface its kinds use
     (:class:`MatrixSource` for perturbation; a record kind defines its own).
     """
@@ -35,7 +42,8 @@ class Source(ABC):
 
     @classmethod
     def expand(cls, path: Path) -> list[Path]:
-        """The input files a manifest path match stands for (a folder may stand for the files in it)."""
+        """The input files a manifest path match stands for (a folder may stand for the files in
+        it)."""
         return [path]
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -46,8 +54,6 @@ class Source(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
 
 
 SOURCES: Registry[type[Source]] = Registry("source type", discover=load_build_modalities)
@@ -62,7 +68,8 @@ def register_source(cls: type[Source]) -> type[Source]:
 
 
 def get_source(type_name: str) -> type[Source]:
-    """The source class of ``type_name`` (only its module is imported: a CT source pulls in scipy.ndimage)."""
+    """The source class of ``type_name`` (only its module is imported: a CT source pulls in
+    scipy.ndimage)."""
     return SOURCES.get(type_name)
 
 
@@ -72,6 +79,7 @@ def source_types_for(kind: str) -> list[str]:
 
 
 def infer_type(path: str, kind: str) -> str | None:
-    """The one source type of ``kind`` claiming ``path``'s suffix, or None (none or several claim it)."""
+    """The one source type of ``kind`` claiming ``path``'s suffix, or None (none or several claim
+    it)."""
     hits = [t for t in source_types_for(kind) if str(path).lower().endswith(SOURCES[t].suffixes)]
     return hits[0] if len(hits) == 1 else None

@@ -1,11 +1,17 @@
-"""Task descriptors for remote backends (dask, ray): a task's arguments with every array replaced by a
+"""Task descriptors for remote backends (dask, ray): a task's arguments with every array replaced by
+a
 reference to a plain .npy file in the build's spill folder.
 
-Why: the pack tasks are ``functools.partial`` objects over the plan's per-shard arrays (source rows, planned
-columns, routed row ranges). Shipped as they are, each task would push megabytes through the scheduler (and
-joblib's dask backend scatters every argument over 1 kB). Written once to the spill folder, which lives in
-OUT on the filesystem every worker shares anyway, a task is a few kB: a function, paths, row ranges and
-settings. Files are loaded with ``allow_pickle=False``; nothing the build reads back is ever unpickled.
+Why: the pack tasks are ``functools.partial`` objects over the plan's per-shard arrays (source rows,
+planned
+columns, routed row ranges). Shipped as they are, each task would push megabytes through the
+scheduler (and
+joblib's dask backend scatters every argument over 1 kB). Written once to the spill folder, which
+lives in
+OUT on the filesystem every worker shares anyway, a task is a few kB: a function, paths, row ranges
+and
+settings. Files are loaded with ``allow_pickle=False``; nothing the build reads back is ever
+unpickled.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-INLINE_ARRAY_BYTES = 256  # arrays up to this size stay inline (a file would cost more than it saves)
+INLINE_ARRAY_BYTES = (
+    256  # arrays up to this size stay inline (a file would cost more than it saves)
+)
 Task = Callable[[], Any]
 
 
@@ -37,21 +45,28 @@ class ArrayRef:
 
 @dataclasses.dataclass(frozen=True)
 class Descriptor:
-    """What a remote worker receives: a module-level function (or a registered kind's method) and its
+    """What a remote worker receives: a module-level function (or a registered kind's method) and
+    its
     arguments, with arrays replaced by ArrayRefs."""
 
     func: Callable[..., Any]
     args: tuple[Any, ...]
     keywords: dict[str, Any]
-    label: str = ""  # what the task makes (its shards' file names), for task keys on a cluster's dashboard
+    label: str = (
+        ""  # what the task makes (its shards' file names), for task keys on a cluster's dashboard
+    )
 
     def __call__(self) -> Any:
         return self.func(*_resolve(self.args), **_resolve(self.keywords))
 
 
-def _walk(obj: Any, leaf: Callable[[Any], Any], seen: Callable[[Any], None] = lambda o: None) -> Any:
-    """`obj` with `leaf` applied to every value inside its tuples, lists, dicts and dataclass fields (copies
-    where something changed; the original is never modified). `seen` is shown every dataclass met."""
+def _walk(
+    obj: Any, leaf: Callable[[Any], Any], seen: Callable[[Any], None] = lambda o: None
+) -> Any:
+    """`obj` with `leaf` applied to every value inside its tuples, lists, dicts and dataclass fields
+    (copies
+    where something changed; the original is never modified). `seen` is shown every dataclass
+    met."""
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
         return tuple(_walk(a, leaf, seen) for a in obj)
     if isinstance(obj, list):
@@ -65,7 +80,9 @@ def _walk(obj: Any, leaf: Callable[[Any], Any], seen: Callable[[Any], None] = la
             value = getattr(obj, f.name)
             replaced = _walk(value, leaf, seen)
             if replaced is not value:
-                object.__setattr__(new, f.name, replaced)  # frozen dataclasses too: `new` is our own copy
+                object.__setattr__(
+                    new, f.name, replaced
+                )  # frozen dataclasses too: `new` is our own copy
         return new
     return leaf(obj)
 
@@ -79,7 +96,9 @@ class _Spiller:
         self.saved: dict[int, ArrayRef] = {}
         self.keep: list[np.ndarray] = []  # ids stay valid while the arrays live
         self.counter = itertools.count()
-        self.files: list[str] = []  # the `file` of every dataclass met (ShardPlans): the task's label
+        self.files: list[
+            str
+        ] = []  # the `file` of every dataclass met (ShardPlans): the task's label
 
     def describe(self, task: partial[Any]) -> Descriptor:
         self.files.clear()
@@ -92,7 +111,11 @@ class _Spiller:
             self.files.append(obj.file)
 
     def _leaf(self, obj: Any) -> Any:
-        if not isinstance(obj, np.ndarray) or obj.nbytes <= INLINE_ARRAY_BYTES or obj.dtype.hasobject:
+        if (
+            not isinstance(obj, np.ndarray)
+            or obj.nbytes <= INLINE_ARRAY_BYTES
+            or obj.dtype.hasobject
+        ):
             return obj
         ref = self.saved.get(id(obj))
         if ref is None:

@@ -36,8 +36,7 @@ class SourceTypeContract:
     folders: ClassVar[bool] = False  # it reads folders (a DICOM series): claims no suffix
 
     def sample_file(self, folder: Path) -> Path | None:
-        """Override: write one small valid file of this type into ``folder`` and return its path.
-        """
+        """Override: write one small valid file of this type into ``folder`` and return its path."""
         return None
 
     def expected_records(self, path: Path) -> Expected | None:
@@ -112,13 +111,16 @@ class SourceTypeContract:
                 for field, value in values.items():
                     value = np.asarray(value)
                     cast = np.asarray(got[field]).astype(value.dtype)
-                    np.testing.assert_array_equal(cast, value, strict=True,
-                                                  err_msg=f"{name}: {field} of {record}")
+                    np.testing.assert_array_equal(
+                        cast, value, strict=True, err_msg=f"{name}: {field} of {record}"
+                    )
 
     def _manifest(self, path: Path, kind: str) -> Path:
-        text = (f'[dataset]\nname = "contract"\nkind = "{kind}"\n\n'
-                f'[[sources]]\npath = "{path.name}"\ntype = "{self.source_type}"\n\n'
-                f'{self.manifest_tables}\n')
+        text = (
+            f'[dataset]\nname = "contract"\nkind = "{kind}"\n\n'
+            f'[[sources]]\npath = "{path.name}"\ntype = "{self.source_type}"\n\n'
+            f"{self.manifest_tables}\n"
+        )
         manifest = path.parent / "contract.toml"
         manifest.write_text(text)
         return manifest
@@ -128,8 +130,9 @@ def _identity(r: Record) -> tuple[Any, ...]:
     return r.index, r.group, tuple(r.order), r.split
 
 
-def uncovered_source_types(covered: Iterable[str],
-                           prefixes: Iterable[str] = ("pipeline",)) -> list[str]:
+def uncovered_source_types(
+    covered: Iterable[str], prefixes: Iterable[str] = ("pipeline",)
+) -> list[str]:
     """Registered source types defined in ``prefixes`` or in an installed modality (its loader
     module or its ``BUILD_MODULE``) that are not among ``covered`` (types with a SourceTypeContract
     subclass)."""

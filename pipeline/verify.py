@@ -1,7 +1,10 @@
-"""Stage 5: verify a committed dataset: hashes, schema, bounds, counts and references. `inspect` summarises it.
+"""Stage 5: verify a committed dataset: hashes, schema, bounds, counts and references. `inspect`
+summarises it.
 
-Everything here works from the index's schema: the fields and tables it declares, the unit counts of the
-sample types it lists, the `bound` of every code field. The dataset's kind adds its own referential checks
+Everything here works from the index's schema: the fields and tables it declares, the unit counts of
+the
+sample types it lists, the `bound` of every code field. The dataset's kind adds its own referential
+checks
 (`Kind.check_shard`) when it is registered in this process.
 """
 
@@ -40,8 +43,10 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
     problems += check_digest(index)
     kind = _kind(index)
     if kind is None:
-        problems.append(f"{root}: kind {index.kind!r} is not registered here (its plug-in module is not imported): "
-                        "only the format's checks ran")
+        problems.append(
+            f"{root}: kind {index.kind!r} is not registered here (its plug-in module is not imported): "
+            "only the format's checks ran"
+        )
     samples = []
     for name in index.samples:
         try:
@@ -88,25 +93,34 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
         if np.unique(ids).size != ids.size:
             problems.append(f"{root}: a sample_id is primary in more than one place")
         if index.primary_records is not None and ids.size != index.primary_records:
-            problems.append(f"{root}: {ids.size} primary records, the plan placed {index.primary_records}")
+            problems.append(
+                f"{root}: {ids.size} primary records, the plan placed {index.primary_records}"
+            )
     return problems
 
 
 def check_digest(index: fmt.Index) -> list[str]:
-    """The index's own content (vocabularies, var_names, conditions...) against the digest stored at build."""
+    """The index's own content (vocabularies, var_names, conditions...) against the digest stored at
+    build."""
     path = fmt.index_path(index.root)
     if index.raw.get("version") == 1:
         return []  # written before digests existed
     stored = index.raw.get("digest")
     if not isinstance(stored, dict):
-        return [f"{path}: no content digest (edited, or written by an older shardsmith): rebuild the dataset"]
+        return [
+            f"{path}: no content digest (edited, or written by an older shardsmith): rebuild the dataset"
+        ]
     now = fmt.index_digest(index.raw)
-    return [f"{path}: {key!r} differs from the digest stored at build (edited after the build?)"
-            for key in fmt.DIGEST_KEYS if stored.get(key) != now[key]]
+    return [
+        f"{path}: {key!r} differs from the digest stored at build (edited after the build?)"
+        for key in fmt.DIGEST_KEYS
+        if stored.get(key) != now[key]
+    ]
 
 
 def _read_tables(path: Path, index: fmt.Index, problems: list[str]) -> dict[str, np.ndarray]:
-    """The declared tables one by one: a missing one is a listed problem, the others are still checked."""
+    """The declared tables one by one: a missing one is a listed problem, the others are still
+    checked."""
     out = {}
     for t in index.tables:
         try:
@@ -122,7 +136,9 @@ def summary(root: str | Path) -> dict[str, Any]:
     index = open_index(root)
     splits: dict[str, dict[str, Any]] = {}
     for e in index.shards:
-        s = splits.setdefault(e.split, {"shards": 0, "records": 0, "units": {}, "bytes": 0, "raw_bytes": 0})
+        s = splits.setdefault(
+            e.split, {"shards": 0, "records": 0, "units": {}, "bytes": 0, "raw_bytes": 0}
+        )
         s["shards"] += 1
         s["records"] += e.records
         s["bytes"] += e.bytes
@@ -133,12 +149,21 @@ def summary(root: str | Path) -> dict[str, Any]:
     raw = sum(e.raw_bytes for e in index.shards)
     kind = _kind(index)
     return {
-        "name": index.name, "kind": index.kind, "encoding": index.encoding, "codec": index.codec or None,
-        "samples": list(index.samples), "fields": [f.to_json() for f in index.fields], "tables": list(index.tables),
-        "splits": splits, "vocabulary_sizes": {f: len(v) for f, v in index.vocabularies.items()},
+        "name": index.name,
+        "kind": index.kind,
+        "encoding": index.encoding,
+        "codec": index.codec or None,
+        "samples": list(index.samples),
+        "fields": [f.to_json() for f in index.fields],
+        "tables": list(index.tables),
+        "splits": splits,
+        "vocabulary_sizes": {f: len(v) for f, v in index.vocabularies.items()},
         "vocabularies": index.vocabularies,
-        "bytes": total_bytes, "raw_bytes": raw, "compression_ratio": round(raw / total_bytes, 3) if total_bytes else None,
-        "skipped": index.stats.get("skipped", {}), "sources": len(index.sources),
+        "bytes": total_bytes,
+        "raw_bytes": raw,
+        "compression_ratio": round(raw / total_bytes, 3) if total_bytes else None,
+        "skipped": index.stats.get("skipped", {}),
+        "sources": len(index.sources),
         "plugins": list(index.plugins),
         "details": kind.describe(index) if kind is not None else {},
         "warnings": kind.warnings(index) if kind is not None else [],
@@ -160,19 +185,32 @@ def _truncated(labels: list[str], n: int, width: int = 72) -> str:
 
 def format_summary(s: dict[str, Any]) -> str:
     codec = s["codec"]["name"] if s.get("codec") else ""
-    lines = [f"{s['name']} ({s['kind']}, {s['encoding']} {codec}): {s['sources']} sources; "
-             f"sample types: {', '.join(s['samples']) or '-'}"]
+    lines = [
+        f"{s['name']} ({s['kind']}, {s['encoding']} {codec}): {s['sources']} sources; "
+        f"sample types: {', '.join(s['samples']) or '-'}"
+    ]
     samples = s["samples"]
-    lines.append(f"  {'split':6} {'shards':>6} {'records':>9} " + " ".join(f"{n:>10}" for n in samples) + f" {'MB':>8}")
+    lines.append(
+        f"  {'split':6} {'shards':>6} {'records':>9} "
+        + " ".join(f"{n:>10}" for n in samples)
+        + f" {'MB':>8}"
+    )
     for name, v in s["splits"].items():
-        lines.append(f"  {name:6} {v['shards']:6d} {v['records']:9d} "
-                     + " ".join(f"{v['units'].get(n, 0):10d}" for n in samples) + f" {v['bytes'] / 1e6:8.2f}")
+        lines.append(
+            f"  {name:6} {v['shards']:6d} {v['records']:9d} "
+            + " ".join(f"{v['units'].get(n, 0):10d}" for n in samples)
+            + f" {v['bytes'] / 1e6:8.2f}"
+        )
     if s["vocabulary_sizes"]:
         lines.append("  vocabularies (code order; all of them: inspect --json):")
-        lines += [f"    {k} ({n}): {_truncated(s.get('vocabularies', {}).get(k, []), n)}"
-                  for k, n in s["vocabulary_sizes"].items()]
-    lines.append(f"  bytes: {s['bytes'] / 1e6:.2f} MB stored, {s['raw_bytes'] / 1e6:.2f} MB raw "
-                 f"(compression ratio {s['compression_ratio']})")
+        lines += [
+            f"    {k} ({n}): {_truncated(s.get('vocabularies', {}).get(k, []), n)}"
+            for k, n in s["vocabulary_sizes"].items()
+        ]
+    lines.append(
+        f"  bytes: {s['bytes'] / 1e6:.2f} MB stored, {s['raw_bytes'] / 1e6:.2f} MB raw "
+        f"(compression ratio {s['compression_ratio']})"
+    )
     if s.get("plugins"):
         lines.append(f"  plug-ins (imported to read it): {', '.join(s['plugins'])}")
     if s["skipped"]:

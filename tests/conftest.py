@@ -64,10 +64,23 @@ test_fraction = 0.2
 
 def write_manifest(path: Path, **kw: Any) -> Path:
     """A perturbation manifest over ``src/*.h5ad``; ``kw`` changes any key of MANIFEST."""
-    params = dict(name="t", format="zarr", seed=0, shard_mb=0.05, block_rows=97,
-                  pattern="src/*.h5ad", type="h5ad", pert="perturbation", batch="batch",
-                  covariates='["timepoint"]', obsm='["X_pca"]', strategy="batch", max_pairs=500,
-                  sentence_size=8, split="random")
+    params = dict(
+        name="t",
+        format="zarr",
+        seed=0,
+        shard_mb=0.05,
+        block_rows=97,
+        pattern="src/*.h5ad",
+        type="h5ad",
+        pert="perturbation",
+        batch="batch",
+        covariates='["timepoint"]',
+        obsm='["X_pca"]',
+        strategy="batch",
+        max_pairs=500,
+        sentence_size=8,
+        split="random",
+    )
     params.update(kw)
     path.write_text(MANIFEST.format(**params))
     return path
@@ -116,8 +129,9 @@ class Dataset:
         from loaders.format import PRIMARY, SAMPLE_ID
 
         pairs = zip(self.shards, self.splits, strict=True)
-        return np.concatenate([s[SAMPLE_ID][s[PRIMARY]] for s, sp in pairs if sp == split]
-                              + [np.zeros(0, np.int64)])
+        return np.concatenate(
+            [s[SAMPLE_ID][s[PRIMARY]] for s, sp in pairs if sp == split] + [np.zeros(0, np.int64)]
+        )
 
     def by_sample(self) -> dict[str, np.ndarray]:
         """Everything written, indexed by sample_id: "X" dense [n_ids, G], "cond_id", "obs/*",
@@ -156,8 +170,9 @@ class Truth:
         self.vectors = ds.vectors
 
 
-def _random_csr(rng: np.random.Generator, n: int, n_genes: int,
-                density: float) -> tuple[np.ndarray, ...]:
+def _random_csr(
+    rng: np.random.Generator, n: int, n_genes: int, density: float
+) -> tuple[np.ndarray, ...]:
     """Canonical CSR (sorted, unique columns), ~``density`` of it set, a block of rows a time."""
     cols, lens = [], []
     for lo in range(0, n, 2048):
@@ -172,8 +187,9 @@ def _random_csr(rng: np.random.Generator, n: int, n_genes: int,
     return indptr, col_a, vals
 
 
-def _take_rows(indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
-               rows: np.ndarray) -> tuple[np.ndarray, ...]:
+def _take_rows(
+    indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, ...]:
     lens = indptr[rows + 1] - indptr[rows]
     new_ptr = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(lens, out=new_ptr[1:])
@@ -181,9 +197,17 @@ def _take_rows(indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
     return new_ptr, cols[flat], vals[flat]
 
 
-def _write_shards(root: Path, n_shards: int, cells: int, n_genes: int, seed: int,
-                  splits: Sequence[str], density: float, n_dup_controls: int,
-                  codec: str) -> Dataset:
+def _write_shards(
+    root: Path,
+    n_shards: int,
+    cells: int,
+    n_genes: int,
+    seed: int,
+    splits: Sequence[str],
+    density: float,
+    n_dup_controls: int,
+    codec: str,
+) -> Dataset:
     """Shard ``i`` (of split ``splits[i % len(splits)]``) holds ``cells`` primary cells and a few
     control cells duplicated from shard ``i - 1`` (``primary=False``), pairs and sentences of its
     own rows; then a condition table and an ``index.json``, as a build writes them."""
@@ -211,9 +235,16 @@ def _write_shards(root: Path, n_shards: int, cells: int, n_genes: int, seed: int
             "batch": np.full(n, i % 4, np.int32),  # one plate per shard, like a real plan
             "donor": rng.integers(0, 5, size=n).astype(np.int32),
         }
-        primaries.append({"indptr": indptr, "cols": cols, "vals": vals, "obs": obs,
-                          "sample_id": np.arange(next_id, next_id + n, dtype=np.int64),
-                          "pca": rng.standard_normal((n, OBSM_DIM)).astype(np.float32)})
+        primaries.append(
+            {
+                "indptr": indptr,
+                "cols": cols,
+                "vals": vals,
+                "obs": obs,
+                "sample_id": np.arange(next_id, next_id + n, dtype=np.int64),
+                "pca": rng.standard_normal((n, OBSM_DIM)).astype(np.float32),
+            }
+        )
         next_id += n
 
     shards, entries = [], []
@@ -221,13 +252,17 @@ def _write_shards(root: Path, n_shards: int, cells: int, n_genes: int, seed: int
         # duplicate a few control cells of the previous shard into this one (non-primary rows)
         src = primaries[(i - 1) % n_shards]
         ctrl_rows = np.flatnonzero(src["obs"]["perturbation"] == 0)
-        dup = (rng.choice(ctrl_rows, size=min(n_dup_controls, ctrl_rows.size), replace=False)
-               if n_shards > 1 else [])
+        dup = (
+            rng.choice(ctrl_rows, size=min(n_dup_controls, ctrl_rows.size), replace=False)
+            if n_shards > 1
+            else []
+        )
         dup = np.sort(np.asarray(dup, dtype=np.int64))
         d_ptr, d_cols, d_vals = _take_rows(src["indptr"], src["cols"], src["vals"], dup)
         n_prim, n_all = p["sample_id"].size, p["sample_id"].size + dup.size
-        obs = {k: np.concatenate([v, src["obs"][k][dup]]).astype(np.int32)
-               for k, v in p["obs"].items()}
+        obs = {
+            k: np.concatenate([v, src["obs"][k][dup]]).astype(np.int32) for k, v in p["obs"].items()
+        }
         cols_map = {
             fm.X + "/indptr": np.concatenate([p["indptr"], p["indptr"][-1] + d_ptr[1:]]),
             fm.X + "/indices": np.concatenate([p["cols"], d_cols]),
@@ -255,38 +290,80 @@ def _write_shards(root: Path, n_shards: int, cells: int, n_genes: int, seed: int
         path = root / fm.SHARDS_DIR / name
         writer.write(path, cols_map, tables)
         shards.append(cols_map)
-        units = {"cells": n_prim, "pairs": int(cols_map[fm.PAIRS].shape[0]),
-                 "sentences": int(sent_p.shape[0])}
-        entries.append(fm.ShardEntry(
-            file=name, split=shard_splits[i], records=n_all, units=units,
-            bytes=fm.stored_bytes(path), raw_bytes=sum(a.nbytes for a in cols_map.values()),
-            sha256=fm.content_hash(path), plan_key=f"fixture/{i}", source=0))
+        units = {
+            "cells": n_prim,
+            "pairs": int(cols_map[fm.PAIRS].shape[0]),
+            "sentences": int(sent_p.shape[0]),
+        }
+        entries.append(
+            fm.ShardEntry(
+                file=name,
+                split=shard_splits[i],
+                records=n_all,
+                units=units,
+                bytes=fm.stored_bytes(path),
+                raw_bytes=sum(a.nbytes for a in cols_map.values()),
+                sha256=fm.content_hash(path),
+                plan_key=f"fixture/{i}",
+                source=0,
+            )
+        )
 
     vectors = rng.standard_normal((N_PERTS + 1, COND_DIM)).astype(np.float32)
     writer.write(root / CONDITIONS_FILE, {"vectors": vectors})
-    fields = [fm.FieldSpec(fm.X, "csr", "float32", (n_genes,)),
-              fm.FieldSpec(fm.SAMPLE_ID, "dense", "int64"),
-              fm.FieldSpec(fm.PRIMARY, "dense", "bool"),
-              fm.FieldSpec(fm.COND_ID, "dense", "int32"),
-              *[fm.FieldSpec(fm.OBS_PREFIX + k, "dense", "int32") for k in OBS_FIELDS],
-              fm.FieldSpec(fm.OBSM_PREFIX + OBSM_KEY, "dense", "float32", (OBSM_DIM,))]
-    vocab = {"perturbation": ["control"] + [f"GENE{i}" for i in range(1, N_PERTS + 1)],
-             "cell_type": ["T", "B", "NK"], "batch": [f"plate{i}" for i in range(4)],
-             "donor": [f"d{i}" for i in range(5)]}
+    fields = [
+        fm.FieldSpec(fm.X, "csr", "float32", (n_genes,)),
+        fm.FieldSpec(fm.SAMPLE_ID, "dense", "int64"),
+        fm.FieldSpec(fm.PRIMARY, "dense", "bool"),
+        fm.FieldSpec(fm.COND_ID, "dense", "int32"),
+        *[fm.FieldSpec(fm.OBS_PREFIX + k, "dense", "int32") for k in OBS_FIELDS],
+        fm.FieldSpec(fm.OBSM_PREFIX + OBSM_KEY, "dense", "float32", (OBSM_DIM,)),
+    ]
+    vocab = {
+        "perturbation": ["control"] + [f"GENE{i}" for i in range(1, N_PERTS + 1)],
+        "cell_type": ["T", "B", "NK"],
+        "batch": [f"plate{i}" for i in range(4)],
+        "donor": [f"d{i}" for i in range(5)],
+    }
     conditions = fm.ConditionsRef(file=CONDITIONS_FILE, rows=N_PERTS + 1, dim=COND_DIM)
-    fm.write_index(fm.Index(root=root, name="fixture", kind="perturbation", encoding="zarr",
-                            fields=fields, tables=list(tables), shards=entries,
-                            samples=["cells", "pairs", "sentences"], vocabularies=vocab,
-                            obs_fields=list(OBS_FIELDS), conditions=conditions))
+    fm.write_index(
+        fm.Index(
+            root=root,
+            name="fixture",
+            kind="perturbation",
+            encoding="zarr",
+            fields=fields,
+            tables=list(tables),
+            shards=entries,
+            samples=["cells", "pairs", "sentences"],
+            vocabularies=vocab,
+            obs_fields=list(OBS_FIELDS),
+            conditions=conditions,
+        )
+    )
     return Dataset(root=root, n_genes=n_genes, shards=shards, splits=shard_splits, vectors=vectors)
 
 
-def build_dataset(root: str | Path, stage: str = "built", *, formats: Sequence[str] = ("zarr",),
-                  sources: int = 3, cells: int | None = None, genes: int | None = None,
-                  perts: int = 6, seed: int = 0, source_name: str = "screen_{i}.h5ad",
-                  name: str | None = None, jobs: int = 1, n_shards: int = 6,
-                  splits: Sequence[str] = ("train",), density: float = 0.1,
-                  n_dup_controls: int = 6, codec: str = "blosc-lz4", **options: Any) -> Dataset:
+def build_dataset(
+    root: str | Path,
+    stage: str = "built",
+    *,
+    formats: Sequence[str] = ("zarr",),
+    sources: int = 3,
+    cells: int | None = None,
+    genes: int | None = None,
+    perts: int = 6,
+    seed: int = 0,
+    source_name: str = "screen_{i}.h5ad",
+    name: str | None = None,
+    jobs: int = 1,
+    n_shards: int = 6,
+    splits: Sequence[str] = ("train",),
+    density: float = 0.1,
+    n_dup_controls: int = 6,
+    codec: str = "blosc-lz4",
+    **options: Any,
+) -> Dataset:
     """A perturbation dataset under ``root``, up to ``stage``:
 
     - "sources": ``sources`` h5ad files ``root/src/<source_name>`` of ``cells`` cells (500),
@@ -303,9 +380,17 @@ def build_dataset(root: str | Path, stage: str = "built", *, formats: Sequence[s
         raise ValueError(f"stage {stage!r}: one of {STAGES}")
     root = Path(root)
     if stage == "shards":
-        return _write_shards(root, n_shards, 200 if cells is None else cells,
-                             50 if genes is None else genes, seed, splits, density,
-                             n_dup_controls, codec)
+        return _write_shards(
+            root,
+            n_shards,
+            200 if cells is None else cells,
+            50 if genes is None else genes,
+            seed,
+            splits,
+            density,
+            n_dup_controls,
+            codec,
+        )
     from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 
     ds = Dataset(root=root)
@@ -313,8 +398,13 @@ def build_dataset(root: str | Path, stage: str = "built", *, formats: Sequence[s
     for i in range(sources):
         path = root / "src" / source_name.format(i=i)
         if not path.exists():
-            write_perturb_h5ad(path, n_cells=500 if cells is None else cells,
-                               n_genes=120 if genes is None else genes, n_perts=perts, seed=i)
+            write_perturb_h5ad(
+                path,
+                n_cells=500 if cells is None else cells,
+                n_genes=120 if genes is None else genes,
+                n_perts=perts,
+                seed=i,
+            )
         ds.sources.append(path)
     if stage == "sources":
         return ds
@@ -337,8 +427,7 @@ def read_all(out: Path) -> tuple[fmt.Index, list[tuple[fmt.ShardEntry, dict[str,
 
     index = fm.read_index(out)
     keys = fm.shard_keys(index.fields, index.tables)
-    return index, [(e, read_shard(index.shard_path(e), index.encoding, keys))
-                   for e in index.shards]
+    return index, [(e, read_shard(index.shard_path(e), index.encoding, keys)) for e in index.shards]
 
 
 def shard_csr(cols: dict[str, np.ndarray], n_cols: int) -> sp.csr_matrix:
@@ -433,9 +522,19 @@ def small_manifest() -> Callable[..., Path]:
     """``small_manifest(root, seed=0, name="m.toml") -> Path``: build_dataset's two 200-cell
     sources (s0.h5ad, s1.h5ad: written once per root) and a manifest over them; ``seed`` changes
     every shard."""
+
     def make(root: Path, seed: int = 0, name: str = "m.toml") -> Path:
-        return build_dataset(root, "manifest", sources=2, cells=200, genes=50, perts=4, seed=seed,
-                             name=name, source_name="s{i}.h5ad").manifest
+        return build_dataset(
+            root,
+            "manifest",
+            sources=2,
+            cells=200,
+            genes=50,
+            perts=4,
+            seed=seed,
+            name=name,
+            source_name="s{i}.h5ad",
+        ).manifest
 
     return make
 
@@ -445,5 +544,6 @@ def built_zarr_tar(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One manifest (2 sources x 300 cells, 60 genes, 5 perturbations) built as zarr and as tar:
     format -> dataset folder."""
     root = tmp_path_factory.mktemp("enc")
-    return build_dataset(root, formats=("zarr", "tar"), sources=2, cells=300, genes=60,
-                         perts=5).outs
+    return build_dataset(
+        root, formats=("zarr", "tar"), sources=2, cells=300, genes=60, perts=5
+    ).outs

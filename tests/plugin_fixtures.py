@@ -38,11 +38,19 @@ class Checkout:
     root: Path = ROOT
     env: dict[str, str] = field(default_factory=lambda: dict(ENV))
 
-    def python(self, code: str, *args: str, check: bool = False,
-               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def python(
+        self, code: str, *args: str, check: bool = False, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``code`` in a fresh interpreter."""
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                              env=self.env, cwd=self.root, check=check, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.root,
+            check=check,
+            timeout=timeout,
+        )
 
     def popen(self, code: str, *args: str) -> subprocess.Popen[str]:
         return self._popen("-c", code, *args)
@@ -52,8 +60,14 @@ class Checkout:
         return self._popen("-m", "pipeline", *args)
 
     def _popen(self, *argv: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.root)
+        return subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            cwd=self.root,
+        )
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -78,8 +92,9 @@ def broken_copy(ds: Any, dst: Path, how: str) -> Path:
     if how == "missing":
         shutil.rmtree(shard)
     else:
-        chunks = sorted(p for p in (shard / "X" / "data").rglob("*")
-                        if p.is_file() and p.name != "zarr.json")
+        chunks = sorted(
+            p for p in (shard / "X" / "data").rglob("*") if p.is_file() and p.name != "zarr.json"
+        )
         chunks[0].write_bytes(b"\x00garbage" * 5)
     return shard
 
@@ -95,8 +110,9 @@ def started(ds: ShardDataset) -> ShardDataset:
     return ds
 
 
-def batches(ds: ShardDataset, epochs: tuple[int, ...] = (0, 1),
-            **kw: object) -> list[dict[str, torch.Tensor]]:
+def batches(
+    ds: ShardDataset, epochs: tuple[int, ...] = (0, 1), **kw: object
+) -> list[dict[str, torch.Tensor]]:
     from loaders import ShardLoader
 
     dl = ShardLoader(ds, timeout=TIMEOUT, **kw)  # type: ignore[arg-type]
@@ -116,8 +132,9 @@ def assert_same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor
 
 
 # -- the independent CT reference (pinned to hand-made volumes by tests/test_ct_reference.py) ---
-def reference_body(hu: np.ndarray, threshold: float = -500.0, axial_axis: int = -1,
-                   fill_3d: bool = False) -> np.ndarray:
+def reference_body(
+    hu: np.ndarray, threshold: float = -500.0, axial_axis: int = -1, fill_3d: bool = False
+) -> np.ndarray:
     """Threshold, the largest component (``ndimage.label``, ``bincount``), holes filled slice by
     axial slice (``binary_fill_holes`` in a Python loop)."""
     from scipy import ndimage
@@ -134,10 +151,16 @@ def reference_body(hu: np.ndarray, threshold: float = -500.0, axial_axis: int = 
     return np.moveaxis(m, 0, axial_axis)
 
 
-def reference_points(hu: np.ndarray, level: float = -600.0, width: float = 1500.0,
-                     band: tuple[float, float] | None = (-1000.0, -400.0), body: bool = True,
-                     threshold: float = -500.0, axial_axis: int = -1, fill_3d: bool = False,
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def reference_points(
+    hu: np.ndarray,
+    level: float = -600.0,
+    width: float = 1500.0,
+    band: tuple[float, float] | None = (-1000.0, -400.0),
+    body: bool = True,
+    threshold: float = -500.0,
+    axial_axis: int = -1,
+    fill_3d: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(coords uint16 [N,3], hu int16 [N], window float16 [N])`` of an int16 HU volume, the
     obvious whole-volume way: no slabs, no shared label buffer, no lookup table."""
     lo, hi = level - width / 2, level + width / 2
@@ -222,8 +245,9 @@ test_fraction = 0.0
 """
 
 
-def manifest(root: Path, sources: list[str], cap: int = 0, extra: str = "",
-             fmt_: str = "zarr") -> Path:
+def manifest(
+    root: Path, sources: list[str], cap: int = 0, extra: str = "", fmt_: str = "zarr"
+) -> Path:
     """``sources``: one ``[[sources]]`` body each (``path = ...`` lines)."""
     text = CT_HEAD.format(fmt=fmt_) + "".join(f"\n[[sources]]\n{s}\n" for s in sources)
     (root / "m.toml").write_text(text + CT_TAIL.format(cap=cap, extra=extra))
@@ -240,16 +264,30 @@ def served(root: Path, **kw: Any) -> dict[str, dict[str, np.ndarray]]:
     out = {}
     for b in ShardDataset(root, split="train", sample="ct", batch_size=1, shuffle=False, **kw):
         name = Path(index.sources[int(b["sample_id"][0])]["path"]).name
-        out[name] = {k: v[0].numpy() if k in ("affine", "spacing") else v.numpy()
-                     for k, v in b.items()}
+        out[name] = {
+            k: v[0].numpy() if k in ("affine", "spacing") else v.numpy() for k, v in b.items()
+        }
         out[name]["coords"] = out[name]["coords"][:, 1:]
     return out
 
 
 def cli_build(manifest_: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", "build", str(manifest_), "--out",
-                           str(out), "--no-progress"], cwd=CT_REPO, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            str(manifest_),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=CT_REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="session")

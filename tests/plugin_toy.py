@@ -1,9 +1,14 @@
-"""A modality defined only in the tests: a source type, a dataset kind and a sample type, registered through
-the public registries with no change to library code (docs/EXTENDING.md walks through the same three pieces).
+"""A modality defined only in the tests: a source type, a dataset kind and a sample type, registered
+through
+the public registries with no change to library code (docs/EXTENDING.md walks through the same three
+pieces).
 
-A ``.toy`` file is JSON: ``{"records": [{"group": str, "vec": [4 floats], "tokens": [ints < 50], "skip": bool}]}``.
-Each record becomes a fixed-shape dense ``vec`` float32 [4] plus a ragged ``tokens`` int32 list (codes into a
-vocabulary of 50, declared as the field's ``bound``); no pairs or other tables. ``[toy] ragged = false`` gives a
+A ``.toy`` file is JSON: ``{"records": [{"group": str, "vec": [4 floats], "tokens": [ints < 50],
+"skip": bool}]}``.
+Each record becomes a fixed-shape dense ``vec`` float32 [4] plus a ragged ``tokens`` int32 list
+(codes into a
+vocabulary of 50, declared as the field's ``bound``); no pairs or other tables. ``[toy] ragged =
+false`` gives a
 dataset of dense fields only.
 """
 
@@ -21,10 +26,9 @@ from loaders.gather import BatchRows
 from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
 from pipeline.errors import SourceError
-from pipeline.model import register_kind
-from pipeline.records import Record, RecordKind, SkipRecord
 from pipeline.manifest import Manifest, SourceSpec, Table
-from pipeline.model import ScannedSource
+from pipeline.model import ScannedSource, register_kind
+from pipeline.records import Record, RecordKind, SkipRecord
 from pipeline.source import Source, register_source
 
 VOCAB = 50
@@ -51,28 +55,45 @@ class ToyKind(RecordKind):
     samples = ("toyvec",)
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> dict[str, Any]:
-        t = Table(path, "toy", sections.get("toy") or {}, {"ragged", "val_fraction", "test_fraction"})
-        return {"ragged": t.get("ragged", bool, True), "val": float(t.get("val_fraction", (int, float), 0.0)),
-                "test": float(t.get("test_fraction", (int, float), 0.5))}
+        t = Table(
+            path, "toy", sections.get("toy") or {}, {"ragged", "val_fraction", "test_fraction"}
+        )
+        return {
+            "ragged": t.get("ragged", bool, True),
+            "val": float(t.get("val_fraction", (int, float), 0.0)),
+            "test": float(t.get("test_fraction", (int, float), 0.5)),
+        }
 
     def fractions(self, config: Any) -> tuple[float, float]:
         return config["val"], config["test"]
 
     def scan_source(self, manifest: Manifest, spec: SourceSpec) -> list[Record]:
-        return [Record(i, str(r["group"]), (i,), nbytes=64, info={}) for i, r in enumerate(ToySource(spec.path).records())]
+        return [
+            Record(i, str(r["group"]), (i,), nbytes=64, info={})
+            for i, r in enumerate(ToySource(spec.path).records())
+        ]
 
-    def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
-        fields = [fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"), fmt.FieldSpec("vec", "dense", "float32", (4,))]
+    def schema(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource]
+    ) -> tuple[fmt.FieldSpec, ...]:
+        fields = [
+            fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
+            fmt.FieldSpec("vec", "dense", "float32", (4,)),
+        ]
         if manifest.config["ragged"]:
             fields.append(fmt.FieldSpec("tokens", "ragged", "int32", (), bound=VOCAB))
         return tuple(fields)
 
-    def read_record(self, manifest: Manifest, spec: SourceSpec, record: Record) -> tuple[dict[str, np.ndarray], Any]:
+    def read_record(
+        self, manifest: Manifest, spec: SourceSpec, record: Record
+    ) -> tuple[dict[str, np.ndarray], Any]:
         r = ToySource(spec.path).records()[record.index]
         if r.get("skip"):
             raise SkipRecord("marked skip")
-        return {"vec": np.asarray(r["vec"], np.float32), "tokens": np.asarray(r["tokens"], np.int32)}, \
-            {"n_tokens": len(r["tokens"])}
+        return {
+            "vec": np.asarray(r["vec"], np.float32),
+            "tokens": np.asarray(r["tokens"], np.int32),
+        }, {"n_tokens": len(r["tokens"])}
 
     def section(self, manifest: Manifest) -> dict[str, Any]:
         return {"ragged": manifest.config["ragged"]}

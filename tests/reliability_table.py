@@ -1,6 +1,8 @@
-"""Write docs/RELIABILITY.md from the hostile-case registry (tests/hostile): ``python -m tests.reliability_table``.
+"""Write docs/RELIABILITY.md from the hostile-case registry (tests/hostile): ``python -m
+tests.reliability_table``.
 
-``--check`` exits 1 (printing a diff) when the file on disk differs from the generated text, instead of
+``--check`` exits 1 (printing a diff) when the file on disk differs from the generated text, instead
+of
 writing it. How to add a case: see the docstring of ``tests/hostile/__init__.py``.
 """
 
@@ -25,7 +27,8 @@ POINTS = {
     7: "Hangs",
     8: "Silent acceptance (validation)",
     9: "Permissions",
-    10: "A full disk or a read-only `--out`",  # in the issue's Deliver list, after the nine numbered points
+    # in the issue's Deliver list, after the nine numbered points
+    10: "A full disk or a read-only `--out`",
 }
 
 HEADER = """\
@@ -49,8 +52,12 @@ def render(cases: list[Case]) -> str:
     lines = [HEADER]
     for point in sorted({c.point for c in cases}):
         rows = [c for c in cases if c.point == point]
-        lines += [f"## {point}. {POINTS.get(point, 'Other')}", "",
-                  "| case | what is done | outcome | test |", "|---|---|---|---|"]
+        lines += [
+            f"## {point}. {POINTS.get(point, 'Other')}",
+            "",
+            "| case | what is done | outcome | test |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| `{c.id}` | {_cell(c.what)} | {_cell(c.outcome)} | `{c.test}` |" for c in rows]
         lines.append("")
     lines.append(f"{len(cases)} cases.")
@@ -59,14 +66,19 @@ def render(cases: list[Case]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
+    p.add_argument(
+        "--check", action="store_true", help="compare instead of writing; exit 1 on a difference"
+    )
     args = p.parse_args(argv)
     text = render(all_cases())
     if args.check:
         old = DOC.read_text() if DOC.exists() else ""
         if old != text:
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                       str(DOC), "generated"))
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    old.splitlines(True), text.splitlines(True), str(DOC), "generated"
+                )
+            )
             print(f"{DOC} is out of date: run python -m tests.reliability_table", file=sys.stderr)
             return 1
         return 0

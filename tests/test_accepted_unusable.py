@@ -1,5 +1,7 @@
-"""Inputs that used to build (exit 0) into datasets nobody can use are refused at build, naming the key or
-the file: spike ``frames = "all"`` with a ``num_bins`` that does not divide the stored frames (the same
+"""Inputs that used to build (exit 0) into datasets nobody can use are refused at build, naming the
+key or
+the file: spike ``frames = "all"`` with a ``num_bins`` that does not divide the stored frames (the
+same
 mistake as ``frames = 40`` with ``num_bins = 7``, which was already refused), and a 0-gene matrix.
 """
 
@@ -42,8 +44,20 @@ batch = "batch"
 
 
 def _build(manifest: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", "build", str(manifest), "--out", str(out),
-                           "--no-progress"], capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            str(manifest),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_spike_all_frames_with_bins_that_do_not_divide_them_is_refused(tmp_path: Path) -> None:
@@ -64,11 +78,17 @@ def test_spike_all_frames_with_bins_that_do_not_divide_them_is_refused(tmp_path:
 
 def test_a_matrix_without_genes_is_refused(tmp_path: Path) -> None:
     n = 20
-    obs = {"perturbation": ["control", "g1"] * (n // 2), "cell_type": ["K562"] * n, "batch": ["b0"] * n}
+    obs = {
+        "perturbation": ["control", "g1"] * (n // 2),
+        "cell_type": ["K562"] * n,
+        "batch": ["b0"] * n,
+    }
     import pandas as pd
 
-    adata = ad.AnnData(X=sp.csr_matrix((n, 0), dtype=np.float32), obs=pd.DataFrame(obs, index=[f"c{i}" for i in
-                                                                                            range(n)]))
+    adata = ad.AnnData(
+        X=sp.csr_matrix((n, 0), dtype=np.float32),
+        obs=pd.DataFrame(obs, index=[f"c{i}" for i in range(n)]),
+    )
     adata.write_h5ad(tmp_path / "zero.h5ad")
     (tmp_path / "m.toml").write_text(CELLS)
     res = _build(tmp_path / "m.toml", tmp_path / "out")

@@ -1,5 +1,7 @@
-"""Cluster backends build the same bytes as threads: a dask LocalCluster (2 worker processes on 127.0.0.1)
-and a local ray; tasks are sent paths and row ranges, not arrays; a worker lost mid-build costs only its
+"""Cluster backends build the same bytes as threads: a dask LocalCluster (2 worker processes on
+127.0.0.1)
+and a local ray; tasks are sent paths and row ranges, not arrays; a worker lost mid-build costs only
+its
 running task; a rerun after a failed build writes only the shards that are missing."""
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from pipeline.build import build
 from pipeline.events import EventLog
 from pipeline.taskspill import ArrayRef, describe
 
-needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
-                                reason="dask[distributed] not installed (pip install 'shardsmith[dask]')")
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                               reason="ray not installed (pip install 'shardsmith[ray]'; no wheel on some platforms)")
+needs_dask = pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None,
+    reason="dask[distributed] not installed (pip install 'shardsmith[dask]')",
+)
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="ray not installed (pip install 'shardsmith[ray]'; no wheel on some platforms)",
+)
 if importlib.util.find_spec("distributed") is not None:
     from distributed import WorkerPlugin
 else:  # the dask tests skip
@@ -32,9 +38,13 @@ DESCRIPTOR_LIMIT = 16 << 10  # what one task may be sent: settings, paths, row r
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[..., Any],
-              write_manifest: Callable[..., Any]) -> tuple[Path, Path]:
-    """Two small sources, the spill path forced (several row-range read tasks per source, then pack tasks),
+def reference(
+    tmp_path_factory: pytest.TempPathFactory,
+    build_dataset: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> tuple[Path, Path]:
+    """Two small sources, the spill path forced (several row-range read tasks per source, then pack
+    tasks),
     built with the default backend."""
     root = tmp_path_factory.mktemp("backends")
     build_dataset(root, "sources", sources=2, cells=300)
@@ -53,10 +63,14 @@ def _force_spill(mp: pytest.MonkeyPatch) -> None:
 def _same_bytes(a: Path, b: Path) -> None:
     assert fmt.index_path(a).read_bytes() == fmt.index_path(b).read_bytes()
     for e in fmt.read_index(a).shards:
-        assert fmt.content_hash(a / fmt.SHARDS_DIR / e.file) == fmt.content_hash(b / fmt.SHARDS_DIR / e.file)
+        assert fmt.content_hash(a / fmt.SHARDS_DIR / e.file) == fmt.content_hash(
+            b / fmt.SHARDS_DIR / e.file
+        )
 
 
-def _cluster_build(backend: str, reference: tuple[Path, Path], out: Path, mp: pytest.MonkeyPatch) -> EventLog:
+def _cluster_build(
+    backend: str, reference: tuple[Path, Path], out: Path, mp: pytest.MonkeyPatch
+) -> EventLog:
     manifest, _ = reference
     _force_spill(mp)  # read in this process (the budget is read into PackConfig at build time)
     ev = EventLog()
@@ -71,15 +85,17 @@ def _check_descriptors(ev: EventLog) -> None:
 
 
 @needs_ray
-def test_ray_builds_the_same_bytes(reference: tuple[Path, Path], tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_builds_the_same_bytes(
+    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ev = _cluster_build("ray", reference, tmp_path / "ray", monkeypatch)
     _same_bytes(reference[1], tmp_path / "ray")
     _check_descriptors(ev)
 
 
 def test_descriptors_carry_paths_not_arrays(tmp_path: Path) -> None:
-    """The spill of task arguments: arrays become .npy files (loaded without pickle), equal ones once."""
+    """The spill of task arguments: arrays become .npy files (loaded without pickle), equal ones
+    once."""
     from functools import partial
 
     rows = np.arange(10_000, dtype=np.int64)
@@ -99,9 +115,12 @@ def test_unknown_backend_or_stray_scheduler_is_bad_input() -> None:
 
 @needs_dask
 def test_dask_local_cluster_builds_the_same_bytes_though_a_worker_dies(
-        reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No --scheduler: a LocalCluster of 2 worker processes. One worker dies as it starts the first pack
-    task; the cluster reruns that task elsewhere and the build still gives the default backend's bytes."""
+    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --scheduler: a LocalCluster of 2 worker processes. One worker dies as it starts the first
+    pack
+    task; the cluster reruns that task elsewhere and the build still gives the default backend's
+    bytes."""
     kill_once = tmp_path / "killed"
     real_start = pipeline.backends.DaskBackend.start
 
@@ -120,10 +139,15 @@ def test_dask_local_cluster_builds_the_same_bytes_though_a_worker_dies(
 
 @needs_dask
 def test_rerun_after_a_failed_build_writes_only_missing_shards(
-        reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        shard_files: Callable[..., Any]) -> None:
-    """Every attempt of one pack task kills its worker: the build fails (nothing committed) after the
-    other shards are written. The rerun (no more killing) writes only the missing shard and reads nothing
+    reference: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shard_files: Callable[..., Any],
+) -> None:
+    """Every attempt of one pack task kills its worker: the build fails (nothing committed) after
+    the
+    other shards are written. The rerun (no more killing) writes only the missing shard and reads
+    nothing
     for the others."""
     manifest, ref = reference
     out = tmp_path / "out"
@@ -136,7 +160,10 @@ def test_rerun_after_a_failed_build_writes_only_missing_shards(
 
     import dask
 
-    with monkeypatch.context() as mp, dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+    with (
+        monkeypatch.context() as mp,
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+    ):
         mp.setattr(pipeline.backends.DaskBackend, "start", start)
         with pytest.raises(Exception, match="KilledWorker|killed|worker"):
             _cluster_build("dask", reference, out, mp)
@@ -144,7 +171,9 @@ def test_rerun_after_a_failed_build_writes_only_missing_shards(
     before = shard_files(out)
     done = {Path(k).parts[1] for k in before}
     every = {e.file for e in fmt.read_index(ref).shards}
-    assert target not in done and done and done < every  # (a task queued on a dying worker may fail too)
+    assert (
+        target not in done and done and done < every
+    )  # (a task queued on a dying worker may fail too)
     ev = _cluster_build("dask", reference, out, monkeypatch)
     _same_bytes(ref, out)
     after = shard_files(out)
@@ -155,14 +184,19 @@ def test_rerun_after_a_failed_build_writes_only_missing_shards(
 
 
 class _Killer(WorkerPlugin):  # type: ignore[misc]
-    """A dask worker plugin: a worker starting a pack task whose key contains `match` exits at once (a lost
+    """A dask worker plugin: a worker starting a pack task whose key contains `match` exits at once
+    (a lost
     worker); with a `marker` file only the first time, else at every attempt."""
 
     def __init__(self, match: str, marker: str | None = None) -> None:
         self.match, self.marker = match, marker
 
     def transition(self, key: object, start: str, finish: str, **kw: object) -> None:
-        if finish != "executing" or not str(key).startswith("pack-shards-") or self.match not in str(key):
+        if (
+            finish != "executing"
+            or not str(key).startswith("pack-shards-")
+            or self.match not in str(key)
+        ):
             return
         if self.marker is not None:
             if os.path.exists(self.marker):

@@ -1,5 +1,7 @@
-"""Workers share one decode: each window decoded once per rank whatever num_workers, mapped read-only by the
-workers, the same batches as num_workers=0, nothing left in /dev/shm, a dead worker's holds dropped."""
+"""Workers share one decode: each window decoded once per rank whatever num_workers, mapped
+read-only by the
+workers, the same batches as num_workers=0, nothing left in /dev/shm, a dead worker's holds
+dropped."""
 
 from __future__ import annotations
 
@@ -23,20 +25,23 @@ Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or
 
 @pytest.fixture(scope="module")
 def fx(build_dataset: Helper, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_dataset(tmp_path_factory.mktemp("broker"), "shards", n_shards=6, cells=80,
-                         genes=30, seed=3)
+    return build_dataset(
+        tmp_path_factory.mktemp("broker"), "shards", n_shards=6, cells=80, genes=30, seed=3
+    )
 
 
 def shm() -> set[str]:
-    """What this loader (or torch's batch transport, or Python's shared_memory) could leave in /dev/shm;
+    """What this loader (or torch's batch transport, or Python's shared_memory) could leave in
+    /dev/shm;
     other programs' files (other test runs on the machine) are not ours to judge."""
     names = os.listdir("/dev/shm") if Path("/dev/shm").is_dir() else []
     return {n for n in names if "shardsmith" in n or n.startswith(("torch_", "psm_"))}
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_each_window_decoded_once_for_all_workers(fx: Any, workers: int, batches: Helper,
-                                                  assert_same: Helper) -> None:
+def test_each_window_decoded_once_for_all_workers(
+    fx: Any, workers: int, batches: Helper, assert_same: Helper
+) -> None:
     before = shm()
     kw = {"batch_size": 16, "seed": 2, "window": 2}
     want = batches(ShardDataset(fx.root, decode_process=False, **kw), epochs=(0, 1))  # type: ignore[arg-type]
@@ -44,7 +49,9 @@ def test_each_window_decoded_once_for_all_workers(fx: Any, workers: int, batches
     got = batches(ds, epochs=(0, 1), num_workers=workers)
     assert_same(got, want)
     n_windows = -(-len(ds.entries) // 2)
-    assert ds._broker is not None and ds._broker.decodes == 2 * n_windows  # once per window, not per worker
+    assert (
+        ds._broker is not None and ds._broker.decodes == 2 * n_windows
+    )  # once per window, not per worker
     del got
     assert shm() <= before  # memfds and an abstract socket: nothing to leak
 
@@ -78,8 +85,9 @@ def test_workers_map_windows_read_only_and_a_dead_client_lets_go(fx: Any, starte
         broker.close()
 
 
-def test_persistent_workers_share_the_decode_across_epochs(fx: Any, batches: Helper,
-                                                          assert_same: Helper) -> None:
+def test_persistent_workers_share_the_decode_across_epochs(
+    fx: Any, batches: Helper, assert_same: Helper
+) -> None:
     kw = {"batch_size": 16, "seed": 4, "window": 2}
     ds = ShardDataset(fx.root, **kw)  # type: ignore[arg-type]
     dl = ShardLoader(ds, num_workers=2, persistent_workers=True, timeout=TIMEOUT)
@@ -89,4 +97,6 @@ def test_persistent_workers_share_the_decode_across_epochs(fx: Any, batches: Hel
         got += list(dl)
     want = batches(ShardDataset(fx.root, decode_process=False, **kw), epochs=(0, 1, 2))  # type: ignore[arg-type]
     assert_same(got, want)
-    assert ds._broker is not None and ds._broker.decodes <= 3 * 3 + 1  # (+ the 4th epoch's speculative first)
+    assert (
+        ds._broker is not None and ds._broker.decodes <= 3 * 3 + 1
+    )  # (+ the 4th epoch's speculative first)

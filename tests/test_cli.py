@@ -1,4 +1,5 @@
-"""The CLI guides: help on every argument, -v/-q anywhere, only our debug logs, vocabularies in `inspect`,
+"""The CLI guides: help on every argument, -v/-q anywhere, only our debug logs, vocabularies in
+`inspect`,
 quiet exits on a closed pipe."""
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory,
-          build_dataset: Callable[..., Any]) -> tuple[Path, Path]:
+def built(
+    tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[..., Any]
+) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("cli")
-    manifest = build_dataset(tmp, "manifest", sources=1, cells=300, genes=40, perts=30,
-                             source_name="s{i}.h5ad").manifest
+    manifest = build_dataset(
+        tmp, "manifest", sources=1, cells=300, genes=40, perts=30, source_name="s{i}.h5ad"
+    ).manifest
     assert main(["build", str(manifest), "--out", str(tmp / "out"), "--jobs", "1", "-q"]) == 0
     return tmp / "out", manifest
 
@@ -37,12 +40,18 @@ def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
 
 def test_every_argument_has_help() -> None:
     p = parser()
-    missing = [f"{name}: {a.dest}" for name, sub in [("shardsmith", p), *_subparsers(p).items()]
-               for a in sub._actions if not a.help]  # noqa: SLF001
+    missing = [
+        f"{name}: {a.dest}"
+        for name, sub in [("shardsmith", p), *_subparsers(p).items()]
+        for a in sub._actions
+        if not a.help
+    ]  # noqa: SLF001
     assert not missing, missing
 
 
-@pytest.mark.parametrize("argv", [["-v", "inspect", "D"], ["inspect", "D", "-v"], ["inspect", "-v", "D"]])
+@pytest.mark.parametrize(
+    "argv", [["-v", "inspect", "D"], ["inspect", "D", "-v"], ["inspect", "-v", "D"]]
+)
 def test_verbose_anywhere(argv: list[str]) -> None:
     args = parser().parse_args(argv)
     assert args.verbose is True and not args.quiet
@@ -51,20 +60,40 @@ def test_verbose_anywhere(argv: list[str]) -> None:
 def test_quiet_before_and_verbose_after_are_both_seen() -> None:
     args = parser().parse_args(["-q", "inspect", "D"])
     assert args.quiet is True and args.verbose is False
-    assert main(["-q", "inspect", "D", "-v"]) == 2  # contradictory: refused, not silently one of them
+    assert (
+        main(["-q", "inspect", "D", "-v"]) == 2
+    )  # contradictory: refused, not silently one of them
 
 
 def test_verbose_debugs_only_our_loggers(built: tuple[Path, Path], tmp_path: Path) -> None:
     _, manifest = built
-    res = subprocess.run([sys.executable, "-m", "pipeline", "build", str(manifest), "--out", str(tmp_path / "o"),
-                          "--jobs", "1", "--no-progress", "-v"], capture_output=True, text=True, env=ENV,
-                         cwd=tmp_path)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            str(manifest),
+            "--out",
+            str(tmp_path / "o"),
+            "--jobs",
+            "1",
+            "--no-progress",
+            "-v",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     debug = [line for line in res.stderr.splitlines() if line.startswith("DEBUG")]
     assert all(line.split()[1].startswith(("pipeline", "loaders")) for line in debug), debug[:5]
 
 
-def test_verbose_levels_in_process(built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_verbose_levels_in_process(
+    built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     out, _ = built
     assert main(["inspect", str(out), "-v"]) == 0
     assert logging.getLogger("pipeline.build").isEnabledFor(logging.DEBUG)
@@ -75,24 +104,35 @@ def test_verbose_levels_in_process(built: tuple[Path, Path], capsys: pytest.Capt
     assert logging.getLogger("pipeline").isEnabledFor(logging.INFO)
 
 
-def test_inspect_prints_vocabularies_truncated(built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_prints_vocabularies_truncated(
+    built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     out, _ = built
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     vocab = json.loads((out / "index.json").read_text())["vocabularies"]
     line = next(x for x in text.splitlines() if x.strip().startswith("perturbation ("))
-    assert line.strip().startswith(f"perturbation ({len(vocab['perturbation'])}): {vocab['perturbation'][0]}, ")
+    assert line.strip().startswith(
+        f"perturbation ({len(vocab['perturbation'])}): {vocab['perturbation'][0]}, "
+    )
     assert f"(+{len(vocab['perturbation']) - line.count(',')} more)" in line and len(line) <= 110
-    assert f"cell_type ({len(vocab['cell_type'])}): {', '.join(vocab['cell_type'])}" in text  # short: all shown
+    assert (
+        f"cell_type ({len(vocab['cell_type'])}): {', '.join(vocab['cell_type'])}" in text
+    )  # short: all shown
     assert main(["inspect", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["vocabularies"] == vocab
 
 
 def test_closed_pipe_exits_quietly(built: tuple[Path, Path]) -> None:
-    """`shardsmith inspect DIR --json | head -0`: no BrokenPipeError traceback, the shell's SIGPIPE status."""
+    """`shardsmith inspect DIR --json | head -0`: no BrokenPipeError traceback, the shell's SIGPIPE
+    status."""
     out, _ = built
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "inspect", str(out), "--json"], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "inspect", str(out), "--json"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader goes away before the first write
     code, err = proc.wait(timeout=60), proc.stderr.read().decode()

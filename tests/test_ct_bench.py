@@ -1,4 +1,5 @@
-"""benchmarks/ct_bench.py runs end to end at tiny sizes and reports every figure (no timing asserted)."""
+"""benchmarks/ct_bench.py runs end to end at tiny sizes and reports every figure (no timing
+asserted)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ from benchmarks import ct_bench
 
 
 def test_ct_bench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = ct_bench.CtBenchConfig(loader_shape=(48, 40, 16), loader_volumes=3, seconds=0.05, repeats=1,
-                                 build_shape=(32, 32, 24), build_volumes=2, max_points=2000)
+    cfg = ct_bench.CtBenchConfig(
+        loader_shape=(48, 40, 16),
+        loader_volumes=3,
+        seconds=0.05,
+        repeats=1,
+        build_shape=(32, 32, 24),
+        build_volumes=2,
+        max_points=2000,
+    )
     monkeypatch.chdir(tmp_path)  # relative folders, as the CLI's defaults are
     r = ct_bench.run_ct_bench(Path("data"), Path("work"), cfg)
     assert set(r["loader"]) == {"shardsmith", "per-item", "npz cache", "per-item (no mask)"}
@@ -22,12 +30,16 @@ def test_ct_bench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert r["build_512"]["volumes_per_s"] > 0 and r["build_512"]["peak_rss_mib"] > 0
     assert r["volume_memory"]["traced_peak_x"] > 0
     assert "| shardsmith |" in r["table"] and "| per-item |" in r["table"]
-    assert r["parity"]["volumes"] == 3 and r["parity"]["compared_exactly"] >= 1  # some volume under the cap
+    assert (
+        r["parity"]["volumes"] == 3 and r["parity"]["compared_exactly"] >= 1
+    )  # some volume under the cap
 
 
 def test_parity_fails_when_the_methods_disagree(tmp_path: Path) -> None:
     vols = ct_bench.corpus(tmp_path / "data", (48, 40, 16), 2)
-    m = ct_bench.write_manifest(tmp_path / "m.toml", str(vols[0].parent / "*.npy"), "x", "zarr", 100_000, 0)
+    m = ct_bench.write_manifest(
+        tmp_path / "m.toml", str(vols[0].parent / "*.npy"), "x", "zarr", 100_000, 0
+    )
     ct_bench.build(m, tmp_path / "out", 1)
     cache = ct_bench.write_npz_cache(vols, tmp_path / "npz", 100_000)
     assert ct_bench.check_parity(cache, tmp_path / "out") == {"volumes": 2, "compared_exactly": 2}
@@ -35,7 +47,9 @@ def test_parity_fails_when_the_methods_disagree(tmp_path: Path) -> None:
     z["hu"] = z["hu"].copy()
     z["hu"][0] += 1  # one feature value off
     np.savez_compressed(cache[1], **z)
-    with pytest.raises(RuntimeError, match="chest_001.npy: shards and per-item give different points"):
+    with pytest.raises(
+        RuntimeError, match="chest_001.npy: shards and per-item give different points"
+    ):
         ct_bench.check_parity(cache, tmp_path / "out")
     np.savez_compressed(cache[1], **{**z, "kept": z["kept"] + 1})
     with pytest.raises(RuntimeError, match="chest_001.npy: per-item keeps"):
@@ -45,6 +59,8 @@ def test_parity_fails_when_the_methods_disagree(tmp_path: Path) -> None:
 def test_a_failing_build_fails_the_bench(tmp_path: Path) -> None:
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "broken.npy").write_bytes(b"not a volume")
-    m = ct_bench.write_manifest(tmp_path / "m.toml", str(tmp_path / "v" / "*.npy"), "x", "zarr", 1000, 0)
+    m = ct_bench.write_manifest(
+        tmp_path / "m.toml", str(tmp_path / "v" / "*.npy"), "x", "zarr", 1000, 0
+    )
     with pytest.raises(RuntimeError, match="broken.npy"):
         ct_bench.build(m, tmp_path / "out", 1)

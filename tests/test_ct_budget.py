@@ -1,4 +1,5 @@
-"""Invariants of voxel-budget batching (loaders.budget), for any costs, budget, world size and epoch."""
+"""Invariants of voxel-budget batching (loaders.budget), for any costs, budget, world size and
+epoch."""
 
 from __future__ import annotations
 
@@ -51,10 +52,16 @@ def test_budget_ranks_and_coverage(costs: list[int], extra: int, world: int, pad
 def test_ranks_disjoint_and_contiguous_in_order(costs: list[int], extra: int, world: int) -> None:
     cap = max(costs, default=0) + extra + 1
     b = budget.budget_bounds(costs, cap, world, pad=False)
-    units = [p for r in range(world) for pos in batches_of(budget.rank_batches(b, r, world), len(costs))
-             for p in pos.tolist()]
+    units = [
+        p
+        for r in range(world)
+        for pos in batches_of(budget.rank_batches(b, r, world), len(costs))
+        for p in pos.tolist()
+    ]
     assert len(units) == len(set(units))
-    assert units == sorted(units)  # shuffle=False order: rank 0 first, each batch a run of the order
+    assert units == sorted(
+        units
+    )  # shuffle=False order: rank 0 first, each batch a run of the order
 
 
 @SETTINGS
@@ -67,14 +74,21 @@ def test_greedy_is_maximal(costs: list[int], extra: int) -> None:
     for lo, hi in zip(g[:-1], g[1:], strict=True):
         assert c[lo:hi].sum() <= cap
         if hi < c.size:
-            assert c[lo:hi + 1].sum() > cap
+            assert c[lo : hi + 1].sum() > cap
 
 
 @SETTINGS
-@given(counts=st.lists(st.integers(0, 12), min_size=1, max_size=6), seed=st.integers(0, 2**31),
-       epoch=st.integers(0, 4), window=st.integers(1, 3), world=st.integers(1, 4), shuffle=st.booleans())
-def test_epoch_plan_is_deterministic_and_covers_every_volume(counts: list[int], seed: int, epoch: int, window: int,
-                                                             world: int, shuffle: bool) -> None:
+@given(
+    counts=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 4),
+    window=st.integers(1, 3),
+    world=st.integers(1, 4),
+    shuffle=st.booleans(),
+)
+def test_epoch_plan_is_deterministic_and_covers_every_volume(
+    counts: list[int], seed: int, epoch: int, window: int, world: int, shuffle: bool
+) -> None:
     rng = np.random.default_rng(len(counts))
     unit_costs = [rng.integers(1, 100, size=n) for n in counts]
     costs = budget.epoch_costs(counts, unit_costs, seed, epoch, window, shuffle)

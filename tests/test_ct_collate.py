@@ -28,7 +28,9 @@ def batches(draw: st.DrawFn) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     return xyz, shapes, ids
 
 
-def collated(xyz: list[np.ndarray], batch_dim: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def collated(
+    xyz: list[np.ndarray], batch_dim: str = "first"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     off = np.zeros(len(xyz) + 1, dtype=np.int64)
     np.cumsum([len(a) for a in xyz], out=off[1:])
     cat = np.concatenate(xyz) if xyz else np.zeros((0, 3), np.uint16)
@@ -45,15 +47,19 @@ def test_collate_layout(batch: tuple, last: bool) -> None:
     assert coords.dtype == np.int32 and coords.shape == (off[-1], 4)
     assert feats.dtype == np.float32 and feats.shape == (off[-1], 2)
     assert off[0] == 0 and np.all(np.diff(off) == [len(a) for a in xyz])
-    assert np.all(np.diff(coords[:, bcol]) >= 0)  # rows of a sample contiguous, samples in batch order
+    assert np.all(
+        np.diff(coords[:, bcol]) >= 0
+    )  # rows of a sample contiguous, samples in batch order
     for i, a in enumerate(xyz):
-        rows = coords[off[i]:off[i + 1]]
+        rows = coords[off[i] : off[i + 1]]
         assert np.all(rows[:, bcol] == i)
         np.testing.assert_array_equal(rows[:, cols], a)
     np.testing.assert_array_equal(feats[:, 0], np.arange(off[-1]))
 
 
-def augmented(xyz: list[np.ndarray], aug: ct_ops.Augment, bd: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def augmented(
+    xyz: list[np.ndarray], aug: ct_ops.Augment, bd: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What the sample type does: crop on the host, then the ct_coords op (numpy finisher)."""
     cat = np.concatenate(xyz)
     off = np.zeros(len(xyz) + 1, dtype=np.int64)
@@ -64,11 +70,17 @@ def augmented(xyz: list[np.ndarray], aug: ct_ops.Augment, bd: str) -> tuple[np.n
 
 
 @SETTINGS
-@given(batch=batches(), crop=st.one_of(st.none(), st.tuples(*[st.integers(1, 8)] * 3)),
-       flip=st.tuples(st.booleans(), st.booleans(), st.booleans()), seed=st.integers(0, 99), epoch=st.integers(0, 3),
-       last=st.booleans())
-def test_augment_matches_brute_force_and_torch(batch: tuple, crop: tuple | None, flip: tuple, seed: int, epoch: int,
-                                               last: bool) -> None:
+@given(
+    batch=batches(),
+    crop=st.one_of(st.none(), st.tuples(*[st.integers(1, 8)] * 3)),
+    flip=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+    seed=st.integers(0, 99),
+    epoch=st.integers(0, 3),
+    last=st.booleans(),
+)
+def test_augment_matches_brute_force_and_torch(
+    batch: tuple, crop: tuple | None, flip: tuple, seed: int, epoch: int, last: bool
+) -> None:
     torch = pytest.importorskip("torch")
     from loaders.device import finish
 
@@ -86,10 +98,10 @@ def test_augment_matches_brute_force_and_torch(batch: tuple, crop: tuple | None,
         assert not np.any(fl & ~np.asarray(flip))
         rel = a.astype(np.int64) - o
         inside = np.all((rel >= 0) & (rel < e), axis=1)
-        np.testing.assert_array_equal(keep[first:first + len(a)], inside)
+        np.testing.assert_array_equal(keep[first : first + len(a)], inside)
         first += len(a)
         expect = np.where(fl, e - 1 - rel[inside], rel[inside])
-        rows = got[off[i]:off[i + 1]]
+        rows = got[off[i] : off[i + 1]]
         np.testing.assert_array_equal(rows[:, cols], expect)
         assert np.all(rows[:, bcol] == i)
         assert np.all((rows[:, cols] >= 0) & (rows[:, cols] < e))
@@ -98,7 +110,9 @@ def test_augment_matches_brute_force_and_torch(batch: tuple, crop: tuple | None,
     from loaders.modalities.ct import torch_ops as ct_torch
 
     np.testing.assert_array_equal(ct_torch.finish_coords_torch(parts, d.meta()).numpy(), got)
-    np.testing.assert_array_equal(finish(d.op, parts, d.meta()).numpy(), got)  # the device layer's path (CPU)
+    np.testing.assert_array_equal(
+        finish(d.op, parts, d.meta()).numpy(), got
+    )  # the device layer's path (CPU)
     out = np.zeros(got.size, np.int32)  # the worker path writes into a flat shared buffer
     d.finish(out)
     np.testing.assert_array_equal(out.reshape(-1, 4), got)
@@ -106,7 +120,9 @@ def test_augment_matches_brute_force_and_torch(batch: tuple, crop: tuple | None,
 
 @SETTINGS
 @given(batch=batches(), seed=st.integers(0, 99))
-def test_flip_twice_is_identity_and_draws_do_not_depend_on_the_batch(batch: tuple, seed: int) -> None:
+def test_flip_twice_is_identity_and_draws_do_not_depend_on_the_batch(
+    batch: tuple, seed: int
+) -> None:
     xyz, shapes, ids = batch
     aug = ct_ops.draw_augment(shapes, ids, seed, 1, None, (True, True, True))
     once, _, off = augmented(xyz, aug, "first")
@@ -117,7 +133,9 @@ def test_flip_twice_is_identity_and_draws_do_not_depend_on_the_batch(batch: tupl
     np.testing.assert_array_equal(alone.origin[0], together.origin[-1])
     np.testing.assert_array_equal(alone.flip[0], together.flip[-1])
     again = ct_ops.draw_augment(shapes, ids, seed, 2, (3, 3, 3), (True, True, True))
-    assert again.origin.shape == together.origin.shape  # other epochs draw afresh (not asserted unequal: tiny shapes)
+    assert (
+        again.origin.shape == together.origin.shape
+    )  # other epochs draw afresh (not asserted unequal: tiny shapes)
 
 
 def test_bad_collate_arguments() -> None:

@@ -25,6 +25,8 @@ nib = pytest.importorskip("nibabel")
 pytest.importorskip("nrrd")
 REPO = Path(__file__).resolve().parents[1]
 AFFINE = chest_affine((0.7, 0.8, 2.5), (10.0, 20.0, -30.0))  # LPS-stored, as scanners give it
+
+
 def records(root: Path) -> dict[str, dict[str, Any]]:
     """file name -> its record's metadata in index.json."""
     by_shard = fmt.read_index(root).section("ct")["records"]
@@ -52,8 +54,12 @@ def files(tmp_path_factory: pytest.TempPathFactory, chest: np.ndarray) -> Path:
     return d
 
 
-ALL = ['path = "v/*.npy"', 'path = "v/*.nii*"\ntype = "nifti"', 'path = "v/*.nrrd"',
-       'path = "v/*.nhdr"']
+ALL = [
+    'path = "v/*.npy"',
+    'path = "v/*.nii*"\ntype = "nifti"',
+    'path = "v/*.nrrd"',
+    'path = "v/*.nhdr"',
+]
 OTHERS = ("b.nii", "c.nii.gz", "d.nrrd", "e.nrrd", "f.nhdr", "g.nhdr")
 
 
@@ -93,16 +99,20 @@ def test_geometry_is_kept_in_the_index_and_inspect(built: Path) -> None:
     assert recs["a.npy"]["direction"] is None and recs["a.npy"]["spacing"] is None
     text = format_summary(summary(built))
     assert "sources by format: nifti 2, npy 1, nrrd 4" in text
-    assert ("c.nii.gz (nifti): shape [48, 44, 20], axes LPS, spacing [0.7, 0.8, 2.5] mm, "
-            "origin [10, 20, -30]") in text
+    assert (
+        "c.nii.gz (nifti): shape [48, 44, 20], axes LPS, spacing [0.7, 0.8, 2.5] mm, "
+        "origin [10, 20, -30]"
+    ) in text
 
 
 def test_scl_slope_and_inter_give_the_same_hu(tmp_path: Path, chest: np.ndarray) -> None:
     """NIfTI stored as uint16 with scl_inter = -1024 (as DICOM converters write it) and as int16
     with scl_slope = 0.5: HU = stored * slope + inter, slab by slab, so the records are those of the
     HU array itself (exact integers; the halves rounded as a float .npy is)."""
-    for name, stored, slope, inter in (("u.nii", (chest + 1024).astype(np.uint16), 1.0, -1024.0),
-                                       ("h.nii.gz", (chest * 2).astype(np.int16), 0.5, 0.0)):
+    for name, stored, slope, inter in (
+        ("u.nii", (chest + 1024).astype(np.uint16), 1.0, -1024.0),
+        ("h.nii.gz", (chest * 2).astype(np.int16), 0.5, 0.0),
+    ):
         img = nib.Nifti1Image(stored, AFFINE)
         img.header.set_slope_inter(slope, inter)
         nib.save(img, tmp_path / name)
@@ -110,8 +120,9 @@ def test_scl_slope_and_inter_give_the_same_hu(tmp_path: Path, chest: np.ndarray)
         h = src.header()
         o = src.open(h)
         assert h.dtype == stored.dtype.str and h.facts["inter"] == inter
-        rec = process_array(o.array, src.path, CtSettings(max_points=None), 0, h.shape, h.dtype,
-                            o.geometry)
+        rec = process_array(
+            o.array, src.path, CtSettings(max_points=None), 0, h.shape, h.dtype, o.geometry
+        )
         np.save(tmp_path / "a.npy", chest)
         ref = process_volume(tmp_path / "a.npy", CtSettings(max_points=None))
         np.testing.assert_array_equal(rec.coords, ref.coords, err_msg=name)
@@ -128,6 +139,7 @@ def test_loader_returns_each_volumes_affine_through_crops_and_flips(ct: Any, bui
     assert np.isnan(plain["a.npy"]["affine"]).all()  # a bare .npy: no spacing, no world position
     aug = ct.served(built, geometry=True, crop=(30, 25, 12), flip=True, seed=2)
     for name in OTHERS:
+
         def mm(d: dict[str, np.ndarray]) -> np.ndarray:
             x = np.c_[d["coords"].astype(np.float64), np.ones(len(d["coords"]))]
             return (x @ d["affine"].T)[:, :3]
@@ -140,7 +152,8 @@ def test_loader_returns_each_volumes_affine_through_crops_and_flips(ct: Any, bui
 
 
 def test_orientation_matches_nibabel_as_closest_canonical(
-        tmp_path: Path, chest: np.ndarray, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, chest: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
     """A volume stored with its axes permuted and flipped (slices first, as a stack would be):
     orientation = "RAS" gives nibabel's as_closest_canonical array and affine, and axis 2 is then
     the axial one, so the body mask fills the right slices: the records equal those of the
@@ -166,18 +179,20 @@ def test_orientation_matches_nibabel_as_closest_canonical(
         if target == "RAS":
             np.testing.assert_allclose(rec.geometry.affine(), canon.affine)
     with caplog.at_level(logging.WARNING, logger="pipeline.modalities.ct.volume"):
-        stored = process_array(o.array, src.path, CtSettings(max_points=None), 0, h.shape, h.dtype,
-                               o.geometry)
+        stored = process_array(
+            o.array, src.path, CtSettings(max_points=None), 0, h.shape, h.dtype, o.geometry
+        )
     assert stored.geometry.axcodes() == "SRP" and stored.shape == odd.shape  # default: as stored
-    assert "odd.nii.gz: its axis 0 runs head to foot (axes SRP), but [ct] axial_axis = -1" \
-        in caplog.text  # the mask would fill sagittal slices: said, not silently done
+    assert (
+        "odd.nii.gz: its axis 0 runs head to foot (axes SRP), but [ct] axial_axis = -1"
+        in caplog.text
+    )  # the mask would fill sagittal slices: said, not silently done
     with pytest.raises(SourceError, match=r"a\.npy: orientation = 'RAS' needs the volume's "):
         np.save(tmp_path / "a.npy", chest)
         process_volume(tmp_path / "a.npy", CtSettings(orientation="RAS"))
 
 
-def test_spacing_mm_resamples_by_real_spacing_like_torch(tmp_path: Path,
-                                                         chest: np.ndarray) -> None:
+def test_spacing_mm_resamples_by_real_spacing_like_torch(tmp_path: Path, chest: np.ndarray) -> None:
     """spacing_mm = 1.0: the grid torch's interpolate(scale_factor=spacing,
     recompute_scale_factor=False) gives, spacing 1 mm on every axis, the origin moved to the new
     voxel 0's centre."""
@@ -189,9 +204,13 @@ def test_spacing_mm_resamples_by_real_spacing_like_torch(tmp_path: Path,
     s = CtSettings.from_section({"spacing_mm": 1.0, "max_points": 0})
     grid, geometry, clipped = prepare_grid(o.array, src.path, s, o.geometry)
     sp = (0.7, 0.8, 2.5)
-    ref = torch.nn.functional.interpolate(torch.from_numpy(chest.astype(np.float32))[None, None],
-                                          scale_factor=sp, mode="trilinear", align_corners=False,
-                                          recompute_scale_factor=False)[0, 0].numpy()
+    ref = torch.nn.functional.interpolate(
+        torch.from_numpy(chest.astype(np.float32))[None, None],
+        scale_factor=sp,
+        mode="trilinear",
+        align_corners=False,
+        recompute_scale_factor=False,
+    )[0, 0].numpy()
     assert grid.shape == ref.shape == (33, 35, 50) and clipped == 0
     assert np.abs(grid.astype(np.float32) - np.rint(ref)).max() <= 1  # float32 summation order
     assert geometry.spacing == pytest.approx((1.0, 1.0, 1.0))
@@ -209,16 +228,19 @@ def test_settings_keys_validate() -> None:
     assert (s.orientation, s.spacing_mm) == ("LPS", 0.8)
     assert CtSettings.from_json(s.to_json()) == s
     assert "orientation" not in CtSettings().to_json()  # .npy-only builds' settings as before
-    for section, key in (({"orientation": "ras"}, "ct.orientation"),
-                         ({"spacing_mm": -1}, "ct.spacing_mm"),
-                         ({"spacing_mm": 1, "resolution": 64}, "ct.spacing_mm"),
-                         ({"orientation": "RAS", "axial_axis": 0}, "ct.axial_axis")):
+    for section, key in (
+        ({"orientation": "ras"}, "ct.orientation"),
+        ({"spacing_mm": -1}, "ct.spacing_mm"),
+        ({"spacing_mm": 1, "resolution": 64}, "ct.spacing_mm"),
+        ({"orientation": "RAS", "axial_axis": 0}, "ct.axial_axis"),
+    ):
         with pytest.raises(ManifestError, match=rf"\[{key}\]"):
             CtSettings.from_section(section, "m.toml")
 
 
-def test_an_nhdr_data_file_change_is_seen_by_the_no_change_check(ct: Any, tmp_path: Path,
-                                                                  chest: np.ndarray) -> None:
+def test_an_nhdr_data_file_change_is_seen_by_the_no_change_check(
+    ct: Any, tmp_path: Path, chest: np.ndarray
+) -> None:
     """The voxels of an .nhdr live in its data file: editing only that file must rebuild, not be
     taken for 'nothing changed' (the header's size and mtime are the same)."""
     (tmp_path / "v").mkdir()
@@ -242,8 +264,9 @@ def test_nifti_example_manifest_builds(tmp_path: Path, chest: np.ndarray) -> Non
     assert 'path = "/data/msd_lung/imagesTr/*.nii.gz"' in text
     (tmp_path / "imagesTr").mkdir()
     for i in range(2):
-        write_nifti(tmp_path / "imagesTr" / f"lung_{i:03d}.nii.gz", np.roll(chest, 3 * i, axis=0),
-                    AFFINE)
+        write_nifti(
+            tmp_path / "imagesTr" / f"lung_{i:03d}.nii.gz", np.roll(chest, 3 * i, axis=0), AFFINE
+        )
     (tmp_path / "ex.toml").write_text(text.replace("/data/msd_lung", str(tmp_path)))
     out = build(tmp_path / "ex.toml", tmp_path / "out", jobs=2, progress=False).out
     recs = [r for rs in fmt.read_index(out).section("ct")["records"].values() for r in rs]
@@ -263,10 +286,12 @@ def test_memory_bound_by_format(tmp_path: Path) -> None:
 
     shape = (384, 384, 128)
     hu = np.load(write_large_chest(tmp_path / "m.npy", shape, 2))
-    files = {"nifti": (write_nifti(tmp_path / "a.nii", hu, AFFINE), 1.5),
-             "nrrd": (write_nrrd(tmp_path / "b.nrrd", hu, AFFINE, encoding="raw"), 1.5),
-             "nifti.gz": (write_nifti(tmp_path / "c.nii.gz", hu, AFFINE), 2.5),
-             "dicom": (write_dicom_series(tmp_path / "d", hu, AFFINE), 2.5)}
+    files = {
+        "nifti": (write_nifti(tmp_path / "a.nii", hu, AFFINE), 1.5),
+        "nrrd": (write_nrrd(tmp_path / "b.nrrd", hu, AFFINE, encoding="raw"), 1.5),
+        "nifti.gz": (write_nifti(tmp_path / "c.nii.gz", hu, AFFINE), 2.5),
+        "dicom": (write_dicom_series(tmp_path / "d", hu, AFFINE), 2.5),
+    }
     del hu
     volume_i16 = int(np.prod(shape)) * 2
     for typ, (path, bound) in files.items():
@@ -275,8 +300,9 @@ def test_memory_bound_by_format(tmp_path: Path) -> None:
             src = get_source(typ.split(".")[0])(path)
             h = src.header()
             o = src.open(h)
-            rec = process_array(o.array, path, CtSettings(max_points=None), 0, h.shape, h.dtype,
-                                o.geometry)
+            rec = process_array(
+                o.array, path, CtSettings(max_points=None), 0, h.shape, h.dtype, o.geometry
+            )
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()

@@ -17,8 +17,14 @@ pytest.importorskip("pydicom")
 
 
 def test_formats_bench_smoke_and_parity(tmp_path: Path) -> None:
-    r = fb.run_formats_bench(tmp_path / "data", tmp_path / "work", shape=(40, 36, 16), volumes=2,
-                             repeats=1, max_points=2000)
+    r = fb.run_formats_bench(
+        tmp_path / "data",
+        tmp_path / "work",
+        shape=(40, 36, 16),
+        volumes=2,
+        repeats=1,
+        max_points=2000,
+    )
     assert set(r["formats"]) == set(fb.FORMATS)
     for name, row in r["formats"].items():
         assert row["seconds_per_volume"] > 0 and row["mb_on_disk"] > 0, name
@@ -31,5 +37,11 @@ def test_formats_bench_smoke_and_parity(tmp_path: Path) -> None:
 
     write_nrrd(corpus / "nrrd" / "chest_001.nrrd", vol[::-1], chest_affine(fb.SPACING, fb.ORIGIN))
     with pytest.raises(RuntimeError, match=r"nrrd \(gzip\) stores other points than the \.npy"):
-        fb.run_formats_bench(tmp_path / "data", tmp_path / "work", shape=(40, 36, 16), volumes=2,
-                             repeats=1, max_points=2000)
+        fb.run_formats_bench(
+            tmp_path / "data",
+            tmp_path / "work",
+            shape=(40, 36, 16),
+            volumes=2,
+            repeats=1,
+            max_points=2000,
+        )

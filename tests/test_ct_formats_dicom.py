@@ -39,15 +39,15 @@ def read(folder: Path, settings: CtSettings | None = None, **options: object):  
     return process_array(o.array, folder, s, 0, h.shape, h.dtype, o.geometry, o.clipped), o
 
 
-def test_a_series_reads_as_the_array_it_was_written_from(tmp_path: Path,
-                                                         chest: np.ndarray) -> None:
+def test_a_series_reads_as_the_array_it_was_written_from(tmp_path: Path, chest: np.ndarray) -> None:
     """File names are shuffled: only sorting by ImagePositionPatient along the normal gives the
     array back (sorting by name would scramble the slices). HU = stored * slope + intercept;
     geometry from the tags."""
     folder = write_dicom_series(tmp_path / "s", chest, AFFINE, seed=5)
     names = sorted(p.name for p in folder.iterdir())
-    by_name = [int(pydicom.dcmread(folder / n, stop_before_pixels=True).InstanceNumber)
-               for n in names]
+    by_name = [
+        int(pydicom.dcmread(folder / n, stop_before_pixels=True).InstanceNumber) for n in names
+    ]
     assert by_name != sorted(by_name)  # name order is not slice order
     rec, opened = read(folder)
     np.testing.assert_array_equal(opened.array, chest)
@@ -59,14 +59,16 @@ def test_a_series_reads_as_the_array_it_was_written_from(tmp_path: Path,
     assert rec.geometry.axcodes() == "LPS" and rec.source_dtype == "<i2"
 
 
-def test_slices_written_head_first_and_fractional_rescale(tmp_path: Path,
-                                                          chest: np.ndarray) -> None:
+def test_slices_written_head_first_and_fractional_rescale(
+    tmp_path: Path, chest: np.ndarray
+) -> None:
     """Positions decreasing along the normal (axis 2 pointing Inferior) and a slope of 0.5: still
     the written array, the affine's third column pointing down; HU rounded as the .npy path rounds
     floats."""
     flipped = chest_affine((0.7, 0.8, 2.5), (10.0, 20.0, 10.0), axes="LPI")
-    folder = write_dicom_series(tmp_path / "s", chest, flipped, seed=1, slope=0.5,
-                                intercept=-1000.0)
+    folder = write_dicom_series(
+        tmp_path / "s", chest, flipped, seed=1, slope=0.5, intercept=-1000.0
+    )
     rec, opened = read(folder)
     assert rec.geometry.axcodes() == "LPS"  # sorted along the normal: stored ascending
     np.testing.assert_array_equal(opened.array, chest[:, :, ::-1])
@@ -87,13 +89,19 @@ def test_several_series_are_listed_and_series_picks_one(tmp_path: Path, chest: n
     b = write_dicom_series(tmp_path / "b", chest[::-1], AFFINE, seed=2, series_uid="1.2.3.4.2")
     for p in b.iterdir():
         shutil.move(p, a / f"b_{p.name}")
-    with pytest.raises(SourceError, match=r"/a: the folder holds 2 series: 1\.2\.3\.4\.1 \(CT, "
-                                          r"16 files, "
-                                          r"'demo chest'\); 1\.2\.3\.4\.2 .* set series = "):
+    with pytest.raises(
+        SourceError,
+        match=r"/a: the folder holds 2 series: 1\.2\.3\.4\.1 \(CT, "
+        r"16 files, "
+        r"'demo chest'\); 1\.2\.3\.4\.2 .* set series = ",
+    ):
         get_source("dicom")(a).header()
     np.testing.assert_array_equal(read(a, series="1.2.3.4.2")[1].array, chest[::-1])
-    with pytest.raises(SourceError, match=r"series = '9\.9' is not in this folder; it holds "
-                                          r"1\.2\.3\.4\.1"):
+    with pytest.raises(
+        SourceError,
+        match=r"series = '9\.9' is not in this folder; it holds "
+        r"1\.2\.3\.4\.1",
+    ):
         get_source("dicom")(a, series="9.9").header()
 
 
@@ -133,20 +141,30 @@ def _one_slice(d: Path, v: np.ndarray) -> Path:
 
 
 BAD = {
-    "gap": (_gap, r"missing slices: a gap of 7\.500 mm between .* \(median spacing 2\.500 mm; "
-                  r"about 2 slices"),
+    "gap": (
+        _gap,
+        r"missing slices: a gap of 7\.500 mm between .* \(median spacing 2\.500 mm; "
+        r"about 2 slices",
+    ),
     "time": (_time, r"32 slices at only 16 positions .* a 4-D series"),
-    "mixed": (_mixed, r"mixed slice sizes: 36x40 \(16 files\), 20x20 \(1 files\) "
-                      r"\(e\.g\. scout\.dcm\)"),
-    "jpeg": (_jpeg, r"IM\d+\.dcm: compressed transfer syntax JPEG Lossless.* no decoder plug-in "
-                    r".* pip install pylibjpeg"),
+    "mixed": (
+        _mixed,
+        r"mixed slice sizes: 36x40 \(16 files\), 20x20 \(1 files\) "
+        r"\(e\.g\. scout\.dcm\)",
+    ),
+    "jpeg": (
+        _jpeg,
+        r"IM\d+\.dcm: compressed transfer syntax JPEG Lossless.* no decoder plug-in "
+        r".* pip install pylibjpeg",
+    ),
     "one_slice": (_one_slice, r"a 2-D image of shape \(128, 128, 1\)"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_broken_series_are_refused_before_any_voxel_is_read(tmp_path: Path, chest: np.ndarray,
-                                                            case: str) -> None:
+def test_broken_series_are_refused_before_any_voxel_is_read(
+    tmp_path: Path, chest: np.ndarray, case: str
+) -> None:
     make, msg = BAD[case]
     if case == "one_slice" and not (DATA / "CT_small.dcm").exists():
         pytest.skip("pydicom's test data is not installed")
@@ -155,8 +173,9 @@ def test_broken_series_are_refused_before_any_voxel_is_read(tmp_path: Path, ches
         get_source("dicom")(folder).header()
 
 
-def test_cli_refuses_a_gap_naming_the_folder_without_a_traceback(ct: Any, tmp_path: Path,
-                                                                 chest: np.ndarray) -> None:
+def test_cli_refuses_a_gap_naming_the_folder_without_a_traceback(
+    ct: Any, tmp_path: Path, chest: np.ndarray
+) -> None:
     _gap(tmp_path / "series" / "gappy", chest)
     m = ct.manifest(tmp_path, ['path = "series"\ntype = "dicom"'])
     r = ct.cli_build(m, tmp_path / "out")
@@ -165,7 +184,9 @@ def test_cli_refuses_a_gap_naming_the_folder_without_a_traceback(ct: Any, tmp_pa
     assert not (tmp_path / "out" / "index.json").exists()
 
 
-def test_a_cut_slice_file_fails_the_pack_naming_it(ct: Any, tmp_path: Path, chest: np.ndarray) -> None:
+def test_a_cut_slice_file_fails_the_pack_naming_it(
+    ct: Any, tmp_path: Path, chest: np.ndarray
+) -> None:
     folder = write_dicom_series(tmp_path / "v" / "s", chest, AFFINE)
     victim = sorted(folder.iterdir())[3]
     victim.write_bytes(victim.read_bytes()[:-500])
@@ -178,8 +199,9 @@ def test_a_cut_slice_file_fails_the_pack_naming_it(ct: Any, tmp_path: Path, ches
     assert "Traceback" not in r.stderr
 
 
-def test_a_tree_of_series_builds_skipping_non_ct_and_non_images(ct: Any, tmp_path: Path,
-                                                                 chest: np.ndarray) -> None:
+def test_a_tree_of_series_builds_skipping_non_ct_and_non_images(
+    ct: Any, tmp_path: Path, chest: np.ndarray
+) -> None:
     """``path`` a folder of patients: every series folder below it is a source (sorted); an MR
     series (a real pydicom file) is skipped and counted, an XML annotation beside the slices is
     passed over, and the records equal the .npy's; editing one slice rebuilds (the folder's files
@@ -194,8 +216,11 @@ def test_a_tree_of_series_builds_skipping_non_ct_and_non_images(ct: Any, tmp_pat
     m = ct.manifest(tmp_path, ['path = "pts"\ntype = "dicom"'])
     out = build(m, tmp_path / "out", jobs=2, progress=False).out
     index = fmt.read_index(out)
-    assert [Path(s["path"]).relative_to(tmp_path / "pts").as_posix() for s in index.sources] == \
-        ["p1/ct_a", "p2/ct_b", *(["p2/mr"] if mr else [])]
+    assert [Path(s["path"]).relative_to(tmp_path / "pts").as_posix() for s in index.sources] == [
+        "p1/ct_a",
+        "p2/ct_b",
+        *(["p2/mr"] if mr else []),
+    ]
     assert index.stats.get("skipped") == ({"not a CT series": 1} if mr else None)
     got = ct.served(out)
     for name, vol in (("ct_a", chest), ("ct_b", np.ascontiguousarray(chest[:, ::-1]))):

@@ -38,11 +38,14 @@ def _bad_nifti(d: Path) -> dict[str, tuple[Path, str]]:
     rgb = np.zeros((8, 8, 8), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
     nib.save(nib.Nifti1Image(rgb, np.eye(4)), d / "rgb.nii")
     (d / "junk.nii").write_bytes(b"not a nifti header" * 30)
-    return {"cut.nii.gz": (cut, "truncated gzip"), "short.nii": (short, "truncated .nii"),
-            "flat.nii.gz": (d / "flat.nii.gz", "a 2-D image"),
-            "time.nii.gz": (d / "time.nii.gz", "4-D image"),
-            "rgb.nii": (d / "rgb.nii", "not an integer or float"),
-            "junk.nii": (d / "junk.nii", "not a readable")}
+    return {
+        "cut.nii.gz": (cut, "truncated gzip"),
+        "short.nii": (short, "truncated .nii"),
+        "flat.nii.gz": (d / "flat.nii.gz", "a 2-D image"),
+        "time.nii.gz": (d / "time.nii.gz", "4-D image"),
+        "rgb.nii": (d / "rgb.nii", "not an integer or float"),
+        "junk.nii": (d / "junk.nii", "not a readable"),
+    }
 
 
 def _bad_nrrd(d: Path) -> dict[str, tuple[Path, str]]:
@@ -51,18 +54,26 @@ def _bad_nrrd(d: Path) -> dict[str, tuple[Path, str]]:
     cut.write_bytes(cut.read_bytes()[:-60])
     import nrrd
 
-    nrrd.write(str(d / "time.nrrd"), np.stack([vol, vol]),
-               {"kinds": ["list", "domain", "domain", "domain"]})
+    nrrd.write(
+        str(d / "time.nrrd"),
+        np.stack([vol, vol]),
+        {"kinds": ["list", "domain", "domain", "domain"]},
+    )
     nrrd.write(str(d / "flat.nrrd"), vol[:, :, 0])
-    nrrd.write(str(d / "rgb.nrrd"), np.zeros((3, 16, 16), np.uint8),
-               {"kinds": ["RGB-color", "domain", "domain"]})
+    nrrd.write(
+        str(d / "rgb.nrrd"),
+        np.zeros((3, 16, 16), np.uint8),
+        {"kinds": ["RGB-color", "domain", "domain"]},
+    )
     lost = write_nrrd(d / "lost.nhdr", vol, AFFINE, encoding="raw")
     (d / "lost.raw").unlink()
-    return {"cut.nrrd": (cut, "truncated gzip"),
-            "time.nrrd": (d / "time.nrrd", r"sizes \(2, 16, 16, 8\) \(axis kinds .*\): a non-"),
-            "rgb.nrrd": (d / "rgb.nrrd", "a non-spatial axis"),
-            "flat.nrrd": (d / "flat.nrrd", "a 2-D image"),
-            "lost.nhdr": (lost, "data file .* is missing")}
+    return {
+        "cut.nrrd": (cut, "truncated gzip"),
+        "time.nrrd": (d / "time.nrrd", r"sizes \(2, 16, 16, 8\) \(axis kinds .*\): a non-"),
+        "rgb.nrrd": (d / "rgb.nrrd", "a non-spatial axis"),
+        "flat.nrrd": (d / "flat.nrrd", "a 2-D image"),
+        "lost.nhdr": (lost, "data file .* is missing"),
+    }
 
 
 @pytest.mark.parametrize("make", [_bad_nifti, _bad_nrrd])
@@ -82,8 +93,9 @@ def test_one_time_point_is_a_volume(tmp_path: Path, chest: np.ndarray) -> None:
     import nrrd
 
     nib.save(nib.Nifti1Image(chest[..., None], AFFINE), tmp_path / "t.nii.gz")
-    nrrd.write(str(tmp_path / "t.nrrd"), chest[None],
-               {"kinds": ["list", "domain", "domain", "domain"]})
+    nrrd.write(
+        str(tmp_path / "t.nrrd"), chest[None], {"kinds": ["list", "domain", "domain", "domain"]}
+    )
     for typ, name in (("nifti", "t.nii.gz"), ("nrrd", "t.nrrd")):
         src = get_source(typ)(tmp_path / name)
         h = src.header()
@@ -95,13 +107,15 @@ def test_real_4d_nifti_from_nibabel_is_refused(tmp_path: Path) -> None:
     real = Path(nib.__file__).parent / "tests" / "data" / "example4d.nii.gz"  # a real fMRI run
     if not real.exists():
         pytest.skip("nibabel's test data is not installed")
-    with pytest.raises(SourceError,
-                       match=r"example4d\.nii\.gz: a 4-D image of shape \(128, 96, 24, 2\)"):
+    with pytest.raises(
+        SourceError, match=r"example4d\.nii\.gz: a 4-D image of shape \(128, 96, 24, 2\)"
+    ):
         get_source("nifti")(real).header()
 
 
-def test_cli_exits_2_naming_the_file_without_a_traceback(ct: Any, tmp_path: Path,
-                                                         chest: np.ndarray) -> None:
+def test_cli_exits_2_naming_the_file_without_a_traceback(
+    ct: Any, tmp_path: Path, chest: np.ndarray
+) -> None:
     (tmp_path / "v").mkdir()
     write_nifti(tmp_path / "v" / "good.nii.gz", chest, AFFINE)
     bad = write_nifti(tmp_path / "v" / "cut.nii.gz", chest, AFFINE)
@@ -113,16 +127,21 @@ def test_cli_exits_2_naming_the_file_without_a_traceback(ct: Any, tmp_path: Path
     assert not (tmp_path / "out" / "index.json").exists()
 
 
-def test_a_missing_reader_names_the_install_command(tmp_path: Path, chest: np.ndarray,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_reader_names_the_install_command(
+    tmp_path: Path, chest: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.util
 
     write_nrrd(tmp_path / "v.nrrd", chest, AFFINE)
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "nrrd" else real(name, *a))
-    with pytest.raises(MissingExtraError, match=r'NRRD CT volumes .* needs the optional package '
-                                                r'pynrrd.*pip install -e "\.\[ct\]"'):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "nrrd" else real(name, *a)
+    )
+    with pytest.raises(
+        MissingExtraError,
+        match=r"NRRD CT volumes .* needs the optional package "
+        r'pynrrd.*pip install -e "\.\[ct\]"',
+    ):
         get_source("nrrd")(tmp_path / "v.nrrd").header()
 
 

@@ -1,5 +1,7 @@
-"""CT end to end: .npy volumes -> build (zarr, tar) -> ShardDataset(sample="ct") equals the independent
-reference; skips counted; subsample deterministic; budget batches; crops/flips; bad input; conformance."""
+"""CT end to end: .npy volumes -> build (zarr, tar) -> ShardDataset(sample="ct") equals the
+independent
+reference; skips counted; subsample deterministic; budget batches; crops/flips; bad input;
+conformance."""
 
 from __future__ import annotations
 
@@ -47,13 +49,19 @@ max_points = {max_points}
 NO_HOLDOUT = "val_fraction = 0.0\ntest_fraction = 0.0"
 
 
-def manifest(fmt_: str = "zarr", max_points: int = 0, extra: str = "", split: str = NO_HOLDOUT,
-             path: str = "vols/*.npy") -> str:
+def manifest(
+    fmt_: str = "zarr",
+    max_points: int = 0,
+    extra: str = "",
+    split: str = NO_HOLDOUT,
+    path: str = "vols/*.npy",
+) -> str:
     return MANIFEST.format(fmt=fmt_, max_points=max_points, extra=extra, split=split, path=path)
 
 
 def write_sources(root: Path) -> list[Path]:
-    """The demo chests, a float32 copy of one, a tiny volume (< min_points) and one of air only (empty mask)."""
+    """The demo chests, a float32 copy of one, a tiny volume (< min_points) and one of air only
+    (empty mask)."""
     vols = write_ct_demo(root)
     d = root / "vols"
     d.mkdir(exist_ok=True)
@@ -70,8 +78,15 @@ def write_sources(root: Path) -> list[Path]:
     return sorted(d.glob("*.npy"))
 
 
-def make(root: Path, fmt_: str = "zarr", max_points: int = 0, extra: str = "", jobs: int = 2,
-         out: str = "out", path: str = "vols/*.npy") -> Path:
+def make(
+    root: Path,
+    fmt_: str = "zarr",
+    max_points: int = 0,
+    extra: str = "",
+    jobs: int = 2,
+    out: str = "out",
+    path: str = "vols/*.npy",
+) -> Path:
     (root / "m.toml").write_text(manifest(fmt_, max_points, extra, path=path))
     build(root / "m.toml", root / out, jobs=jobs, progress=False)
     return root / out
@@ -90,25 +105,38 @@ def built(request: pytest.FixtureRequest, sources: tuple[Path, list[Path]]) -> P
 
 
 def volumes(batches: list[dict[str, Any]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """sample_id -> (xyz int32 [k,3], feats [k,C]) from collated batches (asserting the layout on the way)."""
+    """sample_id -> (xyz int32 [k,3], feats [k,C]) from collated batches (asserting the layout on
+    the way)."""
     out = {}
     for b in batches:
         coords, feats, off = b["coords"].numpy(), b["feats"].numpy(), b["offsets"].numpy()
         assert coords.dtype == np.int32 and feats.dtype == np.float32 and off.dtype == np.int64
-        assert off[0] == 0 and off[-1] == coords.shape[0] == feats.shape[0] and off.size == b["sample_id"].numel() + 1
+        assert (
+            off[0] == 0
+            and off[-1] == coords.shape[0] == feats.shape[0]
+            and off.size == b["sample_id"].numel() + 1
+        )
         for i, sid in enumerate(b["sample_id"].tolist()):
             rows = slice(off[i], off[i + 1])
-            assert np.all(coords[rows, 0] == i)  # rows of a volume contiguous, batch index in column 0
+            assert np.all(
+                coords[rows, 0] == i
+            )  # rows of a volume contiguous, batch index in column 0
             out[sid] = (coords[rows, 1:], feats[rows])
     return out
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_points_equal_the_reference(built: Path, sources: tuple[Path, list[Path]], workers: int,
-                                    reference_points: Callable[..., Any]) -> None:
+def test_points_equal_the_reference(
+    built: Path,
+    sources: tuple[Path, list[Path]],
+    workers: int,
+    reference_points: Callable[..., Any],
+) -> None:
     _, paths = sources
     index = fmt.read_index(built)
-    assert [Path(s["path"]).name for s in index.sources] == [p.name for p in paths]  # sorted glob order
+    assert [Path(s["path"]).name for s in index.sources] == [
+        p.name for p in paths
+    ]  # sorted glob order
     ds = ShardDataset(built, split="train", sample="ct", batch_size=2, shuffle=False)
     got = volumes(list(ShardLoader(ds, num_workers=workers, timeout=TIMEOUT)))
     skipped = {"tiny.npy", "air.npy"}
@@ -128,13 +156,30 @@ def test_index_records_verify_and_inspect(built: Path) -> None:
     index = fmt.read_index(built)
     assert verify(built) == []
     recs = {r["file"]: r for rs in index.section("ct")["records"].values() for r in rs}
-    assert set(recs) == {"chest_000.npy", "chest_001.npy", "chest_002.npy", "chest_003.npy", "chest_float.npy"}
-    assert recs["chest_000.npy"]["spacing"] == [0.78, 0.78, 2.5] and recs["chest_001.npy"]["spacing"] is None
-    assert recs["chest_float.npy"]["source_dtype"] == "<f4" and recs["chest_000.npy"]["shape"] == [64, 64, 24]
-    for entry in index.shards:  # per-record point counts match the shards (the loader plans with them)
+    assert set(recs) == {
+        "chest_000.npy",
+        "chest_001.npy",
+        "chest_002.npy",
+        "chest_003.npy",
+        "chest_float.npy",
+    }
+    assert (
+        recs["chest_000.npy"]["spacing"] == [0.78, 0.78, 2.5]
+        and recs["chest_001.npy"]["spacing"] is None
+    )
+    assert recs["chest_float.npy"]["source_dtype"] == "<f4" and recs["chest_000.npy"]["shape"] == [
+        64,
+        64,
+        24,
+    ]
+    for (
+        entry
+    ) in index.shards:  # per-record point counts match the shards (the loader plans with them)
         cols = fmt_read(index, entry)
-        np.testing.assert_array_equal(np.diff(cols["coords/offsets"]),
-                                      [r["points"] for r in index.section("ct")["records"][entry.file]])
+        np.testing.assert_array_equal(
+            np.diff(cols["coords/offsets"]),
+            [r["points"] for r in index.section("ct")["records"][entry.file]],
+        )
     text = format_summary(summary(built))
     assert "kept: " in text and "% of voxels" in text
     assert 0.03 < summary(built)["details"]["fraction_kept"] < 0.1
@@ -143,11 +188,14 @@ def test_index_records_verify_and_inspect(built: Path) -> None:
 def fmt_read(index: fmt.Index, entry: fmt.ShardEntry) -> dict[str, np.ndarray]:
     from loaders.shardio import read_shard
 
-    return read_shard(index.shard_path(entry), index.encoding, fmt.shard_keys(index.fields, index.tables))
+    return read_shard(
+        index.shard_path(entry), index.encoding, fmt.shard_keys(index.fields, index.tables)
+    )
 
 
 def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(
-        sources: tuple[Path, list[Path]], reference_points: Callable[..., Any]) -> None:
+    sources: tuple[Path, list[Path]], reference_points: Callable[..., Any]
+) -> None:
     root, paths = sources
     a = make(root, "zarr", max_points=3000, jobs=1, out="cap-a")
     b = make(root, "zarr", max_points=3000, jobs=2, out="cap-b")
@@ -163,7 +211,9 @@ def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(
         flat_full = np.ravel_multi_index(full[0].T.astype(np.int64), (128, 128, 128))
         flat = np.ravel_multi_index(xyz.T.astype(np.int64), (128, 128, 128))
         pos = np.searchsorted(flat_full, flat)
-        np.testing.assert_array_equal(flat_full[pos], flat)  # a subset of the full record, in argwhere order
+        np.testing.assert_array_equal(
+            flat_full[pos], flat
+        )  # a subset of the full record, in argwhere order
         np.testing.assert_array_equal(feats[:, 0], full[1][pos])
     assert summary(a)["details"]["subsampled"] == 5
 
@@ -176,48 +226,78 @@ def test_budget_batches_through_the_dataset(built: Path) -> None:
     for epoch in range(3):
         per_rank = []
         for rank in range(2):
-            ds = ShardDataset(built, sample="ct", max_points_per_batch=cap, seed=1, rank=rank, world_size=2,
-                              decode_process=False)
+            ds = ShardDataset(
+                built,
+                sample="ct",
+                max_points_per_batch=cap,
+                seed=1,
+                rank=rank,
+                world_size=2,
+                decode_process=False,
+            )
             ds.set_epoch(epoch)
             batches = list(ds)
             assert len(batches) == len(ds)
             for b in batches:
                 assert b["coords"].shape[0] <= cap
             per_rank.append([i for b in batches for i in b["sample_id"].tolist()])
-            again = ShardDataset(built, sample="ct", max_points_per_batch=cap, seed=1, rank=rank, world_size=2)
+            again = ShardDataset(
+                built, sample="ct", max_points_per_batch=cap, seed=1, rank=rank, world_size=2
+            )
             again.set_epoch(epoch)
-            assert [i for b in again for i in b["sample_id"].tolist()] == per_rank[-1]  # deterministic
+            assert [i for b in again for i in b["sample_id"].tolist()] == per_rank[
+                -1
+            ]  # deterministic
         assert len(set(per_rank[0]) & set(per_rank[1])) == 0
-        assert sorted(per_rank[0] + per_rank[1]) == sorted(everything)  # every volume once per epoch
-        assert len(ShardDataset(built, sample="ct", max_points_per_batch=cap, rank=0, world_size=2)) == \
-            len(ShardDataset(built, sample="ct", max_points_per_batch=cap, rank=1, world_size=2))
+        assert sorted(per_rank[0] + per_rank[1]) == sorted(
+            everything
+        )  # every volume once per epoch
+        assert len(
+            ShardDataset(built, sample="ct", max_points_per_batch=cap, rank=0, world_size=2)
+        ) == len(ShardDataset(built, sample="ct", max_points_per_batch=cap, rank=1, world_size=2))
     one = ShardDataset(built, sample="ct", max_points_per_batch=10**9, shuffle=False)
-    assert [b["sample_id"].tolist() for b in one] == [sorted(everything)]  # all in one batch, index order
+    assert [b["sample_id"].tolist() for b in one] == [
+        sorted(everything)
+    ]  # all in one batch, index order
     with pytest.raises(ValueError, match="below the largest volume"):
         ShardDataset(built, sample="ct", max_points_per_batch=10)
 
 
 def test_budget_plan_follows_the_served_order(built: Path) -> None:
-    """The plan is made from index.json's point counts in the epoch's shuffled order; the batches served must
-    be that order, cut greedily (world 1: no splits), with the real points of every batch within the budget.
+    """The plan is made from index.json's point counts in the epoch's shuffled order; the batches
+    served must
+    be that order, cut greedily (world 1: no splits), with the real points of every batch within the
+    budget.
     A plan made from another order or epoch than the one served would break one of these."""
     index = fmt.read_index(built)
-    points_of = {r["file"]: r["points"] for rs in index.section("ct")["records"].values() for r in rs}
-    points = {i: points_of[Path(s["path"]).name] for i, s in enumerate(index.sources)
-              if Path(s["path"]).name in points_of}
+    points_of = {
+        r["file"]: r["points"] for rs in index.section("ct")["records"].values() for r in rs
+    }
+    points = {
+        i: points_of[Path(s["path"]).name]
+        for i, s in enumerate(index.sources)
+        if Path(s["path"]).name in points_of
+    }
     cap = max(points.values()) + min(points.values())  # some pairs fit, some do not
     for seed in range(4):
         for epoch in range(2):
             one = ShardDataset(built, sample="ct", batch_size=1, seed=seed, decode_process=False)
             one.set_epoch(epoch)
             order_ids = [i for b in one for i in b["sample_id"].tolist()]
-            ds = ShardDataset(built, sample="ct", max_points_per_batch=cap, seed=seed, decode_process=False)
+            ds = ShardDataset(
+                built, sample="ct", max_points_per_batch=cap, seed=seed, decode_process=False
+            )
             ds.set_epoch(epoch)
             batches = list(ds)
             ids = [b["sample_id"].tolist() for b in batches]
             assert [i for b in ids for i in b] == order_ids and len(batches) == len(ds)
             for k, (b, sids) in enumerate(zip(batches, ids, strict=True)):
-                assert int(b["offsets"][-1]) == b["coords"].shape[0] == sum(points[i] for i in sids) <= cap
+                assert (
+                    int(b["offsets"][-1])
+                    == b["coords"].shape[0]
+                    == sum(points[i] for i in sids)
+                    <= cap
+                )
                 if k + 1 < len(ids):  # greedy: the next volume would not have fitted
                     assert sum(points[i] for i in sids) + points[ids[k + 1][0]] > cap
 
@@ -228,7 +308,9 @@ def test_crop_flip_and_torchsparse_layout(built: Path, workers: int) -> None:
     loader = ShardLoader(ShardDataset(built, **kw), num_workers=workers, timeout=TIMEOUT)
     loader.set_epoch(1)
     a = list(loader)
-    b = list(ShardDataset(built, **kw, batch_dim="last"))  # same seed, epoch 0 vs 1 differ; layout differs
+    b = list(
+        ShardDataset(built, **kw, batch_dim="last")
+    )  # same seed, epoch 0 vs 1 differ; layout differs
     ref = ShardDataset(built, **kw)
     ref.set_epoch(1)
     for x, y in zip(a, list(ref), strict=True):  # workers 0/2 give the same augmented batches
@@ -236,9 +318,13 @@ def test_crop_flip_and_torchsparse_layout(built: Path, workers: int) -> None:
             assert (x[k] == y[k]).all()
     for batch in a:
         c = batch["coords"].numpy()
-        assert np.all(c[:, 1:] >= 0) and np.all(c[:, 1:] < np.minimum(batch["shape"].numpy(), (40, 30, 16))[c[:, 0]])
+        assert np.all(c[:, 1:] >= 0) and np.all(
+            c[:, 1:] < np.minimum(batch["shape"].numpy(), (40, 30, 16))[c[:, 0]]
+        )
     assert all(np.all(np.diff(bb["coords"][:, 3].numpy()) >= 0) for bb in b)  # batch index last
-    epoch0 = volumes(list(ShardDataset(built, **kw)))  # a fresh dataset starts at epoch 0: new draws
+    epoch0 = volumes(
+        list(ShardDataset(built, **kw))
+    )  # a fresh dataset starts at epoch 0: new draws
     assert any(not np.array_equal(epoch0[s][0], v[0]) for s, v in volumes(a).items())
     uncropped = volumes(list(ShardDataset(built, sample="ct", batch_size=2)))
     cropped = volumes(a)
@@ -247,7 +333,10 @@ def test_crop_flip_and_torchsparse_layout(built: Path, workers: int) -> None:
 
 
 BAD = {
-    "object": (lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True), "Python objects"),
+    "object": (
+        lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True),
+        "Python objects",
+    ),
     "flat": (lambda p: np.save(p, np.zeros((8, 8), np.int16)), "expected a 3-D volume"),
     "cut": (lambda p: p.write_bytes(_npy_bytes()[:-7]), "truncated .npy"),
     "nan": (lambda p: np.save(p, _nan_volume()), "non-finite value"),
@@ -277,9 +366,22 @@ def test_bad_volumes_are_clear_errors_naming_the_file(tmp_path: Path, case: str)
     (tmp_path / "m.toml").write_text(manifest(extra="min_points = 0"))
     with pytest.raises(SourceError, match=rf"bad_{case}\.npy: .*{msg}"):
         build(tmp_path / "m.toml", tmp_path / "out", jobs=2, progress=False)
-    r = subprocess.run([sys.executable, "-m", "pipeline", "build", str(tmp_path / "m.toml"), "--out",
-                        str(tmp_path / "out2"), "--no-progress"], cwd=REPO, capture_output=True, text=True,
-                       timeout=TIMEOUT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            str(tmp_path / "m.toml"),
+            "--out",
+            str(tmp_path / "out2"),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 2 and f"bad_{case}.npy" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out" / "index.json").exists()
 
@@ -287,10 +389,14 @@ def test_bad_volumes_are_clear_errors_naming_the_file(tmp_path: Path, case: str)
 def test_manifest_errors_name_the_key(tmp_path: Path) -> None:
     (tmp_path / "vols").mkdir()
     np.save(tmp_path / "vols" / "v.npy", np.zeros((4, 4, 4), np.int16))
-    for extra, split, key in (('window = "liver"', NO_HOLDOUT, "ct.window"), ("band = [1, 2, 3]", NO_HOLDOUT, "ct.band"),
-                              ("colour = 1", NO_HOLDOUT, "ct.colour"), ("", 'group = "patient"', "split.group"),
-                              ("", "val_fraction = 0.8\ntest_fraction = 0.5", "split.test_fraction"),
-                              ("", "val_fraction = -0.1", "split.val_fraction")):
+    for extra, split, key in (
+        ('window = "liver"', NO_HOLDOUT, "ct.window"),
+        ("band = [1, 2, 3]", NO_HOLDOUT, "ct.band"),
+        ("colour = 1", NO_HOLDOUT, "ct.colour"),
+        ("", 'group = "patient"', "split.group"),
+        ("", "val_fraction = 0.8\ntest_fraction = 0.5", "split.test_fraction"),
+        ("", "val_fraction = -0.1", "split.val_fraction"),
+    ):
         (tmp_path / "m.toml").write_text(manifest(extra=extra, split=split))
         with pytest.raises(ManifestError, match=r"\[" + re.escape(key) + r"\]"):
             load_manifest(tmp_path / "m.toml")
@@ -298,15 +404,35 @@ def test_manifest_errors_name_the_key(tmp_path: Path) -> None:
 
 def test_folder_source_and_verify_check(tmp_path: Path) -> None:
     write_ct_demo(tmp_path)
-    out = make(tmp_path, path='ct"\ntype = "npy')  # a folder (type given) stands for its .npy files, sorted
+    out = make(
+        tmp_path, path='ct"\ntype = "npy'
+    )  # a folder (type given) stands for its .npy files, sorted
     m = load_manifest(tmp_path / "m.toml")
-    assert [s.path.name for s in m.sources] == ["chest_000.npy", "chest_001.npy", "chest_002.npy", "chest_003.npy"]
+    assert [s.path.name for s in m.sources] == [
+        "chest_000.npy",
+        "chest_001.npy",
+        "chest_002.npy",
+        "chest_003.npy",
+    ]
     kind = get_kind("ct")
-    cols = {"coords/offsets": np.array([0, 2]), "coords/values": np.array([[0, 0, 0], [5, 1, 1]], np.uint16),
-            "volume_shape": np.array([[4, 4, 4]], np.int32), "window/values": np.array([0.5, 1.5], np.float16)}
+    cols = {
+        "coords/offsets": np.array([0, 2]),
+        "coords/values": np.array([[0, 0, 0], [5, 1, 1]], np.uint16),
+        "volume_shape": np.array([[4, 4, 4]], np.int32),
+        "window/values": np.array([0.5, 1.5], np.float16),
+    }
     problems = kind.check_shard(fmt.read_index(out), cols)
-    assert kind.check_shard(fmt.read_index(out), {**cols, "coords/values": cols["coords/values"] % 4,
-                                                  "window/values": np.zeros(2, np.float16)}) == []
+    assert (
+        kind.check_shard(
+            fmt.read_index(out),
+            {
+                **cols,
+                "coords/values": cols["coords/values"] % 4,
+                "window/values": np.zeros(2, np.float16),
+            },
+        )
+        == []
+    )
     assert any("outside their volume's shape" in p for p in problems)
     assert any("outside [0, 1]" in p for p in problems)
 
@@ -330,7 +456,8 @@ class TestCt(SampleTypeTests):
 
 
 class TestCtAugmented(SampleTypeTests):
-    """The same conformance with crops, flips and torchsparse's layout (units and order do not change)."""
+    """The same conformance with crops, flips and torchsparse's layout (units and order do not
+    change)."""
 
     name = "ct"
     options = {"crop": 48, "flip": [True, False, True], "batch_dim": "last"}
@@ -344,15 +471,34 @@ class TestCtAugmented(SampleTypeTests):
 
 
 def test_shipped_manifests_build(tmp_path: Path) -> None:
-    """data_manifests/demo_ct.toml over `write_ct_demo` (as `make shards` runs it), and the folder example with
-    its path pointed at a patient-folder layout: every key in them is valid and they build and verify."""
+    """data_manifests/demo_ct.toml over `write_ct_demo` (as `make shards` runs it), and the folder
+    example with
+    its path pointed at a patient-folder layout: every key in them is valid and they build and
+    verify."""
     (tmp_path / "data_manifests").mkdir()
-    shutil.copy(REPO / "data_manifests" / "demo_ct.toml", tmp_path / "data_manifests" / "demo_ct.toml")
+    shutil.copy(
+        REPO / "data_manifests" / "demo_ct.toml", tmp_path / "data_manifests" / "demo_ct.toml"
+    )
     write_ct_demo(tmp_path / "data" / "demo")
     for f in ("zarr", "tar"):
-        r = subprocess.run([sys.executable, "-m", "pipeline", "build", str(tmp_path / "data_manifests" / "demo_ct.toml"),
-                            "--out", str(tmp_path / f"demo-{f}"), "--format", f, "--no-progress"], cwd=REPO,
-                           capture_output=True, text=True, timeout=TIMEOUT)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "build",
+                str(tmp_path / "data_manifests" / "demo_ct.toml"),
+                "--out",
+                str(tmp_path / f"demo-{f}"),
+                "--format",
+                f,
+                "--no-progress",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
         assert r.returncode == 0, r.stderr
         assert verify(tmp_path / f"demo-{f}") == []
         details = summary(tmp_path / f"demo-{f}")["details"]  # 4 .npy, one NIfTI, NRRD, DICOM
@@ -365,12 +511,18 @@ def test_shipped_manifests_build(tmp_path: Path) -> None:
         shutil.copy(p, tmp_path / "chest" / f"patient_{i // 2}" / p.name)
     (tmp_path / "ex.toml").write_text(example.replace("/data/chest_ct", str(tmp_path / "chest")))
     m = load_manifest(tmp_path / "ex.toml")
-    assert len(m.sources) == 4 and m.config.group == "folder" and m.config.settings.resolution == 256
+    assert (
+        len(m.sources) == 4 and m.config.group == "folder" and m.config.settings.resolution == 256
+    )
     out = build(tmp_path / "ex.toml", tmp_path / "ex-out", jobs=2, progress=False).out
     index = fmt.read_index(out)
-    split_of = {r["file"]: e.split for e in index.shards for r in index.section("ct")["records"][e.file]}
-    assert split_of["chest_000.npy"] == split_of["chest_001.npy"] and split_of["chest_002.npy"] == \
-        split_of["chest_003.npy"]  # group = "folder": a patient's scans share a split
+    split_of = {
+        r["file"]: e.split for e in index.shards for r in index.section("ct")["records"][e.file]
+    }
+    assert (
+        split_of["chest_000.npy"] == split_of["chest_001.npy"]
+        and split_of["chest_002.npy"] == split_of["chest_003.npy"]
+    )  # group = "folder": a patient's scans share a split
     assert all(r["shape"][0] == 256 for rs in index.section("ct")["records"].values() for r in rs)
 
 
@@ -384,7 +536,9 @@ def test_split_groups_by_folder(tmp_path: Path) -> None:
             np.save(tmp_path / "pts" / f"p{p}" / f"scan{s}.npy", vol)
 
     def splits(group: str, seed: int) -> dict[str, set[str]]:
-        text = manifest(split=f'val_fraction = 0.0\ntest_fraction = 0.5\ngroup = "{group}"', path="pts/*/*.npy")
+        text = manifest(
+            split=f'val_fraction = 0.0\ntest_fraction = 0.5\ngroup = "{group}"', path="pts/*/*.npy"
+        )
         (tmp_path / "m.toml").write_text(text.replace("seed = 5", f"seed = {seed}"))
         m = load_manifest(tmp_path / "m.toml")
         kind = get_kind("ct")
@@ -399,4 +553,6 @@ def test_split_groups_by_folder(tmp_path: Path) -> None:
         by_patient = splits("folder", seed)
         assert all(len(v) == 1 for v in by_patient.values())
         assert {s for v in by_patient.values() for s in v} == {"train", "test"}
-    assert any(len(v) == 2 for seed in range(3) for v in splits("file", seed).values())  # files alone do split
+    assert any(
+        len(v) == 2 for seed in range(3) for v in splits("file", seed).values()
+    )  # files alone do split

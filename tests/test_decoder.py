@@ -1,4 +1,5 @@
-"""The decoder process: the same batches as decoding in-process, bad shards named, a dead child never hangs."""
+"""The decoder process: the same batches as decoding in-process, bad shards named, a dead child
+never hangs."""
 
 from __future__ import annotations
 
@@ -25,15 +26,21 @@ Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or
 
 @pytest.fixture(scope="module")
 def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_dataset(tmp_path_factory.mktemp("dec"), "shards", n_shards=5, cells=90, genes=30,
-                         seed=7)
+    return build_dataset(
+        tmp_path_factory.mktemp("dec"), "shards", n_shards=5, cells=90, genes=30, seed=7
+    )
 
 
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
-def test_decoder_process_gives_the_in_process_batches(fx: Any, sample: str, started: Helper,
-                                                       batches: Helper, assert_same: Helper,
-                                                       check_cells: Helper) -> None:
-    kw = {"sample": sample, "batch_size": 7 if sample == "sentences" else 33, "window": 2, "seed": 3}
+def test_decoder_process_gives_the_in_process_batches(
+    fx: Any, sample: str, started: Helper, batches: Helper, assert_same: Helper, check_cells: Helper
+) -> None:
+    kw = {
+        "sample": sample,
+        "batch_size": 7 if sample == "sentences" else 33,
+        "window": 2,
+        "seed": 3,
+    }
     via = started(ShardDataset(fx.root, decode_process=True, **kw))  # type: ignore[arg-type]
     got = batches(via)
     want = batches(ShardDataset(fx.root, decode_process=False, **kw))  # type: ignore[arg-type]
@@ -46,29 +53,48 @@ def test_decoder_process_gives_the_in_process_batches(fx: Any, sample: str, star
 
 
 @pytest.mark.parametrize("encoding", ["zarr", "tar"])
-def test_decoder_process_reads_every_encoding(built_zarr_tar: dict[str, Path], encoding: str,
-                                              started: Helper, batches: Helper,
-                                              assert_same: Helper) -> None:
+def test_decoder_process_reads_every_encoding(
+    built_zarr_tar: dict[str, Path],
+    encoding: str,
+    started: Helper,
+    batches: Helper,
+    assert_same: Helper,
+) -> None:
     built = built_zarr_tar  # one manifest built as zarr and as tar
-    got = batches(started(ShardDataset(built[encoding], batch_size=50, decode_process=True)), epochs=(0,))
+    got = batches(
+        started(ShardDataset(built[encoding], batch_size=50, decode_process=True)), epochs=(0,)
+    )
     want = batches(ShardDataset(built[encoding], batch_size=50, decode_process=False), epochs=(0,))
     assert_same(got, want)
 
 
 def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
-    spec = {"root": str(fx.root), "split": "train", "sample": "cells", "window": 3, "seed": 0, "shuffle": True}
+    spec = {
+        "root": str(fx.root),
+        "split": "train",
+        "sample": "cells",
+        "window": 3,
+        "seed": 0,
+        "shuffle": True,
+    }
     reader = WindowReader.from_spec(spec)
     dec = Decoder(spec)
     try:
         for epoch in range(4):
-            arena = dec.read_window(epoch, 0, hint=1)  # far too small: the child says how much it needs
+            arena = dec.read_window(
+                epoch, 0, hint=1
+            )  # far too small: the child says how much it needs
             here = reader.read_window(epoch, 0, BufferPool())
             for a in (arena, here):
                 a.seal()
             got, want = arena.arrays(), here.arrays()
             assert got.keys() == want.keys()
             for name in want:  # X (indptr, indices, data), every other column, order, units, shards
-                n = want[name].shape[0] if name.startswith("col:") and not name.endswith("indptr") else None
+                n = (
+                    want[name].shape[0]
+                    if name.startswith("col:") and not name.endswith("indptr")
+                    else None
+                )
                 np.testing.assert_array_equal(got[name][:n], want[name][:n])
             arena.release(BufferPool())
         assert len(dec._free) <= dec.keep + 1 and len(dec._slabs) <= 2 * (dec.keep + 1)
@@ -77,20 +103,22 @@ def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
     assert dec.proc.poll() is not None  # the child ended with close()
 
 
-def test_broken_shard_through_the_decoder_names_the_file(fx: Any, tmp_path: Path,
-                                                         broken_copy: Helper,
-                                                         started: Helper, batches: Helper) -> None:
+def test_broken_shard_through_the_decoder_names_the_file(
+    fx: Any, tmp_path: Path, broken_copy: Helper, started: Helper, batches: Helper
+) -> None:
     shard = broken_copy(fx, tmp_path / "ds", "corrupt")
     ds = started(ShardDataset(tmp_path / "ds", batch_size=64, window=1, decode_process=True))
     with pytest.raises(FormatError, match=re.escape(str(shard))):
         batches(ds, epochs=(0,))
 
 
-def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(fx: Any, started: Helper,
-                                                                batches: Helper,
-                                                                assert_same: Helper) -> None:
+def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(
+    fx: Any, started: Helper, batches: Helper, assert_same: Helper
+) -> None:
     """A dead child never hangs the loader: a RuntimeWarning says so, and the epoch is still exact."""
-    ds = started(ShardDataset(fx.root, batch_size=16, window=1, decode_process=True, decode_ahead=False))
+    ds = started(
+        ShardDataset(fx.root, batch_size=16, window=1, decode_process=True, decode_ahead=False)
+    )
     dec = ds._decoder()
     assert dec is not None
     os.kill(dec.proc.pid, signal.SIGKILL)
@@ -98,18 +126,24 @@ def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(fx: Any, started
     with pytest.warns(RuntimeWarning, match="decoder process .* exited"):
         got = batches(ds, epochs=(0,))
     assert time.monotonic() - t0 < 10 and not ds.decode_process
-    assert_same(got, batches(ShardDataset(fx.root, batch_size=16, window=1, decode_process=False), epochs=(0,)))
+    assert_same(
+        got,
+        batches(ShardDataset(fx.root, batch_size=16, window=1, decode_process=False), epochs=(0,)),
+    )
     with pytest.raises(DecoderError, match="after close"):
         dec.read_window(0, 0, 1)
 
 
-def test_workers_forked_after_the_main_process_decoded_do_their_own(fx: Any, started: Helper,
-                                                                    batches: Helper,
-                                                                    assert_same: Helper) -> None:
-    """A forked worker inherits the dataset, decoder handle included: it must not talk to that child."""
+def test_workers_forked_after_the_main_process_decoded_do_their_own(
+    fx: Any, started: Helper, batches: Helper, assert_same: Helper
+) -> None:
+    """A forked worker inherits the dataset, decoder handle included: it must not talk to that
+    child."""
     ds = started(ShardDataset(fx.root, batch_size=40, window=2, decode_process=True))
     main = batches(ds, epochs=(0,))
     forked = batches(ds, epochs=(0,), num_workers=2, multiprocessing_context="fork")
     key = lambda b: b["sample_id"][0].item()  # noqa: E731 - worker batches interleave: compare by content
     assert_same(sorted(main, key=key), sorted(forked, key=key))
-    assert ds._decoder_state is not None and ds._decoder_state[1].proc.poll() is None  # still serving the parent
+    assert (
+        ds._decoder_state is not None and ds._decoder_state[1].proc.poll() is None
+    )  # still serving the parent

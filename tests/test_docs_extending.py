@@ -81,8 +81,11 @@ def write_example(folder: Path, manifest_edit: tuple[str, str] = ("", "")) -> Pa
     rng = np.random.default_rng(0)
     for i in range(12):  # 4 scenes; cloud 11 has one point: skipped by min_points = 2
         n = 1 if i == 11 else int(rng.integers(2, 9))
-        doc = {"scene": f"s{i % 4}", "label": LABELS[i % 3],
-               "points": rng.standard_normal((n, 3)).round(3).tolist()}
+        doc = {
+            "scene": f"s{i % 4}",
+            "label": LABELS[i % 3],
+            "points": rng.standard_normal((n, 3)).round(3).tolist(),
+        }
         (folder / "clouds" / f"{i:02d}.pts.json").write_text(json.dumps(doc))
     return folder
 
@@ -112,8 +115,14 @@ def test_every_block_is_a_file_or_the_commands() -> None:
     named = doc_files()
     for lang, body in doc_blocks():
         assert lang == "bash" or NAMED.match(body), f"a {lang} block naming no file:\n{body[:200]}"
-    assert {"pointclouds/__init__.py", "pointclouds/build.py", "clouds.toml", "train.py",
-            "test_pointclouds.py", "pyproject.toml"} <= set(named)
+    assert {
+        "pointclouds/__init__.py",
+        "pointclouds/build.py",
+        "clouds.toml",
+        "train.py",
+        "test_pointclouds.py",
+        "pyproject.toml",
+    } <= set(named)
     reader = named["pointclouds/__init__.py"]
     assert "pipeline" not in re.findall(r"^(?:from|import) (\w+)", reader, re.M)
     assert re.search(r'^BUILD_MODULE = "pointclouds\.build"', reader, re.M)
@@ -125,18 +134,25 @@ def test_every_block_is_a_file_or_the_commands() -> None:
 def test_the_read_side_imports_neither_torch_nor_the_pipeline(tmp_path: Path) -> None:
     """What the doc promises of pointclouds/__init__.py, which every reader process imports."""
     folder = write_example(tmp_path)
-    code = ("import sys, pointclouds, loaders.samples as s; s.get_sample_type('clouds'); "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'pipeline'}))")
+    code = (
+        "import sys, pointclouds, loaders.samples as s; s.get_sample_type('clouds'); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'pipeline'}))"
+    )
     p = _run([sys.executable, "-c", code], folder, _env(folder))
     assert p.returncode == 0 and p.stdout.split("\n")[-2] == "[]", _say(p)
 
 
-def test_each_documented_command_succeeds_in_a_fresh_process(walkthrough: tuple[Path, dict]
-                                                             ) -> None:
+def test_each_documented_command_succeeds_in_a_fresh_process(
+    walkthrough: tuple[Path, dict],
+) -> None:
     folder, done = walkthrough
-    assert [c.split()[:2] for c in done] == [["shardsmith", "build"], ["shardsmith", "verify"],
-                                             ["shardsmith", "inspect"], ["python", "train.py"],
-                                             ["python", "-m"]]
+    assert [c.split()[:2] for c in done] == [
+        ["shardsmith", "build"],
+        ["shardsmith", "verify"],
+        ["shardsmith", "inspect"],
+        ["python", "train.py"],
+        ["python", "-m"],
+    ]
     for command, p in done.items():
         assert p.returncode == 0, f"{command}: {_say(p)}"
         assert "Traceback" not in p.stderr, f"{command}: {_say(p)}"
@@ -144,16 +160,18 @@ def test_each_documented_command_succeeds_in_a_fresh_process(walkthrough: tuple[
     assert index["plugins"] == ["pointclouds"]  # what a fresh process imports to read it
     assert index["stats"]["skipped"] == {"too few points": 1}
     assert index["vocabularies"]["label"] == list(LABELS)
-    verify, inspect, tests = (done[c] for c in doc_commands()
-                              if c.split()[1] in ("verify", "inspect", "-m"))
+    verify, inspect, tests = (
+        done[c] for c in doc_commands() if c.split()[1] in ("verify", "inspect", "-m")
+    )
     assert verify.stdout.strip().endswith("OK")
     assert "plug-ins (imported to read it): pointclouds" in inspect.stdout
     # the conformance tests ran, those with the doc's references included
     assert "passed" in tests.stdout and "skipped" not in tests.stdout, _say(tests)
 
 
-def test_a_missing_plugin_is_a_clear_error(walkthrough: tuple[Path, dict], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_plugin_is_a_clear_error(
+    walkthrough: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where the plug-in is not importable, every reader says which module is missing and how to
     get it: the CLI with a non-zero exit and no traceback, ShardDataset with a PluginError."""
     from loaders import ShardDataset
@@ -178,12 +196,14 @@ def test_a_plugin_on_sys_path_reaches_the_decoder_process(walkthrough: tuple[Pat
     it: the decoder process, a fresh interpreter, finds the plug-in the index names there too."""
     folder, done = walkthrough
     assert all(p.returncode == 0 for p in done.values())
-    code = (f"import sys, time\nsys.path.insert(0, {str(folder)!r})\n"
-            "from loaders import ShardDataset\nfrom loaders.engine.decoder import Decoder\n"
-            f"ds = ShardDataset({str(folder / 'shards' / 'clouds')!r}, sample='clouds')\n"
-            "d = Decoder(ds.reader.spec)\nt = time.time()\n"
-            "while not d.ready() and time.time() - t < 120:\n    time.sleep(0.05)\n"
-            "d.close()\nprint('ready')\n")
+    code = (
+        f"import sys, time\nsys.path.insert(0, {str(folder)!r})\n"
+        "from loaders import ShardDataset\nfrom loaders.engine.decoder import Decoder\n"
+        f"ds = ShardDataset({str(folder / 'shards' / 'clouds')!r}, sample='clouds')\n"
+        "d = Decoder(ds.reader.spec)\nt = time.time()\n"
+        "while not d.ready() and time.time() - t < 120:\n    time.sleep(0.05)\n"
+        "d.close()\nprint('ready')\n"
+    )
     p = _run([sys.executable, "-c", code], ROOT, _env())
     assert p.returncode == 0 and p.stdout.strip() == "ready", _say(p)
 
@@ -199,12 +219,18 @@ def test_an_installed_plugin_is_found_through_its_entry_point(tmp_path: Path) ->
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pointclouds\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[shardsmith.modalities]\n" + "".join(f"{k} = {v}\n" for k, v in group.items()))
+        "[shardsmith.modalities]\n" + "".join(f"{k} = {v}\n" for k, v in group.items())
+    )
     env = _env(folder)
-    read = ("python -c 'from loaders import ShardDataset as D; "
-            "print(sum(len(b[\"label\"]) for b in D(\"shards/clouds\", sample=\"clouds\")))'")
-    for command in ("shardsmith build clouds.toml --out shards/clouds",
-                    "shardsmith verify shards/clouds", read):
+    read = (
+        "python -c 'from loaders import ShardDataset as D; "
+        'print(sum(len(b["label"]) for b in D("shards/clouds", sample="clouds")))\''
+    )
+    for command in (
+        "shardsmith build clouds.toml --out shards/clouds",
+        "shardsmith verify shards/clouds",
+        read,
+    ):
         p = _run(_argv(command), folder, env)
         assert p.returncode == 0, f"{command}: {_say(p)}"
     assert "plugins" not in json.loads((folder / "shards" / "clouds" / "index.json").read_text())
@@ -216,8 +242,9 @@ def test_the_index_names_plugins_only_when_there_are_some(tmp_path: Path) -> Non
     written."""
     from loaders import format as fmt
 
-    index = fmt.Index(root=tmp_path, name="x", kind="k", encoding="zarr", fields=[], tables=[],
-                      shards=[])
+    index = fmt.Index(
+        root=tmp_path, name="x", kind="k", encoding="zarr", fields=[], tables=[], shards=[]
+    )
     assert "plugins" not in index.to_json()
     fmt.write_index(index)
     assert fmt.read_index(tmp_path).plugins == []

@@ -1,4 +1,5 @@
-"""docs/PERTURBATION.md runs as written: its walkthrough's manifest, experiment file and Python snippet."""
+"""docs/PERTURBATION.md runs as written: its walkthrough's manifest, experiment file and Python
+snippet."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from loaders import format as fmt
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PERTURBATION.md"
 
 
-def test_cellload_walkthrough_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                   read_all: Callable[..., Any]) -> None:
+def test_cellload_walkthrough_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_all: Callable[..., Any]
+) -> None:
     text = DOC.read_text()
     files = re.findall(r"```toml\n# file: (\S+)\n(.*?)```", text, re.S)
-    assert [f for f, _ in files] == ["data_manifests/state_cellload.toml", "data_manifests/experiment.toml"]
+    assert [f for f, _ in files] == [
+        "data_manifests/state_cellload.toml",
+        "data_manifests/experiment.toml",
+    ]
     for name, body in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(body)
@@ -33,10 +38,17 @@ def test_cellload_walkthrough_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     index, shards = read_all(tmp_path / "shards" / "state-cellload")
     ct = index.vocabularies["cell_type"]
     pert = index.vocabularies["perturbation"]
-    for entry, cols in shards:  # the doc's rules: jurkat perturbed -> test, its controls -> train; hepg2 val list
+    for (
+        entry,
+        cols,
+    ) in shards:  # the doc's rules: jurkat perturbed -> test, its controls -> train; hepg2 val list
         keep = cols[fmt.PRIMARY]
-        cells = {(ct[c], pert[p]) for c, p in zip(cols["obs/cell_type"][keep], cols["obs/perturbation"][keep],
-                                                  strict=True)}
+        cells = {
+            (ct[c], pert[p])
+            for c, p in zip(
+                cols["obs/cell_type"][keep], cols["obs/perturbation"][keep], strict=True
+            )
+        }
         if entry.split == "test":
             assert all(p != "non-targeting" for _, p in cells)
             assert {c for c, _ in cells} <= {"jurkat", "hepg2"}

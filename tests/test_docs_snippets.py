@@ -1,13 +1,18 @@
 """Every ```python and ```bash block of README.md and docs/*.md runs as written.
 
-How: in a scratch folder holding a copy of data_manifests/, a ``.venv/bin`` whose ``shardsmith`` and ``python``
-are this interpreter with this checkout on PYTHONPATH, the bash blocks of README.md run first (they write the
+How: in a scratch folder holding a copy of data_manifests/, a ``.venv/bin`` whose ``shardsmith`` and
+``python``
+are this interpreter with this checkout on PYTHONPATH, the bash blocks of README.md run first (they
+write the
 demo sources and build the demo shards the other snippets read), then every doc's blocks in order:
 bash with ``bash -e``; python in one namespace per doc, except a block opening with a docstring
-``'''python NAME.py ARGS ...'''`` (with double quotes), which is a script: written to NAME.py and run with ARGS.
+``'''python NAME.py ARGS ...'''`` (with double quotes), which is a script: written to NAME.py and
+run with ARGS.
 
-A block that cannot run here (it needs a GPU, a cluster, a download) says so where a reader sees it, on the
-line right above it: ``*(Not run by the docs test: REASON.)*``. A doc whose blocks only run together with
+A block that cannot run here (it needs a GPU, a cluster, a download) says so where a reader sees it,
+on the
+line right above it: ``*(Not run by the docs test: REASON.)*``. A doc whose blocks only run together
+with
 files the test must write first has its own test, listed in OWN_TEST.
 """
 
@@ -24,13 +29,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OWN_TEST = {"EXTENDING.md": "tests/test_docs_extending.py",  # a plug-in module, its manifest, commands
-            "PERTURBATION.md": "tests/test_docs_perturbation.py"}  # manifest + experiment files, then Python
-DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in OWN_TEST)]
+OWN_TEST = {
+    "EXTENDING.md": "tests/test_docs_extending.py",  # a plug-in module, its manifest, commands
+    "PERTURBATION.md": "tests/test_docs_perturbation.py",
+}  # manifest + experiment files, then Python
+DOCS = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in OWN_TEST),
+]
 SKIP = re.compile(r"^\*\(Not run by the docs test: (?P<reason>.+?)\.?\)\*\s*$")
 FENCE = re.compile(r"^```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^```\s*$", re.S | re.M)
-HOW = ("fix the block, or, if it cannot run on a CPU-only test machine, put this line right above it: "
-       "*(Not run by the docs test: REASON.)*")
+HOW = (
+    "fix the block, or, if it cannot run on a CPU-only test machine, put this line right above it: "
+    "*(Not run by the docs test: REASON.)*"
+)
 SCRIPT = re.compile(r'^"""python (?P<name>[\w.-]+\.py)(?P<args>[^"\n]*?)(?:\s{2,}|\s*\(|""")')
 
 
@@ -49,10 +61,17 @@ def blocks(path: Path) -> list[Block]:
     for m in FENCE.finditer(text):
         if m.group("lang") not in ("python", "bash"):
             continue
-        before = text[:m.start()].rstrip("\n").splitlines()
+        before = text[: m.start()].rstrip("\n").splitlines()
         marker = SKIP.match(before[-1]) if before else None
-        out.append(Block(path.name, len(before) + 1, m.group("lang"), m.group("body"),
-                         marker.group("reason") if marker else None))
+        out.append(
+            Block(
+                path.name,
+                len(before) + 1,
+                m.group("lang"),
+                m.group("body"),
+                marker.group("reason") if marker else None,
+            )
+        )
     return out
 
 
@@ -68,7 +87,10 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (work / "data_manifests" / p.name).write_text(p.read_text())
     bin_dir = work / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    for name, args in (("python", ""), ("shardsmith", " -m pipeline")):  # scripts: a venv's python is found by path
+    for name, args in (
+        ("python", ""),
+        ("shardsmith", " -m pipeline"),
+    ):  # scripts: a venv's python is found by path
         shim = bin_dir / name
         shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)}{args} "$@"\n')
         shim.chmod(0o755)
@@ -81,16 +103,28 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run_bash(b: Block, cwd: Path) -> None:
     env = _env()
     env["PATH"] = f"{cwd / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
-    res = subprocess.run(["bash", "-e", "-c", b.body], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, f"{b.doc}:{b.line} (bash) exited {res.returncode}; {HOW}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    res = subprocess.run(
+        ["bash", "-e", "-c", b.body], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, (
+        f"{b.doc}:{b.line} (bash) exited {res.returncode}; {HOW}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    )
 
 
 def _run_script(b: Block, m: re.Match[str], cwd: Path) -> None:
     (cwd / m.group("name")).write_text(b.body)
     args = shlex.split(m.group("args"))
-    res = subprocess.run([sys.executable, m.group("name"), *args], cwd=cwd, env=_env(), capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, f"{b.doc}:{b.line} ({m.group('name')}) exited {res.returncode}; {HOW}\n{res.stderr[-3000:]}"
+    res = subprocess.run(
+        [sys.executable, m.group("name"), *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, (
+        f"{b.doc}:{b.line} ({m.group('name')}) exited {res.returncode}; {HOW}\n{res.stderr[-3000:]}"
+    )
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -102,7 +136,9 @@ def test_doc_snippets_run(doc: Path, workdir: Path, monkeypatch: pytest.MonkeyPa
     namespace: dict[str, object] = {"__name__": f"docs_{doc.stem.lower()}"}
     for b in todo:
         if b.lang == "bash":
-            if doc.name != "README.md":  # README's ran in the fixture (the data everything else reads)
+            if (
+                doc.name != "README.md"
+            ):  # README's ran in the fixture (the data everything else reads)
                 _run_bash(b, workdir)
             continue
         script = SCRIPT.match(b.body)
@@ -112,7 +148,9 @@ def test_doc_snippets_run(doc: Path, workdir: Path, monkeypatch: pytest.MonkeyPa
         try:
             exec(compile(b.body, f"{doc.name}:{b.line}", "exec"), namespace)  # noqa: S102 - the doc's own snippet
         except Exception as e:
-            raise AssertionError(f"{doc.name}:{b.line} (python) raised {type(e).__name__}: {e}; {HOW}") from e
+            raise AssertionError(
+                f"{doc.name}:{b.line} (python) raised {type(e).__name__}: {e}; {HOW}"
+            ) from e
 
 
 def test_docs_with_their_own_test_have_it() -> None:
@@ -129,8 +167,12 @@ def test_skipped_blocks_say_why() -> None:
 
 def test_the_extractor_sees_blocks_and_markers(tmp_path: Path) -> None:
     doc = tmp_path / "x.md"
-    doc.write_text("text\n\n```python\nx = 1\n```\n\n*(Not run by the docs test: needs a CUDA GPU.)*\n"
-                   "```bash\nnvidia-smi\n```\n\n```toml\n[a]\n```\n")
+    doc.write_text(
+        "text\n\n```python\nx = 1\n```\n\n*(Not run by the docs test: needs a CUDA GPU.)*\n"
+        "```bash\nnvidia-smi\n```\n\n```toml\n[a]\n```\n"
+    )
     got = blocks(doc)
-    assert [(b.lang, b.body, b.skip) for b in got] == [("python", "x = 1\n", None),
-                                                       ("bash", "nvidia-smi\n", "needs a CUDA GPU")]
+    assert [(b.lang, b.body, b.skip) for b in got] == [
+        ("python", "x = 1\n", None),
+        ("bash", "nvidia-smi\n", "needs a CUDA GPU"),
+    ]

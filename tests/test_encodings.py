@@ -1,7 +1,10 @@
-"""One conformance suite for every shard encoding: a new encoding subclasses it and must pass unchanged.
+"""One conformance suite for every shard encoding: a new encoding subclasses it and must pass
+unchanged.
 
-The logical contract (loaders.format) is what the loader sees, so each encoding must give back exactly the
-columns it was given, byte-identical files for equal columns, and a FormatError naming the file for anything
+The logical contract (loaders.format) is what the loader sees, so each encoding must give back
+exactly the
+columns it was given, byte-identical files for equal columns, and a FormatError naming the file for
+anything
 missing or damaged.
 """
 
@@ -50,28 +53,42 @@ def _pointers(rng: np.random.Generator, n: int, hi: int) -> np.ndarray:
 
 
 def make_columns(n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Every field kind of the contract, with awkward cases: empty rows, multi-dim records, bool, tables."""
+    """Every field kind of the contract, with awkward cases: empty rows, multi-dim records, bool,
+    tables."""
     rng = np.random.default_rng(seed)
     indptr, offsets = _pointers(rng, n, 6), _pointers(rng, n, 4)
     pairs = rng.integers(0, max(n, 1), (min(n, 9), 2)).astype(np.int32)
     sentences = rng.integers(0, max(n, 1), (min(n, 3), 4)).astype(np.int32)
     return {
-        "X/indptr": indptr, "X/indices": rng.integers(0, N_GENES, indptr[-1]).astype(np.int32),
+        "X/indptr": indptr,
+        "X/indices": rng.integers(0, N_GENES, indptr[-1]).astype(np.int32),
         "X/data": rng.random(indptr[-1], dtype=np.float32),
-        fmt.SAMPLE_ID: rng.permutation(n).astype(np.int64), fmt.PRIMARY: rng.random(n) < 0.8,
-        fmt.COND_ID: rng.integers(0, 4, n).astype(np.int32), "obs/perturbation": rng.integers(0, 9, n).astype(np.int32),
+        fmt.SAMPLE_ID: rng.permutation(n).astype(np.int64),
+        fmt.PRIMARY: rng.random(n) < 0.8,
+        fmt.COND_ID: rng.integers(0, 4, n).astype(np.int32),
+        "obs/perturbation": rng.integers(0, 9, n).astype(np.int32),
         "obsm/X_pca": rng.standard_normal((n, 5)).astype(np.float32),
         VOXELS: rng.integers(0, 256, (n, 4, 8, 8)).astype(np.uint8),
-        "coords/offsets": offsets, "coords/values": rng.integers(0, 512, (offsets[-1], 3)).astype(np.uint16),
-        "values/offsets": offsets.copy(), "values/values": rng.random(offsets[-1], dtype=np.float32),
-        fmt.PAIRS: pairs, fmt.SENTENCES_PERT: sentences, fmt.SENTENCES_CTRL: sentences[:, ::-1].copy(),
+        "coords/offsets": offsets,
+        "coords/values": rng.integers(0, 512, (offsets[-1], 3)).astype(np.uint16),
+        "values/offsets": offsets.copy(),
+        "values/values": rng.random(offsets[-1], dtype=np.float32),
+        fmt.PAIRS: pairs,
+        fmt.SENTENCES_PERT: sentences,
+        fmt.SENTENCES_CTRL: sentences[:, ::-1].copy(),
     }
 
 
 def assert_same_columns(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     assert sorted(got) == sorted(want)
     for k, a in want.items():
-        assert got[k].dtype == a.dtype and got[k].shape == a.shape, (k, got[k].dtype, got[k].shape, a.dtype, a.shape)
+        assert got[k].dtype == a.dtype and got[k].shape == a.shape, (
+            k,
+            got[k].dtype,
+            got[k].shape,
+            a.dtype,
+            a.shape,
+        )
         np.testing.assert_array_equal(got[k], a, err_msg=k)
 
 
@@ -100,7 +117,9 @@ class ShardEncodingConformance:
     def test_subset_of_keys(self, tmp_path: Path) -> None:
         cols = make_columns(BIG)
         keys = ["X/indptr", "coords/values", VOXELS, fmt.PAIRS]
-        assert_same_columns(read_shard(self.write(tmp_path, cols), self.encoding, keys), {k: cols[k] for k in keys})
+        assert_same_columns(
+            read_shard(self.write(tmp_path, cols), self.encoding, keys), {k: cols[k] for k in keys}
+        )
 
     def test_same_columns_same_bytes(self, tmp_path: Path) -> None:
         a = self.write(tmp_path / "a", make_columns(BIG))
@@ -114,7 +133,10 @@ class ShardEncodingConformance:
 
     def test_missing_shard_is_named(self, tmp_path: Path) -> None:
         path = tmp_path / f"gone{get_writer(self.encoding, Codec()).suffix}"
-        for read in (lambda: read_shard(path, self.encoding, KEYS), lambda: READERS[self.encoding](path, KEYS)):
+        for read in (
+            lambda: read_shard(path, self.encoding, KEYS),
+            lambda: READERS[self.encoding](path, KEYS),
+        ):
             with pytest.raises(fmt.FormatError, match="gone"):
                 read()
 
@@ -125,14 +147,17 @@ class ShardEncodingConformance:
         assert str(path) in str(e.value) and "obs/nope" in str(e.value)
 
     def test_field_codec_round_trips_deterministically(self, tmp_path: Path) -> None:
-        """A field's own codec (loaders.fieldcodecs) is stored by every encoding and read back exactly."""
+        """A field's own codec (loaders.fieldcodecs) is stored by every encoding and read back
+        exactly."""
         cols, writer = make_columns(BIG), get_writer(self.encoding, Codec())
         paths = [tmp_path / f"{name}{writer.suffix}" for name in ("a", "b")]
         for p in paths:
             writer.write(p, cols, TABLES, {VOXELS: SPIKEBITS})
         assert_same_columns(read_shard(paths[0], self.encoding, KEYS), cols)
         assert fmt.content_hash(paths[0]) == fmt.content_hash(paths[1])
-        assert fmt.content_hash(self.write(tmp_path, cols)) != fmt.content_hash(paths[0])  # the codec applied
+        assert fmt.content_hash(self.write(tmp_path, cols)) != fmt.content_hash(
+            paths[0]
+        )  # the codec applied
 
     @pytest.mark.parametrize("damage", ["truncate", "garbage"])
     def test_corrupt_shard_is_named(self, tmp_path: Path, damage: str) -> None:
@@ -165,10 +190,19 @@ class TestTar(ShardEncodingConformance):
             infos = tf.getmembers()
             meta = json.loads(tf.extractfile(infos[0]).read())
         names = [i.name for i in infos]
-        assert names == sorted(names) and names[0] == "_meta.json" and names[-1].startswith("tables.")
+        assert (
+            names == sorted(names) and names[0] == "_meta.json" and names[-1].startswith("tables.")
+        )
         assert all(n.endswith(".npy") for n in names[1:]) and "b000000.x_indptr.npy" in names
-        assert all((i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) == (0, 0, 0, "", "", 0o644) for i in infos)
-        assert meta["n_records"] == BIG and meta["blocks"] == 3 and meta["columns"]["x_indptr"] == "X/indptr"
+        assert all(
+            (i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) == (0, 0, 0, "", "", 0o644)
+            for i in infos
+        )
+        assert (
+            meta["n_records"] == BIG
+            and meta["blocks"] == 3
+            and meta["columns"]["x_indptr"] == "X/indptr"
+        )
         assert sorted(meta["columns"].values()) == sorted(KEYS)
 
     def test_stock_webdataset_reads_it(self, tmp_path: Path) -> None:
@@ -177,20 +211,31 @@ class TestTar(ShardEncodingConformance):
         cols = make_columns(BIG)
         path = self.write(tmp_path, cols)
         samples = list(wds.WebDataset(str(path), shardshuffle=False).decode())
-        assert [s["__key__"] for s in samples] == ["_meta", "b000000", "b000001", "b000002", "tables"]
+        assert [s["__key__"] for s in samples] == [
+            "_meta",
+            "b000000",
+            "b000001",
+            "b000002",
+            "tables",
+        ]
         meta = samples[0]["json"]
         fields = {f"{name}.npy": key for name, key in meta["columns"].items()}
         blocks = samples[1:-1]
         for s in samples[1:]:
             assert all(isinstance(v, np.ndarray) for k, v in s.items() if not k.startswith("__"))
-        np.testing.assert_array_equal(np.concatenate([b["voxels.npy"] for b in blocks]), cols[VOXELS])
-        np.testing.assert_array_equal(np.concatenate([b["x_data.npy"] for b in blocks]), cols["X/data"])
+        np.testing.assert_array_equal(
+            np.concatenate([b["voxels.npy"] for b in blocks]), cols[VOXELS]
+        )
+        np.testing.assert_array_equal(
+            np.concatenate([b["x_data.npy"] for b in blocks]), cols["X/data"]
+        )
         assert [len(b["x_indptr.npy"]) - 1 for b in blocks] == [BLOCK_RECORDS, BLOCK_RECORDS, 17]
         assert all(b["x_indptr.npy"][0] == 0 for b in blocks)
         assert {fields[k] for k in samples[-1] if not k.startswith("__")} == set(TABLES)
 
     def test_field_codec_members_decode_with_numcodecs(self, tmp_path: Path) -> None:
-        """Without shardsmith's reader: _meta.json names the codec, dtype and shape of a codec column."""
+        """Without shardsmith's reader: _meta.json names the codec, dtype and shape of a codec
+        column."""
         import numcodecs
         import webdataset as wds
 
@@ -201,11 +246,17 @@ class TestTar(ShardEncodingConformance):
         samples = list(wds.WebDataset(str(path), shardshuffle=False).decode())
         spec = samples[0]["json"]["codecs"][VOXELS]
         codec = numcodecs.get_codec(spec["codec"])
-        got = [codec.decode(b["voxels.npy"]).reshape(-1, *spec["shape"]).view(spec["dtype"]) for b in samples[1:-1]]
+        got = [
+            codec.decode(b["voxels.npy"]).reshape(-1, *spec["shape"]).view(spec["dtype"])
+            for b in samples[1:-1]
+        ]
         np.testing.assert_array_equal(np.concatenate(got), cols[VOXELS])
 
-    def _rewrite(self, path: Path, edit: dict[str, bytes | None], extra: tuple[str, bytes] | None = None) -> None:
-        """Rebuild the tar with some members replaced (bytes) or dropped (None), keeping headers valid."""
+    def _rewrite(
+        self, path: Path, edit: dict[str, bytes | None], extra: tuple[str, bytes] | None = None
+    ) -> None:
+        """Rebuild the tar with some members replaced (bytes) or dropped (None), keeping headers
+        valid."""
         with tarfile.open(path) as tf:
             members = [(i, tf.extractfile(i).read()) for i in tf.getmembers()]
         with tarfile.open(path, "w") as tf:
@@ -222,12 +273,13 @@ class TestTar(ShardEncodingConformance):
             read_shard(path, "tar", KEYS)
 
     def test_bad_header_mid_file_is_not_silent(self, tmp_path: Path) -> None:
-        """tarfile ends the archive quietly at an invalid header after the first: the block count catches it."""
+        """tarfile ends the archive quietly at an invalid header after the first: the block count
+        catches it."""
         path = self.write(tmp_path, make_columns(BIG))
         with tarfile.open(path) as tf:
             offset = next(i.offset for i in tf.getmembers() if i.name.startswith("b000001."))
         data = bytearray(path.read_bytes())
-        data[offset + 148:offset + 156] = b"9999999\0"  # header checksum
+        data[offset + 148 : offset + 156] = b"9999999\0"  # header checksum
         path.write_bytes(bytes(data))
         with pytest.raises(fmt.FormatError, match=str(path)):
             read_shard(path, "tar", KEYS)
@@ -243,9 +295,19 @@ class TestTar(ShardEncodingConformance):
         with pytest.raises(fmt.FormatError, match="not a valid .npy"):
             read_shard(path, "tar", KEYS)
 
-    @pytest.mark.parametrize("name", ["b000000.evil.pickle", "b000000.sample_id.npy", "b000000.pairs.npy",
-                                      "tables.sample_id.npy", "zzz.sample_id.npy"])
-    def test_foreign_duplicate_or_misplaced_member_is_refused(self, tmp_path: Path, name: str) -> None:
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "b000000.evil.pickle",
+            "b000000.sample_id.npy",
+            "b000000.pairs.npy",
+            "tables.sample_id.npy",
+            "zzz.sample_id.npy",
+        ],
+    )
+    def test_foreign_duplicate_or_misplaced_member_is_refused(
+        self, tmp_path: Path, name: str
+    ) -> None:
         path = self.write(tmp_path, make_columns(10))
         buf = io.BytesIO()
         np.save(buf, np.zeros(10, np.int64))
@@ -254,7 +316,8 @@ class TestTar(ShardEncodingConformance):
             read_shard(path, "tar", KEYS)
 
 
-# -- end to end: the same manifest built as zarr and as tar gives the same logical dataset ---------------
+# -- end to end: the same manifest built as zarr and as tar gives the same logical dataset
+# ---------------
 # (built_zarr_tar, tests/conftest.py: format -> one small manifest built in that format)
 @pytest.mark.parametrize("encoding", ["zarr", "tar"])
 def test_build_verifies(built_zarr_tar: dict[str, Path], encoding: str) -> None:
@@ -265,16 +328,18 @@ def test_build_verifies(built_zarr_tar: dict[str, Path], encoding: str) -> None:
     assert index.encoding == encoding and all(e.file.endswith(suffix) for e in index.shards)
 
 
-def test_tar_and_zarr_builds_hold_the_same_columns(built_zarr_tar: dict[str, Path],
-                                                   read_all: Callable[..., Any]) -> None:
+def test_tar_and_zarr_builds_hold_the_same_columns(
+    built_zarr_tar: dict[str, Path], read_all: Callable[..., Any]
+) -> None:
     built = built_zarr_tar
     zi, zarr_shards = read_all(built["zarr"])
     ti, tar_shards = read_all(built["tar"])
     assert len(zarr_shards) == len(tar_shards) > 2
     assert zi.vocabularies == ti.vocabularies and zi.fields == ti.fields
     for (ze, zc), (te, tc) in zip(zarr_shards, tar_shards, strict=True):
-        assert (ze.split, ze.records, dict(ze.units)) == \
-               (te.split, te.records, dict(te.units))
+        assert (ze.split, ze.records, dict(ze.units)) == (te.split, te.records, dict(te.units))
         assert_same_columns(tc, zc)
-    vectors = [read_shard(i.root / i.conditions.file, i.encoding, ["vectors"])["vectors"] for i in (zi, ti)]
+    vectors = [
+        read_shard(i.root / i.conditions.file, i.encoding, ["vectors"])["vectors"] for i in (zi, ti)
+    ]
     np.testing.assert_array_equal(*vectors)

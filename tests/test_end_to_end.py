@@ -17,15 +17,24 @@ GENES = 60
 
 
 @pytest.fixture(scope="module", params=["zarr", "tar"])
-def dataset(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-            source_matrix: Callable[..., Any],
-            write_manifest: Callable[..., Any]) -> tuple[Path, np.ndarray]:
+def dataset(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    source_matrix: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> tuple[Path, np.ndarray]:
     root = tmp_path_factory.mktemp(f"e2e-{request.param}")
     (root / "src").mkdir()
-    paths = [write_perturb_h5ad(root / "src" / f"s{i}.h5ad", n_cells=400, n_genes=GENES, n_perts=5, seed=10 + i)
-             for i in range(2)]
+    paths = [
+        write_perturb_h5ad(
+            root / "src" / f"s{i}.h5ad", n_cells=400, n_genes=GENES, n_perts=5, seed=10 + i
+        )
+        for i in range(2)
+    ]
     manifest = write_manifest(root / "m.toml", sentence_size=4)
-    manifest.write_text(manifest.read_text().replace('format = "zarr"', f'format = "{request.param}"'))
+    manifest.write_text(
+        manifest.read_text().replace('format = "zarr"', f'format = "{request.param}"')
+    )
     build(manifest, root / "out", jobs=1, progress=False)
     full, _ = source_matrix(paths)
     return root / "out", full.toarray()
@@ -48,15 +57,18 @@ def test_cells_are_the_source_rows(dataset: tuple[Path, np.ndarray], split: str)
 
 def test_pairs_and_sentences_carry_matching_rows(dataset: tuple[Path, np.ndarray]) -> None:
     out, dense = dataset
-    pairs = ShardLoader(ShardDataset(out, split="train", sample="pairs", batch_size=32, seed=0), num_workers=0)
+    pairs = ShardLoader(
+        ShardDataset(out, split="train", sample="pairs", batch_size=32, seed=0), num_workers=0
+    )
     n = 0
     for batch in pairs:
         np.testing.assert_array_equal(batch["x_ctrl"].numpy(), dense[batch["ctrl_id"].numpy()])
         np.testing.assert_array_equal(batch["x_pert"].numpy(), dense[batch["pert_id"].numpy()])
         n += batch["x_pert"].shape[0]
     assert n > 0
-    sentences = ShardLoader(ShardDataset(out, split="train", sample="sentences", batch_size=8, seed=0),
-                            num_workers=2)
+    sentences = ShardLoader(
+        ShardDataset(out, split="train", sample="sentences", batch_size=8, seed=0), num_workers=2
+    )
     for batch in sentences:
         assert batch["x_pert"].shape[1:] == (4, GENES)
         np.testing.assert_array_equal(batch["x_pert"].numpy(), dense[batch["pert_id"].numpy()])

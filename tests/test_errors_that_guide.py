@@ -1,5 +1,7 @@
-"""Errors that name the fix instead of misleading: a wrong source type reads as a wrong type (not "the
-file's obs columns: none"), and a wrong-case control label is named among the labels the error lists."""
+"""Errors that name the fix instead of misleading: a wrong source type reads as a wrong type (not
+"the
+file's obs columns: none"), and a wrong-case control label is named among the labels the error
+lists."""
 
 from __future__ import annotations
 
@@ -23,12 +25,27 @@ batch = "batch"
 """
 
 
-def _build(tmp_path: Path, type_line: str, control: str,
-           legacy: bool = False) -> subprocess.CompletedProcess[str]:
-    write_perturb_h5ad(tmp_path / "a.h5ad", n_cells=300, n_genes=40, n_perts=4, seed=1, legacy=legacy)
+def _build(
+    tmp_path: Path, type_line: str, control: str, legacy: bool = False
+) -> subprocess.CompletedProcess[str]:
+    write_perturb_h5ad(
+        tmp_path / "a.h5ad", n_cells=300, n_genes=40, n_perts=4, seed=1, legacy=legacy
+    )
     (tmp_path / "m.toml").write_text(MANIFEST.format(type=type_line, control=control))
-    return subprocess.run([sys.executable, "-m", "pipeline", "build", str(tmp_path / "m.toml"), "--out",
-                           str(tmp_path / "out"), "--no-progress"], capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "build",
+            str(tmp_path / "m.toml"),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_a_wrong_source_type_is_named_as_such(tmp_path: Path) -> None:

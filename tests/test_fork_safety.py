@@ -1,4 +1,5 @@
-"""A DataLoader worker is a fork of the training process, taken while its decode threads may be inside zarr."""
+"""A DataLoader worker is a fork of the training process, taken while its decode threads may be
+inside zarr."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> No
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one() -> None:
-    """Seen in CI: a DataLoader forked its workers while a thread of the training process held the .npy header
+    """Seen in CI: a DataLoader forked its workers while a thread of the training process held the
+    .npy header
     lock; both workers' decode threads then waited on it forever."""
     import io
 
@@ -68,14 +70,18 @@ def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one
 
 
 def test_an_exception_while_entering_the_lock_does_not_leave_it_held() -> None:
-    """A signal handler can raise inside a Python-level ``__enter__``, after its ``acquire()`` (torch's SIGCHLD
-    check raises when a DataLoader worker dies): no ``__exit__`` runs, and with a wrapper class the lock stayed
-    held forever (a ring receive hung in CI). The trace function raises at every return of a frame of
-    loaders/engine/forksafe.py, as such a handler would; the module's locks have no such frame to raise in."""
+    """A signal handler can raise inside a Python-level ``__enter__``, after its ``acquire()``
+    (torch's SIGCHLD
+    check raises when a DataLoader worker dies): no ``__exit__`` runs, and with a wrapper class the
+    lock stayed
+    held forever (a ring receive hung in CI). The trace function raises at every return of a frame
+    of
+    loaders/engine/forksafe.py, as such a handler would; the module's locks have no such frame to
+    raise in."""
     import sys
 
-    from loaders.engine import forksafe, ring
     from loaders import shardio
+    from loaders.engine import forksafe, ring
 
     def tracer(frame: object, event: str, arg: object) -> object:
         if event == "return" and frame.f_code.co_filename.endswith("forksafe.py"):  # type: ignore[attr-defined]

@@ -1,4 +1,5 @@
-"""loaders.gather: the per-layout gathers give what plain per-row Python indexing gives, for rows in one arena
+"""loaders.gather: the per-layout gathers give what plain per-row Python indexing gives, for rows in
+one arena
 or spread over several (a batch straddling windows), on both branches of the ragged gather."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from loaders.engine.arena import Arena
 from loaders.gather import Rows, ragged_rows
 
 
-def _reference(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    parts = [values[offsets[r]:offsets[r + 1]] for r in rows.tolist()]
+def _reference(
+    offsets: np.ndarray, values: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    parts = [values[offsets[r] : offsets[r + 1]] for r in rows.tolist()]
     out = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
     return out, (np.concatenate(parts) if parts else values[:0])
 
@@ -32,7 +35,9 @@ def test_ragged_rows_match_per_row_slicing(lengths: list[int], data: st.DataObje
     np.testing.assert_array_equal(got[1], want[1])
 
 
-@pytest.mark.parametrize("length", [3, gather.SLICE_MIN_MEAN * 4])  # the element-index and the slice branches
+@pytest.mark.parametrize(
+    "length", [3, gather.SLICE_MIN_MEAN * 4]
+)  # the element-index and the slice branches
 def test_both_ragged_branches_give_the_same_lists(length: int) -> None:
     offsets = np.arange(0, 10 * length + 1, length, dtype=np.int64)
     values = np.random.default_rng(0).integers(0, 1000, (10 * length, 2)).astype(np.uint16)
@@ -47,12 +52,23 @@ def _arena(seed: int, n: int) -> tuple[Arena, sp.csr_matrix, list[np.ndarray]]:
     x = sp.random(n, 9, density=0.3, format="csr", dtype=np.float32, random_state=seed)
     lists = [rng.integers(0, 50, int(k)).astype(np.int32) for k in rng.integers(0, 5, n)]
     off = np.concatenate([[0], np.cumsum([len(t) for t in lists])]).astype(np.int64)
-    columns = {"X/indptr": x.indptr.astype(np.int64), "X/indices": x.indices.astype(np.int32), "X/data": x.data,
-               "code": rng.integers(0, 7, n).astype(np.int16), "id": np.arange(n, dtype=np.int64) + 1000 * seed,
-               "emb": rng.normal(size=(n, 2)).astype(np.float32),
-               "tok/offsets": off, "tok/values": np.concatenate(lists) if lists else np.zeros(0, np.int32)}
-    layouts = {"X": ["csr", "float32", [9]], "code": ["dense", "int16", []], "id": ["dense", "int64", []],
-               "emb": ["dense", "float32", [2]], "tok": ["ragged", "int32", []]}
+    columns = {
+        "X/indptr": x.indptr.astype(np.int64),
+        "X/indices": x.indices.astype(np.int32),
+        "X/data": x.data,
+        "code": rng.integers(0, 7, n).astype(np.int16),
+        "id": np.arange(n, dtype=np.int64) + 1000 * seed,
+        "emb": rng.normal(size=(n, 2)).astype(np.float32),
+        "tok/offsets": off,
+        "tok/values": np.concatenate(lists) if lists else np.zeros(0, np.int32),
+    }
+    layouts = {
+        "X": ["csr", "float32", [9]],
+        "code": ["dense", "int16", []],
+        "id": ["dense", "int64", []],
+        "emb": ["dense", "float32", [2]],
+        "tok": ["ragged", "int32", []],
+    }
     return Arena(np.array([seed]), np.array([0, n]), columns, layouts), x, lists
 
 
@@ -63,8 +79,13 @@ def test_rows_over_one_or_two_arenas(split: bool) -> None:
     rows = np.array([12, 0, 7, 0, 5, 3, 12])
     rows = np.where(group == 1, rows % 8, rows)
     rs = Rows([a0, a1], group, rows) if split else Rows([a0], None, rows)
-    pick = [((x0, l0, a0) if g == 0 else (x1, l1, a1), r) for g, r in zip(group.tolist(), rows.tolist(), strict=True)]
-    np.testing.assert_array_equal(rs.take("emb"), np.stack([a.columns["emb"][r] for (_, _, a), r in pick]))
+    pick = [
+        ((x0, l0, a0) if g == 0 else (x1, l1, a1), r)
+        for g, r in zip(group.tolist(), rows.tolist(), strict=True)
+    ]
+    np.testing.assert_array_equal(
+        rs.take("emb"), np.stack([a.columns["emb"][r] for (_, _, a), r in pick])
+    )
     ints = rs.ints(["id", "code"])
     assert ints.dtype == np.int64 and ints.shape == (2, 7)
     np.testing.assert_array_equal(ints[0], [a.columns["id"][r] for (_, _, a), r in pick])

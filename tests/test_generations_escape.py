@@ -1,8 +1,10 @@
 """Names read back from a journal or an index never delete anything outside the dataset folder.
 
-A journal or an index is a file in the dataset folder that anyone with write access can edit; a build and
+A journal or an index is a file in the dataset folder that anyone with write access can edit; a
+build and
 `shardsmith gc` delete the files they name. Before this guard, `gc` on a folder whose journal named
-``../outside/j1.txt`` removed it (and a whole outside folder), and a rebuild did the same for ``retired``.
+``../outside/j1.txt`` removed it (and a whole outside folder), and a rebuild did the same for
+``retired``.
 """
 
 from __future__ import annotations
@@ -24,12 +26,21 @@ def _victims(tmp_path: Path, link: bool = True) -> tuple[Path, Path, list[str]]:
     (outside / "jdir" / "inner.txt").write_text("keep me too")
     if link:  # a folder of the dataset that is a symlink leading out
         (ds / "link").symlink_to(outside, target_is_directory=True)
-    names = ["../outside/j1.txt", str(outside / "j1.txt"), "../outside/jdir", "link/j1.txt", "sub/../../x",
-             "a\\..\\..\\x", ""]
+    names = [
+        "../outside/j1.txt",
+        str(outside / "j1.txt"),
+        "../outside/jdir",
+        "link/j1.txt",
+        "sub/../../x",
+        "a\\..\\..\\x",
+        "",
+    ]
     return ds, outside, names
 
 
-@pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "a/../../x", "link/j1.txt", "", ".", "a\\..\\x"])
+@pytest.mark.parametrize(
+    "rel", ["../x", "/etc/passwd", "a/../../x", "link/j1.txt", "", ".", "a\\..\\x"]
+)
 def test_names_that_leave_the_folder_are_not_inside(tmp_path: Path, rel: str) -> None:
     ds, _, _ = _victims(tmp_path)
     assert not generations.inside(ds, rel)

@@ -1,4 +1,5 @@
-"""A kind, a source and a sample type defined only in the tests (tests/plugin_toy.py) build, verify, inspect and
+"""A kind, a source and a sample type defined only in the tests (tests/plugin_toy.py) build, verify,
+inspect and
 load end to end through the registries, for zarr and tar, with no change to library code."""
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from loaders.shardio import read_shard
 from pipeline.build import build
 from pipeline.cli import main as cli
 from pipeline.errors import ManifestError, SourceError
-from pipeline.model import register_kind
-from pipeline.records import Record, RecordKind
 from pipeline.manifest import Manifest, SourceSpec
-from pipeline.model import ScannedSource
+from pipeline.model import ScannedSource, register_kind
+from pipeline.records import Record, RecordKind
 from pipeline.source import Source, register_source
 from pipeline.testing import SourceTypeContract
 from pipeline.verify import summary, verify
@@ -46,12 +46,21 @@ ragged = {ragged}
 
 def _records(seed: int, n: int, groups: int) -> list[dict]:
     rng = np.random.default_rng(seed)
-    return [{"group": f"g{seed}-{i % groups}", "vec": rng.standard_normal(4).round(3).tolist(),
-             "tokens": rng.integers(0, VOCAB, rng.integers(0, 6)).tolist(), "skip": bool(i == 5)} for i in range(n)]
+    return [
+        {
+            "group": f"g{seed}-{i % groups}",
+            "vec": rng.standard_normal(4).round(3).tolist(),
+            "tokens": rng.integers(0, VOCAB, rng.integers(0, 6)).tolist(),
+            "skip": bool(i == 5),
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module", params=["zarr", "tar"])
-def toy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+def toy(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[dict]]:
     root = tmp_path_factory.mktemp(f"toy-{request.param}")
     (root / "src").mkdir()
     recs = []
@@ -73,7 +82,9 @@ def test_build_verifies_and_counts_the_skipped(toy: tuple[Path, list[dict]]) -> 
     assert verify(out) == []
     index = json.loads((out / "index.json").read_text())
     assert index["kind"] == "toyvec" and index["samples"] == ["toyvec"] and index["tables"] == []
-    assert index["stats"]["skipped"] == {"marked skip": 2}  # record 5 of each source: counted, not lost
+    assert index["stats"]["skipped"] == {
+        "marked skip": 2
+    }  # record 5 of each source: counted, not lost
     kept = sum(s["records"] for s in index["shards"])
     assert kept == len(recs) - 2 == index["primary_records"]
     assert len(index["shards"]) > 2
@@ -84,8 +95,12 @@ def test_build_verifies_and_counts_the_skipped(toy: tuple[Path, list[dict]]) -> 
 def test_groups_never_cross_splits(toy: tuple[Path, list[dict]]) -> None:
     out, recs = toy
     split_of: dict[str, set[str]] = {}
-    ds = {sp: ShardDataset(out, split=sp, sample="toyvec", batch_size=4, shuffle=False, decode_process=False)
-          for sp in ("train", "test")}
+    ds = {
+        sp: ShardDataset(
+            out, split=sp, sample="toyvec", batch_size=4, shuffle=False, decode_process=False
+        )
+        for sp in ("train", "test")
+    }
     for sp, d in ds.items():
         for b in d:
             for i in b["sample_id"].tolist():
@@ -100,12 +115,23 @@ def test_loads_every_record_with_its_values(toy: tuple[Path, list[dict]], worker
     want = _expected(recs)
     got: dict[int, tuple] = {}
     for split in ("train", "test"):
-        ds = ShardDataset(out, split=split, sample="toyvec", batch_size=3, shuffle=True, seed=1,
-                          decode_process=workers == 0)  # main process: through the decoder child (imports the plug-in)
+        ds = ShardDataset(
+            out,
+            split=split,
+            sample="toyvec",
+            batch_size=3,
+            shuffle=True,
+            seed=1,
+            decode_process=workers == 0,
+        )  # main process: through the decoder child (imports the plug-in)
         for b in ShardLoader(ds, num_workers=workers):
             for i, sid in enumerate(b["sample_id"].tolist()):
                 n = int(b["lengths"][i])
-                got[sid] = (b["vec"][i].numpy().tolist(), b["tokens"][i, :n].tolist(), b["tokens"][i, n:].tolist())
+                got[sid] = (
+                    b["vec"][i].numpy().tolist(),
+                    b["tokens"][i, :n].tolist(),
+                    b["tokens"][i, n:].tolist(),
+                )
     assert sorted(got) == sorted(want)
     for sid, (vec, tokens, pad) in got.items():
         np.testing.assert_allclose(vec, want[sid]["vec"], rtol=1e-6)
@@ -133,14 +159,21 @@ def _tampered_index(out: Path, tmp_path: Path, edit) -> Path:  # noqa: ANN001
     return copy
 
 
-def test_verify_lists_a_declared_table_that_is_missing(toy: tuple[Path, list[dict]], tmp_path: Path) -> None:
+def test_verify_lists_a_declared_table_that_is_missing(
+    toy: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
     copy = _tampered_index(toy[0], tmp_path, lambda d: d["tables"].append("ghost"))
     problems = verify(copy)
-    assert problems and all("ghost" in p for p in problems) and len(problems) == len(json.loads(
-        (copy / "index.json").read_text())["shards"])
+    assert (
+        problems
+        and all("ghost" in p for p in problems)
+        and len(problems) == len(json.loads((copy / "index.json").read_text())["shards"])
+    )
 
 
-def test_verify_finds_codes_outside_their_bound(toy: tuple[Path, list[dict]], tmp_path: Path) -> None:
+def test_verify_finds_codes_outside_their_bound(
+    toy: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
     def shrink(d: dict) -> None:
         next(f for f in d["fields"] if f["name"] == "tokens")["bound"] = 2
 
@@ -157,24 +190,32 @@ def test_a_dataset_of_dense_fields_only(tmp_path: Path) -> None:
     assert verify(tmp_path / "out") == []
     ids = []
     for split in ("train", "test"):
-        for b in ShardDataset(tmp_path / "out", split=split, sample="toyvec", batch_size=5, decode_process=False):
+        for b in ShardDataset(
+            tmp_path / "out", split=split, sample="toyvec", batch_size=5, decode_process=False
+        ):
             assert set(b) == {"sample_id", "vec"}
             ids += b["sample_id"].tolist()
     assert sorted(ids) == sorted(_expected(recs))
 
 
 def test_unknown_kind_and_missing_plugin_are_manifest_errors(tmp_path: Path) -> None:
-    (tmp_path / "m.toml").write_text(MANIFEST.format(fmt="zarr", ragged="true").replace(
-        'plugins = ["tests.plugin_toy"]', 'plugins = ["tests.no_such_plugin"]'))
+    (tmp_path / "m.toml").write_text(
+        MANIFEST.format(fmt="zarr", ragged="true").replace(
+            'plugins = ["tests.plugin_toy"]', 'plugins = ["tests.no_such_plugin"]'
+        )
+    )
     with pytest.raises(ManifestError, match=r"dataset\.plugins.*no_such_plugin"):
         build(tmp_path / "m.toml", tmp_path / "out", progress=False)
-    (tmp_path / "m.toml").write_text(MANIFEST.format(fmt="zarr", ragged="true").replace('kind = "toyvec"',
-                                                                                        'kind = "toyvecs"'))
+    (tmp_path / "m.toml").write_text(
+        MANIFEST.format(fmt="zarr", ragged="true").replace('kind = "toyvec"', 'kind = "toyvecs"')
+    )
     with pytest.raises(ManifestError, match=r"dataset\.kind.*toyvecs"):
         build(tmp_path / "m.toml", tmp_path / "out", progress=False)
 
 
-# -- incremental rebuilds of a record kind --------------------------------------------------------------------
+# -- incremental rebuilds of a record kind
+# --------------------------------------------------------------------
+
 
 def _toy_tree(root: Path, n_sources: int = 2) -> list[list[dict]]:
     (root / "src").mkdir(parents=True, exist_ok=True)
@@ -193,7 +234,8 @@ def test_record_kind_rebuilds_only_what_changed(tmp_path: Path) -> None:
     files = {s["file"]: s["sha256"] for s in first.index["shards"]}
     again = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
     assert again.written == [] and {s["file"]: s["sha256"] for s in again.index["shards"]} == files
-    # new values in source 1 (same records, same groups): only shards holding its records are rewritten
+    # new values in source 1 (same records, same groups): only shards holding its records are
+    # rewritten
     for r in recs[1]:
         r["vec"] = [v + 1 for v in r["vec"]]
     write_toy(tmp_path / "src" / "1.toy", recs[1])
@@ -204,13 +246,18 @@ def test_record_kind_rebuilds_only_what_changed(tmp_path: Path) -> None:
     assert all(src_of[f] in (0, -1) and f in files for f in third.reused)
     assert set(files) - {s["file"] for s in third.index["shards"]} <= set(files) - set(third.reused)
     index = json.loads((tmp_path / "out" / "index.json").read_text())
-    assert index["stats"]["skipped"] == {"marked skip": 2}  # a reused shard's skips are still counted
+    assert index["stats"]["skipped"] == {
+        "marked skip": 2
+    }  # a reused shard's skips are still counted
     assert verify(tmp_path / "out") == []
     assert not list((tmp_path / "out" / "shards").glob(".tmp-*"))
 
 
-def test_record_shards_are_keyed_by_the_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A record's values come from read_record at pack time: other code must not reuse the old shards."""
+def test_record_shards_are_keyed_by_the_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record's values come from read_record at pack time: other code must not reuse the old
+    shards."""
     import pipeline.build
     import pipeline.incremental
 
@@ -228,7 +275,9 @@ def test_jobs_do_not_change_record_shards(tmp_path: Path) -> None:
     (tmp_path / "m.toml").write_text(MANIFEST.format(fmt="tar", ragged="true"))
     a = build(tmp_path / "m.toml", tmp_path / "a", jobs=1, progress=False)
     b = build(tmp_path / "m.toml", tmp_path / "b", jobs=2, backend="loky", progress=False)
-    assert [(s["file"], s["sha256"]) for s in a.index["shards"]] == [(s["file"], s["sha256"]) for s in b.index["shards"]]
+    assert [(s["file"], s["sha256"]) for s in a.index["shards"]] == [
+        (s["file"], s["sha256"]) for s in b.index["shards"]
+    ]
 
 
 def test_a_shard_whose_records_are_all_skipped_is_counted_and_verifies(tmp_path: Path) -> None:
@@ -242,20 +291,27 @@ def test_a_shard_whose_records_are_all_skipped_is_counted_and_verifies(tmp_path:
     assert sum(s["records"] for s in index["shards"]) == 8 == index["primary_records"]
     assert min(s["records"] for s in index["shards"]) == 0  # group g5-0 filled a shard on its own
     assert verify(tmp_path / "out") == []
-    ids = [i for split in ("train", "test") for b in ShardDataset(tmp_path / "out", split=split, sample="toyvec",
-                                                                  batch_size=3, decode_process=False)
-           for i in b["sample_id"].tolist()]
+    ids = [
+        i
+        for split in ("train", "test")
+        for b in ShardDataset(
+            tmp_path / "out", split=split, sample="toyvec", batch_size=3, decode_process=False
+        )
+        for i in b["sample_id"].tolist()
+    ]
     assert sorted(ids) == [i for i, r in enumerate(recs) if not r["skip"]]
 
 
-# -- a record kind with a csr field and a shard table, defined in this module only ------------------------------
+# -- a record kind with a csr field and a shard table, defined in this module only
+# ------------------------------
 
 N_COLS = 10
 
 
 @register_source
 class RowsSource(Source):
-    """``.rows`` files: JSON ``[{"group": str, "row": [N_COLS floats], "label": int, "form": str}]``."""
+    """``.rows`` files: JSON ``[{"group": str, "row": [N_COLS floats], "label": int, "form":
+    str}]``."""
 
     type = "rows"
     kinds = ("sparserows",)
@@ -268,8 +324,10 @@ class RowsSource(Source):
 
 @register_kind
 class SparseRowsKind(RecordKind):
-    """A csr ``row`` per record (handed over as a dense row, as (indices, values) or as scipy sparse, by the
-    record's ``form``), a dense ``label`` code below 3, and a ``neighbours`` table: consecutive local rows."""
+    """A csr ``row`` per record (handed over as a dense row, as (indices, values) or as scipy
+    sparse, by the
+    record's ``form``), a dense ``label`` code below 3, and a ``neighbours`` table: consecutive
+    local rows."""
 
     name = "sparserows"
     samples = ()
@@ -278,24 +336,40 @@ class SparseRowsKind(RecordKind):
         return None
 
     def scan_source(self, manifest: Manifest, spec: SourceSpec) -> list[Record]:
-        return [Record(i, r["group"], (i,), nbytes=40) for i, r in enumerate(RowsSource(spec.path).records())]
+        return [
+            Record(i, r["group"], (i,), nbytes=40)
+            for i, r in enumerate(RowsSource(spec.path).records())
+        ]
 
-    def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
-        return (fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"), fmt.FieldSpec("row", "csr", "float32", (N_COLS,)),
-                fmt.FieldSpec("label", "dense", "int32", bound=3))
+    def schema(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource]
+    ) -> tuple[fmt.FieldSpec, ...]:
+        return (
+            fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
+            fmt.FieldSpec("row", "csr", "float32", (N_COLS,)),
+            fmt.FieldSpec("label", "dense", "int32", bound=3),
+        )
 
     def tables(self, manifest: Manifest) -> tuple[str, ...]:
         return ("neighbours",)
 
     def shard_tables(self, manifest: Manifest, records: Sequence[Record]) -> dict[str, np.ndarray]:
         n = len(records)
-        return {"neighbours": np.stack([np.arange(n - 1), np.arange(1, n)], 1).astype(np.int32).reshape(-1, 2)}
+        return {
+            "neighbours": np.stack([np.arange(n - 1), np.arange(1, n)], 1)
+            .astype(np.int32)
+            .reshape(-1, 2)
+        }
 
-    def read_record(self, manifest: Manifest, spec: SourceSpec, record: Record) -> tuple[dict[str, Any], Any]:
+    def read_record(
+        self, manifest: Manifest, spec: SourceSpec, record: Record
+    ) -> tuple[dict[str, Any], Any]:
         r = RowsSource(spec.path).records()[record.index]
         row = np.asarray(r["row"], np.float32)
         nz = np.flatnonzero(row)
-        value = {"dense": row, "tuple": (nz, row[nz]), "scipy": sps.csr_matrix(row[None, :])}[r["form"]]
+        value = {"dense": row, "tuple": (nz, row[nz]), "scipy": sps.csr_matrix(row[None, :])}[
+            r["form"]
+        ]
         return {"row": value, "label": r["label"]}, None
 
 
@@ -319,8 +393,15 @@ path = "*.rows"
 def _rows(n: int, seed: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(seed)
     dense = rng.random((n, N_COLS)) * (rng.random((n, N_COLS)) < 0.3)
-    return [{"group": f"g{i // 3}", "row": dense[i].round(3).tolist(), "label": int(i % 3),
-             "form": ("dense", "tuple", "scipy")[i % 3]} for i in range(n)]
+    return [
+        {
+            "group": f"g{i // 3}",
+            "row": dense[i].round(3).tolist(),
+            "label": int(i % 3),
+            "form": ("dense", "tuple", "scipy")[i % 3],
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("encoding", ["zarr", "tar"])
@@ -334,8 +415,13 @@ def test_csr_fields_and_tables_of_a_record_kind(tmp_path: Path, encoding: str) -
     assert index.tables == ["neighbours"] and index.field("row").layout == "csr"
     seen = {}
     for entry in index.shards:
-        cols = read_shard(index.shard_path(entry), encoding, fmt.shard_keys(index.fields, index.tables))
-        x = sps.csr_matrix((cols["row/data"], cols["row/indices"], cols["row/indptr"]), shape=(entry.records, N_COLS))
+        cols = read_shard(
+            index.shard_path(entry), encoding, fmt.shard_keys(index.fields, index.tables)
+        )
+        x = sps.csr_matrix(
+            (cols["row/data"], cols["row/indices"], cols["row/indptr"]),
+            shape=(entry.records, N_COLS),
+        )
         for local, sid in enumerate(cols[fmt.SAMPLE_ID].tolist()):
             seen[sid] = (x[local].toarray()[0], int(cols["label"][local]))
         assert cols["neighbours"].shape == (max(0, entry.records - 1), 2)

@@ -1,8 +1,10 @@
-"""The house rules of the layout, checked from the code itself: no import cycles among product modules,
+"""The house rules of the layout, checked from the code itself: no import cycles among product
+modules,
 generic modules that never name a modality, and each modality's files in its two folders.
 
 Why tests: the layout decays one convenient import at a time. The import graph counts every import
-statement (module level, in functions, under ``TYPE_CHECKING``): an import inside a function still ties two
+statement (module level, in functions, under ``TYPE_CHECKING``): an import inside a function still
+ties two
 modules, it only hides the tie from the interpreter until that function runs.
 """
 
@@ -32,7 +34,8 @@ def product_modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> the product modules its import statements name (``from a import b``: ``a.b`` when that
+    """module -> the product modules its import statements name (``from a import b``: ``a.b`` when
+    that
     is a module, else ``a``; relative imports resolved)."""
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
@@ -45,7 +48,9 @@ def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
                 if node.level:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*up, base] if base else up)
-                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+                names = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+                ]
             else:
                 continue
             for name in names:
@@ -106,7 +111,9 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_no_import_cycles_among_product_modules() -> None:
     found = cycles(import_graph(product_modules()))
-    assert not found, "import cycles (every import statement counts):\n" + "\n".join(map(" <-> ".join, found))
+    assert not found, "import cycles (every import statement counts):\n" + "\n".join(
+        map(" <-> ".join, found)
+    )
 
 
 def modality_words() -> set[str]:
@@ -119,8 +126,11 @@ def modality_words() -> set[str]:
 
 
 def generic_modules() -> dict[str, Path]:
-    return {m: p for m, p in product_modules().items()
-            if ".modalities" not in m and not m.endswith(".testing")}
+    return {
+        m: p
+        for m, p in product_modules().items()
+        if ".modalities" not in m and not m.endswith(".testing")
+    }
 
 
 def code_words(path: Path) -> list[tuple[int, str]]:
@@ -128,7 +138,10 @@ def code_words(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text())
     docstrings = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+        ):
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docstrings.add(id(first.value))
@@ -148,7 +161,11 @@ def code_words(path: Path) -> list[tuple[int, str]]:
             texts = [node.name, node.asname or ""]
         elif isinstance(node, ast.ImportFrom):
             texts = [node.module or ""]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
             texts = [node.value]
         else:
             continue
@@ -160,31 +177,48 @@ def code_words(path: Path) -> list[tuple[int, str]]:
 def test_generic_modules_never_name_a_modality() -> None:
     words = modality_words()
     assert {"perturbation", "spike", "ct", "cells"} <= words  # the built-ins are found
-    hits = [f"{p.relative_to(ROOT)}:{line}: {w}" for p in generic_modules().values()
-            for line, w in code_words(p) if w in words]
-    assert not hits, "generic modules naming a modality (move the code into its modality):\n" + "\n".join(hits)
+    hits = [
+        f"{p.relative_to(ROOT)}:{line}: {w}"
+        for p in generic_modules().values()
+        for line, w in code_words(p)
+        if w in words
+    ]
+    assert not hits, (
+        "generic modules naming a modality (move the code into its modality):\n" + "\n".join(hits)
+    )
 
 
 def test_the_modality_check_sees_a_modality_name(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text('"""A docstring may say spike."""\nfrom loaders.modalities.spike import ops\nKIND = "ct"\n')
+    bad.write_text(
+        '"""A docstring may say spike."""\nfrom loaders.modalities.spike import ops\nKIND = "ct"\n'
+    )
     assert {w for _, w in code_words(bad)} >= {"spike", "ct"}
     assert "spike" not in {w for line, w in code_words(bad) if line == 1}
 
 
-@pytest.mark.parametrize("name", [name for name, _ in modality_modules() if name in ("perturbation", "spike", "ct")])
+@pytest.mark.parametrize(
+    "name", [name for name, _ in modality_modules() if name in ("perturbation", "spike", "ct")]
+)
 def test_a_built_in_modality_lives_in_its_two_folders(name: str) -> None:
     """Files named after a built-in modality sit only in ``pipeline/modalities/<m>/`` and
     ``loaders/modalities/<m>/``, and both folders exist."""
     homes = [ROOT / "pipeline" / "modalities" / name, ROOT / "loaders" / "modalities" / name]
     assert all(h.is_dir() for h in homes)
-    stray = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
-             if re.search(rf"(^|_){name}(_|$)", p.stem) and not any(h in p.parents for h in homes)]
+    stray = [
+        p
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+        if re.search(rf"(^|_){name}(_|$)", p.stem) and not any(h in p.parents for h in homes)
+    ]
     assert not stray, f"{name} files outside its folders: {stray}"
 
 
-def test_built_in_modalities_are_found_without_entry_point_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkout used through PYTHONPATH (no ``pip install``: no entry points) still finds the built-ins."""
+def test_built_in_modalities_are_found_without_entry_point_metadata(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A checkout used through PYTHONPATH (no ``pip install``: no entry points) still finds the
+    built-ins."""
     import loaders.plugins as plugins
 
     monkeypatch.setattr(plugins, "entry_points", lambda group: [])

@@ -76,10 +76,15 @@ def _violations() -> dict[tuple[str, str], str]:
 
 
 def test_no_test_module_imports_another_tests_module() -> None:
-    bad = sorted(f"{file} imports {module}" for (stem, module), file in _violations().items()
-                 if (stem, module) not in PENDING)
-    assert not bad, ("shared builders and helpers reach tests as fixtures (tests/conftest.py, "
-                     f"tests/plugin_fixtures.py), not by import: {bad}")
+    bad = sorted(
+        f"{file} imports {module}"
+        for (stem, module), file in _violations().items()
+        if (stem, module) not in PENDING
+    )
+    assert not bad, (
+        "shared builders and helpers reach tests as fixtures (tests/conftest.py, "
+        f"tests/plugin_fixtures.py), not by import: {bad}"
+    )
 
 
 def test_allowed_modules_are_plug_ins_that_exist() -> None:
@@ -92,7 +97,7 @@ def test_allowed_modules_are_plug_ins_that_exist() -> None:
 def test_the_check_sees_every_form_of_import() -> None:
     """The checker itself, on every form of import (one inside a string: not looked at), in a
     package named "pkg" here (so that this text is no import of tests/ for a grep either)."""
-    source = textwrap.dedent('''
+    source = textwrap.dedent("""
       import os, pkg.a
       import pkg.b.c as c
       from pkg import d, hostile
@@ -108,14 +113,27 @@ def test_the_check_sees_every_form_of_import() -> None:
       def fn():
           from pkg.k import m
       SCRIPT = "from pkg.not_code import n"
-    ''')
+    """)
     assert imported_tests_modules(source, package="pkg") == {
-        "pkg.a", "pkg.b.c", "pkg.d", "pkg.hostile", "pkg.e", "pkg.g", "pkg.h", "pkg.conftest",
-        "pkg.test_pipeline", "pkg.j", "pkg.k"}
+        "pkg.a",
+        "pkg.b.c",
+        "pkg.d",
+        "pkg.hostile",
+        "pkg.e",
+        "pkg.g",
+        "pkg.h",
+        "pkg.conftest",
+        "pkg.test_pipeline",
+        "pkg.j",
+        "pkg.k",
+    }
 
 
 def test_pending_imports_are_still_there() -> None:
     """An entry of PENDING whose import is gone is deleted, with what it kept alive."""
-    gone = sorted(f"{stem} -> {module}: {todo}" for (stem, module), todo in PENDING.items()
-                  if (stem, module) not in _violations())
+    gone = sorted(
+        f"{stem} -> {module}: {todo}"
+        for (stem, module), todo in PENDING.items()
+        if (stem, module) not in _violations()
+    )
     assert not gone, f"remove from PENDING (tests/test_layout_tests.py): {gone}"

@@ -1,5 +1,7 @@
-"""loaders.lightning.ShardDataModule in a real Lightning Trainer on CPU: epochs reshuffle, every cell once per
-epoch, DDP ranks from the trainer, and a mid-epoch checkpoint resumes with exactly the remaining batches."""
+"""loaders.lightning.ShardDataModule in a real Lightning Trainer on CPU: epochs reshuffle, every
+cell once per
+epoch, DDP ranks from the trainer, and a mid-epoch checkpoint resumes with exactly the remaining
+batches."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-pl = pytest.importorskip("lightning.pytorch", reason='Lightning not installed: pip install -e ".[lightning]"')
+pl = pytest.importorskip(
+    "lightning.pytorch", reason='Lightning not installed: pip install -e ".[lightning]"'
+)
 
 from loaders.lightning import ShardDataModule  # noqa: E402
 
@@ -42,22 +46,35 @@ class StopAt(pl.Callback):
     def __init__(self, path: Path, epoch: int, k: int) -> None:
         self.path, self.epoch, self.k = path, epoch, k
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.current_epoch == self.epoch and batch_idx == self.k:
             trainer.save_checkpoint(self.path)
-            raise KeyboardInterrupt  # Lightning shuts down and exits (SystemExit), like a killed job
+            # Lightning shuts down and exits (SystemExit), like a killed job
+            raise KeyboardInterrupt
 
 
 def _trainer(**kw: Any) -> Any:
-    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
 def root(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lightning") / "ds"
-    build_dataset(root, "shards", n_shards=6, cells=60, genes=N_GENES,
-                  splits=("train", "train", "val"))
+    build_dataset(
+        root, "shards", n_shards=6, cells=60, genes=N_GENES, splits=("train", "train", "val")
+    )
     return root
 
 
@@ -69,7 +86,9 @@ def test_two_epoch_fit(root: Path) -> None:
     model = Tiny()
     _trainer().fit(model, _dm(root))
     by_epoch = {e: [i for ep, ids in model.seen if ep == e for i in ids] for e in (0, 1)}
-    assert len(by_epoch[0]) == 240 and sorted(by_epoch[0]) == sorted(by_epoch[1])  # each train cell once per epoch
+    assert len(by_epoch[0]) == 240 and sorted(by_epoch[0]) == sorted(
+        by_epoch[1]
+    )  # each train cell once per epoch
     assert len(set(by_epoch[0])) == 240
     assert by_epoch[0] != by_epoch[1]  # set_epoch wired: a new order each epoch
     assert len(model.val_seen) == 2 * 120 and len(set(model.val_seen)) == 120

@@ -35,8 +35,15 @@ TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test ins
 
 @pytest.fixture(scope="module")
 def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_dataset(tmp_path_factory.mktemp("demo"), "shards", n_shards=6, cells=150,
-                         genes=40, seed=1, splits=("train", "train", "val"))
+    return build_dataset(
+        tmp_path_factory.mktemp("demo"),
+        "shards",
+        n_shards=6,
+        cells=150,
+        genes=40,
+        seed=1,
+        splits=("train", "train", "val"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,9 @@ def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_cells_epoch_is_a_permutation_of_the_split(fx: Any, truth: Any, workers: int,
-                                                   check_cells: Callable[..., None]) -> None:
+def test_cells_epoch_is_a_permutation_of_the_split(
+    fx: Any, truth: Any, workers: int, check_cells: Callable[..., None]
+) -> None:
     ds = ShardDataset(fx.root, split="train", sample="cells", batch_size=64, seed=3, window=2)
     dl = ShardLoader(ds, num_workers=workers, timeout=TIMEOUT)
     batches = epoch(dl)
@@ -75,17 +83,27 @@ def test_natural_order_without_shuffle(fx: Any) -> None:
 def test_sparse_and_shipped_parts_match_dense(fx: Any, workers: int) -> None:
     def make(**kw: object) -> ShardLoader:
         ds_kw = {k: kw.pop(k) for k in ("densify", "torch_sparse") if k in kw}
-        return ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5, **ds_kw),  # type: ignore[arg-type]
-                           num_workers=workers, timeout=TIMEOUT, **kw)
+        return ShardLoader(
+            ShardDataset(fx.root, batch_size=40, seed=5, **ds_kw),  # type: ignore[arg-type]
+            num_workers=workers,
+            timeout=TIMEOUT,
+            **kw,
+        )
 
     dense = epoch(ShardLoader(ShardDataset(fx.root, batch_size=40, seed=5)))
     csr = epoch(make(densify=False))
     sparse = epoch(make(densify=False, torch_sparse=True))
     parts = epoch(make(device="cpu", ship_csr=True))
-    csr_shipped = epoch(make(densify=False, device="cpu", ship_csr=True))  # the device path's CSR hand-over
-    host_shipped = epoch(make(ship_csr=True))  # shipped as for a device, finished by the numpy finisher here
+    csr_shipped = epoch(
+        make(densify=False, device="cpu", ship_csr=True)
+    )  # the device path's CSR hand-over
+    host_shipped = epoch(
+        make(ship_csr=True)
+    )  # shipped as for a device, finished by the numpy finisher here
     n_cols = dense[0]["X"].shape[1]
-    for d, c, s, p, cs, hs in zip(dense, csr, sparse, parts, csr_shipped, host_shipped, strict=True):
+    for d, c, s, p, cs, hs in zip(
+        dense, csr, sparse, parts, csr_shipped, host_shipped, strict=True
+    ):
         want = d["X"].numpy()
         assert s["X"].layout == torch.sparse_csr
         np.testing.assert_array_equal(s["X"].to_dense().numpy(), want)
@@ -113,15 +131,21 @@ def test_cuda_request_without_cuda_falls_back(fx: Any) -> None:
 def test_pairs_reference_the_right_cells(fx: Any, truth: Any, workers: int) -> None:
     ds = ShardDataset(fx.root, split="train", sample="pairs", batch_size=48, seed=1, window=2)
     batches = epoch(ShardLoader(ds, num_workers=workers, timeout=TIMEOUT))
-    expected = sorted((int(s[SAMPLE_ID][c]), int(s[SAMPLE_ID][p]))
-                      for s, sp in zip(fx.shards, fx.splits, strict=True) if sp == "train" for c, p in s[PAIRS])
+    expected = sorted(
+        (int(s[SAMPLE_ID][c]), int(s[SAMPLE_ID][p]))
+        for s, sp in zip(fx.shards, fx.splits, strict=True)
+        if sp == "train"
+        for c, p in s[PAIRS]
+    )
     got = []
     for b in batches:
         c, p = b["ctrl_id"].numpy(), b["pert_id"].numpy()
         got += list(zip(c.tolist(), p.tolist(), strict=True))
         np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[c])
         np.testing.assert_array_equal(b["x_pert"].numpy(), truth.dense[p])
-        assert (truth.obs["perturbation"][c] == 0).all() and (truth.obs["perturbation"][p] != 0).all()
+        assert (truth.obs["perturbation"][c] == 0).all() and (
+            truth.obs["perturbation"][p] != 0
+        ).all()
         np.testing.assert_array_equal(b["perturbation"].numpy(), truth.obs["perturbation"][p])
         np.testing.assert_array_equal(b["cond"].numpy(), truth.vectors[truth.cond_id[p]])
     assert sorted(got) == expected
@@ -134,7 +158,11 @@ def test_sentences_reference_the_right_cells(fx: Any, truth: Any, workers: int) 
     for b in ShardLoader(ds, num_workers=workers, timeout=TIMEOUT):
         p, c = b["pert_id"].numpy(), b["ctrl_id"].numpy()
         bsz, length = p.shape
-        assert b["x_pert"].shape == (bsz, length, fx.n_genes) and b["x_ctrl"].shape == (bsz, length, fx.n_genes)
+        assert b["x_pert"].shape == (bsz, length, fx.n_genes) and b["x_ctrl"].shape == (
+            bsz,
+            length,
+            fx.n_genes,
+        )
         np.testing.assert_array_equal(b["x_pert"].numpy(), truth.dense[p])
         np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[c])
         pert_codes = truth.obs["perturbation"][p]
@@ -142,17 +170,28 @@ def test_sentences_reference_the_right_cells(fx: Any, truth: Any, workers: int) 
         np.testing.assert_array_equal(b["perturbation"].numpy(), pert_codes[:, 0])
         np.testing.assert_array_equal(b["cond"].numpy(), truth.vectors[truth.cond_id[p[:, 0]]])
         n += bsz
-    assert n == sum(s[SENTENCES_PERT].shape[0] for s, sp in zip(fx.shards, fx.splits, strict=True) if sp == "train")
+    assert n == sum(
+        s[SENTENCES_PERT].shape[0]
+        for s, sp in zip(fx.shards, fx.splits, strict=True)
+        if sp == "train"
+    )
     assert all(s[SENTENCES_CTRL].shape == s[SENTENCES_PERT].shape for s in fx.shards)
 
 
-@pytest.mark.parametrize("workers_before,workers_after,persistent", [(0, 0, False), (2, 2, False), (2, 0, False),
-                                                                   (0, 2, True)])
-def test_mid_epoch_resume(fx: Any, workers_before: int, workers_after: int,
-                          persistent: bool) -> None:
+@pytest.mark.parametrize(
+    "workers_before,workers_after,persistent",
+    [(0, 0, False), (2, 2, False), (2, 0, False), (0, 2, True)],
+)
+def test_mid_epoch_resume(
+    fx: Any, workers_before: int, workers_after: int, persistent: bool
+) -> None:
     def make(workers: int) -> ShardLoader:
-        return ShardLoader(ShardDataset(fx.root, batch_size=32, seed=9, window=2), num_workers=workers,
-                           timeout=TIMEOUT, persistent_workers=persistent)
+        return ShardLoader(
+            ShardDataset(fx.root, batch_size=32, seed=9, window=2),
+            num_workers=workers,
+            timeout=TIMEOUT,
+            persistent_workers=persistent,
+        )
 
     ref = make(0)
     ref.set_epoch(4)
@@ -181,12 +220,17 @@ def test_resume_with_other_world_size_or_settings_is_refused(fx: Any) -> None:
     with pytest.raises(ValueError, match="world_size"):
         ShardLoader(ShardDataset(fx.root, rank=0, world_size=3)).load_state_dict(state)
     with pytest.raises(ValueError, match="batch_size"):
-        ShardLoader(ShardDataset(fx.root, rank=1, world_size=2, batch_size=7)).load_state_dict(state)
-    ShardLoader(ShardDataset(fx.root, rank=1, world_size=2)).load_state_dict(state)  # rank 0's state fits rank 1
+        ShardLoader(ShardDataset(fx.root, rank=1, world_size=2, batch_size=7)).load_state_dict(
+            state
+        )
+    ShardLoader(ShardDataset(fx.root, rank=1, world_size=2)).load_state_dict(
+        state
+    )  # rank 0's state fits rank 1
 
 
-def test_memory_does_not_grow_across_epochs(tmp_path: Path,
-                                            build_dataset: Callable[..., Any]) -> None:
+def test_memory_does_not_grow_across_epochs(
+    tmp_path: Path, build_dataset: Callable[..., Any]
+) -> None:
     fx = build_dataset(tmp_path / "big", "shards", n_shards=4, cells=1500, genes=400, seed=0)
     dl = ShardLoader(ShardDataset(fx.root, batch_size=128, window=2))
     proc = psutil.Process()
@@ -217,25 +261,33 @@ def test_spawn_start_method(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=64, seed=6, window=2)
     dl = ShardLoader(ds, num_workers=2, multiprocessing_context="spawn", timeout=TIMEOUT)
     ids = np.concatenate([b["sample_id"].numpy() for b in dl])
-    ref = np.concatenate([b["sample_id"].numpy() for b in ShardLoader(ShardDataset(fx.root, batch_size=64, seed=6,
-                                                                                    window=2))])
+    ref = np.concatenate(
+        [
+            b["sample_id"].numpy()
+            for b in ShardLoader(ShardDataset(fx.root, batch_size=64, seed=6, window=2))
+        ]
+    )
     np.testing.assert_array_equal(ids, ref)
 
 
 @pytest.mark.parametrize("how", ["missing", "corrupt"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_broken_shard_error_names_the_file(fx: Any, tmp_path: Path, how: str, workers: int,
-                                           broken_copy: Callable[..., Path]) -> None:
+def test_broken_shard_error_names_the_file(
+    fx: Any, tmp_path: Path, how: str, workers: int, broken_copy: Callable[..., Path]
+) -> None:
     shard = broken_copy(fx, tmp_path / "ds", how)
-    dl = ShardLoader(ShardDataset(tmp_path / "ds", batch_size=64, window=1), num_workers=workers, timeout=TIMEOUT)
+    dl = ShardLoader(
+        ShardDataset(tmp_path / "ds", batch_size=64, window=1), num_workers=workers, timeout=TIMEOUT
+    )
     with pytest.raises(Exception, match=re.escape(str(shard))):
         for _ in dl:
             pass
 
 
 @pytest.mark.parametrize("decode_process", [False, True])
-def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(fx: Any, tmp_path: Path,
-                                                                     decode_process: bool) -> None:
+def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(
+    fx: Any, tmp_path: Path, decode_process: bool
+) -> None:
     root = tmp_path / "ds"
     shutil.copytree(fx.root, root)
     raw = json.loads((root / "index.json").read_text())
@@ -243,12 +295,20 @@ def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(fx: Any, tmp
     entry["units"]["pairs"] -= 1  # the shard holds one pair more than index.json says
     (root / "index.json").write_text(json.dumps(raw))
     shard = read_index(root).shard_path(ShardEntry.from_json(entry))
-    ds = ShardDataset(root, sample="pairs", batch_size=16, window=1, shuffle=False, decode_process=decode_process)
-    with pytest.raises(FormatError, match=re.escape(str(shard)) + r".*pairs units.*index\.json says"):
+    ds = ShardDataset(
+        root, sample="pairs", batch_size=16, window=1, shuffle=False, decode_process=decode_process
+    )
+    with pytest.raises(
+        FormatError, match=re.escape(str(shard)) + r".*pairs units.*index\.json says"
+    ):
         for _ in ShardLoader(ds):
             pass
-    ok = ShardDataset(root, sample="cells", batch_size=16, window=1, shuffle=False, decode_process=decode_process)
-    assert sum(len(b["sample_id"]) for b in ShardLoader(ok)) == ok.n_units  # other sample types still load
+    ok = ShardDataset(
+        root, sample="cells", batch_size=16, window=1, shuffle=False, decode_process=decode_process
+    )
+    assert (
+        sum(len(b["sample_id"]) for b in ShardLoader(ok)) == ok.n_units
+    )  # other sample types still load
 
 
 def test_unknown_split_or_sample(fx: Any) -> None:
@@ -259,12 +319,15 @@ def test_unknown_split_or_sample(fx: Any) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_fewer_units_than_ranks(tmp_path: Path, workers: int,
-                               build_dataset: Callable[..., Any]) -> None:
+def test_fewer_units_than_ranks(
+    tmp_path: Path, workers: int, build_dataset: Callable[..., Any]
+) -> None:
     fx = build_dataset(tmp_path / "tiny", "shards", n_shards=1, cells=3, genes=10, seed=0)
     for pad, per_rank in ((True, 1), (False, 0)):
         for rank in range(5):
-            ds = ShardDataset(fx.root, batch_size=4, pad=pad, rank=rank, world_size=5, shuffle=False)
+            ds = ShardDataset(
+                fx.root, batch_size=4, pad=pad, rank=rank, world_size=5, shuffle=False
+            )
             batches = list(ShardLoader(ds, num_workers=workers, timeout=TIMEOUT))
             assert len(batches) == per_rank == len(ds)
             if pad:  # padding repeats the split: rank r gets global position r mod 3
@@ -278,8 +341,13 @@ def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Any) -> None:
     for e in range(4):
         dl.set_epoch(e)
         distinct += [len(np.unique(b["perturbation"].numpy())) for b in dl]
-    labels = np.concatenate([s[OBS_PREFIX + "perturbation"][s[PRIMARY]]
-                             for s, sp in zip(fx.shards, fx.splits, strict=True) if sp == "train"])
+    labels = np.concatenate(
+        [
+            s[OBS_PREFIX + "perturbation"][s[PRIMARY]]
+            for s, sp in zip(fx.shards, fx.splits, strict=True)
+            if sp == "train"
+        ]
+    )
     rng = np.random.default_rng(0)
     uniform = np.mean([len(np.unique(rng.choice(labels, 32, replace=False))) for _ in range(2000)])
     assert abs(np.mean(distinct) - uniform) / uniform < 0.10, (np.mean(distinct), uniform)
@@ -300,21 +368,27 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
     np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
     # two "shards" (the same rows), back to back, gathered in a shuffled order
     spec = FieldSpec("X", "csr", "float32", (g,))
-    arena = Arena.allocate([0, 1], [m, m], {"X/indptr": [rows.size, rows.size]}, [spec], BufferPool())
+    arena = Arena.allocate(
+        [0, 1], [m, m], {"X/indptr": [rows.size, rows.size]}, [spec], BufferPool()
+    )
     for i, off in enumerate(arena.entry_offsets["X/indptr"][:2]):
-        arena.columns["X/indices"][off:off + rows.size] = cols
-        arena.columns["X/data"][off:off + rows.size] = dense[rows, cols]
+        arena.columns["X/indices"][off : off + rows.size] = cols
+        arena.columns["X/data"][off : off + rows.size] = dense[rows, cols]
         arena.set_pointers(i, "X/indptr", indptr)
     arena.seal()
     order = rng.permutation(2 * m)
-    payload = Payload(arrays={"sample_id": np.arange(2 * m, dtype=np.int64)},
-                      xs={"X": Rows([arena], None, order).csr("X", (2 * m, g))})
+    payload = Payload(
+        arrays={"sample_id": np.arange(2 * m, dtype=np.int64)},
+        xs={"X": Rows([arena], None, order).csr("X", (2 * m, g))},
+    )
     want = np.concatenate([dense, dense])[order]
     for batch in transported(payload, output):
         got = assemble(batch, "dense" if output == "parts" else output)
         if output == "csr":
             crow, cols, vals = (got[f"X.{n}"].numpy() for n in ("crow", "cols", "vals"))
-            x = torch.from_numpy(sp.csr_matrix((vals, cols, crow), shape=(crow.size - 1, g)).toarray())
+            x = torch.from_numpy(
+                sp.csr_matrix((vals, cols, crow), shape=(crow.size - 1, g)).toarray()
+            )
         else:
             x = got["X"]
         np.testing.assert_array_equal((x.to_dense() if output == "sparse" else x).numpy(), want)
@@ -323,8 +397,10 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
 
 @pytest.mark.parametrize("decode_process", [False, True])
 def test_window_of_the_whole_split_is_decoded_once(fx: Any, decode_process: bool) -> None:
-    """window >= shards: every epoch is one window of the same shards; it is decoded once and re-ordered per
+    """window >= shards: every epoch is one window of the same shards; it is decoded once and
+    re-ordered per
     epoch, with the same batches as decoding it every epoch."""
+
     def run(ds: ShardDataset) -> tuple[list[np.ndarray], int]:
         calls: list[int] = []
         decode = ds._decode_window
@@ -333,7 +409,9 @@ def test_window_of_the_whole_split_is_decoded_once(fx: Any, decode_process: bool
         for e in range(3):
             dl.set_epoch(e)
             ids += [np.concatenate([b["sample_id"].numpy() for b in dl])]
-        return ids, sum(e < 3 for e in calls)  # epoch 3's speculative decode may or may not find epoch 2's window
+        return ids, sum(
+            e < 3 for e in calls
+        )  # epoch 3's speculative decode may or may not find epoch 2's window
 
     kw = {"batch_size": 40, "seed": 3, "window": 100, "decode_process": decode_process}
     reused, decodes = run(ShardDataset(fx.root, **kw))  # type: ignore[arg-type]
@@ -360,5 +438,8 @@ def transported(payload: Any, output: str) -> list[dict[str, Any]]:
     del stale
     item = to_shared([payload, payload], output, ring)
     assert item.slot is not None, "the ring must have served this item"
-    return [to_tensors(payload, output), unpack_batches(to_shared([payload], output))[0],
-            unpack_batches(item)[1]]
+    return [
+        to_tensors(payload, output),
+        unpack_batches(to_shared([payload], output))[0],
+        unpack_batches(item)[1],
+    ]

@@ -32,15 +32,29 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     try:
         for pad in (False, True):
-            ds = ShardDataset(root, split="train", batch_size=24, pad=pad, window=2, seed=7)  # rank/world from dist
+            ds = ShardDataset(
+                root, split="train", batch_size=24, pad=pad, window=2, seed=7
+            )  # rank/world from dist
             assert (ds.rank, ds.world_size) == (rank, world)
-            # ranks started by spawn default to spawning their workers too (re-importing torch every epoch);
+            # ranks started by spawn default to spawning their workers too (re-importing torch every
+            # epoch);
             # persistent workers start once for both epochs (and must follow set_epoch)
-            dl = ShardLoader(ds, num_workers=2, timeout=60, multiprocessing_context="fork", persistent_workers=True)
+            dl = ShardLoader(
+                ds,
+                num_workers=2,
+                timeout=60,
+                multiprocessing_context="fork",
+                persistent_workers=True,
+            )
             ids, steps = [], 0
             for epoch in range(2):
                 dl.set_epoch(epoch)
@@ -58,8 +72,13 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
 
 
 def run_job(world: int, root: Path, out: Path) -> None:
-    ctx = tmp.start_processes(_rank_main, args=(world, free_port(), str(root), str(out)), nprocs=world,
-                              join=False, start_method="spawn")
+    ctx = tmp.start_processes(
+        _rank_main,
+        args=(world, free_port(), str(root), str(out)),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + DEADLINE
     try:
         while not ctx.join(timeout=1.0):
@@ -73,8 +92,15 @@ def run_job(world: int, root: Path, out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_dataset(tmp_path_factory.mktemp("ddp"), "shards", n_shards=5, cells=101, genes=30,
-                         seed=2, splits=("train",))
+    return build_dataset(
+        tmp_path_factory.mktemp("ddp"),
+        "shards",
+        n_shards=5,
+        cells=101,
+        genes=30,
+        seed=2,
+        splits=("train",),
+    )
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -84,7 +110,9 @@ def test_ddp_ranks_split_the_epoch(fx: Any, tmp_path: Path, world: int) -> None:
     for pad in (0, 1):
         per_rank = [np.load(tmp_path / f"ids-pad{pad}-rank{r}.npy") for r in range(world)]
         steps = [tuple(np.load(tmp_path / f"steps-pad{pad}-rank{r}.npy")) for r in range(world)]
-        assert len(set(steps)) == 1 and steps[0][0] == 2 * steps[0][1]  # equal batch counts = len(dl) per epoch
+        assert (
+            len(set(steps)) == 1 and steps[0][0] == 2 * steps[0][1]
+        )  # equal batch counts = len(dl) per epoch
         union = np.concatenate(per_rank)
         if pad:  # everything, ceil(N/world) per rank, repeats allowed
             assert set(union.tolist()) == set(split.tolist())

@@ -1,4 +1,5 @@
-"""Hostile or careless manifests are bad input with a clear error naming the key, never a traceback, and a
+"""Hostile or careless manifests are bad input with a clear error naming the key, never a traceback,
+and a
 file is never read twice: one file named by two entries, or reached again through a folder link that
 points back up the tree (``src/sub/up -> ..`` under a ``**`` glob), is refused or skipped.
 """
@@ -32,7 +33,9 @@ def _write(root: Path, body: str) -> Path:
 
 def test_one_file_named_by_two_entries_is_refused(tmp_path: Path) -> None:
     _volumes(tmp_path)
-    m = _write(tmp_path, '[[sources]]\npath = "src/sub/v0.npy"\n[[sources]]\npath = "src/**/*.npy"\n')
+    m = _write(
+        tmp_path, '[[sources]]\npath = "src/sub/v0.npy"\n[[sources]]\npath = "src/**/*.npy"\n'
+    )
     with pytest.raises(ManifestError, match=r"sources\[1\]\.path.*already named by sources\[0\]"):
         load_manifest(m)
 
@@ -63,8 +66,9 @@ def test_a_plugin_that_is_no_module_name_is_bad_input(tmp_path: Path, name: str)
         load_plugin(name)
 
 
-def test_a_plugin_with_a_syntax_error_is_bad_input_naming_it(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_with_a_syntax_error_is_bad_input_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _volumes(tmp_path)
     (tmp_path / "broken_plugin_mod.py").write_text("def oops(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -86,8 +90,11 @@ def test_cli_exits_2_without_a_traceback(tmp_path: Path) -> None:
 
     m = tmp_path / "deep.toml"
     m.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n" + HEAD)
-    res = subprocess.run([sys.executable, "-m", "pipeline", "build", str(m), "--out", str(tmp_path / "o")],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "pipeline", "build", str(m), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "nested too deeply" in res.stderr
 
@@ -106,11 +113,16 @@ def test_build_without_out_never_writes_outside_shards(tmp_path: Path) -> None:
     import sys
 
     _volumes(tmp_path)
-    (tmp_path / "m.toml").write_text('[dataset]\nname = "../../escaped_out"\nkind = "ct"\n'
-                                     '[[sources]]\npath = "src/sub/*.npy"\n')
+    (tmp_path / "m.toml").write_text(
+        '[dataset]\nname = "../../escaped_out"\nkind = "ct"\n[[sources]]\npath = "src/sub/*.npy"\n'
+    )
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
-    res = subprocess.run([sys.executable, "-m", "pipeline", "build", str(tmp_path / "m.toml")], cwd=work,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "pipeline", "build", str(tmp_path / "m.toml")],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and "dataset.name" in res.stderr, res.stderr
     assert not (tmp_path / "escaped_out").exists() and not (work / "shards").exists()

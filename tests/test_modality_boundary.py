@@ -21,9 +21,12 @@ from loaders.options import Engine, Integrity
 from loaders.samples import get_sample_type, mix64, unit_draws, unit_hash
 
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = re.compile(r"(?<![A-Za-z0-9_])(perturbation|spike|ct|cells|pairs|sentences|csr_dense|"
-                   r"scatter_dense|gathered|scattered|densify|torch_sparse|ship_csr)"
-                   r"(?![A-Za-z0-9_])", re.I)
+WORDS = re.compile(
+    r"(?<![A-Za-z0-9_])(perturbation|spike|ct|cells|pairs|sentences|csr_dense|"
+    r"scatter_dense|gathered|scattered|densify|torch_sparse|ship_csr)"
+    r"(?![A-Za-z0-9_])",
+    re.I,
+)
 # what stays, and why: the csr *layout*'s densify kernel, and ShardLoader's old keyword for
 # device_finish (the v1 index upgrade, which names one kind's keys, is that modality's: legacy.py)
 ALLOWED = {("kernels.py", "densify"), ("loader.py", "ship_csr")}
@@ -54,16 +57,27 @@ def _texts(node: ast.AST, docs: set[int]) -> list[str]:
 def _code_words(path: Path) -> set[tuple[str, str]]:
     """(file, word) for every modality word in identifiers, imports and non-docstring strings."""
     tree = ast.parse(path.read_text())
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, DOCUMENTED) and n.body and isinstance(n.body[0], ast.Expr)
-            and isinstance(n.body[0].value, ast.Constant)}
-    return {(path.name, m.group(0).lower()) for node in ast.walk(tree)
-            for text in _texts(node, docs) for m in WORDS.finditer(text)}
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, DOCUMENTED)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return {
+        (path.name, m.group(0).lower())
+        for node in ast.walk(tree)
+        for text in _texts(node, docs)
+        for m in WORDS.finditer(text)
+    }
 
 
 def test_generic_loader_modules_name_no_modality() -> None:
-    files = [*sorted((ROOT / "loaders").glob("*.py")),
-             *sorted((ROOT / "loaders" / "engine").glob("*.py"))]
+    files = [
+        *sorted((ROOT / "loaders").glob("*.py")),
+        *sorted((ROOT / "loaders" / "engine").glob("*.py")),
+    ]
     found = set().union(*(_code_words(p) for p in files))
     assert found <= ALLOWED, sorted(found - ALLOWED)
 
@@ -72,8 +86,13 @@ def test_a_version_1_index_is_upgraded_by_the_modality_that_wrote_it() -> None:
     from loaders.modalities.perturbation.legacy import from_v1
 
     assert fmt.INDEX_UPGRADES.get("1") is from_v1
-    v1 = {"kind": "perturbation", "tables": ["pairs"], "pairing": {"k": 1}, "stats": {"cells": 5},
-          "shards": [{"file": "train-000-002-abc", "primary": 5, "pairs": 2}]}
+    v1 = {
+        "kind": "perturbation",
+        "tables": ["pairs"],
+        "pairing": {"k": 1},
+        "stats": {"cells": 5},
+        "shards": [{"file": "train-000-002-abc", "primary": 5, "pairs": 2}],
+    }
     doc = from_v1(v1)
     assert doc["samples"] == ["cells", "pairs"] and doc["primary_records"] == 5
     assert doc["shards"][0]["units"] == {"cells": 5, "pairs": 2} and doc["shards"][0]["part"] == 2
@@ -126,13 +145,15 @@ def test_delivery_options_are_the_sample_types_and_not_part_of_the_order() -> No
 
 @pytest.fixture(scope="module")
 def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_dataset(tmp_path_factory.mktemp("boundary"), "shards", n_shards=3, cells=60,
-                         genes=21, seed=2)
+    return build_dataset(
+        tmp_path_factory.mktemp("boundary"), "shards", n_shards=3, cells=60, genes=21, seed=2
+    )
 
 
 def test_old_keywords_still_work(fx: Any) -> None:
-    ds = ShardDataset(fx.root, batch_size=16, seed=1, densify=False, torch_sparse=True,
-                      decode_process=False)
+    ds = ShardDataset(
+        fx.root, batch_size=16, seed=1, densify=False, torch_sparse=True, decode_process=False
+    )
     assert ds.sample == "cells"  # the index's first sample type
     assert next(iter(ds))["X"].layout == torch.sparse_csr
     dl = ShardLoader(ShardDataset(fx.root, batch_size=16, seed=1), device="cpu", ship_csr=True)
@@ -142,25 +163,36 @@ def test_old_keywords_still_work(fx: Any) -> None:
 
 
 def test_option_groups_equal_the_keywords(fx: Any) -> None:
-    grouped = ShardDataset(fx.root, batch_size=16,
-                           engine=Engine(decode_process=False, decode_threads=2),
-                           integrity=Integrity(verify="always", on_corrupt="skip"))
-    flat = ShardDataset(fx.root, batch_size=16, decode_process=False, decode_threads=2,
-                        verify="always", on_corrupt="skip")
+    grouped = ShardDataset(
+        fx.root,
+        batch_size=16,
+        engine=Engine(decode_process=False, decode_threads=2),
+        integrity=Integrity(verify="always", on_corrupt="skip"),
+    )
+    flat = ShardDataset(
+        fx.root,
+        batch_size=16,
+        decode_process=False,
+        decode_threads=2,
+        verify="always",
+        on_corrupt="skip",
+    )
     for ds in (grouped, flat):
         got = (ds.decode_process, ds.decode_threads, ds.verify, ds.on_corrupt)
         assert got == (False, 2, "always", "skip")
     assert grouped.engine == flat.engine and grouped.integrity == flat.integrity
-    both = ShardDataset(fx.root, batch_size=16, engine=Engine(decode_threads=2),
-                        decode_process=False)
+    both = ShardDataset(
+        fx.root, batch_size=16, engine=Engine(decode_threads=2), decode_process=False
+    )
     assert both.engine == Engine(decode_process=False, decode_threads=2)
     with pytest.raises(TypeError, match="decode_threads"):
         ShardDataset(fx.root, engine=Engine(decode_threads=2), decode_threads=3)
 
 
 def test_a_state_resumes_across_delivery_options(fx: Any) -> None:
-    dl = ShardLoader(ShardDataset(fx.root, batch_size=16, seed=4, densify=False,
-                                  decode_process=False))
+    dl = ShardLoader(
+        ShardDataset(fx.root, batch_size=16, seed=4, densify=False, decode_process=False)
+    )
     it = iter(dl)
     next(it)
     state = dl.state_dict()

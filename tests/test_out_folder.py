@@ -1,5 +1,7 @@
-"""The output folder (issue 13, cases 1, 2, 9 and the full-disk bullet): one writer per --out, only our own
-files are deleted, index.json and shards get the umask's permissions, a failed write leaves the previous
+"""The output folder (issue 13, cases 1, 2, 9 and the full-disk bullet): one writer per --out, only
+our own
+files are deleted, index.json and shards get the umask's permissions, a failed write leaves the
+previous
 dataset intact. Concurrency is tested with real processes."""
 
 from __future__ import annotations
@@ -41,15 +43,20 @@ def _holder(checkout: Any, out: Path, seconds: float):  # type: ignore[no-untype
 
 
 @hostile.parametrize
-def test_second_writer_fails_at_once_naming_the_holder(case: hostile.Case, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str],
-                                                       checkout: Any,
-                                                       small_manifest: Callable[..., Any]) -> None:
+def test_second_writer_fails_at_once_naming_the_holder(
+    case: hostile.Case,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    checkout: Any,
+    small_manifest: Callable[..., Any],
+) -> None:
     manifest = small_manifest(tmp_path)
     holder = _holder(checkout, tmp_path / "out", 60)
     try:
         t = time.monotonic()
-        rc = main(["build", str(manifest), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-progress"])
+        rc = main(
+            ["build", str(manifest), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-progress"]
+        )
         err = capsys.readouterr().err
         assert rc == EXIT_LOCKED and time.monotonic() - t < 5
         assert f"pid {holder.pid}" in err and socket.gethostname() in err and "--wait" in err, err
@@ -63,13 +70,15 @@ def test_second_writer_fails_at_once_naming_the_holder(case: hostile.Case, tmp_p
         holder.wait()
     # the kernel released the lock of the killed holder: no stale lock to remove by hand
     assert build(manifest, tmp_path / "out", jobs=1, progress=False).written
-    assert (tmp_path / "out" / LOCK_FILE).read_text() == "", "a finished holder leaves an empty lock file"
+    assert (tmp_path / "out" / LOCK_FILE).read_text() == "", (
+        "a finished holder leaves an empty lock file"
+    )
 
 
 @hostile.parametrize
-def test_wait_takes_the_lock_when_the_holder_finishes(case: hostile.Case, tmp_path: Path,
-                                                      checkout: Any,
-                                                      small_manifest: Callable[..., Any]) -> None:
+def test_wait_takes_the_lock_when_the_holder_finishes(
+    case: hostile.Case, tmp_path: Path, checkout: Any, small_manifest: Callable[..., Any]
+) -> None:
     manifest = small_manifest(tmp_path)
     holder = _holder(checkout, tmp_path / "out", 1.0)
     try:
@@ -80,15 +89,22 @@ def test_wait_takes_the_lock_when_the_holder_finishes(case: hostile.Case, tmp_pa
 
 
 @hostile.parametrize
-def test_two_builds_with_different_manifests_never_mix(case: hostile.Case, tmp_path: Path,
-                                                       checkout: Any,
-                                                       small_manifest: Callable[..., Any]) -> None:
-    """Issue case 1: two real builds of different manifests into one --out, started together. Whoever wins,
-    the committed index names only existing, intact shards; a loser exits 3 (or ran after the winner)."""
-    a, b = small_manifest(tmp_path, seed=0, name="a.toml"), small_manifest(tmp_path, seed=1, name="b.toml")
+def test_two_builds_with_different_manifests_never_mix(
+    case: hostile.Case, tmp_path: Path, checkout: Any, small_manifest: Callable[..., Any]
+) -> None:
+    """Issue case 1: two real builds of different manifests into one --out, started together.
+    Whoever wins,
+    the committed index names only existing, intact shards; a loser exits 3 (or ran after the
+    winner)."""
+    a, b = (
+        small_manifest(tmp_path, seed=0, name="a.toml"),
+        small_manifest(tmp_path, seed=1, name="b.toml"),
+    )
     out = tmp_path / "out"
-    procs = [checkout.cli("build", str(m), "--out", str(out), "--jobs", "1", "--no-progress")
-             for m in (a, b)]
+    procs = [
+        checkout.cli("build", str(m), "--out", str(out), "--jobs", "1", "--no-progress")
+        for m in (a, b)
+    ]
     codes = [p.wait(timeout=300) for p in procs]
     errors = [p.stderr.read() for p in procs if p.stderr is not None]
     assert sorted(codes) in ([0, 0], [0, EXIT_LOCKED]), errors
@@ -102,10 +118,15 @@ def test_two_builds_with_different_manifests_never_mix(case: hostile.Case, tmp_p
 
 @hostile.parametrize
 def test_a_folder_that_is_not_ours_is_refused_untouched(
-        case: hostile.Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        small_manifest: Callable[..., Any]) -> None:
-    """Issue case 2: a build into a folder holding anything but a dataset (or our leftovers) is refused with
-    exit 2 and a message naming the folder and what it holds; not one file is added, changed or removed."""
+    case: hostile.Case,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    small_manifest: Callable[..., Any],
+) -> None:
+    """Issue case 2: a build into a folder holding anything but a dataset (or our leftovers) is
+    refused with
+    exit 2 and a message naming the folder and what it holds; not one file is added, changed or
+    removed."""
     manifest, layout = small_manifest(tmp_path), dict(case.data)
     out = tmp_path / "X"
     for rel, text in layout.items():
@@ -121,13 +142,19 @@ def test_a_folder_that_is_not_ours_is_refused_untouched(
 
 
 @hostile.parametrize
-def test_user_files_in_a_dataset_survive_rebuilds(case: hostile.Case, tmp_path: Path,
-                                                  small_manifest: Callable[..., Any]) -> None:
-    """Only files a committed index or a build's journal named are deleted: a user's note inside shards/
+def test_user_files_in_a_dataset_survive_rebuilds(
+    case: hostile.Case, tmp_path: Path, small_manifest: Callable[..., Any]
+) -> None:
+    """Only files a committed index or a build's journal named are deleted: a user's note inside
+    shards/
     survives rebuilds that retire every shard around it."""
     (tmp_path / "out").mkdir()
     build(small_manifest(tmp_path, seed=0), tmp_path / "out", jobs=1, progress=False)
-    notes = [tmp_path / "out/shards/notes.txt", tmp_path / "out/conditions-notes.md", tmp_path / "out/README"]
+    notes = [
+        tmp_path / "out/shards/notes.txt",
+        tmp_path / "out/conditions-notes.md",
+        tmp_path / "out/README",
+    ]
     for p in notes:
         p.write_text("keep")
     for seed in (1, 2, 3):  # generation 4 retires generation 2's shards, 3 retires 1's
@@ -138,8 +165,9 @@ def test_user_files_in_a_dataset_survive_rebuilds(case: hostile.Case, tmp_path: 
 
 
 @hostile.parametrize
-def test_index_and_shards_get_the_umask_permissions(case: hostile.Case, tmp_path: Path,
-                                                    small_manifest: Callable[..., Any]) -> None:
+def test_index_and_shards_get_the_umask_permissions(
+    case: hostile.Case, tmp_path: Path, small_manifest: Callable[..., Any]
+) -> None:
     """Issue case 9: index.json was 0600 (mkstemp) while shards were 0644."""
     umask = int(case.data)
     old = os.umask(umask)
@@ -188,39 +216,62 @@ def _fail_on(monkeypatch: pytest.MonkeyPatch, stage: str, err: int) -> None:
 
 
 @hostile.parametrize
-def test_a_failed_write_keeps_the_previous_dataset(case: hostile.Case, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str],
-                                                   listing: Callable[..., Any],
-                                                   shard_files: Callable[..., Any],
-                                                   small_manifest: Callable[..., Any]) -> None:
-    """A full disk or read-only --out ends with a clear error naming --out and the errno; the previous
-    dataset stays committed and intact, and the failed build's own files are removed (space given back)."""
+def test_a_failed_write_keeps_the_previous_dataset(
+    case: hostile.Case,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    listing: Callable[..., Any],
+    shard_files: Callable[..., Any],
+    small_manifest: Callable[..., Any],
+) -> None:
+    """A full disk or read-only --out ends with a clear error naming --out and the errno; the
+    previous
+    dataset stays committed and intact, and the failed build's own files are removed (space given
+    back)."""
     stage, err, code = case.data
     assert code in (EXIT_CRASH, EXIT_BAD_INPUT)
     out = tmp_path / "out"
     build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
     index_bytes, shards, files = fmt.index_path(out).read_bytes(), shard_files(out), listing(out)
     _fail_on(monkeypatch, stage, err)
-    rc = main(["build", str(small_manifest(tmp_path, seed=1)), "--out", str(out), "--jobs", "1", "--no-progress"])
+    rc = main(
+        [
+            "build",
+            str(small_manifest(tmp_path, seed=1)),
+            "--out",
+            str(out),
+            "--jobs",
+            "1",
+            "--no-progress",
+        ]
+    )
     msg = capsys.readouterr().err
     assert rc == code, msg
-    assert f"cannot write to --out {out}" in msg and errno.errorcode[err] in msg and "intact" in msg, msg
+    assert (
+        f"cannot write to --out {out}" in msg and errno.errorcode[err] in msg and "intact" in msg
+    ), msg
     assert fmt.index_path(out).read_bytes() == index_bytes and shard_files(out) == shards
     assert listing(out) == files, "the failed build's shards, journal and spill are gone"
     monkeypatch.undo()
     assert verify(out) == []
-    assert build(small_manifest(tmp_path, seed=1), out, jobs=1, progress=False).written  # and it recovers
+    assert build(
+        small_manifest(tmp_path, seed=1), out, jobs=1, progress=False
+    ).written  # and it recovers
 
 
-def test_an_unreadable_source_is_not_blamed_on_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   small_manifest: Callable[..., Any]) -> None:
-    """EACCES on a file outside --out is not an OutputError: the message must point at the right place."""
+def test_an_unreadable_source_is_not_blamed_on_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_manifest: Callable[..., Any]
+) -> None:
+    """EACCES on a file outside --out is not an OutputError: the message must point at the right
+    place."""
     from pipeline.generations import _fails_the_output
 
     out = tmp_path / "out"
     assert _fails_the_output(out, OSError(errno.EACCES, "denied", str(out / "shards" / "x")))
-    assert not _fails_the_output(out, OSError(errno.EACCES, "denied", str(tmp_path / "src" / "s0.h5ad")))
+    assert not _fails_the_output(
+        out, OSError(errno.EACCES, "denied", str(tmp_path / "src" / "s0.h5ad"))
+    )
     assert _fails_the_output(out, OSError(errno.ENOSPC, "full"))
     with pytest.raises(OutputError, match="is not a folder"):
         (tmp_path / "file").write_text("x")
@@ -260,13 +311,18 @@ print(json.dumps({"full": full, "same": same, "ro": ro, "intact": verify(out) ==
 
 
 @hostile.parametrize
-def test_a_real_full_and_read_only_file_system(case: hostile.Case, tmp_path: Path,
-                                               capfd: pytest.CaptureFixture[str],
-                                               checkout: Any,
-                                               listing: Callable[..., Any],
-                                               small_manifest: Callable[..., Any]) -> None:
-    """The same guarantees on a real tmpfs (in a private mount namespace: `unshare -rm`, so nothing is left
-    mounted), where the platform allows it: shrunk after the first build to 1.5 times what it uses, so the
+def test_a_real_full_and_read_only_file_system(
+    case: hostile.Case,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    checkout: Any,
+    listing: Callable[..., Any],
+    small_manifest: Callable[..., Any],
+) -> None:
+    """The same guarantees on a real tmpfs (in a private mount namespace: `unshare -rm`, so nothing
+    is left
+    mounted), where the platform allows it: shrunk after the first build to 1.5 times what it uses,
+    so the
     second generation does not fit beside the first."""
     import inspect
     import json
@@ -281,25 +337,52 @@ def test_a_real_full_and_read_only_file_system(case: hostile.Case, tmp_path: Pat
     script = TMPFS_SCRIPT.replace("#LISTING\n", inspect.getsource(listing))
     (tmp_path / "out").mkdir()
     shell = 'mount -t tmpfs -o size=64m tmpfs "$1" 2>/dev/null || exit 77; shift; exec "$@"'
-    res = subprocess.run(["unshare", "-rm", "sh", "-c", shell, "sh", str(tmp_path / "out"), sys.executable, "-c",
-                          script, str(tmp_path), str(tmp_path / "out"), *texts],
-                         capture_output=True, text=True, env=checkout.env, cwd=checkout.root,
-                         timeout=300)
+    res = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            shell,
+            "sh",
+            str(tmp_path / "out"),
+            sys.executable,
+            "-c",
+            script,
+            str(tmp_path),
+            str(tmp_path / "out"),
+            *texts,
+        ],
+        capture_output=True,
+        text=True,
+        env=checkout.env,
+        cwd=checkout.root,
+        timeout=300,
+    )
     if res.returncode == 77 or "unshare" in res.stderr.split(":")[0]:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()[:200]}")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got == {"full": EXIT_CRASH, "same": True, "ro": EXIT_BAD_INPUT, "intact": True}, res.stderr
-    assert "ENOSPC" in res.stderr and "EROFS" in res.stderr and "cannot write to --out" in res.stderr
+    assert got == {"full": EXIT_CRASH, "same": True, "ro": EXIT_BAD_INPUT, "intact": True}, (
+        res.stderr
+    )
+    assert (
+        "ENOSPC" in res.stderr and "EROFS" in res.stderr and "cannot write to --out" in res.stderr
+    )
 
 
 @pytest.mark.parametrize("existed", [False, True], ids=["new-folder", "empty-folder"])
 def test_a_failed_first_build_leaves_out_as_it_found_it(
-        tmp_path: Path, existed: bool, small_manifest: Callable[..., Any]) -> None:
-    """Bad input found after the lock is taken (a missing obs column): no lock file, no empty ``shards/``,
-    no folder the build made (issue 14: nothing left in --out by a build that failed before its first commit)."""
+    tmp_path: Path, existed: bool, small_manifest: Callable[..., Any]
+) -> None:
+    """Bad input found after the lock is taken (a missing obs column): no lock file, no empty
+    ``shards/``,
+    no folder the build made (issue 14: nothing left in --out by a build that failed before its
+    first commit)."""
     m = small_manifest(tmp_path)
-    m.write_text(m.read_text().replace('perturbation = "perturbation"', 'perturbation = "no_such_column"', 1))
+    m.write_text(
+        m.read_text().replace('perturbation = "perturbation"', 'perturbation = "no_such_column"', 1)
+    )
     out = tmp_path / "out"
     if existed:
         out.mkdir()
@@ -311,7 +394,8 @@ def test_a_failed_first_build_leaves_out_as_it_found_it(
 
 
 def test_a_waiter_never_locks_a_lock_file_its_holder_removed(tmp_path: Path) -> None:
-    """A failed first build unlinks its lock file (and its folder) while holding it; a build that was waiting
+    """A failed first build unlinks its lock file (and its folder) while holding it; a build that
+    was waiting
     on that file must lock a new one at the path, or two writers could each hold 'the' lock."""
     import threading
 

@@ -1,4 +1,5 @@
-"""End-to-end pipeline behaviour: traceability, pairing, sentences, splits, determinism, incremental rebuilds."""
+"""End-to-end pipeline behaviour: traceability, pairing, sentences, splits, determinism, incremental
+rebuilds."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ N_GENES = 120  # build_dataset's genes per source (its default)
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[..., Any],
-          write_manifest: Callable[..., Any]) -> tuple[Path, list[Path], Path]:
+def built(
+    tmp_path_factory: pytest.TempPathFactory,
+    build_dataset: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> tuple[Path, list[Path], Path]:
     root = tmp_path_factory.mktemp("ds")
     paths = build_dataset(root, "sources").sources
     manifest = write_manifest(root / "m.toml")
@@ -28,10 +32,12 @@ def built(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[...,
     return root / "out", paths, manifest
 
 
-def test_every_source_row_equals_its_shard_row(built: tuple[Path, list[Path], Path],
-                                               read_all: Callable[..., Any],
-                                               shard_csr: Callable[..., Any],
-                                               source_matrix: Callable[..., Any]) -> None:
+def test_every_source_row_equals_its_shard_row(
+    built: tuple[Path, list[Path], Path],
+    read_all: Callable[..., Any],
+    shard_csr: Callable[..., Any],
+    source_matrix: Callable[..., Any],
+) -> None:
     out, paths, _ = built
     index, shards = read_all(out)
     full, _ = source_matrix(paths)
@@ -42,13 +48,16 @@ def test_every_source_row_equals_its_shard_row(built: tuple[Path, list[Path], Pa
         np.testing.assert_array_equal(mat.toarray(), full[ids].toarray())
         seen.append(ids[cols[fmt.PRIMARY]])
     ids = np.concatenate(seen)
-    assert np.array_equal(np.sort(ids), np.arange(full.shape[0])), "each cell is primary exactly once"
+    assert np.array_equal(np.sort(ids), np.arange(full.shape[0])), (
+        "each cell is primary exactly once"
+    )
     assert len(index.shards) > 3 * 3, "small shard size: several shards per (source, split)"
     assert verify(out) == []
 
 
-def test_obs_codes_and_obsm_round_trip(built: tuple[Path, list[Path], Path],
-                                       read_all: Callable[..., Any]) -> None:
+def test_obs_codes_and_obsm_round_trip(
+    built: tuple[Path, list[Path], Path], read_all: Callable[..., Any]
+) -> None:
     import anndata as ad
 
     out, paths, _ = built
@@ -67,15 +76,19 @@ def _decode(index: fmt.Index, cols: dict[str, np.ndarray], field: str) -> np.nda
     return np.asarray(index.vocabularies[field])[cols[fmt.OBS_PREFIX + field]]
 
 
-def test_pairs_are_batch_matched_or_counted(built: tuple[Path, list[Path], Path],
-                                            read_all: Callable[..., Any]) -> None:
+def test_pairs_are_batch_matched_or_counted(
+    built: tuple[Path, list[Path], Path], read_all: Callable[..., Any]
+) -> None:
     out, _, _ = built
     index, shards = read_all(out)
     mismatched = 0
     for _, cols in shards:
         p = cols[fmt.PAIRS]
         pert = _decode(index, cols, "perturbation")
-        assert np.isin(pert[p[:, 0]], ["control"]).all() and not np.isin(pert[p[:, 1]], ["control"]).any()
+        assert (
+            np.isin(pert[p[:, 0]], ["control"]).all()
+            and not np.isin(pert[p[:, 1]], ["control"]).any()
+        )
         ct, b = cols["obs/cell_type"], cols["obs/batch"]
         mismatched += int(((ct[p[:, 0]] != ct[p[:, 1]]) | (b[p[:, 0]] != b[p[:, 1]])).sum())
     stats = index.raw["stats"]["pairing"]
@@ -83,8 +96,9 @@ def test_pairs_are_batch_matched_or_counted(built: tuple[Path, list[Path], Path]
     assert stats["pairs_exact"] > 0
 
 
-def test_sentences_are_homogeneous(built: tuple[Path, list[Path], Path],
-                                   read_all: Callable[..., Any]) -> None:
+def test_sentences_are_homogeneous(
+    built: tuple[Path, list[Path], Path], read_all: Callable[..., Any]
+) -> None:
     out, _, _ = built
     index, shards = read_all(out)
     total = 0
@@ -99,8 +113,9 @@ def test_sentences_are_homogeneous(built: tuple[Path, list[Path], Path],
     assert total > 0
 
 
-def test_every_perturbed_cell_is_in_a_sentence(built: tuple[Path, list[Path], Path],
-                                               read_all: Callable[..., Any]) -> None:
+def test_every_perturbed_cell_is_in_a_sentence(
+    built: tuple[Path, list[Path], Path], read_all: Callable[..., Any]
+) -> None:
     out, _, _ = built
     index, shards = read_all(out)
     for _, cols in shards:
@@ -110,8 +125,9 @@ def test_every_perturbed_cell_is_in_a_sentence(built: tuple[Path, list[Path], Pa
         assert (in_sentence[pert & cols[fmt.PRIMARY]]).all()
 
 
-def test_jobs_do_not_change_bytes(tmp_path: Path, build_dataset: Callable[..., Any],
-                                  write_manifest: Callable[..., Any]) -> None:
+def test_jobs_do_not_change_bytes(
+    tmp_path: Path, build_dataset: Callable[..., Any], write_manifest: Callable[..., Any]
+) -> None:
     build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     a = build(manifest, tmp_path / "a", jobs=1, progress=False)
@@ -123,13 +139,17 @@ def test_jobs_do_not_change_bytes(tmp_path: Path, build_dataset: Callable[..., A
     assert (tmp_path / "a/index.json").read_bytes() == (tmp_path / "b/index.json").read_bytes()
     assert (tmp_path / "a/index.json").read_bytes() == (tmp_path / "c/index.json").read_bytes()
     for e in a.index["shards"]:  # the bytes themselves, not only the recorded hashes
-        assert fmt.content_hash(tmp_path / "a/shards" / e["file"]) == fmt.content_hash(tmp_path / "b/shards" / e["file"])
+        assert fmt.content_hash(tmp_path / "a/shards" / e["file"]) == fmt.content_hash(
+            tmp_path / "b/shards" / e["file"]
+        )
 
 
-def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path,
-                                                      build_dataset: Callable[..., Any],
-                                                      shard_files: Callable[..., Any],
-                                                      write_manifest: Callable[..., Any]) -> None:
+def test_changing_one_source_rewrites_only_its_shards(
+    tmp_path: Path,
+    build_dataset: Callable[..., Any],
+    shard_files: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     paths = build_dataset(tmp_path, "sources", sources=3, cells=300).sources
     manifest = write_manifest(tmp_path / "m.toml")
     first = build(manifest, tmp_path / "out", jobs=1, progress=False)
@@ -147,23 +167,33 @@ def test_changing_one_source_rewrites_only_its_shards(tmp_path: Path,
     after = shard_files(tmp_path / "out")
     assert all(after[k] == v for k, v in kept.items())
     old_1 = [f for f in before if "-001-" in f]
-    assert all(f in after for f in old_1), "the previous generation's shards stay for readers that opened it"
+    assert all(f in after for f in old_1), (
+        "the previous generation's shards stay for readers that opened it"
+    )
     assert len(third.reused) == len(first.index["shards"]) - len(third.written) or third.reused
     assert verify(tmp_path / "out") == []
-    # the next commit retires them (generation 1's source-1 shards: named by neither generation 4 nor 3)
+    # the next commit retires them (generation 1's source-1 shards: named by neither generation 4
+    # nor 3)
     write_perturb_h5ad(paths[1], n_cells=300, n_genes=N_GENES, n_perts=6, seed=1, density=0.3)
     fourth = build(manifest, tmp_path / "out", jobs=1, progress=False)
     final = shard_files(tmp_path / "out")
     assert not any(f in final for f in old_1), "stale shards of source 1 are removed"
     assert fourth.index["generation"] == 4 and all(k in final for k in kept)
-    assert {f"shards/{f}" for f in third.written} <= {f"shards/{s}" for s in fourth.index["previous"]["shards"]}
+    assert {f"shards/{f}" for f in third.written} <= {
+        f"shards/{s}" for s in fourth.index["previous"]["shards"]
+    }
 
 
-def test_zeroshot_cell_types_never_reach_train(tmp_path: Path, build_dataset: Callable[..., Any],
-                                               read_all: Callable[..., Any],
-                                               write_manifest: Callable[..., Any]) -> None:
+def test_zeroshot_cell_types_never_reach_train(
+    tmp_path: Path,
+    build_dataset: Callable[..., Any],
+    read_all: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     build_dataset(tmp_path, "sources", sources=2, cells=400)
-    manifest = write_manifest(tmp_path / "m.toml", split="zeroshot")  # two cell types: one for train, one for test
+    manifest = write_manifest(
+        tmp_path / "m.toml", split="zeroshot"
+    )  # two cell types: one for train, one for test
     manifest.write_text(manifest.read_text().replace("val_fraction = 0.1", "val_fraction = 0.0"))
     build(manifest, tmp_path / "out", jobs=1, progress=False)
     index, shards = read_all(tmp_path / "out")
@@ -174,12 +204,19 @@ def test_zeroshot_cell_types_never_reach_train(tmp_path: Path, build_dataset: Ca
     assert held and not (held & by_split["train"])
 
 
-def test_fewshot_holds_out_perturbations_per_cell_type(tmp_path: Path,
-                                                       build_dataset: Callable[..., Any],
-                                                       read_all: Callable[..., Any],
-                                                       write_manifest: Callable[..., Any]) -> None:
+def test_fewshot_holds_out_perturbations_per_cell_type(
+    tmp_path: Path,
+    build_dataset: Callable[..., Any],
+    read_all: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     build_dataset(tmp_path, "sources", sources=2, cells=400)
-    build(write_manifest(tmp_path / "m.toml", split="fewshot"), tmp_path / "out", jobs=1, progress=False)
+    build(
+        write_manifest(tmp_path / "m.toml", split="fewshot"),
+        tmp_path / "out",
+        jobs=1,
+        progress=False,
+    )
     index, shards = read_all(tmp_path / "out")
     combos: dict[str, set[tuple[str, str]]] = {}
     for e, cols in shards:
@@ -191,8 +228,8 @@ def test_fewshot_holds_out_perturbations_per_cell_type(tmp_path: Path,
 
 
 def test_group_without_batch_control_falls_back_and_is_counted(
-        tmp_path: Path, build_dataset: Callable[..., Any],
-        write_manifest: Callable[..., Any]) -> None:
+    tmp_path: Path, build_dataset: Callable[..., Any], write_manifest: Callable[..., Any]
+) -> None:
     import anndata as ad
 
     paths = build_dataset(tmp_path, "sources", sources=1, cells=400).sources
@@ -206,7 +243,9 @@ def test_group_without_batch_control_falls_back_and_is_counted(
     assert summary(tmp_path / "out")["details"]["pairing"] == stats
 
 
-def test_cli_build_inspect_verify(built: tuple[Path, list[Path], Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_build_inspect_verify(
+    built: tuple[Path, list[Path], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     from pipeline.cli import main
 
     out, _, _ = built
@@ -215,12 +254,16 @@ def test_cli_build_inspect_verify(built: tuple[Path, list[Path], Path], capsys: 
     assert main(["verify", str(out)]) == 0
 
 
-def test_verify_detects_a_corrupt_shard(built: tuple[Path, list[Path], Path], tmp_path: Path) -> None:
+def test_verify_detects_a_corrupt_shard(
+    built: tuple[Path, list[Path], Path], tmp_path: Path
+) -> None:
     out, _, _ = built
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     index = fmt.read_index(copy)
-    chunk = next(p for p in sorted(index.shard_path(index.shards[0]).rglob("c/*")) if p.stat().st_size > 16)
+    chunk = next(
+        p for p in sorted(index.shard_path(index.shards[0]).rglob("c/*")) if p.stat().st_size > 16
+    )
     raw = bytearray(chunk.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     chunk.write_bytes(bytes(raw))
@@ -229,17 +272,27 @@ def test_verify_detects_a_corrupt_shard(built: tuple[Path, list[Path], Path], tm
 
 
 @pytest.mark.parametrize("flavour", ["legacy", "dense", "layers"])
-def test_anndata_flavours_build_the_same_cells(tmp_path: Path, flavour: str,
-                                               read_all: Callable[..., Any],
-                                               shard_csr: Callable[..., Any],
-                                               source_matrix: Callable[..., Any],
-                                               write_manifest: Callable[..., Any]) -> None:
+def test_anndata_flavours_build_the_same_cells(
+    tmp_path: Path,
+    flavour: str,
+    read_all: Callable[..., Any],
+    shard_csr: Callable[..., Any],
+    source_matrix: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     import anndata as ad
 
     (tmp_path / "src").mkdir()
     p = tmp_path / "src" / "a.h5ad"
-    write_perturb_h5ad(p, n_cells=300, n_genes=40, n_perts=4, seed=3, legacy=flavour == "legacy",
-                       dense=flavour == "dense")
+    write_perturb_h5ad(
+        p,
+        n_cells=300,
+        n_genes=40,
+        n_perts=4,
+        seed=3,
+        legacy=flavour == "legacy",
+        dense=flavour == "dense",
+    )
     matrix = "X"
     if flavour == "layers":
         a = ad.read_h5ad(p)
@@ -249,19 +302,27 @@ def test_anndata_flavours_build_the_same_cells(tmp_path: Path, flavour: str,
         matrix = "layers/counts"
     expected = write_perturb_h5ad(tmp_path / "ref.h5ad", n_cells=300, n_genes=40, n_perts=4, seed=3)
     manifest = write_manifest(tmp_path / "m.toml", obsm="[]")
-    manifest.write_text(manifest.read_text().replace('matrix = "X"', "").replace(
-        'values = "counts"', f'values = "counts"\nmatrix = "{matrix}"'))
+    manifest.write_text(
+        manifest.read_text()
+        .replace('matrix = "X"', "")
+        .replace('values = "counts"', f'values = "counts"\nmatrix = "{matrix}"')
+    )
     build(manifest, tmp_path / "out", jobs=1, progress=False)
     full, _ = source_matrix([expected])
     _, shards = read_all(tmp_path / "out")
     for _, cols in shards:
-        np.testing.assert_array_equal(shard_csr(cols, 40).toarray(), full[cols[fmt.SAMPLE_ID]].toarray())
+        np.testing.assert_array_equal(
+            shard_csr(cols, 40).toarray(), full[cols[fmt.SAMPLE_ID]].toarray()
+        )
     assert verify(tmp_path / "out") == []
 
 
-def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path, read_all: Callable[..., Any],
-                                                  shard_csr: Callable[..., Any],
-                                                  write_manifest: Callable[..., Any]) -> None:
+def test_cell_load_h5_uses_file_stem_as_cell_type(
+    tmp_path: Path,
+    read_all: Callable[..., Any],
+    shard_csr: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     import h5py
 
     from pipeline.modalities.perturbation.demo import write_h5csr
@@ -269,9 +330,18 @@ def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path, read_all: Call
     (tmp_path / "src").mkdir()
     for stem in ("hepg2", "jurkat"):
         write_h5csr(tmp_path / "src" / f"{stem}.h5", n_cells=300, n_genes=40, seed=len(stem))
-    manifest = write_manifest(tmp_path / "m.toml", pattern="src/*.h5", type="h5csr", pert="gene", batch="gem_group",
-                              covariates="[]", obsm='["X_hvg"]')
-    manifest.write_text(manifest.read_text().replace('cell_type = "cell_type"', 'cell_type = "cell_line"'))
+    manifest = write_manifest(
+        tmp_path / "m.toml",
+        pattern="src/*.h5",
+        type="h5csr",
+        pert="gene",
+        batch="gem_group",
+        covariates="[]",
+        obsm='["X_hvg"]',
+    )
+    manifest.write_text(
+        manifest.read_text().replace('cell_type = "cell_type"', 'cell_type = "cell_line"')
+    )
     build(manifest, tmp_path / "out", jobs=2, progress=False)
     index, shards = read_all(tmp_path / "out")
     assert index.vocabularies["cell_type"] == ["hepg2", "jurkat"]
@@ -288,8 +358,11 @@ def test_cell_load_h5_uses_file_stem_as_cell_type(tmp_path: Path, read_all: Call
 
 
 def test_perturbation_features_fill_the_condition_vectors(
-        tmp_path: Path, build_dataset: Callable[..., Any], read_all: Callable[..., Any],
-        write_manifest: Callable[..., Any]) -> None:
+    tmp_path: Path,
+    build_dataset: Callable[..., Any],
+    read_all: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     import zarr
 
     paths = build_dataset(tmp_path, "sources", sources=1, cells=300).sources
@@ -299,13 +372,18 @@ def test_perturbation_features_fill_the_condition_vectors(
     feats = {n: np.full(3, i + 1, np.float32) for i, n in enumerate(names)}
     np.savez(tmp_path / "feats.npz", **feats)
     manifest = write_manifest(tmp_path / "m.toml")
-    manifest.write_text(manifest.read_text().replace('values = "counts"',
-                                                     'values = "counts"\nperturbation_features = "feats.npz"'))
+    manifest.write_text(
+        manifest.read_text().replace(
+            'values = "counts"', 'values = "counts"\nperturbation_features = "feats.npz"'
+        )
+    )
     build(manifest, tmp_path / "out", jobs=1, progress=False)
     index, shards = read_all(tmp_path / "out")
     seg = index.conditions.segments[0]
     assert seg["field"] == "perturbation" and seg["encoding"] == "features" and seg["size"] == 3
-    vectors = zarr.open_group(str(tmp_path / "out" / index.conditions.file), mode="r")["vectors"][...]
+    vectors = zarr.open_group(str(tmp_path / "out" / index.conditions.file), mode="r")["vectors"][
+        ...
+    ]
     for _, cols in shards:
         label = _decode(index, cols, "perturbation")
         got = vectors[cols[fmt.COND_ID], :3]
@@ -319,28 +397,45 @@ def test_the_pipeline_never_imports_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, pipeline.build, pipeline.cli, pipeline.verify; print('torch' in sys.modules)"
+    code = (
+        "import sys, pipeline.build, pipeline.cli, pipeline.verify; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_a_no_change_rebuild_imports_no_heavy_module(built: tuple[Path, list[Path], Path]) -> None:
-    """A nightly no-change rebuild stops after a few stat calls: the registries it asks (kinds, sources) must
+    """A nightly no-change rebuild stops after a few stat calls: the registries it asks (kinds,
+    sources) must
     not drag in the readers' libraries nor another kind's (CT's scipy.ndimage)."""
     import subprocess
     import sys
 
     out, _, manifest = built
-    heavy = ["anndata", "h5py", "pandas", "scipy", "joblib", "zarr", "pipeline.modalities.ct.kind", "pipeline.modalities.ct.npy"]
-    code = (f"import sys; from pipeline.build import build; r = build({str(manifest)!r}, {str(out)!r}, progress=False);"
-            f" print(r.written, sorted(m for m in {heavy!r} if m in sys.modules))")
+    heavy = [
+        "anndata",
+        "h5py",
+        "pandas",
+        "scipy",
+        "joblib",
+        "zarr",
+        "pipeline.modalities.ct.kind",
+        "pipeline.modalities.ct.npy",
+    ]
+    code = (
+        f"import sys; from pipeline.build import build; r = build({str(manifest)!r}, {str(out)!r}, progress=False);"
+        f" print(r.written, sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[] []", res.stdout + res.stderr
 
 
-def test_spill_path_gives_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          build_dataset: Callable[..., Any],
-                                          write_manifest: Callable[..., Any]) -> None:
+def test_spill_path_gives_the_same_shards(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    build_dataset: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     """Big sources go through spill files instead of memory; the bytes must not change."""
     import pipeline.modalities.perturbation.pack
 
@@ -350,6 +445,7 @@ def test_spill_path_gives_the_same_shards(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 1)
     spilled = build(manifest, tmp_path / "spilled", jobs=2, progress=False)
-    assert [(s["file"], s["sha256"]) for s in fused.index["shards"]] == \
-        [(s["file"], s["sha256"]) for s in spilled.index["shards"]]
+    assert [(s["file"], s["sha256"]) for s in fused.index["shards"]] == [
+        (s["file"], s["sha256"]) for s in spilled.index["shards"]
+    ]
     assert not list((tmp_path / "spilled").glob(".spill-*"))

@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.modalities.perturbation.conditions import build_conditions
-from pipeline.modalities.perturbation.pairing import LEVEL_ORDER, MatchContext, make_pairs, make_sentences, match_controls
+from pipeline.modalities.perturbation.pairing import (
+    LEVEL_ORDER,
+    MatchContext,
+    make_pairs,
+    make_sentences,
+    match_controls,
+)
 
 
 @st.composite
@@ -16,10 +22,16 @@ def contexts(draw: st.DrawFn) -> tuple[MatchContext, np.ndarray, int]:
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     is_ctrl = rng.random(n) < draw(st.floats(0.02, 0.6))
-    is_ctrl[rng.integers(n)] = True  # a source always has a control (checked earlier, with a clear error)
-    ctx = MatchContext(home=rng.integers(0, draw(st.integers(1, 4)), n), split=rng.integers(0, 3, n).astype(np.int8),
-                       cell_type=rng.integers(0, draw(st.integers(1, 4)), n).astype(np.int32),
-                       batch=rng.integers(0, draw(st.integers(1, 4)), n).astype(np.int32), is_control=is_ctrl)
+    is_ctrl[rng.integers(n)] = (
+        True  # a source always has a control (checked earlier, with a clear error)
+    )
+    ctx = MatchContext(
+        home=rng.integers(0, draw(st.integers(1, 4)), n),
+        split=rng.integers(0, 3, n).astype(np.int8),
+        cell_type=rng.integers(0, draw(st.integers(1, 4)), n).astype(np.int32),
+        batch=rng.integers(0, draw(st.integers(1, 4)), n).astype(np.int32),
+        is_control=is_ctrl,
+    )
     perts = rng.integers(0, 5, n).astype(np.int32)
     return ctx, perts, seed
 
@@ -36,7 +48,9 @@ def _level_holds(ctx: MatchContext, q: np.ndarray, c: np.ndarray, level: np.ndar
 
 @settings(max_examples=60, deadline=None)
 @given(contexts())
-def test_matching_respects_levels_and_prefers_best(args: tuple[MatchContext, np.ndarray, int]) -> None:
+def test_matching_respects_levels_and_prefers_best(
+    args: tuple[MatchContext, np.ndarray, int],
+) -> None:
     ctx, _, seed = args
     q = np.flatnonzero(~ctx.is_control)
     c, level = match_controls(ctx, q, np.random.default_rng(seed))
@@ -44,8 +58,11 @@ def test_matching_respects_levels_and_prefers_best(args: tuple[MatchContext, np.
     # no better level was available: an exact match is taken whenever one exists in the split
     ctrl = np.flatnonzero(ctx.is_control)
     for qi, lv in zip(q.tolist(), level.tolist(), strict=True):
-        exact = ((ctx.cell_type[ctrl] == ctx.cell_type[qi]) & (ctx.batch[ctrl] == ctx.batch[qi])
-                 & (ctx.split[ctrl] == ctx.split[qi])).any()
+        exact = (
+            (ctx.cell_type[ctrl] == ctx.cell_type[qi])
+            & (ctx.batch[ctrl] == ctx.batch[qi])
+            & (ctx.split[ctrl] == ctx.split[qi])
+        ).any()
         assert (lv == 0) == bool(exact)
     assert len({lvl for lvl, _ in LEVEL_ORDER}) == 4
 
@@ -69,7 +86,9 @@ def test_pairs_cap_per_condition(args: tuple[MatchContext, np.ndarray, int], cap
 
 @settings(max_examples=60, deadline=None)
 @given(contexts(), st.integers(1, 9))
-def test_sentences_cover_groups_homogeneously(args: tuple[MatchContext, np.ndarray, int], size: int) -> None:
+def test_sentences_cover_groups_homogeneously(
+    args: tuple[MatchContext, np.ndarray, int], size: int
+) -> None:
     ctx, perts, seed = args
     sp, sc, level = make_sentences(ctx, perts, ctx.batch, size, np.random.default_rng(seed))
     assert sp.shape == sc.shape == level.shape and sp.shape[1] == size
@@ -86,7 +105,9 @@ def test_conditions_are_one_hot_blocks() -> None:
     vocab = {"perturbation": ["a", "b", "control"], "cell_type": ["x", "y"]}
     t = build_conditions(codes, ["perturbation", "cell_type"], vocab)
     assert t.vectors.shape == (3, 5) and (t.vectors.sum(1) == 2).all()
-    np.testing.assert_array_equal(t.codes[t.cond_id], np.stack([codes["perturbation"], codes["cell_type"]], 1))
+    np.testing.assert_array_equal(
+        t.codes[t.cond_id], np.stack([codes["perturbation"], codes["cell_type"]], 1)
+    )
     assert t.cond_id[1] == t.cond_id[2]
     feats = np.arange(6, dtype=np.float32).reshape(3, 2)
     tf = build_conditions(codes, ["perturbation", "cell_type"], vocab, features=feats)

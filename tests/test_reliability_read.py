@@ -1,6 +1,8 @@
-"""Issue 13, read side: damaged shards, loaders opened before a rebuild, stopped processes, resume states.
+"""Issue 13, read side: damaged shards, loaders opened before a rebuild, stopped processes, resume
+states.
 
-Every test here runs the hostile cases of ``tests/hostile/read.py`` (one row each in docs/RELIABILITY.md) on
+Every test here runs the hostile cases of ``tests/hostile/read.py`` (one row each in
+docs/RELIABILITY.md) on
 real builds (zarr and tar) of one small manifest (``built_zarr_tar``, tests/conftest.py).
 """
 
@@ -71,8 +73,11 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def _rewrite(root: Path, entry: fmt.ShardEntry, edit: dict[str, object], drop_bound: str | None = None) -> Path:
-    """Rewrite a shard with ``edit`` applied (column -> (row, value)) and commit an index that matches it."""
+def _rewrite(
+    root: Path, entry: fmt.ShardEntry, edit: dict[str, object], drop_bound: str | None = None
+) -> Path:
+    """Rewrite a shard with ``edit`` applied (column -> (row, value)) and commit an index that
+    matches it."""
     index = fmt.read_index(root)
     path = index.shard_path(entry)
     cols = read_shard(path, index.encoding, fmt.shard_keys(index.fields, index.tables))
@@ -80,8 +85,9 @@ def _rewrite(root: Path, entry: fmt.ShardEntry, edit: dict[str, object], drop_bo
     for key, (row, value) in edit.items():  # type: ignore[misc]
         cols[key][row] = value
     shutil.rmtree(path) if path.is_dir() else path.unlink()
-    get_writer(index.encoding, Codec(index.codec.get("name", "none"), index.codec.get("level", 0))).write(
-        path, cols, index.tables)
+    get_writer(
+        index.encoding, Codec(index.codec.get("name", "none"), index.codec.get("level", 0))
+    ).write(path, cols, index.tables)
     raw = json.loads(fmt.index_path(root).read_text())
     for e in raw["shards"]:
         if e["file"] == entry.file:
@@ -132,8 +138,15 @@ def test_damaged_shard(case: hostile.Case, built: dict[str, Path], tmp_path: Pat
     bad = damage(root, encoding, how, target)
     modes = ("raise", "skip") if target.startswith("conditions:") else ("raise",)
     for on_corrupt in modes:
-        ds = ShardDataset(root, sample=sample, batch_size=64, window=2, decode_process=False, verify=verify,
-                          on_corrupt=on_corrupt)
+        ds = ShardDataset(
+            root,
+            sample=sample,
+            batch_size=64,
+            window=2,
+            decode_process=False,
+            verify=verify,
+            on_corrupt=on_corrupt,
+        )
         with pytest.raises(fmt.FormatError, match=re.escape(str(bad))) as err:
             _drain(ShardLoader(ds))
         assert not isinstance(err.value, DatasetRebuilt)
@@ -142,37 +155,57 @@ def test_damaged_shard(case: hostile.Case, built: dict[str, Path], tmp_path: Pat
 
 
 @hostile.parametrize
-def test_damaged_shard_is_skipped_and_counted(case: hostile.Case, built: dict[str, Path],
-                                              tmp_path: Path, started: Callable[..., Any]) -> None:
+def test_damaged_shard_is_skipped_and_counted(
+    case: hostile.Case, built: dict[str, Path], tmp_path: Path, started: Callable[..., Any]
+) -> None:
     encoding, how, target, sample = case.data
     root = _copy(built[encoding], tmp_path / "ds")
     index = fmt.read_index(root)
     good = [e for e in _train(index)[1:]]
-    want = np.concatenate([c[fmt.SAMPLE_ID][c[fmt.PRIMARY]] for c in
-                           (read_shard(index.shard_path(e), encoding, [fmt.SAMPLE_ID, fmt.PRIMARY]) for e in good)])
+    want = np.concatenate(
+        [
+            c[fmt.SAMPLE_ID][c[fmt.PRIMARY]]
+            for c in (
+                read_shard(index.shard_path(e), encoding, [fmt.SAMPLE_ID, fmt.PRIMARY])
+                for e in good
+            )
+        ]
+    )
     bad = damage(root, encoding, how, target)
-    # zarr: through the decoder process (the skip crosses the pipe); tar: in DataLoader workers (shared counts)
+    # zarr: through the decoder process (the skip crosses the pipe); tar: in DataLoader workers
+    # (shared counts)
     workers = 2 if encoding == "tar" else 0
-    ds = ShardDataset(root, batch_size=50, window=2, seed=1, on_corrupt="skip", decode_process=workers == 0)
+    ds = ShardDataset(
+        root, batch_size=50, window=2, seed=1, on_corrupt="skip", decode_process=workers == 0
+    )
     dl = ShardLoader(ds, num_workers=workers, timeout=60)
     if workers == 0:
         started(ds)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ids = _drain(dl)
-    assert len(ids) == len(dl)  # same batch count on every rank: the skipped units only shrink batches
+    assert len(ids) == len(
+        dl
+    )  # same batch count on every rank: the skipped units only shrink batches
     got = np.concatenate(ids)
     np.testing.assert_array_equal(np.sort(got), np.sort(want))
     assert ds.skipped_shards == [bad.name]
-    if workers == 0:  # the warning is raised where the arena arrives (workers warn in their own process)
-        assert any(bad.name in str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
+    if (
+        workers == 0
+    ):  # the warning is raised where the arena arrives (workers warn in their own process)
+        assert any(
+            bad.name in str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)
+        )
 
 
 @hostile.parametrize
-def test_shard_changed_after_it_was_checked(case: hostile.Case, built: dict[str, Path],
-                                            tmp_path: Path) -> None:
+def test_shard_changed_after_it_was_checked(
+    case: hostile.Case, built: dict[str, Path], tmp_path: Path
+) -> None:
     root = _copy(built[case.data], tmp_path / "ds")
-    dl = ShardLoader(ShardDataset(root, batch_size=64, window=1, decode_process=False, decode_ahead=False))
+    dl = ShardLoader(
+        ShardDataset(root, batch_size=64, window=1, decode_process=False, decode_ahead=False)
+    )
     _drain(dl)  # every train shard hashed once (and remembered)
     path = fmt.read_index(root).shard_path(_train(fmt.read_index(root))[0])
     target = _zarr_chunk(path / "X" / "data") if case.data == "zarr" else path
@@ -185,27 +218,32 @@ def test_shard_changed_after_it_was_checked(case: hostile.Case, built: dict[str,
 
 
 def _rebuild_index(root: Path, rename: bool) -> None:
-    """Commit a new index.json (another generation): train shards renamed to new files when ``rename``."""
+    """Commit a new index.json (another generation): train shards renamed to new files when
+    ``rename``."""
     raw = json.loads(fmt.index_path(root).read_text())
     raw["name"] += "-rebuilt"
     if rename:
         for e in raw["shards"]:
             new = "gen2-" + e["file"]
-            shutil.copytree(root / "shards" / e["file"], root / "shards" / new) if (root / "shards" / e["file"]).is_dir() \
-                else shutil.copy(root / "shards" / e["file"], root / "shards" / new)
+            shutil.copytree(root / "shards" / e["file"], root / "shards" / new) if (
+                root / "shards" / e["file"]
+            ).is_dir() else shutil.copy(root / "shards" / e["file"], root / "shards" / new)
             e["file"] = new
     fmt.index_path(root).write_text(json.dumps(raw))
 
 
 @hostile.parametrize
-def test_loader_opened_before_a_rebuild(case: hostile.Case, built: dict[str, Path], tmp_path: Path,
-                                        started: Callable[..., Any]) -> None:
+def test_loader_opened_before_a_rebuild(
+    case: hostile.Case, built: dict[str, Path], tmp_path: Path, started: Callable[..., Any]
+) -> None:
     mode, workers = case.data
     root = _copy(built["zarr"], tmp_path / "ds")
     index = fmt.read_index(root)
     kw = {"batch_size": 16, "window": 1, "shuffle": False, "decode_ahead": False}
     want = np.concatenate(_drain(ShardLoader(ShardDataset(root, decode_process=False, **kw))))  # type: ignore[arg-type]
-    if mode == "decoder":  # the decoder process starts after index.json changed: train shards swapped in it
+    if (
+        mode == "decoder"
+    ):  # the decoder process starts after index.json changed: train shards swapped in it
         ds = ShardDataset(root, decode_process=True, **kw)  # type: ignore[arg-type]
         raw = json.loads(fmt.index_path(root).read_text())
         raw["shards"] = raw["shards"][::-1]
@@ -227,7 +265,8 @@ def test_loader_opened_before_a_rebuild(case: hostile.Case, built: dict[str, Pat
         _rebuild_index(root, rename=True)
         for e in index.shards:
             shutil.rmtree(index.shard_path(e))
-    else:  # rewritten in place: the second train shard (a later window) gets other content, same name
+    # rewritten in place: the second train shard (a later window) gets other content, same name
+    else:
         second = _train(index)[1]
         _rewrite(root, second, {fmt.SAMPLE_ID: (0, 10**9)})
     with pytest.raises(DatasetRebuilt, match="rebuilt since this loader opened it") as err:
@@ -241,8 +280,9 @@ def _children(exclude: str = "loaders.engine.decoder") -> list[psutil.Process]:
 
 
 @hostile.parametrize
-def test_stopped_decoder_process(case: hostile.Case, built: dict[str, Path],
-                                 started: Callable[..., Any]) -> None:
+def test_stopped_decoder_process(
+    case: hostile.Case, built: dict[str, Path], started: Callable[..., Any]
+) -> None:
     kw = {"batch_size": 16, "window": 1, "shuffle": False, "decode_ahead": False}
     want = _drain(ShardLoader(ShardDataset(built["zarr"], decode_process=False, **kw)))  # type: ignore[arg-type]
     ds = ShardDataset(built["zarr"], decode_process=True, **kw)  # type: ignore[arg-type]
@@ -256,7 +296,9 @@ def test_stopped_decoder_process(case: hostile.Case, built: dict[str, Path],
             got = _drain(dl)
         assert time.monotonic() - t0 < 4 * case.data + 5
         assert not ds.decode_process and dec.proc.wait(timeout=5) is not None
-        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+        assert len(got) == len(want) and all(
+            np.array_equal(a, b) for a, b in zip(got, want, strict=True)
+        )
     finally:
         if dec.proc.poll() is None:
             dec.proc.kill()
@@ -266,7 +308,9 @@ def test_stopped_decoder_process(case: hostile.Case, built: dict[str, Path],
 def test_stopped_dataloader_worker(case: hostile.Case, built: dict[str, Path]) -> None:
     ds = ShardDataset(built["zarr"], batch_size=8, window=1, decode_process=False)
     dl = ShardLoader(ds, num_workers=2, timeout=case.data)
-    before = {p.pid for p in _children()}  # earlier tests' processes still alive are not this loader's workers
+    before = {
+        p.pid for p in _children()
+    }  # earlier tests' processes still alive are not this loader's workers
     it = iter(dl)
     next(it)
     workers = [p for p in _children() if p.pid not in before]
@@ -293,7 +337,10 @@ def test_resume_state_is_refused(case: hostile.Case, built: dict[str, Path]) -> 
     if key == "dataset":  # the tar build of the same manifest: same units, other bytes
         other = ShardLoader(ShardDataset(built["tar"], batch_size=32, decode_process=False))
         state = other.state_dict()
-        assert state["units"] == dl.state_dict()["units"] and state["dataset"] != dl.state_dict()["dataset"]
+        assert (
+            state["units"] == dl.state_dict()["units"]
+            and state["dataset"] != dl.state_dict()["dataset"]
+        )
     else:
         state = dl.state_dict()
         if value is KeyError:
@@ -302,4 +349,6 @@ def test_resume_state_is_refused(case: hostile.Case, built: dict[str, Path]) -> 
             state[key] = value
     with pytest.raises(ValueError, match=f"'{key}'"):
         dl.load_state_dict(state)
-    dl.load_state_dict(json.loads(json.dumps(dl.state_dict())))  # its own state, through JSON, loads
+    dl.load_state_dict(
+        json.loads(json.dumps(dl.state_dict()))
+    )  # its own state, through JSON, loads

@@ -1,4 +1,5 @@
-"""docs/RELIABILITY.md cannot drift: it is the generated text of the hostile-case registry, and every case in
+"""docs/RELIABILITY.md cannot drift: it is the generated text of the hostile-case registry, and
+every case in
 the registry names a test that exists and runs it (``@hostile.parametrize``)."""
 
 from __future__ import annotations
@@ -22,14 +23,24 @@ def test_case_ids_are_unique_and_valid() -> None:
     assert cases
     twice = [i for i, n in Counter(c.id for c in cases).items() if n > 1]
     assert not twice, f"case ids used twice: {twice}"
-    bad = [c.id for c in cases if not hostile.ID.match(c.id) or c.point not in POINTS or "::" not in c.test]
+    bad = [
+        c.id
+        for c in cases
+        if not hostile.ID.match(c.id) or c.point not in POINTS or "::" not in c.test
+    ]
     assert not bad, f"malformed cases: {bad}"
 
 
 def _decorated(tree: ast.Module) -> set[str]:
     """Module-level test functions decorated with ``hostile.parametrize``."""
-    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
-            and any(ast.unparse(d) in ("hostile.parametrize", "parametrize") for d in node.decorator_list)}
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any(
+            ast.unparse(d) in ("hostile.parametrize", "parametrize") for d in node.decorator_list
+        )
+    }
 
 
 def test_every_case_names_a_test_that_runs_it() -> None:
@@ -42,7 +53,9 @@ def test_every_case_names_a_test_that_runs_it() -> None:
     assert not missing, f"cases whose test does not exist or lacks @hostile.parametrize: {missing}"
 
 
-def test_check_mode_reports_a_stale_doc(tmp_path: Path, monkeypatch: object, capsys: object) -> None:
+def test_check_mode_reports_a_stale_doc(
+    tmp_path: Path, monkeypatch: object, capsys: object
+) -> None:
     import tests.reliability_table as rt
 
     stale = tmp_path / "RELIABILITY.md"

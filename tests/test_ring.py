@@ -1,5 +1,7 @@
-"""The workers' ring of reused shared-memory slots (loaders/engine/ring.py): slots freed only when nothing views them,
-fallback when none is free or the cap is reached, and a real DataLoader whose held batches never change."""
+"""The workers' ring of reused shared-memory slots (loaders/engine/ring.py): slots freed only when
+nothing views them,
+fallback when none is free or the cap is reached, and a real DataLoader whose held batches never
+change."""
 
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ pytestmark = pytest.mark.skipif(not ring.AVAILABLE, reason="no memfd_create on t
 
 @pytest.fixture(scope="module")
 def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return build_dataset(tmp_path_factory.mktemp("ring"), "shards", n_shards=4, cells=90, genes=30,
-                         seed=3)
+    return build_dataset(
+        tmp_path_factory.mktemp("ring"), "shards", n_shards=4, cells=90, genes=30, seed=3
+    )
 
 
 def payload(value: int, n: int = 1000) -> Payload:
@@ -81,8 +84,7 @@ def loader_batches(fx: Any, workers: int, **kw: object) -> list[dict[str, object
 
 
 @pytest.mark.parametrize("worker_batches", [1, 3])
-def test_held_batches_never_change_and_equal_the_main_process(fx: Any,
-                                                               worker_batches: int) -> None:
+def test_held_batches_never_change_and_equal_the_main_process(fx: Any, worker_batches: int) -> None:
     want = loader_batches(fx, 0)
     got = loader_batches(fx, 2, worker_batches=worker_batches, prefetch_factor=1)
     assert len(got) == len(want) > 8
@@ -101,11 +103,14 @@ def test_batches_released_as_used_come_through_the_ring(fx: Any) -> None:
         ids = [b["sample_id"].numpy().copy() for b in dl]
         assert len(np.unique(np.concatenate(ids))) == sum(i.size for i in ids)
     workers = [p for p in ring.receivers() if p != os.getpid()]
-    assert len(workers) == 2  # the last epoch's workers' rings; the first epoch's (exited) were dropped
+    assert (
+        len(workers) == 2
+    )  # the last epoch's workers' rings; the first epoch's (exited) were dropped
 
 
 def test_a_plain_dataloader_gets_dict_batches(fx: Any) -> None:
-    """Without ShardLoader, workers yield what torch can ship and a trainer can use: dicts of tensors."""
+    """Without ShardLoader, workers yield what torch can ship and a trainer can use: dicts of
+    tensors."""
     from torch.utils.data import DataLoader
 
     want = loader_batches(fx, 0)

@@ -26,7 +26,9 @@ HERE = Path(__file__).resolve().parent
 # -- the built-in and test-only sample types -----------------------------------------------------
 @pytest.fixture(scope="module")
 def perturbation_fixture(tmp_path_factory: pytest.TempPathFactory, build_dataset: Any) -> Path:
-    return build_dataset(tmp_path_factory.mktemp("conf"), "shards", n_shards=4, cells=60, genes=50).root
+    return build_dataset(
+        tmp_path_factory.mktemp("conf"), "shards", n_shards=4, cells=60, genes=50
+    ).root
 
 
 class _Perturbation(SampleTypeTests):
@@ -89,11 +91,18 @@ def toy_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("toyconf")
     (root / "src").mkdir()
     rng = np.random.default_rng(1)
-    plugin_toy.write_toy(root / "src" / "a.toy", [
-        {"group": f"g{i % 5}", "vec": rng.standard_normal(4).round(3).tolist(),
-         "tokens": rng.integers(0, plugin_toy.VOCAB, int(rng.integers(0, 6))).tolist(),
-         "skip": i == 5}
-        for i in range(30)])
+    plugin_toy.write_toy(
+        root / "src" / "a.toy",
+        [
+            {
+                "group": f"g{i % 5}",
+                "vec": rng.standard_normal(4).round(3).tolist(),
+                "tokens": rng.integers(0, plugin_toy.VOCAB, int(rng.integers(0, 6))).tolist(),
+                "skip": i == 5,
+            }
+            for i in range(30)
+        ],
+    )
     (root / "m.toml").write_text(TOY_MANIFEST)
     build(root / "m.toml", root / "out", jobs=1, progress=False)
     return root / "out"
@@ -115,8 +124,11 @@ class TestToy(SampleTypeTests):
 
 
 # -- no sample type without a conformance subclass -----------------------------------------------
-SUBCLASS = re.compile(r'^class \w+\([\w.]*(?:SampleTypeTests|_Perturbation)\):\n'
-                      r'(?:    """[^\n]*"""\n\n)?    name = "(\w+)"', re.M)
+SUBCLASS = re.compile(
+    r"^class \w+\([\w.]*(?:SampleTypeTests|_Perturbation)\):\n"
+    r'(?:    """[^\n]*"""\n\n)?    name = "(\w+)"',
+    re.M,
+)
 
 
 def _covered() -> set[str]:
@@ -139,8 +151,9 @@ def test_every_registered_sample_type_has_a_conformance_subclass() -> None:
     assert not missing, f"sample types without a SampleTypeTests subclass: {missing}"
 
 
-def test_the_check_covers_entry_point_plugins(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_check_covers_entry_point_plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A sample type registered by an installed modality outside this repository (an entry point)
     is held to the same rule: the check imports the entry points' modules and names the type."""
     import loaders.plugins
@@ -150,7 +163,8 @@ def test_the_check_covers_entry_point_plugins(tmp_path: Path,
         "@register_sample_type\nclass Untested(SampleType):\n    name = 'untested_outside'\n\n"
         "    def fields(self, index):\n        return []\n\n"
         "    def units(self, columns):\n        return None\n\n"
-        "    def assemble(self, batch):\n        return None\n")
+        "    def assemble(self, batch):\n        return None\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         importlib.import_module("outside_plugin")  # registered, by no installed modality yet
@@ -166,10 +180,16 @@ def test_the_check_covers_entry_point_plugins(tmp_path: Path,
 
 def test_no_product_code_imports_the_conformance_suites() -> None:
     """loaders.testing and pipeline.testing import pytest and hypothesis: test suites only."""
-    pattern = re.compile(r"^\s*(?:from|import) (?:loaders|pipeline)\.testing\b|"
-                         r"^\s*from (?:loaders|pipeline) import [^\n]*\btesting\b", re.M)
+    pattern = re.compile(
+        r"^\s*(?:from|import) (?:loaders|pipeline)\.testing\b|"
+        r"^\s*from (?:loaders|pipeline) import [^\n]*\btesting\b",
+        re.M,
+    )
     here = HERE.parent
-    found = [str(p.relative_to(here)) for pkg in ("loaders", "pipeline")
-             for p in (here / pkg).rglob("*.py")
-             if p.name != "testing.py" and pattern.search(p.read_text())]
+    found = [
+        str(p.relative_to(here))
+        for pkg in ("loaders", "pipeline")
+        for p in (here / pkg).rglob("*.py")
+        if p.name != "testing.py" and pattern.search(p.read_text())
+    ]
     assert not found, f"product modules importing a conformance suite: {found}"

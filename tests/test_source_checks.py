@@ -15,17 +15,27 @@ from pipeline.modalities.perturbation.validate import CsrParts, validate_block, 
 
 @pytest.mark.parametrize("at", [0, 5, validate.SCAN - 1, validate.SCAN, 3 * validate.SCAN + 17])
 def test_value_checks_find_the_first_bad_entry_in_any_step(at: int) -> None:
-    """The value checks run on min/max and in SCAN-sized steps: the first bad entry is found wherever it is."""
+    """The value checks run on min/max and in SCAN-sized steps: the first bad entry is found
+    wherever it is."""
     data = np.arange(4 * validate.SCAN, dtype=np.float32) % 7
     assert validate._check_values(data, counts=True) is None
-    for value, problem in ((0.5, "non-integer value (0.5)"), (-2.0, "negative value (-2.0)"),
-                           (np.inf, "NaN or inf value (inf)"), (np.nan, "NaN or inf value (nan)")):
+    for value, problem in (
+        (0.5, "non-integer value (0.5)"),
+        (-2.0, "negative value (-2.0)"),
+        (np.inf, "NaN or inf value (inf)"),
+        (np.nan, "NaN or inf value (nan)"),
+    ):
         bad = data.copy()
         bad[at] = value
         bad[-1] = value  # a later one too: the first is named
         got = validate._check_values(bad, counts=True)
         assert got is not None and got[0] == at and got[1].startswith(problem)
-    assert validate._check_values(np.where(np.arange(data.size) == at, 0.5, data).astype(np.float32), False) is None
+    assert (
+        validate._check_values(
+            np.where(np.arange(data.size) == at, 0.5, data).astype(np.float32), False
+        )
+        is None
+    )
 
 
 # --- validate_* on raw parts --------------------------------------------------------------------
@@ -38,7 +48,9 @@ def test_validate_block_accepts_parts_and_matrices() -> None:
     validate_block((x.data, x.indices, x.indptr, 12), "m.h5", 0, counts=True)
     bad = CsrParts(x.data.copy(), x.indices.copy(), x.indptr.copy(), 12)
     bad.indices[int(x.indptr[20])] = -1
-    with pytest.raises(SourceError, match=r"^m\.h5: row 1020: column index -1 out of range \[0, 12\)"):
+    with pytest.raises(
+        SourceError, match=r"^m\.h5: row 1020: column index -1 out of range \[0, 12\)"
+    ):
         validate_block(bad, "m.h5", 1000, counts=False)
     with pytest.raises(SourceError, match="indices length"):
         validate_block((x.data, x.indices[:-1], x.indptr, 12), "m.h5", 0, counts=False)

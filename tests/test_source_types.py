@@ -49,9 +49,11 @@ class TestDicomType(SourceTypeContract):
     folders = True
 
 
-TOY = [{"group": "a", "vec": [0.5, -1.25, 2.0, 0.1], "tokens": [3, 49], "skip": False},
-       {"group": "b", "vec": [1.0, 2.0, 3.0, 4.0], "tokens": [], "skip": True},
-       {"group": "a", "vec": [-0.3, 0.0, 7.5, 1e-3], "tokens": [0], "skip": False}]
+TOY = [
+    {"group": "a", "vec": [0.5, -1.25, 2.0, 0.1], "tokens": [3, 49], "skip": False},
+    {"group": "b", "vec": [1.0, 2.0, 3.0, 4.0], "tokens": [], "skip": True},
+    {"group": "a", "vec": [-0.3, 0.0, 7.5, 1e-3], "tokens": [0], "skip": False},
+]
 
 
 class TestToyType(SourceTypeContract):
@@ -73,10 +75,18 @@ class TestToyType(SourceTypeContract):
 
     def expected_records(self, path: Path) -> Expected:
         records = json.loads(path.read_text())["records"]
-        return [(Record(i, r["group"], (i,)),
-                 None if r["skip"] else {"vec": np.array(r["vec"], np.float32),
-                                         "tokens": np.array(r["tokens"], np.int32)})
-                for i, r in enumerate(records)]
+        return [
+            (
+                Record(i, r["group"], (i,)),
+                None
+                if r["skip"]
+                else {
+                    "vec": np.array(r["vec"], np.float32),
+                    "tokens": np.array(r["tokens"], np.int32),
+                },
+            )
+            for i, r in enumerate(records)
+        ]
 
 
 def _covered() -> set[str]:
@@ -94,8 +104,9 @@ def test_every_registered_type_has_a_contract() -> None:
     assert not missing, f"source types without a SourceTypeContract subclass: {missing}"
 
 
-def test_the_check_covers_entry_point_plugins(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_check_covers_entry_point_plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A source type registered by an installed modality's build module (an entry point's
     ``BUILD_MODULE``, outside this repository) is held to the same rule."""
     import loaders.plugins
@@ -104,7 +115,8 @@ def test_the_check_covers_entry_point_plugins(tmp_path: Path,
     (tmp_path / "outside_builder.py").write_text(
         "from pipeline.source import Source, register_source\n\n\n"
         "@register_source\nclass Untested(Source):\n"
-        "    type, kinds, suffixes = 'untested_outside', ('toyvec',), ('.untested',)\n")
+        "    type, kinds, suffixes = 'untested_outside', ('toyvec',), ('.untested',)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         importlib.import_module("outside_builder")  # registered, by no installed modality yet
@@ -123,6 +135,9 @@ def test_the_manifest_keeps_no_list_of_source_types() -> None:
     import pipeline.manifest as manifest
 
     names = {n for n, v in vars(manifest).items() if isinstance(v, (tuple, list, set, frozenset))}
-    assert all(not isinstance(v, str) or v not in SOURCES  # the manifest asks the source registry
-               for n in names for v in getattr(manifest, n))
+    assert all(
+        not isinstance(v, str) or v not in SOURCES  # the manifest asks the source registry
+        for n in names
+        for v in getattr(manifest, n)
+    )
     assert "plugins" in DATASET_KEYS

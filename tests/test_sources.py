@@ -1,4 +1,5 @@
-"""Every source flavour held to one contract, and every bad input named precisely (file + row + problem)."""
+"""Every source flavour held to one contract, and every bad input named precisely (file + row +
+problem)."""
 
 from __future__ import annotations
 
@@ -40,21 +41,47 @@ class Case:
 
 def _h5ad_case(path: Path, adata: ad.AnnData, matrix: str = "X", dense: bool = False) -> Case:
     where, _, key = matrix.partition("/")
-    x = sp.csr_matrix(adata.X if where == "X" else adata.raw.X if where == "raw" else getattr(adata, where)[key])
+    x = sp.csr_matrix(
+        adata.X if where == "X" else adata.raw.X if where == "raw" else getattr(adata, where)[key]
+    )
     embedding = where == "obsm"
     names = tuple(f"X_pca_{i}" for i in range(x.shape[1])) if embedding else tuple(adata.var_names)
     obs = {c: adata.obs[c].astype(str).tolist() for c in H5AD_COLUMNS}
     row_nnz = np.full(x.shape[0], x.shape[1]) if dense or embedding else np.diff(x.indptr)
-    return Case("h5ad", path, matrix, x, names, obs, {"X_pca": adata.obsm["X_pca"]}, row_nnz, counts=not embedding)
+    return Case(
+        "h5ad",
+        path,
+        matrix,
+        x,
+        names,
+        obs,
+        {"X_pca": adata.obsm["X_pca"]},
+        row_nnz,
+        counts=not embedding,
+    )
 
 
 def _h5csr_case(root: Path, var_key: str = "_index") -> Case:
-    path = demo.write_h5csr(root / "k562.h5", n_cells=260, n_genes=40, n_perts=5, seed=3, hvg_dim=8, var_key=var_key)
-    adata = demo.make_perturb_adata(260, 40, 5, ("k562",), 3, 3, 0.1, 0.15, 1, control_label="non-targeting")
+    path = demo.write_h5csr(
+        root / "k562.h5", n_cells=260, n_genes=40, n_perts=5, seed=3, hvg_dim=8, var_key=var_key
+    )
+    adata = demo.make_perturb_adata(
+        260, 40, 5, ("k562",), 3, 3, 0.1, 0.15, 1, control_label="non-targeting"
+    )
     x = sp.csr_matrix(adata.X)
-    obs = {"gene": adata.obs["perturbation"].astype(str).tolist(), "gem_group": adata.obs["batch"].tolist()}
+    obs = {
+        "gene": adata.obs["perturbation"].astype(str).tolist(),
+        "gem_group": adata.obs["batch"].tolist(),
+    }
     return Case(
-        "h5csr", path, "X", x, tuple(adata.var_names), obs, {"X_hvg": demo.hvg_embedding(x, 8)}, np.diff(x.indptr)
+        "h5csr",
+        path,
+        "X",
+        x,
+        tuple(adata.var_names),
+        obs,
+        {"X_hvg": demo.hvg_embedding(x, 8)},
+        np.diff(x.indptr),
     )
 
 
@@ -137,7 +164,9 @@ class SourceContract:
 
 class TestH5adCsr(SourceContract):
     def build(self, root: Path) -> Case:
-        return _h5ad_case(demo.write_perturb_h5ad(root / "a.h5ad", **SMALL), demo.make_perturb_adata(**SMALL))
+        return _h5ad_case(
+            demo.write_perturb_h5ad(root / "a.h5ad", **SMALL), demo.make_perturb_adata(**SMALL)
+        )
 
 
 class TestH5adDense(SourceContract):
@@ -160,14 +189,18 @@ class TestH5adLegacyDense(SourceContract):
 
 class TestH5adLegacyRawCompoundObsm(SourceContract):
     def build(self, root: Path) -> Case:
-        path = demo.write_legacy_h5ad(root / "lr.h5ad", **SMALL, normalized=True, obsm_layout="compound")
+        path = demo.write_legacy_h5ad(
+            root / "lr.h5ad", **SMALL, normalized=True, obsm_layout="compound"
+        )
         return _h5ad_case(path, demo.make_perturb_adata(**SMALL, normalized=True), matrix="raw/X")
 
 
 class TestH5adLayersCounts(SourceContract):
     def build(self, root: Path) -> Case:
         path = demo.write_perturb_h5ad(root / "n.h5ad", **SMALL, normalized=True)
-        return _h5ad_case(path, demo.make_perturb_adata(**SMALL, normalized=True), matrix="layers/counts")
+        return _h5ad_case(
+            path, demo.make_perturb_adata(**SMALL, normalized=True), matrix="layers/counts"
+        )
 
 
 class TestH5adRawX(SourceContract):
@@ -205,10 +238,16 @@ def _raises(fn: Callable[[], object], path: Path, *needles: str) -> str:
     return msg
 
 
-UNREADABLE = [("missing", "file not found"), ("text", "not an HDF5 file"), ("halved", "corrupt or truncated HDF5 file")]
+UNREADABLE = [
+    ("missing", "file not found"),
+    ("text", "not an HDF5 file"),
+    ("halved", "corrupt or truncated HDF5 file"),
+]
 
 
-@pytest.mark.parametrize("kind", sorted(t for t, c in SOURCES.items() if issubclass(c, MatrixSource)))
+@pytest.mark.parametrize(
+    "kind", sorted(t for t, c in SOURCES.items() if issubclass(c, MatrixSource))
+)
 @pytest.mark.parametrize(("damage", "problem"), UNREADABLE)
 def test_unreadable_file(tmp_path: Path, kind: str, damage: str, problem: str) -> None:
     path = demo.write_perturb_h5ad(tmp_path / "f.h5ad", **SMALL)
@@ -227,17 +266,27 @@ def test_unknown_kind_and_matrix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="h5ad, h5csr"):
         open_source("zarr", tmp_path / "x")
     path = demo.write_perturb_h5ad(tmp_path / "m.h5ad", **SMALL)
-    _raises(lambda: open_source("h5ad", path, "layers/spliced").meta([]), path, "'layers/spliced' not found", "X")
+    _raises(
+        lambda: open_source("h5ad", path, "layers/spliced").meta([]),
+        path,
+        "'layers/spliced' not found",
+        "X",
+    )
 
 
 # --- corrupted matrices -------------------------------------------------------------------------
 
 
 def _csr_file(tmp_path: Path, flavour: str) -> tuple[Path, sp.csr_matrix, str]:
-    """A small CSR file (matrix in group X) of a flavour, what it holds, and the source kind that reads it."""
+    """A small CSR file (matrix in group X) of a flavour, what it holds, and the source kind that
+    reads it."""
     if flavour == "h5csr":
-        path = demo.write_h5csr(tmp_path / "c.h5", n_cells=240, n_genes=40, n_perts=5, seed=7, hvg_dim=4)
-        adata = demo.make_perturb_adata(240, 40, 5, ("c",), 3, 7, 0.1, 0.15, 1, control_label="non-targeting")
+        path = demo.write_h5csr(
+            tmp_path / "c.h5", n_cells=240, n_genes=40, n_perts=5, seed=7, hvg_dim=4
+        )
+        adata = demo.make_perturb_adata(
+            240, 40, 5, ("c",), 3, 7, 0.1, 0.15, 1, control_label="non-targeting"
+        )
         return path, sp.csr_matrix(adata.X), "h5csr"
     path = demo.write_perturb_h5ad(tmp_path / "c.h5ad", **SMALL, legacy=flavour == "legacy")
     return path, sp.csr_matrix(demo.make_perturb_adata(**SMALL).X), "h5ad"
@@ -269,7 +318,12 @@ def test_indptr_longer_than_data(tmp_path: Path, flavour: str) -> None:
     src = open_source(kind, path)
     first_bad = int(np.argmax(x.indptr[1:] > keep))
     _raises(lambda: src.meta([]), path, f"row {first_bad}", "indptr does not match data length")
-    _raises(lambda: src.read_rows(190, 240), path, f"row {first_bad}", "indptr does not match data length")
+    _raises(
+        lambda: src.read_rows(190, 240),
+        path,
+        f"row {first_bad}",
+        "indptr does not match data length",
+    )
     assert src.read_rows(0, 150).nnz == x[:150].nnz
 
 
@@ -284,7 +338,12 @@ def test_column_index_out_of_range(tmp_path: Path, flavour: str) -> None:
     row = int(np.flatnonzero(np.diff(x.indptr) > 1)[60])
     _poke(path, "X/indices", int(x.indptr[row]) + 1, x.shape[1])
     src = open_source(kind, path)
-    _raises(lambda: src.read_rows(row - 5, row + 5), path, f"row {row}", f"column index {x.shape[1]} out of range")
+    _raises(
+        lambda: src.read_rows(row - 5, row + 5),
+        path,
+        f"row {row}",
+        f"column index {x.shape[1]} out of range",
+    )
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -315,7 +374,10 @@ def test_dense_matrix_errors(tmp_path: Path) -> None:
     src = open_source("h5ad", path, counts=True)
     _raises(lambda: src.read_rows(40, 60), path, "row 50", "NaN or inf", "column 3")
     _raises(lambda: src.read_rows(80, 100), path, "row 90", "negative value", "column 7")
-    assert open_source("h5ad", path, counts=False).read_rows(80, 100).shape == (20, SMALL["n_genes"])
+    assert open_source("h5ad", path, counts=False).read_rows(80, 100).shape == (
+        20,
+        SMALL["n_genes"],
+    )
 
 
 def test_out_of_range_obs_codes(tmp_path: Path) -> None:
@@ -330,7 +392,9 @@ def test_out_of_range_obs_codes(tmp_path: Path) -> None:
 def test_missing_values_become_minus_one(tmp_path: Path) -> None:
     adata = demo.make_perturb_adata(**SMALL)
     adata.obs.loc[adata.obs_names[[4, 9]], "perturbation"] = np.nan
-    adata.obs["dose"] = np.where(np.arange(adata.n_obs) % 5 == 0, np.nan, np.arange(adata.n_obs) % 3 * 0.5)
+    adata.obs["dose"] = np.where(
+        np.arange(adata.n_obs) % 5 == 0, np.nan, np.arange(adata.n_obs) % 3 * 0.5
+    )
     adata.write_h5ad(tmp_path / "na.h5ad")
     obs = H5adSource(tmp_path / "na.h5ad").meta(["perturbation", "dose"]).obs
     assert obs["perturbation"].codes[4] == obs["perturbation"].codes[9] == -1
@@ -349,7 +413,9 @@ def test_legacy_missing_category_code(tmp_path: Path) -> None:
 
 
 def test_legacy_file_reads_back_with_anndata(tmp_path: Path) -> None:
-    path = demo.write_legacy_h5ad(tmp_path / "l.h5ad", **SMALL, normalized=True, obsm_layout="compound")
+    path = demo.write_legacy_h5ad(
+        tmp_path / "l.h5ad", **SMALL, normalized=True, obsm_layout="compound"
+    )
     expected = demo.make_perturb_adata(**SMALL, normalized=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # OldFormatWarning: the point of the file
@@ -374,7 +440,11 @@ def test_write_demo_corpus(tmp_path: Path) -> None:
     ]
     genes = None
     for path in paths:
-        src = H5adSource(path, counts=True) if path.suffix == ".h5ad" else H5CsrSource(path, counts=True)
+        src = (
+            H5adSource(path, counts=True)
+            if path.suffix == ".h5ad"
+            else H5CsrSource(path, counts=True)
+        )
         columns = ["perturbation", "cell_type"] if path.suffix == ".h5ad" else ["gene", "gem_group"]
         meta = src.meta(columns, optional=["cell_type"])
         assert 1500 <= meta.n_rows <= 2500 and meta.n_cols == 600
@@ -386,7 +456,8 @@ def test_write_demo_corpus(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_the_scan_checks_barcodes_without_reading_them(tmp_path: Path, flavour: str) -> None:
-    """meta(names=False) (the scan) keeps no barcodes but says the source has them, and refuses an obs index
+    """meta(names=False) (the scan) keeps no barcodes but says the source has them, and refuses an
+    obs index
     of the wrong length as meta() does; the names the plan reads later are meta()'s."""
     path, x, kind = _csr_file(tmp_path, flavour)
     src = open_source(kind, path)
@@ -405,7 +476,9 @@ def test_the_scan_checks_barcodes_without_reading_them(tmp_path: Path, flavour: 
         f["obs"].create_dataset(key, data=names, dtype=h5py.string_dtype())
     src = open_source(kind, path)
     for names_too in (False, True):
-        _raises(lambda n=names_too: src.meta([], names=n), path, f"obs index has {x.shape[0] - 1} names")
+        _raises(
+            lambda n=names_too: src.meta([], names=n), path, f"obs index has {x.shape[0] - 1} names"
+        )
 
 
 def test_h5csr_plain_columns_shapeless_csr_and_fallback_names(tmp_path: Path) -> None:
@@ -418,23 +491,40 @@ def test_h5csr_plain_columns_shapeless_csr_and_fallback_names(tmp_path: Path) ->
         f["obs/guide"] = labels  # fixed-width bytes
         f["obs/line"] = np.array(["x", "y"] * 25, dtype=object).astype(h5py.string_dtype())
         f["obs/dose"] = np.where(np.arange(50) % 7 == 0, np.nan, np.arange(50) % 3 * 10.0)
-        f["obs/__categories/phase"] = np.array(["G1", "S"], dtype=object).astype(h5py.string_dtype())
-        f["obs/phase"] = np.arange(50, dtype=np.int8) % 2  # anndata 0.7: codes referencing their categories
+        f["obs/__categories/phase"] = np.array(["G1", "S"], dtype=object).astype(
+            h5py.string_dtype()
+        )
+        f["obs/phase"] = (
+            np.arange(50, dtype=np.int8) % 2
+        )  # anndata 0.7: codes referencing their categories
         f["obs/phase"].attrs["categories"] = f["obs/__categories/phase"].ref
         f["csc/X/data"], f["csc/X/indices"], f["csc/X/indptr"] = x.data, x.indices, x.indptr
         f["csc/X"].attrs["encoding-type"] = "csc_matrix"
     src = H5CsrSource(tmp_path / "plain.h5")
     meta = src.meta(["guide", "line", "dose", "phase"])
-    assert (meta.n_rows, meta.n_cols) == (50, 6) and meta.var_names == tuple(f"g{i}" for i in range(6))
+    assert (meta.n_rows, meta.n_cols) == (50, 6) and meta.var_names == tuple(
+        f"g{i}" for i in range(6)
+    )
     assert meta.obs["guide"].categories == ("a", "b", "c")
-    assert [meta.obs["guide"].categories[c] for c in meta.obs["guide"].codes] == [v.decode() for v in labels]
+    assert [meta.obs["guide"].categories[c] for c in meta.obs["guide"].codes] == [
+        v.decode() for v in labels
+    ]
     assert meta.obs["line"].categories == ("x", "y")
-    assert meta.obs["dose"].categories == ("0.0", "10.0", "20.0") and meta.obs["dose"].codes[0] == -1
-    assert meta.obs["phase"].categories == ("G1", "S") and list(meta.obs["phase"].codes[:3]) == [0, 1, 0]
+    assert (
+        meta.obs["dose"].categories == ("0.0", "10.0", "20.0") and meta.obs["dose"].codes[0] == -1
+    )
+    assert meta.obs["phase"].categories == ("G1", "S") and list(meta.obs["phase"].codes[:3]) == [
+        0,
+        1,
+        0,
+    ]
     np.testing.assert_array_equal(src.read_rows(10, 30).toarray(), x[10:30].toarray())
     with h5py.File(tmp_path / "dense.h5", "w") as f:
         f["X"] = x.toarray()  # no var, no obs: names fall back to gene_<i>
     dense = H5CsrSource(tmp_path / "dense.h5").meta([])
-    assert dense.var_names == tuple(f"gene_{i}" for i in range(6)) and dense.row_nnz.tolist() == [6] * 50
+    assert (
+        dense.var_names == tuple(f"gene_{i}" for i in range(6))
+        and dense.row_nnz.tolist() == [6] * 50
+    )
     path = tmp_path / "plain.h5"
     _raises(lambda: H5CsrSource(path, "csc/X").read_rows(0, 1), path, "CSC")

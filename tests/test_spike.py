@@ -1,4 +1,5 @@
-"""Spike-camera modality: .dat reading (bit-exact against an independent reference), the spike kind's shards,
+"""Spike-camera modality: .dat reading (bit-exact against an independent reference), the spike
+kind's shards,
 and the spike sample type's voxel grids, clips, crops and splits, on zarr and tar builds."""
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from loaders.modalities.spike.samples import crop_bits, voxel_numpy
 from loaders.modalities.spike.torch_ops import voxel_torch
 from loaders.testing import SampleTypeTests
 from pipeline.build import build
-from pipeline.modalities.spike.demo import FRAMES, HEIGHT, WIDTH, write_spike_demo
 from pipeline.errors import ManifestError, SourceError
 from pipeline.modalities.spike.dat import count_frames, read_frames
+from pipeline.modalities.spike.demo import FRAMES, HEIGHT, WIDTH, write_spike_demo
 from pipeline.verify import verify
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "data_manifests"
 
 
 def reference_bits(frames: np.ndarray) -> bytes:
-    """An independent writer of the Vidar layout: for every pixel, set bit (p % 8) of byte p // 8 of its frame,
+    """An independent writer of the Vidar layout: for every pixel, set bit (p % 8) of byte p // 8 of
+    its frame,
     where p = row * W + col counts rows from the bottom (frames are stored upside down)."""
     t, h, w = frames.shape
     out = bytearray(t * h * w // 8)
@@ -72,7 +74,9 @@ def test_bytes_packing_and_its_errors(tmp_path: Path) -> None:
 
 def test_a_size_that_is_not_whole_frames_names_the_other_packing(tmp_path: Path) -> None:
     path = tmp_path / "c.dat"
-    path.write_bytes(bytes(10 * 396 * 640))  # 10 frames of bytes, read as bits by mistake? no: 80 bit-frames
+    path.write_bytes(
+        bytes(10 * 396 * 640)
+    )  # 10 frames of bytes, read as bits by mistake? no: 80 bit-frames
     assert count_frames(path, 396, 640, "bits") == 80
     path.write_bytes(bytes(2_534_401))
     with pytest.raises(SourceError, match=r"c\.dat: size 2534401 .* packing='bytes' it would be"):
@@ -95,7 +99,7 @@ def test_numpy_and_torch_voxels_are_equal(crop: tuple[int, int] | None) -> None:
     frames = np.unpackbits(full, axis=-1, bitorder="little")  # independent: unpack all, then crop
     want = frames.reshape(3, 2, 5, 8, 64, 96).sum(3)
     for i, (y, x) in enumerate(offsets.tolist()):
-        np.testing.assert_array_equal(a[i], want[i, :, :, y:y + h, x:x + w])
+        np.testing.assert_array_equal(a[i], want[i, :, :, y : y + h, x : x + w])
 
 
 @pytest.fixture(scope="module")
@@ -115,27 +119,37 @@ def built(request: pytest.FixtureRequest, demo: Path) -> Path:
 
 
 def _windows(demo: Path) -> dict[int, tuple[str, np.ndarray]]:
-    """sample_id -> (sequence folder, the kept 40 frames) from the .dat files, decoded independently."""
+    """sample_id -> (sequence folder, the kept 40 frames) from the .dat files, decoded
+    independently."""
     files = sorted((demo / "data" / "demo" / "spike").rglob("*.dat"))
-    return {i: (f.parent.parent.name, reference_read(f, HEIGHT, WIDTH)[:FRAMES]) for i, f in enumerate(files)}
+    return {
+        i: (f.parent.parent.name, reference_read(f, HEIGHT, WIDTH)[:FRAMES])
+        for i, f in enumerate(files)
+    }
 
 
 def test_build_verifies(built: Path) -> None:
     assert verify(built) == []
 
 
-@pytest.mark.parametrize("workers, bins", [(0, 4), (2, 4), (0, 5), (2, 5), (0, 1)])  # 10, 8, 40 frames a bin
-def test_voxels_equal_the_binned_window_cropped(built: Path, demo: Path, workers: int, bins: int) -> None:
+@pytest.mark.parametrize(
+    "workers, bins", [(0, 4), (2, 4), (0, 5), (2, 5), (0, 1)]
+)  # 10, 8, 40 frames a bin
+def test_voxels_equal_the_binned_window_cropped(
+    built: Path, demo: Path, workers: int, bins: int
+) -> None:
     windows = _windows(demo)
     seen = 0
     for split in ("train", "test"):
-        ds = ShardDataset(built, split=split, sample="spike", batch_size=2, crop=(24, 40), num_bins=bins, seed=1)
+        ds = ShardDataset(
+            built, split=split, sample="spike", batch_size=2, crop=(24, 40), num_bins=bins, seed=1
+        )
         for b in ShardLoader(ds, num_workers=workers):
             for i in range(b["voxel"].shape[0]):
                 y, x = b["crop"][i].tolist()
                 for j, sid in enumerate(b["sample_id"][i].tolist()):
                     frames = windows[sid][1].astype(np.float32)
-                    want = frames.reshape(bins, -1, HEIGHT, WIDTH).sum(1)[:, y:y + 24, x:x + 40]
+                    want = frames.reshape(bins, -1, HEIGHT, WIDTH).sum(1)[:, y : y + 24, x : x + 40]
                     np.testing.assert_array_equal(b["voxel"][i, j].numpy(), want)
                     seen += 1
                 assert b["blur"].shape[-2:] == (48, 80)  # images are 2x the spike resolution
@@ -156,7 +170,9 @@ def test_clips_never_cross_sequences_and_splits_never_share_one(built: Path, dem
 
 def test_crop_is_reproducible_and_changes_with_the_epoch(built: Path) -> None:
     def crops(epoch: int) -> list[list[int]]:
-        ds = ShardDataset(built, split="train", sample="spike", batch_size=4, crop=(16, 16), seed=3, shuffle=False)
+        ds = ShardDataset(
+            built, split="train", sample="spike", batch_size=4, crop=(16, 16), seed=3, shuffle=False
+        )
         ds.set_epoch(epoch)
         return [c for b in ds for c in b["crop"].tolist()]
 
@@ -172,15 +188,24 @@ def test_bad_num_bins_and_clip_len_are_clear_errors(built: Path) -> None:
 
 def test_files_layout_splits_by_file_and_counts_a_missing_image(demo: Path, tmp_path: Path) -> None:
     text = (demo / "m" / "demo_spike.toml").read_text()
-    (tmp_path / "files.toml").write_text(text.replace('"../data/demo/spike"', f'"{demo}/data/demo/spike_files/*.dat"')
-                                         .replace('layout = "gopro"', 'layout = "files"')
-                                         .replace('images = ["blur", "sharp"]', "images = []")
-                                         .replace("clip_len = 3", "clip_len = 1") + "\n[split]\ntest_fraction = 0.4\n")
+    (tmp_path / "files.toml").write_text(
+        text.replace('"../data/demo/spike"', f'"{demo}/data/demo/spike_files/*.dat"')
+        .replace('layout = "gopro"', 'layout = "files"')
+        .replace('images = ["blur", "sharp"]', "images = []")
+        .replace("clip_len = 3", "clip_len = 1")
+        + "\n[split]\ntest_fraction = 0.4\n"
+    )
     build(tmp_path / "files.toml", tmp_path / "o1", progress=False)
     assert verify(tmp_path / "o1") == []
-    ids = {sp: [i for b in ShardDataset(tmp_path / "o1", split=sp, sample="spike", batch_size=8) for i in
-                b["sample_id"].reshape(-1).tolist()] for sp in ("train", "val", "test")
-           if any(e.split == sp for e in read_index(tmp_path / "o1").shards)}
+    ids = {
+        sp: [
+            i
+            for b in ShardDataset(tmp_path / "o1", split=sp, sample="spike", batch_size=8)
+            for i in b["sample_id"].reshape(-1).tolist()
+        ]
+        for sp in ("train", "val", "test")
+        if any(e.split == sp for e in read_index(tmp_path / "o1").shards)
+    }
     assert sorted(i for v in ids.values() for i in v) == list(range(8)) and ids["test"]
     tree = tmp_path / "tree"
     shutil.copytree(demo / "data" / "demo" / "spike", tree)
@@ -190,15 +215,24 @@ def test_files_layout_splits_by_file_and_counts_a_missing_image(demo: Path, tmp_
     assert res.index["stats"]["skipped"] == {"no blur image for the spike frame": 1}
 
 
-def test_wrong_resolution_names_the_file_and_no_pillow_names_the_extra(demo: Path, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    text = (demo / "m" / "demo_spike.toml").read_text().replace('"../data/demo/spike"', f'"{demo}/data/demo/spike"')
+def test_wrong_resolution_names_the_file_and_no_pillow_names_the_extra(
+    demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (
+        (demo / "m" / "demo_spike.toml")
+        .read_text()
+        .replace('"../data/demo/spike"', f'"{demo}/data/demo/spike"')
+    )
     (tmp_path / "w.toml").write_text(text.replace("height = 64", "height = 63"))
-    with pytest.raises(SourceError, match=r"000000\.dat: size .* not a whole number of 63x96 frames"):
+    with pytest.raises(
+        SourceError, match=r"000000\.dat: size .* not a whole number of 63x96 frames"
+    ):
         build(tmp_path / "w.toml", tmp_path / "o", progress=False)
     (tmp_path / "ok.toml").write_text(text)
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(ManifestError, match=r'spike\.images.*Pillow.*pip install -e "\.\[images\]"'):
+    with pytest.raises(
+        ManifestError, match=r'spike\.images.*Pillow.*pip install -e "\.\[images\]"'
+    ):
         build(tmp_path / "ok.toml", tmp_path / "o", progress=False)
 
 

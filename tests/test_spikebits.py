@@ -1,6 +1,9 @@
-"""The ``shardsmith.spikebits`` codec (pixel-major spike bits + zstd) and per-field codecs in the format:
-bit-exact round trips on awkward windows, determinism, clear errors for corrupt streams, unknown codecs and
-bad configs, the index version gate, and builds with and without it giving the same loader batches."""
+"""The ``shardsmith.spikebits`` codec (pixel-major spike bits + zstd) and per-field codecs in the
+format:
+bit-exact round trips on awkward windows, determinism, clear errors for corrupt streams, unknown
+codecs and
+bad configs, the index version gate, and builds with and without it giving the same loader
+batches."""
 
 from __future__ import annotations
 
@@ -14,9 +17,15 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
-from loaders.shardio import read_shard
+from loaders.modalities.spike.bits import (
+    CODEC_ID,
+    SpikeBits,
+    from_pixel_major,
+    to_pixel_major,
+    transpose8,
+)
 from loaders.modalities.spike.ops import pack_pixel_major
-from loaders.modalities.spike.bits import CODEC_ID, SpikeBits, from_pixel_major, to_pixel_major, transpose8
+from loaders.shardio import read_shard
 from pipeline.build import build
 from pipeline.modalities.spike.demo import integrate_and_fire, scene, write_spike_demo
 
@@ -25,7 +34,8 @@ CONFIG = {"id": CODEC_ID, "level": 5}
 
 
 def spike_window(t: int = 40, h: int = 16, w: int = 24, seed: int = 0) -> np.ndarray:
-    """A bit-packed integrate-and-fire window uint8 ``[t, h, ceil(w/8)]`` (w need not be a multiple of 8)."""
+    """A bit-packed integrate-and-fire window uint8 ``[t, h, ceil(w/8)]`` (w need not be a multiple
+    of 8)."""
     frames = integrate_and_fire(scene(np.arange(t), h, w, seed), seed=seed)
     return np.packbits(frames, axis=-1, bitorder="little")
 
@@ -34,7 +44,9 @@ def windows() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     return {
         "spikes": np.stack([spike_window(seed=s) for s in range(3)]),
-        "random bytes": rng.integers(0, 256, (5, 40, 7, 3), dtype=np.uint8),  # odd bytes per frame (21)
+        "random bytes": rng.integers(
+            0, 256, (5, 40, 7, 3), dtype=np.uint8
+        ),  # odd bytes per frame (21)
         "all zero": np.zeros((2, 40, 5, 4), np.uint8),
         "all one": np.full((2, 40, 5, 4), 255, np.uint8),
         "13 frames": rng.integers(0, 256, (3, 13, 9), dtype=np.uint8),  # T not a multiple of 8
@@ -59,12 +71,15 @@ def test_round_trip_is_bit_exact(case: str) -> None:
 
 
 def test_pixel_major_layout_is_each_pixels_frames() -> None:
-    """Byte [r, i, k] of the transposed window holds frames 8k..8k+7 of bit i of byte r (LSB = earliest)."""
+    """Byte [r, i, k] of the transposed window holds frames 8k..8k+7 of bit i of byte r (LSB =
+    earliest)."""
     rng = np.random.default_rng(1)
     a = rng.integers(0, 256, (2, 19, 6), dtype=np.uint8)
     bits = np.unpackbits(a, axis=-1, bitorder="little").reshape(2, 19, 6, 8)  # [n, T, byte, bit]
     padded = np.concatenate([bits, np.zeros((2, 5, 6, 8), np.uint8)], axis=1)  # T -> 24
-    want = np.packbits(padded.reshape(2, 3, 8, 6, 8), axis=2, bitorder="little")[:, :, 0]  # [n, K, byte, bit]
+    want = np.packbits(padded.reshape(2, 3, 8, 6, 8), axis=2, bitorder="little")[
+        :, :, 0
+    ]  # [n, K, byte, bit]
     np.testing.assert_array_equal(to_pixel_major(a), want.transpose(0, 2, 3, 1))
     np.testing.assert_array_equal(from_pixel_major(to_pixel_major(a), 19), a)
     w = rng.integers(0, 2**63, 50, dtype=np.uint64)
@@ -72,7 +87,8 @@ def test_pixel_major_layout_is_each_pixels_frames() -> None:
 
 
 def test_integrate_and_fire_windows_compress_well() -> None:
-    """What the codec is for: the camera's periodic bits shrink to well under their size (zstd alone: ~0.9)."""
+    """What the codec is for: the camera's periodic bits shrink to well under their size (zstd
+    alone: ~0.9)."""
     a = np.stack([spike_window(h=32, w=64, seed=s) for s in range(4)])
     assert len(SpikeBits().encode(a)) < 0.7 * a.nbytes
     assert len(numcodecs.Zstd(level=5).encode(a)) > 0.8 * a.nbytes  # the same bits, time-major
@@ -112,10 +128,12 @@ def test_field_spec_codec_json_and_layout() -> None:
         fmt.FieldSpec("x", "csr", "float32", (5,), codec=CONFIG)
 
 
-# -- builds ----------------------------------------------------------------------------------------------
+# -- builds
+# ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The demo spike tree built with the spikebits default (pixel-major + zstd; zarr, tar), with the previous
+    """The demo spike tree built with the spikebits default (pixel-major + zstd; zarr, tar), with
+    the previous
     default (spikebits-v1: frame-major, this codec; zarr, tar) and with codec = "dataset" (zarr)."""
     root = tmp_path_factory.mktemp("spikebits")
     write_spike_demo(root / "data" / "demo")
@@ -125,28 +143,47 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (root / "m" / "b.toml").write_text(text.replace("[spike]", '[spike]\ncodec = "dataset"'))
     (root / "m" / "c.toml").write_text(text.replace("[spike]", '[spike]\ncodec = "spikebits-v1"'))
     outs = {}
-    for name, manifest, enc in (("zarr", "a", "zarr"), ("tar", "a", "tar"), ("plain", "b", "zarr"),
-                                ("v1-zarr", "c", "zarr"), ("v1-tar", "c", "tar")):
+    for name, manifest, enc in (
+        ("zarr", "a", "zarr"),
+        ("tar", "a", "tar"),
+        ("plain", "b", "zarr"),
+        ("v1-zarr", "c", "zarr"),
+        ("v1-tar", "c", "tar"),
+    ):
         build(root / "m" / f"{manifest}.toml", root / name, jobs=1, progress=False, encoding=enc)
         outs[name] = root / name
     return outs
 
 
 def _batches(root: Path) -> list[dict[str, np.ndarray]]:
-    ds = ShardDataset(root, split="train", sample="spike", batch_size=3, crop=(24, 40), num_bins=5, seed=2)
+    ds = ShardDataset(
+        root, split="train", sample="spike", batch_size=3, crop=(24, 40), num_bins=5, seed=2
+    )
     return [{k: np.asarray(v) for k, v in b.items()} for b in ShardLoader(ds, num_workers=0)]
 
 
 def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> None:
     for name in ("zarr", "tar"):
         index = fmt.read_index(builds[name])
-        assert index.field("spikes").codec == {"id": "zstd", "level": 5} and index.raw["version"] == 3
-        assert index.section()["codec"] == "spikebits" and index.section()["bit_order"] == "pixel_major"
+        assert (
+            index.field("spikes").codec == {"id": "zstd", "level": 5} and index.raw["version"] == 3
+        )
+        assert (
+            index.section()["codec"] == "spikebits"
+            and index.section()["bit_order"] == "pixel_major"
+        )
         index = fmt.read_index(builds[f"v1-{name}"])
-        assert index.field("spikes").codec == CONFIG and index.raw["version"] == fmt.INDEX_VERSION == 3
-        assert index.section()["codec"] == "spikebits-v1" and index.section()["bit_order"] == "frame_major"
+        assert (
+            index.field("spikes").codec == CONFIG and index.raw["version"] == fmt.INDEX_VERSION == 3
+        )
+        assert (
+            index.section()["codec"] == "spikebits-v1"
+            and index.section()["bit_order"] == "frame_major"
+        )
     plain = fmt.read_index(builds["plain"])
-    assert plain.field("spikes").codec is None and plain.raw["version"] == fmt.PLAIN_INDEX_VERSION == 2
+    assert (
+        plain.field("spikes").codec is None and plain.raw["version"] == fmt.PLAIN_INDEX_VERSION == 2
+    )
     assert plain.section()["codec"] == "dataset"
 
 
@@ -169,12 +206,20 @@ def test_codec_shards_are_smaller_and_hold_the_same_bits(builds: dict[str, Path]
         for e, p in zip(index.shards, plain.shards, strict=True):
             got = read_shard(index.shard_path(e), index.encoding, ["spikes"])["spikes"]
             want = read_shard(plain.shard_path(p), "zarr", ["spikes"])["spikes"]
-            if not name.startswith("v1"):  # pixel-major: the same bits, each pixel's frames together
-                want = np.stack([pack_pixel_major(np.unpackbits(w, axis=-1, bitorder="little")[..., :96])
-                                 for w in want])
+            if not name.startswith(
+                "v1"
+            ):  # pixel-major: the same bits, each pixel's frames together
+                want = np.stack(
+                    [
+                        pack_pixel_major(np.unpackbits(w, axis=-1, bitorder="little")[..., :96])
+                        for w in want
+                    ]
+                )
             np.testing.assert_array_equal(got, want)
     stored = {n: sum(s.bytes for s in fmt.read_index(builds[n]).shards) for n in ("zarr", "plain")}
-    assert stored["zarr"] < stored["plain"]  # paired images (blosc-lz4 in both) dominate the demo's bytes
+    assert (
+        stored["zarr"] < stored["plain"]
+    )  # paired images (blosc-lz4 in both) dominate the demo's bytes
 
 
 def _copy_with(src: Path, dst: Path, codec: object) -> Path:
@@ -187,19 +232,26 @@ def _copy_with(src: Path, dst: Path, codec: object) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("codec, match", [({"id": "shardsmith.spikebits9"}, "unknown to this shardsmith"),
-                                          ({"id": CODEC_ID, "level": "high"}, "bad config"),
-                                          ("spikebits", "must be an object")])
-def test_unknown_codec_or_bad_config_is_a_clear_error(builds: dict[str, Path], tmp_path: Path, codec: object,
-                                                      match: str) -> None:
+@pytest.mark.parametrize(
+    "codec, match",
+    [
+        ({"id": "shardsmith.spikebits9"}, "unknown to this shardsmith"),
+        ({"id": CODEC_ID, "level": "high"}, "bad config"),
+        ("spikebits", "must be an object"),
+    ],
+)
+def test_unknown_codec_or_bad_config_is_a_clear_error(
+    builds: dict[str, Path], tmp_path: Path, codec: object, match: str
+) -> None:
     root = _copy_with(builds["zarr"], tmp_path / "d", codec)
     with pytest.raises(fmt.FormatError, match=match) as e:
         ShardDataset(root, split="train", sample="spike")
     assert "'spikes'" in str(e.value) and "index.json" in str(e.value)
 
 
-def test_codec_in_an_old_index_version_and_newer_versions_are_refused(builds: dict[str, Path],
-                                                                      tmp_path: Path) -> None:
+def test_codec_in_an_old_index_version_and_newer_versions_are_refused(
+    builds: dict[str, Path], tmp_path: Path
+) -> None:
     root = _copy_with(builds["zarr"], tmp_path / "d", CONFIG)
     doc = json.loads((root / fmt.INDEX_FILE).read_text())
     (root / fmt.INDEX_FILE).write_text(json.dumps({**doc, "version": 2}))
@@ -211,15 +263,21 @@ def test_codec_in_an_old_index_version_and_newer_versions_are_refused(builds: di
 
 
 @pytest.mark.parametrize("name", ["zarr", "tar", "v1-zarr", "v1-tar"])
-def test_corrupt_codec_bytes_name_the_shard(builds: dict[str, Path], tmp_path: Path, name: str) -> None:
+def test_corrupt_codec_bytes_name_the_shard(
+    builds: dict[str, Path], tmp_path: Path, name: str
+) -> None:
     root = tmp_path / "d"
     shutil.copytree(builds[name], root)
     index = fmt.read_index(root)
     shard = index.shard_path(index.shards[0])
     if name.endswith("zarr"):
-        chunk = next(p for p in (shard / "spikes").rglob("*") if p.is_file() and p.name != "zarr.json")
+        chunk = next(
+            p for p in (shard / "spikes").rglob("*") if p.is_file() and p.name != "zarr.json"
+        )
         data = bytearray(chunk.read_bytes())
-        data[40:] = np.random.default_rng(0).bytes(len(data) - 40)  # past the header: zstd sees garbage
+        data[40:] = np.random.default_rng(0).bytes(
+            len(data) - 40
+        )  # past the header: zstd sees garbage
         chunk.write_bytes(bytes(data))
     else:
         import tarfile
@@ -227,15 +285,18 @@ def test_corrupt_codec_bytes_name_the_shard(builds: dict[str, Path], tmp_path: P
         with tarfile.open(shard) as tf:
             info = next(i for i in tf.getmembers() if i.name.endswith(".spikes.npy"))
         data = bytearray(shard.read_bytes())
-        body = info.offset_data + 128 + 16 + 40  # .npy header, stream header, then into the zstd frame
-        data[body:body + 64] = np.random.default_rng(0).bytes(64)
+        body = (
+            info.offset_data + 128 + 16 + 40
+        )  # .npy header, stream header, then into the zstd frame
+        data[body : body + 64] = np.random.default_rng(0).bytes(64)
         shard.write_bytes(bytes(data))
     with pytest.raises(fmt.FormatError, match=str(shard)):
         read_shard(shard, index.encoding, ["spikes"])
 
 
 def test_generator_noise_is_opt_in_and_does_what_it_says() -> None:
-    """integrate_and_fire's noise options (the bench's noisy corpus): off by default, dark spikes at the asked
+    """integrate_and_fire's noise options (the bench's noisy corpus): off by default, dark spikes at
+    the asked
     rate where nothing fires, threshold jitter moves spikes but keeps the firing rate."""
     light = scene(np.arange(64), 32, 48, 3)
     clean = integrate_and_fire(light, seed=4)

@@ -1,4 +1,5 @@
-"""Manifest values that used to be accepted silently or end in a traceback: each is now exit 2 with an error
+"""Manifest values that used to be accepted silently or end in a traceback: each is now exit 2 with
+an error
 naming the manifest file, the key and the allowed values (cases: tests/hostile/values.py)."""
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from tests import hostile
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[..., Any]) -> Path:
     root = tmp_path_factory.mktemp("validation")
-    build_dataset(root, "sources", sources=1, cells=120, genes=30, perts=3,
-                  source_name="a.h5ad")  # cell types K562, HepG2
+    build_dataset(
+        root, "sources", sources=1, cells=120, genes=30, perts=3, source_name="a.h5ad"
+    )  # cell types K562, HepG2
     return root
 
 
@@ -30,9 +32,13 @@ def _build(manifest: Path, out: Path) -> int:
 
 
 @hostile.parametrize
-def test_manifest_value_is_refused(case: hostile.Case, sources: Path, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str],
-                                   write_manifest: Callable[..., Any]) -> None:
+def test_manifest_value_is_refused(
+    case: hostile.Case,
+    sources: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    write_manifest: Callable[..., Any],
+) -> None:
     (old, new), key, allowed = case.data
     manifest = write_manifest(sources / f"{case.id}.toml")
     text = manifest.read_text()
@@ -47,15 +53,22 @@ def test_manifest_value_is_refused(case: hostile.Case, sources: Path, tmp_path: 
 
 
 @hostile.parametrize
-def test_tiny_shard_size_plans_no_empty_shard(case: hostile.Case, tmp_path: Path,
-                                              read_all: Callable[..., Any],
-                                              write_manifest: Callable[..., Any]) -> None:
+def test_tiny_shard_size_plans_no_empty_shard(
+    case: hostile.Case,
+    tmp_path: Path,
+    read_all: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     (tmp_path / "src").mkdir()
-    write_perturb_h5ad(tmp_path / "src/a.h5ad", n_cells=24, n_genes=400, n_perts=2, seed=0)  # ~1 kB per cell
+    write_perturb_h5ad(
+        tmp_path / "src/a.h5ad", n_cells=24, n_genes=400, n_perts=2, seed=0
+    )  # ~1 kB per cell
     manifest = write_manifest(tmp_path / "tiny.toml", shard_mb=0.0001, covariates="[]", obsm="[]")
     assert _build(manifest, tmp_path / "out") == 0
     index, shards = read_all(tmp_path / "out")
-    assert all(e.units["cells"] == 1 for e, _ in shards)  # one cell per shard: the cap, not an empty shard
+    assert all(
+        e.units["cells"] == 1 for e, _ in shards
+    )  # one cell per shard: the cap, not an empty shard
     assert len(shards) == 24
 
 
@@ -88,6 +101,8 @@ def test_verify_catches_an_edited_index(case: hostile.Case, built: Path, tmp_pat
     _edit_index(doc, case.data)
     (copy / "index.json").write_text(json.dumps(doc))
     problems = verify(copy, check_hashes=False)
-    want = "no content digest" if case.data == "digest" else f"{case.data!r} differs from the digest"
+    want = (
+        "no content digest" if case.data == "digest" else f"{case.data!r} differs from the digest"
+    )
     assert any(want in p and "index.json" in p for p in problems), problems
     assert main(["verify", str(copy), "--no-hash"]) == 1

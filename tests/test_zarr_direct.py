@@ -1,6 +1,9 @@
-"""The zarr writer's direct path (pipeline.writers.zarr_direct) writes zarr-python's bytes: every file of a
-shard equals what zarr-python writes for the same columns, for every codec, dtype, shape and chunking; a
-signature it cannot vouch for goes through zarr-python; a whole build is byte-identical either way."""
+"""The zarr writer's direct path (pipeline.writers.zarr_direct) writes zarr-python's bytes: every
+file of a
+shard equals what zarr-python writes for the same columns, for every codec, dtype, shape and
+chunking; a
+signature it cannot vouch for goes through zarr-python; a whole build is byte-identical either
+way."""
 
 from __future__ import annotations
 
@@ -30,17 +33,31 @@ class Lazy:
 
 
 def columns(rng: np.random.Generator) -> dict[str, Any]:
-    return {"X/data": rng.random(3001).astype(np.float32), "X/indices": rng.integers(0, 2000, 3001).astype(np.int32),
-            "X/indptr": np.arange(101, dtype=np.int64), "obs/batch": rng.integers(0, 5, 100).astype(np.int32),
-            "primary": rng.random(100) > 0.5, "pairs": rng.integers(0, 100, (37, 2)).astype(np.int32),
-            "sentences": rng.integers(0, 100, (9, 128)).astype(np.int32), "empty": np.zeros((0, 128), np.int32),
-            "none": np.zeros(0, np.int64), "obs_names/bytes": rng.integers(0, 255, 777).astype(np.uint8),
-            "f64": rng.random(50), "i16": np.arange(3, dtype=np.int16), "big_endian": np.arange(40, dtype=">i4"),
-            "obsm/X_pca": rng.random((100, 7)).astype(np.float32), "lazy": Lazy(rng.random(1500).astype(np.float32))}
+    return {
+        "X/data": rng.random(3001).astype(np.float32),
+        "X/indices": rng.integers(0, 2000, 3001).astype(np.int32),
+        "X/indptr": np.arange(101, dtype=np.int64),
+        "obs/batch": rng.integers(0, 5, 100).astype(np.int32),
+        "primary": rng.random(100) > 0.5,
+        "pairs": rng.integers(0, 100, (37, 2)).astype(np.int32),
+        "sentences": rng.integers(0, 100, (9, 128)).astype(np.int32),
+        "empty": np.zeros((0, 128), np.int32),
+        "none": np.zeros(0, np.int64),
+        "obs_names/bytes": rng.integers(0, 255, 777).astype(np.uint8),
+        "f64": rng.random(50),
+        "i16": np.arange(3, dtype=np.int16),
+        "big_endian": np.arange(40, dtype=">i4"),
+        "obsm/X_pca": rng.random((100, 7)).astype(np.float32),
+        "lazy": Lazy(rng.random(1500).astype(np.float32)),
+    }
 
 
 def tree(path: Path) -> dict[str, bytes]:
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(path).as_posix(): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def zarr_python(path: Path, cols: dict[str, Any], codec: Codec) -> None:
@@ -48,10 +65,13 @@ def zarr_python(path: Path, cols: dict[str, Any], codec: Codec) -> None:
     zarr_writer._write_with_zarr(path, arrays, {}, zarr_writer.zarr_compressors(codec))
 
 
-@pytest.mark.parametrize("chunk_bytes", [1000, 8 << 20])  # many chunks with a padded edge; one chunk each
+@pytest.mark.parametrize(
+    "chunk_bytes", [1000, 8 << 20]
+)  # many chunks with a padded edge; one chunk each
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
-def test_same_files_as_zarr_python(tmp_path: Path, codec: Codec, chunk_bytes: int,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_same_files_as_zarr_python(
+    tmp_path: Path, codec: Codec, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(zarr_writer, "CHUNK_BYTES", chunk_bytes)
     cols = columns(np.random.default_rng(0))
     zarr_writer.ZarrShardWriter(codec).write(tmp_path / "direct", cols)
@@ -61,13 +81,20 @@ def test_same_files_as_zarr_python(tmp_path: Path, codec: Codec, chunk_bytes: in
     assert [k for k in ours if ours[k] != theirs[k]] == []
     assert "X/data/c/2" in ours or chunk_bytes > 1000  # the small chunks did make several chunks
     compressors = zarr_writer.zarr_compressors(codec)
-    assert zarr_direct.array_template(np.dtype(np.float32), (), compressors) is not None  # the fast path ran
+    assert (
+        zarr_direct.array_template(np.dtype(np.float32), (), compressors) is not None
+    )  # the fast path ran
 
 
-def test_an_unverified_signature_goes_through_zarr_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A codec the direct path cannot encode, or a probe whose bytes differ, is written by zarr-python."""
+def test_an_unverified_signature_goes_through_zarr_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A codec the direct path cannot encode, or a probe whose bytes differ, is written by
+    zarr-python."""
     monkeypatch.setattr(zarr_direct, "_TEMPLATES", {})
-    monkeypatch.setattr(zarr_direct, "ENCODERS", {})  # no codec known: every compressed signature fails
+    monkeypatch.setattr(
+        zarr_direct, "ENCODERS", {}
+    )  # no codec known: every compressed signature fails
     calls: list[list[str]] = []
     real = zarr_writer._write_with_zarr
 
@@ -84,12 +111,18 @@ def test_an_unverified_signature_goes_through_zarr_python(tmp_path: Path, monkey
 
     monkeypatch.setattr(zarr_direct, "_TEMPLATES", {})
     monkeypatch.setattr(zarr_direct, "ENCODERS", {"blosc": lambda conf: lambda b: b"not blosc"})
-    assert zarr_direct.array_template(np.dtype(np.int32), (), zarr_writer.zarr_compressors(CODECS[0])) is None
+    assert (
+        zarr_direct.array_template(np.dtype(np.int32), (), zarr_writer.zarr_compressors(CODECS[0]))
+        is None
+    )
 
 
-def test_a_build_is_byte_identical_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              build_dataset: Callable[..., Any],
-                                              write_manifest: Callable[..., Any]) -> None:
+def test_a_build_is_byte_identical_either_way(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    build_dataset: Callable[..., Any],
+    write_manifest: Callable[..., Any],
+) -> None:
     build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     build(manifest, tmp_path / "direct", jobs=2, progress=False)
@@ -101,5 +134,7 @@ def test_a_build_is_byte_identical_either_way(tmp_path: Path, monkeypatch: pytes
     index = fmt.read_index(a)
     names = [e.file for e in index.shards]
     assert len(names) > 2 and index.conditions is not None
-    for name in [f"{fmt.SHARDS_DIR}/{n}" for n in names] + [index.conditions.file]:  # written on pack threads
+    for name in [f"{fmt.SHARDS_DIR}/{n}" for n in names] + [
+        index.conditions.file
+    ]:  # written on pack threads
         assert tree(a / name) == tree(b / name)  # and in the main thread (the condition table)

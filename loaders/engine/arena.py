@@ -1,17 +1,21 @@
-"""Window arenas: one decoded window, every field's column for all its shards back to back (no torch: the
+"""Window arenas: one decoded window, every field's column for all its shards back to back (no
+torch: the
 decoder process imports this).
 
 An *arena* holds the columns a sample type reads, by field layout:
 
 * ``dense`` ``<name>``: ``[R, *shape]``, shard after shard;
 * ``csr`` ``<name>/indptr`` (int64 ``[R+1]``, rebased so the window's rows form one CSR matrix),
-  ``<name>/indices``, ``<name>/data``: each shard's entries decoded straight after the previous shard's;
+  ``<name>/indices``, ``<name>/data``: each shard's entries decoded straight after the previous
+  shard's;
 * ``ragged`` ``<name>/offsets`` (int64 ``[R+1]``, rebased likewise), ``<name>/values``.
 
 Decoding writes each shard straight into its slice (:meth:`loaders.shardio.Column.read_into`): no
 concatenation, no re-encoding; a batch then gathers rows with one vectorised call per field
-(:mod:`loaders.gather`). The big arrays are recycled by a :class:`BufferPool` (fresh memory costs a page
-fault per 4 KiB), or live in a shared slab filled by the decoder process (:mod:`loaders.engine.decoder`), which is
+(:mod:`loaders.gather`). The big arrays are recycled by a :class:`BufferPool` (fresh memory costs a
+page
+fault per 4 KiB), or live in a shared slab filled by the decoder process
+(:mod:`loaders.engine.decoder`), which is
 why an arena is nothing but named arrays plus a JSON-able layout map.
 """
 
@@ -35,7 +39,8 @@ INDEX_ARRAYS = ("shards", "row_offsets", "unit_offsets", "units", "order", "unit
 class BufferPool:
     """Big 64-byte-aligned arrays recycled between windows (and epochs) of one process.
 
-    The owners are uint64 arrays: numpy points every view's ``base`` at the owner, and scipy copies a
+    The owners are uint64 arrays: numpy points every view's ``base`` at the owner, and scipy copies
+    a
     CSR component whose base has more than twice its number of *elements* (``_prune_array``), which
     a float32 view of a uint8 owner always has."""
 
@@ -56,7 +61,7 @@ class BufferPool:
             raw = np.empty(-(-(need + need // 32) // 8), np.uint64)
         raw8 = raw.view(np.uint8)
         skip = -raw8.ctypes.data % ALIGN
-        return raw8[skip:skip + size].view(dtype)
+        return raw8[skip : skip + size].view(dtype)
 
     def clear(self) -> None:
         """Let go of every recycled buffer (e.g. once a decoder process serves the windows instead)."""
@@ -69,13 +74,18 @@ class BufferPool:
                 raw = a
                 while isinstance(raw.base, np.ndarray):
                     raw = raw.base
-                if raw.dtype == np.uint64 and raw.ndim == 1 and all(raw is not b for b in self._free):
+                if (
+                    raw.dtype == np.uint64
+                    and raw.ndim == 1
+                    and all(raw is not b for b in self._free)
+                ):
                     self._free.append(raw)
-            del self._free[:-self.keep]
+            del self._free[: -self.keep]
 
 
 class Buffers(Protocol):
-    """Where an arena's arrays go: a :class:`BufferPool`, or a decoder slab (``loaders.engine.decoder``)."""
+    """Where an arena's arrays go: a :class:`BufferPool`, or a decoder slab
+    (``loaders.engine.decoder``)."""
 
     def get(self, n: int, dtype: np.dtype) -> np.ndarray: ...
 
@@ -90,23 +100,42 @@ def _layouts(specs: Sequence[FieldSpec]) -> dict[str, list[Any]]:
 class Arena:
     """One decoded window: its shards' rows side by side, plus the rows each unit refers to."""
 
-    shards: np.ndarray  # int64 [k]: shard ids (positions in the split's shard list), in concatenation order
+    shards: (
+        np.ndarray
+    )  # int64 [k]: shard ids (positions in the split's shard list), in concatenation order
     row_offsets: np.ndarray  # int64 [k+1]: rows of shard i are [row_offsets[i], row_offsets[i+1])
     columns: dict[str, np.ndarray]  # flat key -> array (pointer columns rebased, int64)
     layouts: dict[str, list[Any]]  # field name -> [layout, dtype, shape] (JSON-able)
     entry_offsets: dict[str, np.ndarray] = field(default_factory=dict)  # pointer key -> int64 [k+1]
     unit_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))  # int64 [k+1]
-    units: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), np.int64))  # int64 [U, width] arena rows
-    order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # unit (row of units) per position
-    unit_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 [U]: stable unit ids
-    on_release: Callable[[], None] | None = None  # set when the buffers are not the pool's (a decoder slab)
-    narrow: dict[str, np.ndarray] = field(default_factory=dict)  # csr indptr in the indices' dtype (seal)
+    units: np.ndarray = field(
+        default_factory=lambda: np.zeros((0, 1), np.int64)
+    )  # int64 [U, width] arena rows
+    order: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.int64)
+    )  # unit (row of units) per position
+    unit_ids: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.int64)
+    )  # int64 [U]: stable unit ids
+    on_release: Callable[[], None] | None = (
+        None  # set when the buffers are not the pool's (a decoder slab)
+    )
+    narrow: dict[str, np.ndarray] = field(
+        default_factory=dict
+    )  # csr indptr in the indices' dtype (seal)
     stacks: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)  # see stacked()
-    skipped: list[list[Any]] = field(default_factory=list)  # [shard id, why] of shards skipped (order: -1)
+    skipped: list[list[Any]] = field(
+        default_factory=list
+    )  # [shard id, why] of shards skipped (order: -1)
 
     @staticmethod
-    def allocate(shards: Sequence[int], rows: Sequence[int], entries: Mapping[str, Sequence[int]],
-                 specs: Sequence[FieldSpec], pool: Buffers) -> Arena:
+    def allocate(
+        shards: Sequence[int],
+        rows: Sequence[int],
+        entries: Mapping[str, Sequence[int]],
+        specs: Sequence[FieldSpec],
+        pool: Buffers,
+    ) -> Arena:
         """Empty buffers for shards with ``rows[i]`` rows and ``entries[pointer key][i]`` entries."""
         row_off = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(rows, out=row_off[1:])
@@ -138,12 +167,14 @@ class Arena:
         return int(self.row_offsets[-1])
 
     def set_pointers(self, i: int, key: str, local: np.ndarray) -> None:
-        """Row pointers of shard ``i`` for ``key`` (its own, validated), rebased to where its entries went."""
+        """Row pointers of shard ``i`` for ``key`` (its own, validated), rebased to where its
+        entries went."""
         r0, r1 = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
-        np.add(local[1:], self.entry_offsets[key][i], out=self.columns[key][r0 + 1:r1 + 1])
+        np.add(local[1:], self.entry_offsets[key][i], out=self.columns[key][r0 + 1 : r1 + 1])
 
     def seal(self) -> None:
-        """Ready for gathers: csr pointers in the dtype of their indices (what scipy's kernels take)."""
+        """Ready for gathers: csr pointers in the dtype of their indices (what scipy's kernels
+        take)."""
         for name, (layout, _dt, _shape) in self.layouts.items():
             if layout != "csr":
                 continue
@@ -152,8 +183,10 @@ class Arena:
             self.narrow[name] = ptr.astype(np.int32) if nnz < 2**31 - 1 else ptr
 
     def stacked(self, names: tuple[str, ...]) -> np.ndarray:
-        """int64 ``[len(names), R]``: the 1-D dense fields ``names`` side by side, built once per window in
-        each process that asks. A batch then gets all of them with ONE ``take`` (per-field takes plus int64
+        """int64 ``[len(names), R]``: the 1-D dense fields ``names`` side by side, built once per
+        window in
+        each process that asks. A batch then gets all of them with ONE ``take`` (per-field takes
+        plus int64
         casts cost ~12 us of a ~110 us cells batch in Python overhead alone)."""
         got = self.stacks.get(names)
         if got is None:
@@ -163,14 +196,23 @@ class Arena:
             self.stacks[names] = got
         return got
 
-    def set_units(self, per_shard: Sequence[np.ndarray], width: int, first_ids: Sequence[int]) -> None:
-        """Units of every shard (local rows ``[U_i, width]``), made arena rows; ``first_ids[i]``: the stable id
+    def set_units(
+        self, per_shard: Sequence[np.ndarray], width: int, first_ids: Sequence[int]
+    ) -> None:
+        """Units of every shard (local rows ``[U_i, width]``), made arena rows; ``first_ids[i]``:
+        the stable id
         of shard i's first unit (units are numbered through the split's shards in index order)."""
-        parts = [np.asarray(u, np.int64).reshape(-1, width) + self.row_offsets[i] for i, u in enumerate(per_shard)]
+        parts = [
+            np.asarray(u, np.int64).reshape(-1, width) + self.row_offsets[i]
+            for i, u in enumerate(per_shard)
+        ]
         self.units = np.concatenate(parts) if parts else np.zeros((0, width), np.int64)
         self.unit_offsets = np.zeros(len(parts) + 1, np.int64)
         np.cumsum([u.shape[0] for u in parts], out=self.unit_offsets[1:])
-        ids = [np.arange(u.shape[0], dtype=np.int64) + int(f) for u, f in zip(parts, first_ids, strict=True)]
+        ids = [
+            np.arange(u.shape[0], dtype=np.int64) + int(f)
+            for u, f in zip(parts, first_ids, strict=True)
+        ]
         self.unit_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
 
     def set_order(self, shard_idx: np.ndarray, local_idx: np.ndarray) -> None:
@@ -181,12 +223,15 @@ class Arena:
         srt = np.argsort(self.shards)
         slot = srt[np.searchsorted(self.shards, shard_idx, sorter=srt)]
         got = self.unit_offsets[slot] + local_idx
-        if self.skipped:  # units of shards skipped (on_corrupt="skip"): -1, left out of their batches
+        if (
+            self.skipped
+        ):  # units of shards skipped (on_corrupt="skip"): -1, left out of their batches
             got = np.where(np.isin(shard_idx, [int(s) for s, _ in self.skipped]), -1, got)
         return got
 
     def view(self, order: np.ndarray, on_release: Callable[[], None]) -> Arena:
-        """The same decoded rows in another order (a window of the same shards in another epoch): shares every
+        """The same decoded rows in another order (a window of the same shards in another epoch):
+        shares every
         buffer; ``on_release`` runs instead of recycling them (the owner counts its views)."""
         return replace(self, order=order, on_release=on_release)
 
@@ -198,7 +243,8 @@ class Arena:
         else:
             pool.put(*[a for a in self.columns.values() if a.nbytes >= KEEP_BYTES])
 
-    # -- crossing a process boundary as named arrays (loaders.engine.decoder) --------------------------------
+    # -- crossing a process boundary as named arrays (loaders.engine.decoder)
+    # --------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         """Every array of the arena by a flat name."""
         out = {name: getattr(self, name) for name in INDEX_ARRAYS}
@@ -208,9 +254,13 @@ class Arena:
 
     @staticmethod
     def from_arrays(arrays: Mapping[str, np.ndarray], layouts: Mapping[str, list[Any]]) -> Arena:
-        a = Arena(arrays["shards"], arrays["row_offsets"],
-                  {k[4:]: v for k, v in arrays.items() if k.startswith("col:")}, dict(layouts),
-                  {k[4:]: v for k, v in arrays.items() if k.startswith("ent:")})
+        a = Arena(
+            arrays["shards"],
+            arrays["row_offsets"],
+            {k[4:]: v for k, v in arrays.items() if k.startswith("col:")},
+            dict(layouts),
+            {k[4:]: v for k, v in arrays.items() if k.startswith("ent:")},
+        )
         a.unit_offsets, a.units, a.order, a.unit_ids = (arrays[n] for n in INDEX_ARRAYS[2:])
         return a
 

@@ -1,15 +1,24 @@
-"""Workers share one decode: the rank's decoder process decodes each window once; DataLoader workers map it.
+"""Workers share one decode: the rank's decoder process decodes each window once; DataLoader workers
+map it.
 
-Why: workers take alternate batches (so the order does not depend on ``num_workers``), hence every worker
-needs every window of the rank. Decoding them in each worker multiplied decode CPU and window memory by W.
-Here the training process runs a :class:`Broker` (a thread and one per connected worker, no torch) in front
-of its :class:`~loaders.engine.decoder.Decoder`: a worker asks for ``(epoch, w)``; the first ask decodes it (in the
-decoder process, into a ``memfd`` slab), later asks get the same slab. The reply is a small JSON description
+Why: workers take alternate batches (so the order does not depend on ``num_workers``), hence every
+worker
+needs every window of the rank. Decoding them in each worker multiplied decode CPU and window memory
+by W.
+Here the training process runs a :class:`Broker` (a thread and one per connected worker, no torch)
+in front
+of its :class:`~loaders.engine.decoder.Decoder`: a worker asks for ``(epoch, w)``; the first ask
+decodes it (in the
+decoder process, into a ``memfd`` slab), later asks get the same slab. The reply is a small JSON
+description
 plus the slab's file descriptor (``SCM_RIGHTS``); the worker maps it read-only and gathers from it.
 
-Lifetime: a window is held while any worker holds it, then kept among the ``keep`` most recent ones (a
-worker a few batches behind asks for the window another one just let go) and finally its slab goes back to
-the decoder's pool. A worker that dies drops its holds (its socket closes). Memfds and the abstract-namespace
+Lifetime: a window is held while any worker holds it, then kept among the ``keep`` most recent ones
+(a
+worker a few batches behind asks for the window another one just let go) and finally its slab goes
+back to
+the decoder's pool. A worker that dies drops its holds (its socket closes). Memfds and the
+abstract-namespace
 socket leave nothing in /dev/shm or on disk, whatever kills whom.
 """
 
@@ -38,17 +47,22 @@ class BrokerError(RuntimeError):
 
 
 class Broker:
-    """The training process's side (see module docstring). ``hint(epoch, w)``: bytes a window may need."""
+    """The training process's side (see module docstring). ``hint(epoch, w)``: bytes a window may
+    need."""
 
     def __init__(self, decoder: Decoder, hint: Any, keep: int = 1) -> None:
         self.decoder, self.hint, self.keep = decoder, hint, keep
-        self.address = f"\0shardsmith-{os.getpid()}-{secrets.token_hex(8)}"  # abstract: no file to clean up
+        self.address = (
+            f"\0shardsmith-{os.getpid()}-{secrets.token_hex(8)}"  # abstract: no file to clean up
+        )
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(self.address)
         self.sock.listen(64)
         self.pid = os.getpid()
         self._lock = threading.Lock()
-        self._windows: dict[Key, tuple[Future[tuple[dict[str, Any], Slab]], list[int]]] = {}  # -> (read, [holds])
+        self._windows: dict[
+            Key, tuple[Future[tuple[dict[str, Any], Slab]], list[int]]
+        ] = {}  # -> (read, [holds])
         self._idle: OrderedDict[Key, None] = OrderedDict()  # held by nobody, newest last
         self.decodes = 0
         self._closed = False
@@ -60,8 +74,12 @@ class Broker:
                 s, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._client, args=(Connection(s.detach()),), name="shard-broker-client",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._client,
+                args=(Connection(s.detach()),),
+                name="shard-broker-client",
+                daemon=True,
+            ).start()
 
     def _get(self, key: Key) -> tuple[dict[str, Any], Slab]:
         with self._lock:
@@ -114,11 +132,21 @@ class Broker:
                 try:
                     desc, slab = self._get(key)
                 except FormatError as e:
-                    _send(conn, {"kind": "error", "format": True, "rebuilt": isinstance(e, DatasetRebuilt),
-                                 "message": str(e)})
+                    _send(
+                        conn,
+                        {
+                            "kind": "error",
+                            "format": True,
+                            "rebuilt": isinstance(e, DatasetRebuilt),
+                            "message": str(e),
+                        },
+                    )
                     continue
                 except Exception as e:
-                    _send(conn, {"kind": "error", "format": False, "message": f"{type(e).__name__}: {e}"})
+                    _send(
+                        conn,
+                        {"kind": "error", "format": False, "message": f"{type(e).__name__}: {e}"},
+                    )
                     continue
                 held.append(key)
                 _send(conn, {"kind": "window", "arena": desc, "slab": slab.id, "size": slab.size})
@@ -159,8 +187,13 @@ class BrokerClient:
                 _send(self.conn, {"kind": "window", "epoch": int(epoch), "w": int(w)})
                 reply = _recv(self.conn)
                 if reply["kind"] == "error":
-                    kind = DatasetRebuilt if reply.get("rebuilt") else FormatError if reply.get("format") \
+                    kind = (
+                        DatasetRebuilt
+                        if reply.get("rebuilt")
+                        else FormatError
+                        if reply.get("format")
                         else DecoderError
+                    )
                     raise kind(reply["message"])
                 fd = reduction.recv_handle(self.conn)
         except (EOFError, OSError) as e:

@@ -1,11 +1,16 @@
 """The decoder process: windows decoded off the training process, into memory both processes map.
 
-Why a process: on a 2-core node, decode threads inside the training process slowed batch assembly about
-2x (GIL hand-offs with zarr's event loop and codec threads), while the same decode in another process
+Why a process: on a 2-core node, decode threads inside the training process slowed batch assembly
+about
+2x (GIL hand-offs with zarr's event loop and codec threads), while the same decode in another
+process
 left assembly at its solo speed (A/B in docs/LOADER.md). A window crosses once, as a *slab*: a
-``memfd`` (anonymous shared memory, freed when both sides drop it, even after a SIGKILL) mapped in both
-processes and recycled between windows. The pipe carries only small JSON messages, never shard data and
-never a pickle; the child is ``python -m loaders.engine.decoder`` (a fresh interpreter: it does not re-import
+``memfd`` (anonymous shared memory, freed when both sides drop it, even after a SIGKILL) mapped in
+both
+processes and recycled between windows. The pipe carries only small JSON messages, never shard data
+and
+never a pickle; the child is ``python -m loaders.engine.decoder`` (a fresh interpreter: it does not
+re-import
 the trainer's ``__main__`` as a spawn start would, and does not import torch).
 """
 
@@ -34,17 +39,22 @@ from loaders.integrity import DatasetRebuilt
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 POLL_S = 0.2  # how often a waiting parent checks that the child is still alive
-HEARTBEAT_S = 0.5  # while the child works on a request it says so this often (a stopped child falls silent)
-TIMEOUT_S = 30.0  # default: a child silent this long is declared hung, killed, and decoding moves in-process
+HEARTBEAT_S = (
+    0.5  # while the child works on a request it says so this often (a stopped child falls silent)
+)
+# default: a child silent this long is declared hung, killed, and decoding moves in-process
+TIMEOUT_S = 30.0
 HEADROOM = 1.05  # a new slab is this much bigger than asked, so that similar windows can reuse it
 
 
 class DecoderError(RuntimeError):
-    """The decoder process died or broke the protocol (never raised for bad shards: those are FormatError)."""
+    """The decoder process died or broke the protocol (never raised for bad shards: those are
+    FormatError)."""
 
 
 class Slab:
-    """A memfd mapped into this process; arrays are views of it. The owner array is uint64 because scipy
+    """A memfd mapped into this process; arrays are views of it. The owner array is uint64 because
+    scipy
     copies a CSR component whose ``base`` has more than twice its *elements* (``_prune_array``)."""
 
     def __init__(self, sid: int, size: int, fd: int | None = None, readonly: bool = False) -> None:
@@ -54,7 +64,8 @@ class Slab:
             fd = os.memfd_create(f"shardsmith-window-{sid}", getattr(os, "MFD_CLOEXEC", 0))
             os.ftruncate(fd, size)
         self.fd: int | None = fd
-        # read-only in DataLoader workers (loaders.engine.broker): a stray write raises instead of corrupting a window
+        # read-only in DataLoader workers (loaders.engine.broker): a stray write raises instead of
+        # corrupting a window
         self._mm = mmap.mmap(fd, size, prot=mmap.PROT_READ) if readonly else mmap.mmap(fd, size)
         self.words = np.frombuffer(self._mm, np.uint64)
         self.bytes = self.words.view(np.uint8)
@@ -69,13 +80,17 @@ class Slab:
         dt = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if offset < 0 or offset % dt.itemsize or offset + n > self.size:
-            raise DecoderError(f"decoder sent an array outside its slab ({offset}+{n} of {self.size})")
-        return self.bytes[offset:offset + n].view(dt).reshape(shape)
+            raise DecoderError(
+                f"decoder sent an array outside its slab ({offset}+{n} of {self.size})"
+            )
+        return self.bytes[offset : offset + n].view(dt).reshape(shape)
 
 
 class SlabBuffers:
-    """A bump allocator over a slab (the child's stand-in for a BufferPool). When the slab is too small it
-    hands out private memory and counts what the window needed, so the parent can send a bigger slab."""
+    """A bump allocator over a slab (the child's stand-in for a BufferPool). When the slab is too
+    small it
+    hands out private memory and counts what the window needed, so the parent can send a bigger
+    slab."""
 
     def __init__(self, slab: Slab) -> None:
         self.slab, self.used = slab, 0
@@ -86,7 +101,7 @@ class SlabBuffers:
         self.used = at + n * dt.itemsize
         if self.used > self.slab.size:
             return np.empty(n, dt)
-        return self.slab.bytes[at:self.used].view(dt)
+        return self.slab.bytes[at : self.used].view(dt)
 
     def put(self, *arrays: np.ndarray) -> None:
         pass
@@ -106,18 +121,25 @@ class SlabBuffers:
 
 
 def export(arena: Arena, buffers: SlabBuffers) -> dict[str, Any]:
-    """The arena as slab offsets (JSON-able): what the parent needs to rebuild it over its own mapping."""
-    return {"arrays": {name: buffers.place(a) for name, a in arena.arrays().items()}, "layouts": arena.layouts,
-            "skipped": arena.skipped}
+    """The arena as slab offsets (JSON-able): what the parent needs to rebuild it over its own
+    mapping."""
+    return {
+        "arrays": {name: buffers.place(a) for name, a in arena.arrays().items()},
+        "layouts": arena.layouts,
+        "skipped": arena.skipped,
+    }
 
 
 def rebuild(desc: dict[str, Any], slab: Slab) -> Arena:
-    arena = Arena.from_arrays({name: slab.view(*v) for name, v in desc["arrays"].items()}, desc["layouts"])
+    arena = Arena.from_arrays(
+        {name: slab.view(*v) for name, v in desc["arrays"].items()}, desc["layouts"]
+    )
     arena.skipped = list(desc.get("skipped", []))
     return arena
 
 
-# -- the child ----------------------------------------------------------------------------------------
+# -- the child
+# ----------------------------------------------------------------------------------------
 def _send(conn: Connection, msg: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps(msg).encode())
 
@@ -130,8 +152,10 @@ def _recv(conn: Connection) -> dict[str, Any]:
 
 
 class _Link:
-    """The child's end of the pipe: replies and heartbeats share it under a lock. A thread sends a heartbeat
-    every HEARTBEAT_S while a request is being served (only then: unread beats never pile up), so the parent
+    """The child's end of the pipe: replies and heartbeats share it under a lock. A thread sends a
+    heartbeat
+    every HEARTBEAT_S while a request is being served (only then: unread beats never pile up), so
+    the parent
     can tell a slow window from a stopped or stuck child."""
 
     def __init__(self, conn: Connection) -> None:
@@ -157,7 +181,10 @@ def serve(conn: Connection) -> None:
     """The child's loop: one request at a time, in order; ends when the parent closes its end."""
     try:
         _serve(conn, _Link(conn))
-    except (EOFError, OSError):  # the parent went away (closed its end, or exited): nothing left to do
+    except (
+        EOFError,
+        OSError,
+    ):  # the parent went away (closed its end, or exited): nothing left to do
         return
 
 
@@ -172,7 +199,9 @@ def _serve(conn: Connection, link: _Link) -> None:
         # found here wherever the trainer found it, a folder it put on sys.path included
         sys.path.extend(p for p in start.get("path", []) if p not in sys.path)
         reader = WindowReader.from_spec(start["spec"])  # imports the plug-ins the index names
-    except Exception as e:  # reported on the first request, so the parent raises it where it is waiting
+    except (
+        Exception
+    ) as e:  # reported on the first request, so the parent raises it where it is waiting
         link.send({"kind": "ready", "error": f"{type(e).__name__}: {e}"})
         return
     link.send({"kind": "ready"})
@@ -194,10 +223,18 @@ def _serve(conn: Connection, link: _Link) -> None:
                 buffers = SlabBuffers(slabs[int(msg["slab"])])
                 arena = reader.read_window(int(msg["epoch"]), int(msg["w"]), buffers, pool)
                 desc = export(arena, buffers)
-                reply = {"kind": "need", "bytes": buffers.used} if buffers.overflow else {"kind": "done",
-                                                                                         "arena": desc}
+                reply = (
+                    {"kind": "need", "bytes": buffers.used}
+                    if buffers.overflow
+                    else {"kind": "done", "arena": desc}
+                )
             except FormatError as e:
-                reply = {"kind": "error", "format": True, "message": str(e), "rebuilt": isinstance(e, DatasetRebuilt)}
+                reply = {
+                    "kind": "error",
+                    "format": True,
+                    "message": str(e),
+                    "rebuilt": isinstance(e, DatasetRebuilt),
+                }
             except Exception as e:  # a bug or an OS error: reported, the parent decides
                 reply = {"kind": "error", "format": False, "message": f"{type(e).__name__}: {e}"}
             link.send(reply)
@@ -211,18 +248,26 @@ def main(argv: list[str] | None = None) -> None:
     serve(Connection(int(args[0])))
 
 
-# -- the parent ---------------------------------------------------------------------------------------
+# -- the parent
+# ---------------------------------------------------------------------------------------
 class Decoder:
-    """The training process's handle on its decoder process. Thread-safe; used only by the process that
+    """The training process's handle on its decoder process. Thread-safe; used only by the process
+    that
     started it (a forked DataLoader worker inherits the object but must decode on its own)."""
 
-    def __init__(self, spec: dict[str, Any], threads: int = 1, keep: int = 3, timeout: float = TIMEOUT_S) -> None:
+    def __init__(
+        self, spec: dict[str, Any], threads: int = 1, keep: int = 3, timeout: float = TIMEOUT_S
+    ) -> None:
         mine, theirs = socket.socketpair()
         env = dict(os.environ)
         here = str(Path(__file__).resolve().parent.parent)  # so the child imports this very package
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "loaders.engine.decoder", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loaders.engine.decoder", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         theirs.close()
         self.pid, self.keep, self.timeout = os.getpid(), keep, max(float(timeout), 2 * HEARTBEAT_S)
         self.conn = Connection(mine.detach())
@@ -264,7 +309,9 @@ class Decoder:
             code = self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             code = None
-        return DecoderError(f"decoder process {self.proc.pid} exited (code {code}) or closed its pipe")
+        return DecoderError(
+            f"decoder process {self.proc.pid} exited (code {code}) or closed its pipe"
+        )
 
     def _post(self, msg: dict[str, Any], fd: int | None = None) -> None:
         try:
@@ -275,17 +322,22 @@ class Decoder:
             raise self._died() from e
 
     def _recv(self) -> dict[str, Any]:
-        """The next reply, heartbeats skipped; a child silent for ``timeout`` seconds (stopped, stuck) is
+        """The next reply, heartbeats skipped; a child silent for ``timeout`` seconds (stopped,
+        stuck) is
         killed and reported, never waited on forever."""
         deadline = time.monotonic() + self.timeout
         while True:
             while not self.conn.poll(POLL_S):
                 if self.proc.poll() is not None:
-                    raise DecoderError(f"decoder process {self.proc.pid} exited with code {self.proc.returncode}")
+                    raise DecoderError(
+                        f"decoder process {self.proc.pid} exited with code {self.proc.returncode}"
+                    )
                 if time.monotonic() > deadline:
                     self.proc.kill()
-                    raise DecoderError(f"decoder process {self.proc.pid} sent no reply or heartbeat for "
-                                       f"{self.timeout:g} s (stopped or stuck); it was killed")
+                    raise DecoderError(
+                        f"decoder process {self.proc.pid} sent no reply or heartbeat for "
+                        f"{self.timeout:g} s (stopped or stuck); it was killed"
+                    )
             try:
                 msg = _recv(self.conn)
             except (EOFError, OSError) as e:
@@ -295,15 +347,18 @@ class Decoder:
             deadline = time.monotonic() + self.timeout
 
     def read_window(self, epoch: int, w: int, hint: int) -> Arena:
-        """Window ``w`` of ``epoch`` decoded by the child into a slab (``hint``: bytes it will probably need).
-        Bad shards raise FormatError naming the shard, as in-process; a dead child raises DecoderError."""
+        """Window ``w`` of ``epoch`` decoded by the child into a slab (``hint``: bytes it will
+        probably need).
+        Bad shards raise FormatError naming the shard, as in-process; a dead child raises
+        DecoderError."""
         desc, slab = self.read_slab(epoch, w, hint)
         arena = rebuild(desc, slab)
         arena.on_release = lambda s=slab: self._give_back(s)
         return arena
 
     def read_slab(self, epoch: int, w: int, hint: int) -> tuple[dict[str, Any], Slab]:
-        """:meth:`read_window` as (the arena's description, its slab): what the broker hands to workers.
+        """:meth:`read_window` as (the arena's description, its slab): what the broker hands to
+        workers.
         The slab is this caller's until :meth:`give_back`."""
         if self._closed or os.getpid() != self.pid:
             raise DecoderError("decoder process used after close() or from another process")
@@ -320,23 +375,34 @@ class Decoder:
                 self._give_back(slab)
                 if reply["kind"] == "need":
                     need = int(reply["bytes"])
-                    self._scale = max(self._scale, need / max(hint, 1))  # next windows ask for enough at once
+                    self._scale = max(
+                        self._scale, need / max(hint, 1)
+                    )  # next windows ask for enough at once
                     continue
                 if reply["kind"] == "error":
-                    kind = DatasetRebuilt if reply.get("rebuilt") else FormatError if reply.get("format") else DecoderError
+                    kind = (
+                        DatasetRebuilt
+                        if reply.get("rebuilt")
+                        else FormatError
+                        if reply.get("format")
+                        else DecoderError
+                    )
                     raise kind(reply["message"])
                 raise DecoderError(f"decoder process sent {reply['kind']!r}")
-            raise DecoderError(f"decoder process asked for ever more memory for window {w} of epoch {epoch}")
+            raise DecoderError(
+                f"decoder process asked for ever more memory for window {w} of epoch {epoch}"
+            )
 
     def _slab(self, need: int) -> Slab:
-        """A free slab of ``need`` to ``2 * need`` bytes, or a new one (sent to the child); caller holds _lock."""
+        """A free slab of ``need`` to ``2 * need`` bytes, or a new one (sent to the child); caller
+        holds _lock."""
         with self._free_lock:
             fits = [s for s in self._free if need <= s.size <= 2 * need]
             pick = min(fits, key=lambda s: s.size) if fits else None
             if pick is not None:
                 self._free.remove(pick)
-            drop = self._free[:-self.keep] if len(self._free) > self.keep else []
-            del self._free[:len(drop)]
+            drop = self._free[: -self.keep] if len(self._free) > self.keep else []
+            del self._free[: len(drop)]
         for s in drop:
             del self._slabs[s.id]
             s.close_fd()

@@ -1,8 +1,11 @@
 """Which window each batch reads, and which window a worker should decode next.
 
-Pure bookkeeping over :mod:`loaders.order` (no I/O, no threads): :func:`batch_segments` turns a batch's
-global positions into runs inside one window each, and :class:`WindowSchedule` walks a worker's batches
-telling the dataset which windows the current batch needs and which one comes next (to decode meanwhile).
+Pure bookkeeping over :mod:`loaders.order` (no I/O, no threads): :func:`batch_segments` turns a
+batch's
+global positions into runs inside one window each, and :class:`WindowSchedule` walks a worker's
+batches
+telling the dataset which windows the current batch needs and which one comes next (to decode
+meanwhile).
 """
 
 from __future__ import annotations
@@ -16,25 +19,34 @@ Plan = tuple[list[Segment], list[int]]  # (segments in batch order, windows in o
 MAX_LOOKAHEAD = 4096  # batches planned ahead while looking for the next window to decode
 
 
-def batch_segments(bounds: Sequence[int], per_rank: int, rank: int, batch_size: int, j: int) -> Plan:
-    """Batch ``j`` of ``rank`` as runs of window positions (``bounds``: window starts, then the total).
+def batch_segments(
+    bounds: Sequence[int], per_rank: int, rank: int, batch_size: int, j: int
+) -> Plan:
+    """Batch ``j`` of ``rank`` as runs of window positions (``bounds``: window starts, then the
+    total).
 
-    The batch's global positions (:func:`loaders.order.batch_positions`) are ``(k + rank * per_rank) % N``
-    for rank positions ``k``: contiguous but for the wrap (padding) and window ends, so a batch is one
+    The batch's global positions (:func:`loaders.order.batch_positions`) are ``(k + rank * per_rank)
+    % N``
+    for rank positions ``k``: contiguous but for the wrap (padding) and window ends, so a batch is
+    one
     segment in the common case and never more than a few."""
     total = int(bounds[-1])
     lo = j * batch_size
-    return _walk(bounds, (lo + rank * per_rank) % max(total, 1), min(lo + batch_size, per_rank) - lo)
+    return _walk(
+        bounds, (lo + rank * per_rank) % max(total, 1), min(lo + batch_size, per_rank) - lo
+    )
 
 
 def range_segments(bounds: Sequence[int], start: int, stop: int) -> Plan:
-    """Global positions ``[start, stop)`` (wrapping modulo the total: padding) as runs inside one window each:
+    """Global positions ``[start, stop)`` (wrapping modulo the total: padding) as runs inside one
+    window each:
     a batch of variable size, as :mod:`loaders.budget` plans them."""
     return _walk(bounds, start % max(int(bounds[-1]), 1), stop - start)
 
 
 def _walk(bounds: Sequence[int], g: int, left: int) -> Plan:
-    """``left`` positions from global position ``g`` on, cut at window ends (and wrapped at the total)."""
+    """``left`` positions from global position ``g`` on, cut at window ends (and wrapped at the
+    total)."""
     total = int(bounds[-1])
     segments: list[Segment] = []
     while left > 0:
@@ -46,7 +58,8 @@ def _walk(bounds: Sequence[int], g: int, left: int) -> Plan:
 
 
 class WindowSchedule:
-    """A worker's batch plans, with the next window it will touch once the current batch's are in use."""
+    """A worker's batch plans, with the next window it will touch once the current batch's are in
+    use."""
 
     def __init__(self, plans: Iterable[Plan]) -> None:
         self._plans: Iterator[Plan] = iter(plans)
@@ -56,8 +69,11 @@ class WindowSchedule:
         self._exhausted = False
 
     def _look_ahead(self) -> None:
-        while (not self._exhausted and (not self._pending or not self._upcoming)
-               and len(self._pending) < MAX_LOOKAHEAD):
+        while (
+            not self._exhausted
+            and (not self._pending or not self._upcoming)
+            and len(self._pending) < MAX_LOOKAHEAD
+        ):
             p = next(self._plans, None)
             if p is None:
                 self._exhausted = True
@@ -69,7 +85,8 @@ class WindowSchedule:
                     self._upcoming.append(w)
 
     def next_plan(self) -> Plan | None:
-        """The next batch's plan (``None`` at the end); afterwards :attr:`next_window` is the one after it."""
+        """The next batch's plan (``None`` at the end); afterwards :attr:`next_window` is the one
+        after it."""
         self._look_ahead()
         if not self._pending:
             return None
@@ -81,5 +98,6 @@ class WindowSchedule:
 
     @property
     def next_window(self) -> int | None:
-        """The first window not used so far; ``None`` when the current batch's windows are the last ones."""
+        """The first window not used so far; ``None`` when the current batch's windows are the last
+        ones."""
         return self._upcoming[0] if self._upcoming else None

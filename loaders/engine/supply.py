@@ -1,8 +1,12 @@
-"""Where a ShardDataset's windows come from: a live window of this process, the decoder process, the training
-process's broker (in a DataLoader worker), or a decode right here; and the shards skipped on the way.
+"""Where a ShardDataset's windows come from: a live window of this process, the decoder process, the
+training
+process's broker (in a DataLoader worker), or a decode right here; and the shards skipped on the
+way.
 
-A mixin of :class:`~loaders.dataset.ShardDataset` (it reads the dataset's reader, order parameters and
-per-process state), kept apart because getting a window decoded once and shared is one concern and turning
+A mixin of :class:`~loaders.dataset.ShardDataset` (it reads the dataset's reader, order parameters
+and
+per-process state), kept apart because getting a window decoded once and shared is one concern and
+turning
 windows into batches (the dataset's iteration) is another.
 """
 
@@ -58,9 +62,12 @@ class WindowSupply:
         return self._pool
 
     def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
-        """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process holds one
-        (the next epoch's first window while the last is served: with ``window >= n_shards`` every epoch
-        is one window of the same shards, so the split is decoded once, not once per epoch), else decoded."""
+        """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process
+        holds one
+        (the next epoch's first window while the last is served: with ``window >= n_shards`` every
+        epoch
+        is one window of the same shards, so the split is decoded once, not once per epoch), else
+        decoded."""
         live = self.live_windows()
         key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
         entry = live.claim(key)
@@ -77,18 +84,25 @@ class WindowSupply:
         return self._live
 
     def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
-        """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR matrix:
+        """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR
+        matrix:
         by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
         decoder, arena = self._decoder(), None
         if self._broker_address is not None and get_worker_info() is not None:
             arena = self._from_broker(epoch, w)
         try:
             if arena is None and decoder is not None and decoder.ready():
-                arena = decoder.read_window(epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20))
-                self.buffers().clear()  # what the first, in-process windows used is not needed any more
+                arena = decoder.read_window(
+                    epoch, w, int(self.reader.raw_bytes(epoch, w) * 1.1) + (1 << 20)
+                )
+                # what the first, in-process windows used is not needed any more
+                self.buffers().clear()
         except DecoderError as e:  # the process died or could not start: go on without it, loudly
-            warnings.warn(f"{e}; {self.root}: decoding in the training process from now on", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"{e}; {self.root}: decoding in the training process from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self.decode_process = False
             decoder.close()  # type: ignore[union-attr]
         if arena is None:
@@ -99,9 +113,15 @@ class WindowSupply:
         return arena
 
     def start_broker(self) -> None:
-        """Before DataLoader workers start: they will get their windows from this process's decoder process,
-        each decoded once for all of them (:mod:`loaders.engine.broker`), instead of decoding every window each."""
-        if get_worker_info() is not None or self._broker_address is not None and self._broker_pid == os.getpid():
+        """Before DataLoader workers start: they will get their windows from this process's decoder
+        process,
+        each decoded once for all of them (:mod:`loaders.engine.broker`), instead of decoding every
+        window each."""
+        if (
+            get_worker_info() is not None
+            or self._broker_address is not None
+            and self._broker_pid == os.getpid()
+        ):
             return
         dec = self._decoder()
         if dec is None:
@@ -111,14 +131,18 @@ class WindowSupply:
         self._broker, self._broker_address, self._broker_pid = b, b.address, os.getpid()
 
     def _from_broker(self, epoch: int, w: int) -> Arena | None:
-        """Window ``w`` of ``epoch`` from the training process's broker (a worker), or None: it went away."""
+        """Window ``w`` of ``epoch`` from the training process's broker (a worker), or None: it went
+        away."""
         try:
             if self._broker_client is None or self._broker_client.pid != os.getpid():
                 self._broker_client = BrokerClient(self._broker_address)  # type: ignore[arg-type]
             return self._broker_client.read_window(epoch, w)
         except BrokerError as e:
-            warnings.warn(f"{e}; {self.root}: this worker decodes its windows itself from now on", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"{e}; {self.root}: this worker decodes its windows itself from now on",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             self._broker_address = None
             return None
 
@@ -132,7 +156,8 @@ class WindowSupply:
 
     @property
     def skipped_shards(self) -> list[str]:
-        """Files of the shards skipped so far (``on_corrupt="skip"``), by this process and its DataLoader workers;
+        """Files of the shards skipped so far (``on_corrupt="skip"``), by this process and its
+        DataLoader workers;
         their units were left out of their batches."""
         ids = set(self._skipped)
         if self._skip_flags is not None:

@@ -1,11 +1,17 @@
 """No hangs with DataLoader workers: the loader's ``timeout`` covers every wait on a worker.
 
-torch's own ``timeout`` covers only the wait for a worker's *message*. A batch's tensors then travel as file
-descriptors that the main process fetches from the worker (``file_descriptor`` sharing): from a stopped
-(SIGSTOP) or stuck worker that fetch blocks forever, whatever ``timeout`` says, and at exit multiprocessing
-joins the stopped worker forever too. So a watchdog thread watches each wait for a batch: past ``timeout``
-it SIGKILLs the workers (a stopped process ignores anything else), which wakes the main thread (torch's
-SIGCHLD handler raises, or the fetch reads EOF), and the loader raises :class:`LoaderTimeout` naming the
+torch's own ``timeout`` covers only the wait for a worker's *message*. A batch's tensors then travel
+as file
+descriptors that the main process fetches from the worker (``file_descriptor`` sharing): from a
+stopped
+(SIGSTOP) or stuck worker that fetch blocks forever, whatever ``timeout`` says, and at exit
+multiprocessing
+joins the stopped worker forever too. So a watchdog thread watches each wait for a batch: past
+``timeout``
+it SIGKILLs the workers (a stopped process ignores anything else), which wakes the main thread
+(torch's
+SIGCHLD handler raises, or the fetch reads EOF), and the loader raises :class:`LoaderTimeout` naming
+the
 stopped ones.
 """
 
@@ -17,11 +23,16 @@ from collections.abc import Iterator
 from typing import Any
 
 SLACK_S = 0.5  # torch's own timeout fires first when it can; the watchdog covers what it cannot
-STUCK_STATES = ("T", "t", "D")  # /proc states of a stopped, traced or uninterruptibly sleeping process
+STUCK_STATES = (
+    "T",
+    "t",
+    "D",
+)  # /proc states of a stopped, traced or uninterruptibly sleeping process
 
 
 class LoaderTimeout(RuntimeError):
-    """A DataLoader worker sent no batch within the loader's ``timeout`` (stopped or stuck); workers were killed."""
+    """A DataLoader worker sent no batch within the loader's ``timeout`` (stopped or stuck); workers
+    were killed."""
 
 
 def proc_state(pid: int) -> str:
@@ -34,7 +45,8 @@ def proc_state(pid: int) -> str:
 
 
 class WorkerWatch:
-    """Iterate torch's multiprocessing iterator ``it`` with every wait for a batch bounded by ``timeout``."""
+    """Iterate torch's multiprocessing iterator ``it`` with every wait for a batch bounded by
+    ``timeout``."""
 
     def __init__(self, it: Any, timeout: float) -> None:
         self.it, self.timeout = it, float(timeout)
@@ -63,7 +75,9 @@ class WorkerWatch:
             since = self._since
             if since is not None and time.monotonic() - since > self.timeout + SLACK_S:
                 self.fired = True
-                self.kill(shutdown=False)  # wakes the main thread; it shuts torch's iterator down itself
+                self.kill(
+                    shutdown=False
+                )  # wakes the main thread; it shuts torch's iterator down itself
                 return
 
     def workers(self) -> list[Any]:
@@ -80,7 +94,9 @@ class WorkerWatch:
         if shutdown:
             from torch.utils.data._utils import signal_handling
 
-            if getattr(self.it, "_worker_pids_set", False):  # torch's SIGCHLD handler: our kills are no news
+            if getattr(
+                self.it, "_worker_pids_set", False
+            ):  # torch's SIGCHLD handler: our kills are no news
                 signal_handling._remove_worker_pids(id(self.it))
                 self.it._worker_pids_set = False
             for w in self.workers():
@@ -91,10 +107,13 @@ class WorkerWatch:
         return self.late
 
     def timed_out(self, error: BaseException) -> LoaderTimeout | None:
-        """``error`` raised while iterating, as a LoaderTimeout if it was a timeout (torch's or ours)."""
+        """``error`` raised while iterating, as a LoaderTimeout if it was a timeout (torch's or
+        ours)."""
         if not self.fired and "DataLoader timed out" not in str(error):
             return None
         late = self.kill()
         who = ", ".join(late) or ", ".join(f"{w.pid}" for w in self.workers()) or "?"
-        return LoaderTimeout(f"DataLoader worker(s) {who} sent no batch within timeout={self.timeout:g} s "
-                             "(pid (state): T = stopped, D = stuck in I/O); all workers were killed")
+        return LoaderTimeout(
+            f"DataLoader worker(s) {who} sent no batch within timeout={self.timeout:g} s "
+            "(pid (state): T = stopped, D = stuck in I/O); all workers were killed"
+        )

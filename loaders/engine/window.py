@@ -1,13 +1,18 @@
 """Decoding one window of a split into an :class:`~loaders.engine.arena.Arena` (no torch).
 
-:class:`WindowReader` is everything a process needs to decode windows, built from ``index.json`` and a
-small JSON-able spec (which includes the sample type's config): the training process uses it in its own
-threads, and the decoder process (:mod:`loaders.engine.decoder`) rebuilds the same reader from the same spec, so
+:class:`WindowReader` is everything a process needs to decode windows, built from ``index.json`` and
+a
+small JSON-able spec (which includes the sample type's config): the training process uses it in its
+own
+threads, and the decoder process (:mod:`loaders.engine.decoder`) rebuilds the same reader from the
+same spec, so
 both decode byte-identical arenas and no Python object ever crosses a process boundary by pickle.
 What a window holds is decided by the sample type: the fields it reads (by layout) and its tables.
 
-The spec carries the bytes of the ``index.json`` the loader opened (and their sha256), never just the path:
-a process started later decodes the same generation even after a rebuild replaced the file, and every shard
+The spec carries the bytes of the ``index.json`` the loader opened (and their sha256), never just
+the path:
+a process started later decodes the same generation even after a rebuild replaced the file, and
+every shard
 is checked against that index before it is served (:mod:`loaders.integrity`).
 """
 
@@ -34,18 +39,26 @@ from loaders.format import (
     read_index,
     read_index_bytes,
 )
-from loaders.integrity import DatasetRebuilt, Generation, bounded_fields, check_on_corrupt, open_checked
+from loaders.integrity import (
+    DatasetRebuilt,
+    Generation,
+    bounded_fields,
+    check_on_corrupt,
+    open_checked,
+)
 from loaders.samples import SampleType, from_config
 from loaders.shardio import Column
 
 SPEC_KEYS = ("root", "split", "sample", "window", "seed", "shuffle")
-# optional: "index" (index.json's text as the loader read it), "index_sha256", "verify", "on_corrupt"
+# optional: "index" (index.json's text as the loader read it), "index_sha256", "verify",
+# "on_corrupt"
 CHECK_DEFAULTS: dict[str, Any] = {"verify": True, "on_corrupt": "raise"}
 
 
 @dataclass
 class WindowReader:
-    """How to decode and check the shards of one split, and which of them form window ``w`` of an epoch."""
+    """How to decode and check the shards of one split, and which of them form window ``w`` of an
+    epoch."""
 
     spec: dict[str, Any]  # SPEC_KEYS: all a process needs to rebuild this reader (JSON-able)
     encoding: str
@@ -61,15 +74,23 @@ class WindowReader:
 
     @staticmethod
     def from_spec(spec: Mapping[str, Any]) -> WindowReader:
-        """A reader of the index in ``spec["index"]`` (read from ``spec["root"]`` now if absent; the returned
-        reader's spec then carries it). A text whose sha256 is not ``spec["index_sha256"]`` is refused."""
+        """A reader of the index in ``spec["index"]`` (read from ``spec["root"]`` now if absent; the
+        returned
+        reader's spec then carries it). A text whose sha256 is not ``spec["index_sha256"]`` is
+        refused."""
         data = spec["index"].encode() if "index" in spec else read_index_bytes(spec["root"])
         digest = index_sha256(data)
         if spec.get("index_sha256", digest) != digest:
-            raise FormatError(f"{spec['root']}: the index handed to this reader is not the one the loader opened "
-                              f"(sha256 {digest[:16]}... vs {str(spec['index_sha256'])[:16]}...)")
-        spec = {**{k: spec[k] for k in SPEC_KEYS}, **{k: spec.get(k, v) for k, v in CHECK_DEFAULTS.items()},
-                "index": data.decode(), "index_sha256": digest}
+            raise FormatError(
+                f"{spec['root']}: the index handed to this reader is not the one the loader opened "
+                f"(sha256 {digest[:16]}... vs {str(spec['index_sha256'])[:16]}...)"
+            )
+        spec = {
+            **{k: spec[k] for k in SPEC_KEYS},
+            **{k: spec.get(k, v) for k, v in CHECK_DEFAULTS.items()},
+            "index": data.decode(),
+            "index_sha256": digest,
+        }
         check_on_corrupt(spec["on_corrupt"])
         root, split = Path(spec["root"]), str(spec["split"])
         index = read_index(root, data)
@@ -82,51 +103,84 @@ class WindowReader:
         counts = np.array([e.units_of(sample.name) for e in entries], np.int64)
         first = np.zeros(len(entries), np.int64)
         first[1:] = np.cumsum(counts[:-1])
-        return WindowReader(spec=spec, encoding=index.encoding, sample=sample, entries=entries,
-                            paths=[str(index.shard_path(e)) for e in entries], counts=counts, first_ids=first,
-                            fields=bounded_fields(fields, sample.field_bounds(index)),
-                            tables=tables,
-                            keys=[k for f in fields for k in f.keys()] + tables,
-                            generation=Generation(str(root), digest))
+        return WindowReader(
+            spec=spec,
+            encoding=index.encoding,
+            sample=sample,
+            entries=entries,
+            paths=[str(index.shard_path(e)) for e in entries],
+            counts=counts,
+            first_ids=first,
+            fields=bounded_fields(fields, sample.field_bounds(index)),
+            tables=tables,
+            keys=[k for f in fields for k in f.keys()] + tables,
+            generation=Generation(str(root), digest),
+        )
 
     def fingerprint(self) -> str:
-        """What this reader serves (the split's shards by content, and their unit counts): a resume state saved
+        """What this reader serves (the split's shards by content, and their unit counts): a resume
+        state saved
         on another dataset, or on another build of this one, does not match."""
         doc = [[e.sha256 or e.file, e.records, e.units_of(self.sample.name)] for e in self.entries]
         return hashlib.sha256(json.dumps([self.spec["split"], doc]).encode()).hexdigest()[:32]
 
     def window_shards(self, epoch: int, w: int) -> np.ndarray:
-        shard_order, _ = order.window_bounds(self.counts, self.spec["seed"], epoch, self.spec["window"],
-                                             self.spec["shuffle"])
+        shard_order, _ = order.window_bounds(
+            self.counts, self.spec["seed"], epoch, self.spec["window"], self.spec["shuffle"]
+        )
         return order.window_shards(shard_order, self.spec["window"], w)
 
     def raw_bytes(self, epoch: int, w: int) -> int:
-        """Uncompressed bytes of window ``w``'s shards, per ``index.json`` (a size hint, not trusted)."""
-        return int(sum(max(0, self.entries[s].raw_bytes) for s in self.window_shards(epoch, w).tolist()))
+        """Uncompressed bytes of window ``w``'s shards, per ``index.json`` (a size hint, not
+        trusted)."""
+        return int(
+            sum(max(0, self.entries[s].raw_bytes) for s in self.window_shards(epoch, w).tolist())
+        )
 
-    def read_window(self, epoch: int, w: int, buffers: Buffers, pool: ThreadPoolExecutor | None = None) -> Arena:
-        """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name the shard.
+    def read_window(
+        self, epoch: int, w: int, buffers: Buffers, pool: ThreadPoolExecutor | None = None
+    ) -> Arena:
+        """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name
+        the shard.
 
-        Two passes: the shards' metadata (sizes), then every shard decoded straight into its slice of the
+        Two passes: the shards' metadata (sizes), then every shard decoded straight into its slice
+        of the
         arena's buffers: no concatenation, no re-encoding."""
         shards = self.window_shards(epoch, w).tolist()
 
         def run(fn: Any, items: list[Any]) -> list[Any]:
-            return list(pool.map(fn, items)) if pool is not None and len(items) > 1 else [fn(x) for x in items]
+            return (
+                list(pool.map(fn, items))
+                if pool is not None and len(items) > 1
+                else [fn(x) for x in items]
+            )
 
-        bad: dict[int, FormatError] = {}  # shards skipped (on_corrupt="skip"), by position in the window
-        metas: list[dict[str, Column]] = run(lambda i: self._open(shards[i], i, bad), list(range(len(shards))))
-        rows = [0 if i in bad else self._rows(m, self.paths[s]) for i, (m, s) in enumerate(zip(metas, shards, strict=True))]
-        entries = {f.keys()[0]: [0 if i in bad else m[f.payload].capacity for i, m in enumerate(metas)]
-                   for f in self.fields if f.layout != "dense"}
+        bad: dict[
+            int, FormatError
+        ] = {}  # shards skipped (on_corrupt="skip"), by position in the window
+        metas: list[dict[str, Column]] = run(
+            lambda i: self._open(shards[i], i, bad), list(range(len(shards)))
+        )
+        rows = [
+            0 if i in bad else self._rows(m, self.paths[s])
+            for i, (m, s) in enumerate(zip(metas, shards, strict=True))
+        ]
+        entries = {
+            f.keys()[0]: [0 if i in bad else m[f.payload].capacity for i, m in enumerate(metas)]
+            for f in self.fields
+            if f.layout != "dense"
+        }
         arena = Arena.allocate(shards, rows, entries, self.fields, buffers)
-        # on an error the buffers are not recycled: other shards of the window may still be decoding into them
+        # on an error the buffers are not recycled: other shards of the window may still be decoding
+        # into them
         units = run(lambda i: self._fill(arena, i, metas[i], bad), list(range(len(shards))))
         width = next((u.shape[1] for u in units if u.ndim == 2), 1)
         arena.set_units(units, width, [int(self.first_ids[s]) for s in shards])
-        shard_idx, local_idx = order.window_units(self.counts, self.spec["seed"], epoch, self.spec["window"], w,
-                                                  self.spec["shuffle"])
-        # positions of skipped shards' units: -1 (Arena.order_of), dropped from their batches (make_batch)
+        shard_idx, local_idx = order.window_units(
+            self.counts, self.spec["seed"], epoch, self.spec["window"], w, self.spec["shuffle"]
+        )
+        # positions of skipped shards' units: -1 (Arena.order_of), dropped from their batches
+        # (make_batch)
         arena.skipped = [[shards[i], str(e)] for i, e in sorted(bad.items())]
         arena.set_order(shard_idx, local_idx)
         return arena
@@ -145,12 +199,16 @@ class WindowReader:
     def _open(self, s: int, i: int, bad: dict[int, FormatError]) -> dict[str, Column]:
         sha = self.entries[s].sha256 if self.spec["verify"] else None
         try:
-            return open_checked(self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always")
+            return open_checked(
+                self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always"
+            )
         except FormatError as e:
             bad[i] = self._failed(s, e)
             return {}
 
-    def _fill(self, arena: Arena, i: int, columns: dict[str, Column], bad: dict[int, FormatError]) -> np.ndarray:
+    def _fill(
+        self, arena: Arena, i: int, columns: dict[str, Column], bad: dict[int, FormatError]
+    ) -> np.ndarray:
         if i in bad:
             return np.zeros(0, np.int64)
         try:
@@ -158,16 +216,22 @@ class WindowReader:
         except FormatError as e:
             bad[i] = self._failed(int(arena.shards[i]), e)
         r0, r1 = int(arena.row_offsets[i]), int(arena.row_offsets[i + 1])
-        for f in self.fields:  # its rows become empty ones ending where the next shard's entries start
+        for (
+            f
+        ) in self.fields:  # its rows become empty ones ending where the next shard's entries start
             if f.layout != "dense":
-                arena.columns[f.keys()[0]][r0 + 1:r1 + 1] = arena.entry_offsets[f.keys()[0]][i + 1]
+                arena.columns[f.keys()[0]][r0 + 1 : r1 + 1] = arena.entry_offsets[f.keys()[0]][
+                    i + 1
+                ]
         return np.zeros(0, np.int64)
 
     def _rows(self, meta: Mapping[str, Column], path: str) -> int:
         if not self.fields:
             raise FormatError(f"{path}: sample type {self.sample.name!r} reads no record field")
         f = self.fields[0]
-        return meta[f.name].capacity if f.layout == "dense" else max(0, meta[f.keys()[0]].capacity - 1)
+        return (
+            meta[f.name].capacity if f.layout == "dense" else max(0, meta[f.keys()[0]].capacity - 1)
+        )
 
     def fill_shard(self, arena: Arena, i: int, columns: dict[str, Column]) -> np.ndarray:
         """Decode shard ``i`` of ``arena`` into its slices, check it, return its units (local rows)."""
@@ -177,7 +241,7 @@ class WindowReader:
             if f.layout == "dense":
                 cols[f.name] = columns[f.name].read_into(arena.columns[f.name][r0:r1])
                 continue
-            e0, e1 = (int(x) for x in arena.entry_offsets[f.keys()[0]][i:i + 2])
+            e0, e1 = (int(x) for x in arena.entry_offsets[f.keys()[0]][i : i + 2])
             for k in f.keys()[1:]:
                 cols[k] = columns[k].read_into(arena.columns[k][e0:e1])
         cols.update({k: c.read() for k, c in columns.items() if k not in cols})
@@ -191,7 +255,12 @@ class WindowReader:
         path, entry = self.paths[s], self.entries[s]
         n = validate_columns(cols, self.fields, self.tables, name=path)
         self.sample.check_columns(cols, path)
-        found, expected = (n, self.sample.count(cols)), (entry.records, entry.units_of(self.sample.name))
+        found, expected = (
+            (n, self.sample.count(cols)),
+            (entry.records, entry.units_of(self.sample.name)),
+        )
         if found != expected:
-            raise FormatError(f"{path}: holds (records, {self.sample.name} units) = {found}, "
-                              f"index.json says {expected}")
+            raise FormatError(
+                f"{path}: holds (records, {self.sample.name} units) = {found}, "
+                f"index.json says {expected}"
+            )

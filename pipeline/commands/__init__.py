@@ -1,9 +1,13 @@
-"""The subcommands of `shardsmith`: a registry, name -> module, so that adding one is one line here and one
+"""The subcommands of `shardsmith`: a registry, name -> module, so that adding one is one line here
+and one
 module beside this file (a modality adds its own from its build module: perturbation's ``export``).
 
-Each module defines ``COMMAND = Command(...)``: its one-line help, a function that adds its arguments (every
-argument with a help text) and a function that runs it and returns the exit code. Modules import their heavy
-dependencies inside ``run``: building the parser imports every command module, and `shardsmith --help` must
+Each module defines ``COMMAND = Command(...)``: its one-line help, a function that adds its
+arguments (every
+argument with a help text) and a function that runs it and returns the exit code. Modules import
+their heavy
+dependencies inside ``run``: building the parser imports every command module, and `shardsmith
+--help` must
 stay instant (and the pipeline must never import torch: tests/test_pipeline.py).
 """
 
@@ -21,12 +25,18 @@ from loaders.registry import Registry
 COMMANDS: Registry[str] = Registry("command", discover=load_build_modalities)
 for _name in ("build", "verify", "inspect", "gc", "demo"):
     COMMANDS.register(_name, f"pipeline.commands.{_name}")
-ORDER = ("build", "verify", "inspect", "gc")  # `shardsmith --help` lists these first, the rest by name
+ORDER = (
+    "build",
+    "verify",
+    "inspect",
+    "gc",
+)  # `shardsmith --help` lists these first, the rest by name
 
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: ``configure`` adds its arguments to its parser, ``run`` returns the exit code."""
+    """One subcommand: ``configure`` adds its arguments to its parser, ``run`` returns the exit
+    code."""
 
     help: str
     configure: Callable[[argparse.ArgumentParser], None]

@@ -11,8 +11,11 @@ from pipeline.commands import Command
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=Path, help="a built dataset folder (holding index.json and shards/)")
-    p.add_argument("--json", action="store_true",
-                   help="print the whole summary as JSON (full vocabularies included) instead of text")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole summary as JSON (full vocabularies included) instead of text",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,5 +26,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command(help="records and units per split, vocabularies, bytes, compression, pairing fallbacks",
-                  configure=configure, run=run)
+COMMAND = Command(
+    help="records and units per split, vocabularies, bytes, compression, pairing fallbacks",
+    configure=configure,
+    run=run,
+)

@@ -11,7 +11,11 @@ from pipeline.commands import Command
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=Path, help="a built dataset folder (holding index.json and shards/)")
-    p.add_argument("--no-hash", action="store_true", help="skip content hashes (schema, counts, references only)")
+    p.add_argument(
+        "--no-hash",
+        action="store_true",
+        help="skip content hashes (schema, counts, references only)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,5 +28,8 @@ def run(args: argparse.Namespace) -> int:
     return 0 if not problems else 1
 
 
-COMMAND = Command(help="re-hash and check every shard; exit 0 iff the dataset is sound", configure=configure,
-                  run=run)
+COMMAND = Command(
+    help="re-hash and check every shard; exit 0 iff the dataset is sound",
+    configure=configure,
+    run=run,
+)

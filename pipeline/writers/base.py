@@ -13,15 +13,21 @@ import numpy as np
 from loaders.registry import Registry
 
 CODECS = ("blosc-lz4", "blosc-zstd", "zstd", "none")
-# Compression levels each codec accepts (blosc: 0-9; zstd: 1-22; "none" ignores it): out of range, blosc
+# Compression levels each codec accepts (blosc: 0-9; zstd: 1-22; "none" ignores it): out of range,
+# blosc
 # fails deep inside a pack task, so the manifest refuses it up front.
-LEVELS: dict[str, range] = {"blosc-lz4": range(0, 10), "blosc-zstd": range(0, 10), "zstd": range(1, 23),
-                            "none": range(0, 23)}
+LEVELS: dict[str, range] = {
+    "blosc-lz4": range(0, 10),
+    "blosc-zstd": range(0, 10),
+    "zstd": range(1, 23),
+    "none": range(0, 23),
+}
 
 
 @dataclass(frozen=True)
 class Codec:
-    """Compression of shard columns. lz4 decodes ~2 GB/s (the loader's choice); zstd packs 2-3x smaller."""
+    """Compression of shard columns. lz4 decodes ~2 GB/s (the loader's choice); zstd packs 2-3x
+    smaller."""
 
     name: str = "blosc-lz4"
     level: int = 5
@@ -42,11 +48,19 @@ class ShardWriter(ABC):
         self.codec = codec
 
     @abstractmethod
-    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = (),
-              codecs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-        """Write every column to `path` (which does not exist yet). Same columns -> same bytes. `tables`:
-        the keys that are shard tables (rows of local row ids, not one entry per record). `codecs`: column
-        key -> its field's own codec config (``loaders.fieldcodecs``), used instead of the dataset's codec."""
+    def write(
+        self,
+        path: Path,
+        columns: Mapping[str, np.ndarray],
+        tables: Collection[str] = (),
+        codecs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Write every column to `path` (which does not exist yet). Same columns -> same bytes.
+        `tables`:
+        the keys that are shard tables (rows of local row ids, not one entry per record). `codecs`:
+        column
+        key -> its field's own codec config (``loaders.fieldcodecs``), used instead of the dataset's
+        codec."""
 
 
 WRITERS: Registry[type[ShardWriter]] = Registry("shard encoding")

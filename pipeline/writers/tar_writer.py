@@ -1,20 +1,31 @@
 """WebDataset-compatible tar shards: one uncompressed POSIX tar of plain ``.npy`` members per shard.
 
-Why tar: a stock ``webdataset.WebDataset(url).decode()`` (and anything that streams tar, e.g. from object
-stores over HTTP) can read these shards without shardsmith. Why blocks: one tar member per cell would mean
-~1 KB members with 1.5 KB of tar headers each; instead every ``block_records`` records form one WebDataset
-sample whose fields are that block's slice of every record column (CSR/ragged pointers rebased to 0).
-The member layout (names, the ``_meta.json`` map, pointer groups) lives in ``loaders.shardio`` so that the
+Why tar: a stock ``webdataset.WebDataset(url).decode()`` (and anything that streams tar, e.g. from
+object
+stores over HTTP) can read these shards without shardsmith. Why blocks: one tar member per cell
+would mean
+~1 KB members with 1.5 KB of tar headers each; instead every ``block_records`` records form one
+WebDataset
+sample whose fields are that block's slice of every record column (CSR/ragged pointers rebased to
+0).
+The member layout (names, the ``_meta.json`` map, pointer groups) lives in ``loaders.shardio`` so
+that the
 reader and this writer share one definition.
 
-Compression: none. The manifest's codec applies to zarr only: WebDataset users expect plain ``.npy`` members
-they can ``np.load``, and a tar is read sequentially at disk speed anyway. A field with its own codec
-(``loaders.fieldcodecs``, e.g. spike windows' ``shardsmith.spikebits``) is the exception: each block's member
-is a 1-d uint8 ``.npy`` of the encoded bytes, and ``_meta.json`` ``codecs`` names the codec, the column's dtype
+Compression: none. The manifest's codec applies to zarr only: WebDataset users expect plain ``.npy``
+members
+they can ``np.load``, and a tar is read sequentially at disk speed anyway. A field with its own
+codec
+(``loaders.fieldcodecs``, e.g. spike windows' ``shardsmith.spikebits``) is the exception: each
+block's member
+is a 1-d uint8 ``.npy`` of the encoded bytes, and ``_meta.json`` ``codecs`` names the codec, the
+column's dtype
 and record shape (``numcodecs.get_codec(codec).decode(member)`` gives the block's rows back).
 
-Determinism: members are written in sorted name order (``_meta`` < ``b000000`` < ... < ``tables``) with
-mtime 0, uid/gid 0, empty user/group names and mode 0644, so equal columns give byte-identical files.
+Determinism: members are written in sorted name order (``_meta`` < ``b000000`` < ... < ``tables``)
+with
+mtime 0, uid/gid 0, empty user/group names and mode 0644, so equal columns give byte-identical
+files.
 """
 
 from __future__ import annotations
@@ -30,10 +41,18 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.fieldcodecs import get_field_codec
-from loaders.shardio import TAR_META_KEY, TAR_TABLES_KEY, pointer_groups, tar_block_key, tar_field_names
+from loaders.shardio import (
+    TAR_META_KEY,
+    TAR_TABLES_KEY,
+    pointer_groups,
+    tar_block_key,
+    tar_field_names,
+)
 from pipeline.writers.base import Codec, ShardWriter, register_writer
 
-BLOCK_RECORDS = 4096  # ~4-8 MB blocks for expression shards: few members, and a block decodes in one go
+BLOCK_RECORDS = (
+    4096  # ~4-8 MB blocks for expression shards: few members, and a block decodes in one go
+)
 
 
 @register_writer
@@ -47,13 +66,22 @@ class TarShardWriter(ShardWriter):
             raise ValueError(f"block_records must be >= 1, got {block_records}")
         self.block_records = block_records
 
-    def write(self, path: Path, columns: Mapping[str, np.ndarray], tables: Collection[str] = (),
-              codecs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def write(
+        self,
+        path: Path,
+        columns: Mapping[str, np.ndarray],
+        tables: Collection[str] = (),
+        codecs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
 
-        cols = {k: np.ascontiguousarray(v) for k, v in columns.items()}  # np.save of a Fortran array differs
+        cols = {
+            k: np.ascontiguousarray(v) for k, v in columns.items()
+        }  # np.save of a Fortran array differs
         for k, a in cols.items():
             if a.dtype.hasobject or a.ndim == 0:
-                raise ValueError(f"column {k!r}: tar shards hold numeric arrays of rank >= 1, got {a.dtype}{a.shape}")
+                raise ValueError(
+                    f"column {k!r}: tar shards hold numeric arrays of rank >= 1, got {a.dtype}{a.shape}"
+                )
         table_keys = set(tables)
         tables = sorted(k for k in cols if k in table_keys)
         records = sorted(k for k in cols if k not in table_keys)
@@ -61,19 +89,47 @@ class TarShardWriter(ShardWriter):
         n = _record_count(cols, records, groups)
         blocks = max(1, -(-n // self.block_records)) if records else 0
         names = tar_field_names(cols)
-        meta = {"format": fmt.FORMAT_NAME, "version": fmt.SHARD_VERSION, "encoding": self.encoding,
-                "n_records": n, "blocks": blocks, "block_records": self.block_records,
-                "columns": {names[k]: k for k in cols}, "tables": tables, "compression": "none"}
-        own = {k: get_field_codec(c, f"column {k!r}") for k, c in (codecs or {}).items() if k in records}
+        meta = {
+            "format": fmt.FORMAT_NAME,
+            "version": fmt.SHARD_VERSION,
+            "encoding": self.encoding,
+            "n_records": n,
+            "blocks": blocks,
+            "block_records": self.block_records,
+            "columns": {names[k]: k for k in cols},
+            "tables": tables,
+            "compression": "none",
+        }
+        own = {
+            k: get_field_codec(c, f"column {k!r}")
+            for k, c in (codecs or {}).items()
+            if k in records
+        }
         if own:
-            meta["codecs"] = {k: {"codec": c.get_config(), "dtype": str(cols[k].dtype), "shape": list(cols[k].shape[1:])}
-                              for k, c in own.items()}
+            meta["codecs"] = {
+                k: {
+                    "codec": c.get_config(),
+                    "dtype": str(cols[k].dtype),
+                    "shape": list(cols[k].shape[1:]),
+                }
+                for k, c in own.items()
+            }
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # as zarr's LocalStore does
         with tarfile.open(path, mode="x:", format=tarfile.PAX_FORMAT) as tf:
-            _add(tf, f"{TAR_META_KEY}.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+            _add(
+                tf,
+                f"{TAR_META_KEY}.json",
+                json.dumps(meta, sort_keys=True, separators=(",", ":")).encode(),
+            )
             for b in range(blocks):
                 key = tar_block_key(b, blocks)
-                block = _block(cols, records, groups, b * self.block_records, min(n, (b + 1) * self.block_records))
+                block = _block(
+                    cols,
+                    records,
+                    groups,
+                    b * self.block_records,
+                    min(n, (b + 1) * self.block_records),
+                )
                 for name, k in sorted((names[k], k) for k in records):
                     a = np.frombuffer(own[k].encode(block[k]), np.uint8) if k in own else block[k]
                     _add(tf, f"{key}.{name}.npy", _npy_bytes(a))
@@ -81,8 +137,11 @@ class TarShardWriter(ShardWriter):
                 _add(tf, f"{TAR_TABLES_KEY}.{name}.npy", _npy_bytes(cols[k]))
 
 
-def _record_count(cols: Mapping[str, np.ndarray], records: list[str], groups: dict[str, list[str]]) -> int:
-    """Every record column must agree on n, and pointers must cover their payloads exactly (else a block cut
+def _record_count(
+    cols: Mapping[str, np.ndarray], records: list[str], groups: dict[str, list[str]]
+) -> int:
+    """Every record column must agree on n, and pointers must cover their payloads exactly (else a
+    block cut
     would silently drop or duplicate entries)."""
     payloads = {p for ps in groups.values() for p in ps}
     counts: dict[str, int] = {}
@@ -93,7 +152,9 @@ def _record_count(cols: Mapping[str, np.ndarray], records: list[str], groups: di
                 raise ValueError(f"column {k!r}: a pointer array is 1-d and starts at 0")
             for p in groups[k]:
                 if cols[p].shape[0] != int(a[-1]):
-                    raise ValueError(f"column {p!r} has {cols[p].shape[0]} entries, {k!r} ends at {a[-1]}")
+                    raise ValueError(
+                        f"column {p!r} has {cols[p].shape[0]} entries, {k!r} ends at {a[-1]}"
+                    )
             counts[k] = a.size - 1
         elif k not in payloads:
             counts[k] = a.shape[0]
@@ -102,13 +163,18 @@ def _record_count(cols: Mapping[str, np.ndarray], records: list[str], groups: di
     return next(iter(counts.values()), 0)
 
 
-def _block(cols: Mapping[str, np.ndarray], records: list[str], groups: dict[str, list[str]],
-           start: int, stop: int) -> dict[str, np.ndarray]:
+def _block(
+    cols: Mapping[str, np.ndarray],
+    records: list[str],
+    groups: dict[str, list[str]],
+    start: int,
+    stop: int,
+) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     payloads = {p for ps in groups.values() for p in ps}
     for k in records:
         if k in groups:
-            ptr = cols[k][start:stop + 1]
+            ptr = cols[k][start : stop + 1]
             lo, hi = int(ptr[0]), int(ptr[-1])
             out[k] = ptr - ptr[0]
             for p in groups[k]:

@@ -1,20 +1,32 @@
-"""A zarr v3 array's files written directly: its ``zarr.json`` serialised by zarr's own metadata class, its
-chunks encoded by the numcodecs codec that zarr's codec wraps, each file written with one plain write.
+"""A zarr v3 array's files written directly: its ``zarr.json`` serialised by zarr's own metadata
+class, its
+chunks encoded by the numcodecs codec that zarr's codec wraps, each file written with one plain
+write.
 
-Why: zarr-python writes an array through its async store and codec pipeline (an event loop, a thread hop
-per chunk and per file, futures): ~5 ms of CPU per array at 13 arrays a shard, about as much as the Blosc
-compression of the shard's bytes (`python -m benchmarks.writer_ab`; benchmarks/ANALYSIS.md, "3 — build
+Why: zarr-python writes an array through its async store and codec pipeline (an event loop, a thread
+hop
+per chunk and per file, futures): ~5 ms of CPU per array at 13 arrays a shard, about as much as the
+Blosc
+compression of the shard's bytes (`python -m benchmarks.writer_ab`; benchmarks/ANALYSIS.md, "3 —
+build
 throughput"). The bytes must stay
 zarr's, so nothing here is a second definition of the format:
 
-* metadata: zarr-python writes a probe array of the same dtype, trailing shape and codecs into a memory
-  store; its ``zarr.json`` is the template, and each array's file is that template with its own shape and
-  chunk shape, parsed and serialised again by ``ArrayV3Metadata`` (what zarr-python itself writes with);
-* chunks: zarr-python pads an edge chunk with the fill value to the full chunk shape and encodes it with
+* metadata: zarr-python writes a probe array of the same dtype, trailing shape and codecs into a
+memory
+  store; its ``zarr.json`` is the template, and each array's file is that template with its own
+  shape and
+  chunk shape, parsed and serialised again by ``ArrayV3Metadata`` (what zarr-python itself writes
+  with);
+* chunks: zarr-python pads an edge chunk with the fill value to the full chunk shape and encodes it
+with
   the ``bytes`` codec (little-endian C order) then its compressors; here the same padded chunk goes
-  through the same numcodecs codec (``blosc``, ``zstd``), built from the template's codec configuration;
-* the probe's chunk files (a full and a padded edge chunk) and ``zarr.json`` must equal ours byte for byte,
-  once per signature per process; a signature that differs, or a codec not listed in ``ENCODERS``, gets
+  through the same numcodecs codec (``blosc``, ``zstd``), built from the template's codec
+  configuration;
+* the probe's chunk files (a full and a padded edge chunk) and ``zarr.json`` must equal ours byte
+for byte,
+  once per signature per process; a signature that differs, or a codec not listed in ``ENCODERS``,
+  gets
   ``None`` from `array_template` and the caller writes that array through zarr-python.
 """
 
@@ -30,7 +42,9 @@ from typing import Any
 
 import numpy as np
 
-GROUP_JSON: bytes | None = None  # an implicit group's zarr.json, as zarr-python writes it (see group_json)
+GROUP_JSON: bytes | None = (
+    None  # an implicit group's zarr.json, as zarr-python writes it (see group_json)
+)
 _TEMPLATES: dict[tuple[Any, ...], ArrayTemplate | None] = {}
 _LOCK = threading.Lock()  # pack tasks on threads probe the same signatures at once
 Encoder = Callable[[np.ndarray], bytes]
@@ -40,8 +54,13 @@ def _blosc(conf: dict[str, Any]) -> Encoder:
     import numcodecs  # import weight: ~0.2 s, a no-change rebuild writes nothing
 
     shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[conf["shuffle"]]
-    codec = numcodecs.Blosc(cname=conf["cname"], clevel=conf["clevel"], shuffle=shuffle,
-                            blocksize=conf["blocksize"], typesize=conf["typesize"])
+    codec = numcodecs.Blosc(
+        cname=conf["cname"],
+        clevel=conf["clevel"],
+        shuffle=shuffle,
+        blocksize=conf["blocksize"],
+        typesize=conf["typesize"],
+    )
     return codec.encode  # type: ignore[no-any-return]
 
 
@@ -51,7 +70,8 @@ def _zstd(conf: dict[str, Any]) -> Encoder:
     return Zstd(level=conf["level"], checksum=conf.get("checksum", False)).encode  # type: ignore[no-any-return]
 
 
-# zarr v3 codec name -> the numcodecs codec zarr-python's own codec calls (zarr.codecs.blosc / .zstd)
+# zarr v3 codec name -> the numcodecs codec zarr-python's own codec calls (zarr.codecs.blosc /
+# .zstd)
 ENCODERS: dict[str, Callable[[dict[str, Any]], Encoder]] = {"blosc": _blosc, "zstd": _zstd}
 
 
@@ -62,7 +82,10 @@ class ArrayTemplate:
         self.meta = meta
         codecs = meta["codecs"]
         first = codecs[0]
-        if first["name"] != "bytes" or first.get("configuration", {}).get("endian", "little") != "little":
+        if (
+            first["name"] != "bytes"
+            or first.get("configuration", {}).get("endian", "little") != "little"
+        ):
             raise ValueError(f"first codec {first!r} is not little-endian bytes")
         self.encoders = [ENCODERS[c["name"]](c.get("configuration", {})) for c in codecs[1:]]
 
@@ -73,7 +96,11 @@ class ArrayTemplate:
         doc = copy.deepcopy(self.meta)
         doc["shape"] = list(shape)
         doc["chunk_grid"]["configuration"]["chunk_shape"] = list(chunks)
-        return ArrayV3Metadata.from_dict(doc).to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
+        return (
+            ArrayV3Metadata.from_dict(doc)
+            .to_buffer_dict(default_buffer_prototype())["zarr.json"]
+            .to_bytes()
+        )
 
     def encode(self, chunk: np.ndarray) -> bytes:
         out: Any = np.ascontiguousarray(chunk).view(np.uint8).reshape(-1)
@@ -82,14 +109,24 @@ class ArrayTemplate:
         return bytes(out) if not isinstance(out, bytes) else out
 
 
-def _zarr_files(a: np.ndarray, chunks: tuple[int, ...], compressors: list[object]) -> dict[str, bytes]:
-    """Every file zarr-python writes for array ``a`` (as the shard writer calls it), from a memory store."""
+def _zarr_files(
+    a: np.ndarray, chunks: tuple[int, ...], compressors: list[object]
+) -> dict[str, bytes]:
+    """Every file zarr-python writes for array ``a`` (as the shard writer calls it), from a memory
+    store."""
     import zarr  # import weight: zarr ~0.3 s, a no-change rebuild writes nothing
 
     store = zarr.storage.MemoryStore()
     group = zarr.open_group(store, mode="w-", zarr_format=3)
-    arr = group.create_array("a", shape=a.shape, dtype=a.dtype, chunks=chunks, compressors=compressors,
-                             fill_value=0, config={"write_empty_chunks": True})
+    arr = group.create_array(
+        "a",
+        shape=a.shape,
+        dtype=a.dtype,
+        chunks=chunks,
+        compressors=compressors,
+        fill_value=0,
+        config={"write_empty_chunks": True},
+    )
     arr[...] = a
     return {k: v.to_bytes() for k, v in store._store_dict.items()}  # noqa: SLF001 (a test double of the store)
 
@@ -101,13 +138,21 @@ def group_json() -> bytes:
         from zarr.core.buffer import default_buffer_prototype  # import weight: zarr
         from zarr.core.group import GroupMetadata  # import weight: zarr
 
-        GROUP_JSON = GroupMetadata(zarr_format=3).to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
+        GROUP_JSON = (
+            GroupMetadata(zarr_format=3)
+            .to_buffer_dict(default_buffer_prototype())["zarr.json"]
+            .to_bytes()
+        )
     return GROUP_JSON
 
 
-def array_template(dtype: np.dtype, trailing: tuple[int, ...], compressors: list[object]) -> ArrayTemplate | None:
-    """The verified template of arrays of ``dtype`` with rows of shape ``trailing`` and these compressors,
-    or None: zarr-python writes such arrays itself (an unknown codec, or bytes that would differ)."""
+def array_template(
+    dtype: np.dtype, trailing: tuple[int, ...], compressors: list[object]
+) -> ArrayTemplate | None:
+    """The verified template of arrays of ``dtype`` with rows of shape ``trailing`` and these
+    compressors,
+    or None: zarr-python writes such arrays itself (an unknown codec, or bytes that would
+    differ)."""
     if any(d <= 0 for d in trailing):
         return None
     try:
@@ -121,16 +166,25 @@ def array_template(dtype: np.dtype, trailing: tuple[int, ...], compressors: list
         return _TEMPLATES[key]
 
 
-def _probe(dtype: np.dtype, trailing: tuple[int, ...], compressors: list[object]) -> ArrayTemplate | None:
-    """Write a 5-row probe (a full chunk of 3 rows, an edge chunk of 2 padded to 3) both ways; compare."""
+def _probe(
+    dtype: np.dtype, trailing: tuple[int, ...], compressors: list[object]
+) -> ArrayTemplate | None:
+    """Write a 5-row probe (a full chunk of 3 rows, an edge chunk of 2 padded to 3) both ways;
+    compare."""
     rng = np.random.default_rng(0)
-    probe = (rng.integers(0, 2, (5, *trailing)) if dtype.kind == "b"
-             else rng.integers(0, 100, (5, *trailing))).astype(dtype)
+    probe = (
+        rng.integers(0, 2, (5, *trailing))
+        if dtype.kind == "b"
+        else rng.integers(0, 100, (5, *trailing))
+    ).astype(dtype)
     chunks = (3, *trailing)
     try:
         theirs = _zarr_files(probe, chunks, compressors)
         template = ArrayTemplate(json.loads(theirs["a/zarr.json"]))
-        ours = {"zarr.json": group_json(), **{f"a/{k}": v for k, v in array_files(template, probe, chunks[0])}}
+        ours = {
+            "zarr.json": group_json(),
+            **{f"a/{k}": v for k, v in array_files(template, probe, chunks[0])},
+        }
     except (KeyError, ValueError, TypeError):
         return None
     return template if ours == theirs else None
@@ -142,11 +196,16 @@ def chunk_key(i: int, ndim: int) -> str:
 
 
 def array_files(t: ArrayTemplate, a: Any, rows: int) -> list[tuple[str, bytes]]:
-    """(relative path, bytes) of every file of array ``a`` (an ndarray, or a lazy column sliced by rows)
-    chunked by ``rows`` along the first axis: zarr.json, then its chunks, each padded with zeros (the fill
-    value) to the full chunk shape as zarr-python stores an edge chunk. For a small array (one chunk)."""
-    return [("zarr.json", t.metadata(a.shape, (rows, *a.shape[1:]))),
-            *((name, data) for name, data in chunks(t, a, rows))]
+    """(relative path, bytes) of every file of array ``a`` (an ndarray, or a lazy column sliced by
+    rows)
+    chunked by ``rows`` along the first axis: zarr.json, then its chunks, each padded with zeros
+    (the fill
+    value) to the full chunk shape as zarr-python stores an edge chunk. For a small array (one
+    chunk)."""
+    return [
+        ("zarr.json", t.metadata(a.shape, (rows, *a.shape[1:]))),
+        *((name, data) for name, data in chunks(t, a, rows)),
+    ]
 
 
 def chunks(t: ArrayTemplate, a: Any, rows: int) -> Any:
@@ -155,20 +214,23 @@ def chunks(t: ArrayTemplate, a: Any, rows: int) -> Any:
     if n == 0 or int(np.prod(a.shape, dtype=np.int64)) == 0:
         return
     for i, lo in enumerate(range(0, n, rows)):
-        block = np.asarray(a[lo:lo + rows])
+        block = np.asarray(a[lo : lo + rows])
         if block.shape[0] < rows:
             pad = _pad_buffer((rows, *a.shape[1:]), block.dtype)
-            pad[:block.shape[0]] = block
-            pad[block.shape[0]:] = 0
+            pad[: block.shape[0]] = block
+            pad[block.shape[0] :] = 0
             block = pad
         yield chunk_key(i, len(a.shape)), t.encode(block)
 
 
-_PAD = threading.local()  # per thread: the buffer edge chunks are padded in, reused (fresh pages cost a copy)
+_PAD = (
+    threading.local()
+)  # per thread: the buffer edge chunks are padded in, reused (fresh pages cost a copy)
 
 
 def _pad_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A reused buffer of this shape and dtype (contents undefined), one per thread, grown as needed."""
+    """A reused buffer of this shape and dtype (contents undefined), one per thread, grown as
+    needed."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     buf = getattr(_PAD, "buf", None)
     if buf is None or buf.size < nbytes:
@@ -177,18 +239,20 @@ def _pad_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """One file in one write (the shard folder is a temporary name until the writer's caller renames it)."""
+    """One file in one write (the shard folder is a temporary name until the writer's caller renames
+    it)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
 
 def write_array(root: Path, key: str, t: ArrayTemplate, a: Any, rows: int, made: set[Path]) -> None:
-    """Array ``key`` of the group at ``root``, with the zarr.json of every parent group zarr-python would
+    """Array ``key`` of the group at ``root``, with the zarr.json of every parent group zarr-python
+    would
     create (``made``: folders this shard already has)."""
     folder = root / key
     for parent in [*reversed(folder.relative_to(root).parents)][1:]:

@@ -1,4 +1,5 @@
-"""CT volumes as sparse voxels, read side: sample type ``ct`` and its ``ct_coords`` op, registered lazily.
+"""CT volumes as sparse voxels, read side: sample type ``ct`` and its ``ct_coords`` op, registered
+lazily.
 
 ``BUILD_MODULE`` is the build side (kind ``ct``, the ``.npy`` source), which a reader never imports.
 """

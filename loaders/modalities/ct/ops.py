@@ -1,9 +1,14 @@
-"""Sparse-voxel batches in the layout sparse 3-D libraries take, and seeded crops/flips of their coordinates.
+"""Sparse-voxel batches in the layout sparse 3-D libraries take, and seeded crops/flips of their
+coordinates.
 
-Collation (torch-free numpy, run where batches are assembled): ``coords`` int32 ``[N, 4]`` = (batch index,
-x, y, z) with each sample's rows contiguous and in stored (argwhere) order, as TRELLIS' ``SparseTensor``,
-spconv and MinkowskiEngine take them; ``batch_dim="last"`` gives torchsparse's (x, y, z, batch). ``feats``
-float32 ``[N, C]`` (channels in the order asked for), ``offsets`` int64 ``[B + 1]`` (sample ``i`` is rows
+Collation (torch-free numpy, run where batches are assembled): ``coords`` int32 ``[N, 4]`` = (batch
+index,
+x, y, z) with each sample's rows contiguous and in stored (argwhere) order, as TRELLIS'
+``SparseTensor``,
+spconv and MinkowskiEngine take them; ``batch_dim="last"`` gives torchsparse's (x, y, z, batch).
+``feats``
+float32 ``[N, C]`` (channels in the order asked for), ``offsets`` int64 ``[B + 1]`` (sample ``i`` is
+rows
 ``offsets[i]:offsets[i+1]``). x, y, z are the ``.npy``'s axes 0, 1, 2.
 
 Augmentation is split so it can run on the device without a host round trip and still equal the CPU
@@ -37,10 +42,16 @@ def batch_column(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(off.size - 1, dtype=np.int32), np.diff(off))
 
 
-def collate(xyz: np.ndarray, offsets: np.ndarray, features: Sequence[np.ndarray] = (),
-            batch_dim: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(coords int32 [N,4], feats float32 [N,C], offsets int64 [B+1])`` from the concatenated per-sample
-    coordinates ``xyz`` ``[N, 3]`` (any integer dtype), their ``offsets`` and ``C`` feature columns ``[N]``."""
+def collate(
+    xyz: np.ndarray,
+    offsets: np.ndarray,
+    features: Sequence[np.ndarray] = (),
+    batch_dim: str = "first",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(coords int32 [N,4], feats float32 [N,C], offsets int64 [B+1])`` from the concatenated
+    per-sample
+    coordinates ``xyz`` ``[N, 3]`` (any integer dtype), their ``offsets`` and ``C`` feature columns
+    ``[N]``."""
     if batch_dim not in BATCH_DIMS:
         raise ValueError(f"batch_dim must be one of {BATCH_DIMS}, got {batch_dim!r}")
     off = np.asarray(offsets, dtype=np.int64)
@@ -66,8 +77,14 @@ class Augment:
     flip: np.ndarray  # bool: mirror this axis
 
 
-def draw_augment(shapes: np.ndarray, sample_ids: np.ndarray, seed: int, epoch: int,
-                 crop: Sequence[int] | None = None, flip: Sequence[bool] = (False, False, False)) -> Augment:
+def draw_augment(
+    shapes: np.ndarray,
+    sample_ids: np.ndarray,
+    seed: int,
+    epoch: int,
+    crop: Sequence[int] | None = None,
+    flip: Sequence[bool] = (False, False, False),
+) -> Augment:
     """Draw each sample's sub-cube origin (uniform over the positions that fit) and flips
     (probability 1/2 per axis where ``flip[axis]``) from six :func:`~loaders.samples.unit_draws` of
     ``(seed, epoch, sample_id)`` (three origins, three flip bits: always drawn, so the streams do
@@ -82,7 +99,8 @@ def draw_augment(shapes: np.ndarray, sample_ids: np.ndarray, seed: int, epoch: i
 
 
 def crop_rows(xyz: np.ndarray, offsets: np.ndarray, aug: Augment) -> tuple[np.ndarray, np.ndarray]:
-    """``(keep bool [N], new offsets [B+1])``: the rows inside each sample's sub-cube (done on the host, before
+    """``(keep bool [N], new offsets [B+1])``: the rows inside each sample's sub-cube (done on the
+    host, before
     transport: a crop makes the batch smaller, so it should cross to the device smaller)."""
     b = batch_column(offsets)
     rel = xyz.astype(np.int64) - aug.origin[b]
@@ -93,12 +111,22 @@ def crop_rows(xyz: np.ndarray, offsets: np.ndarray, aug: Augment) -> tuple[np.nd
     return keep, off
 
 
-def finish_coords(xyz: np.ndarray, offsets: np.ndarray, origin: np.ndarray, extent: np.ndarray, flip: np.ndarray,
-                  batch_dim: str = "first", out: np.ndarray | None = None) -> np.ndarray:
-    """int32 ``[N, 4]`` coordinates: the batch column plus ``xyz - origin``, mirrored where ``flip``.
+def finish_coords(
+    xyz: np.ndarray,
+    offsets: np.ndarray,
+    origin: np.ndarray,
+    extent: np.ndarray,
+    flip: np.ndarray,
+    batch_dim: str = "first",
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """int32 ``[N, 4]`` coordinates: the batch column plus ``xyz - origin``, mirrored where
+    ``flip``.
 
-    A loop over the batch's volumes (a handful, each ~1e5-1e6 points) of in-place slice arithmetic: one
-    pass over the output per step instead of fancy-indexed ``[N, 3]`` temporaries (5x faster on 1M points)."""
+    A loop over the batch's volumes (a handful, each ~1e5-1e6 points) of in-place slice arithmetic:
+    one
+    pass over the output per step instead of fancy-indexed ``[N, 3]`` temporaries (5x faster on 1M
+    points)."""
     off = np.asarray(offsets, dtype=np.int64)
     n = int(off[-1]) if off.size else 0
     coords = np.empty((n, 4), dtype=np.int32) if out is None else out.reshape(n, 4)
@@ -107,7 +135,7 @@ def finish_coords(xyz: np.ndarray, offsets: np.ndarray, origin: np.ndarray, exte
         coords[:, c0 + a] = xyz[:, a]
     origin, extent, flip = np.asarray(origin), np.asarray(extent), np.asarray(flip, dtype=bool)
     for i in range(off.size - 1):
-        rows = coords[off[i]:off[i + 1]]
+        rows = coords[off[i] : off[i + 1]]
         rows[:, bcol] = i
         for a in range(3):
             col = rows[:, c0 + a]
@@ -123,8 +151,10 @@ COORDS_OP = "ct_coords"
 
 @dataclass
 class CtCoords(Deferred):
-    """A batch's coordinates before collation: stored uint16 ``xyz`` (6 bytes a point instead of 16 for int32
-    ``[N, 4]``), offsets and the per-sample shift/flip. Finished (numpy here, torch in :mod:`loaders.modalities.ct.torch_ops`)
+    """A batch's coordinates before collation: stored uint16 ``xyz`` (6 bytes a point instead of 16
+    for int32
+    ``[N, 4]``), offsets and the per-sample shift/flip. Finished (numpy here, torch in
+    :mod:`loaders.modalities.ct.torch_ops`)
     into int32 ``[N, 4]``; on CUDA that happens on the GPU, after the smaller copy."""
 
     op: ClassVar[str] = COORDS_OP
@@ -137,8 +167,13 @@ class CtCoords(Deferred):
     batch_dim: str = "first"
 
     def parts(self) -> dict[str, np.ndarray]:
-        return {"xyz": self.xyz, "offsets": self.offsets, "origin": self.origin, "extent": self.extent,
-                "flip": self.flip}
+        return {
+            "xyz": self.xyz,
+            "offsets": self.offsets,
+            "origin": self.origin,
+            "extent": self.extent,
+            "flip": self.flip,
+        }
 
     def meta(self) -> dict[str, Any]:
         return {"batch_dim": self.batch_dim}
@@ -148,6 +183,15 @@ class CtCoords(Deferred):
 
 
 @register_op(COORDS_OP, torch_module="loaders.modalities.ct.torch_ops")
-def _finish_coords(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None) -> np.ndarray:
-    return finish_coords(parts["xyz"], parts["offsets"], parts["origin"], parts["extent"], parts["flip"],
-                         str(meta["batch_dim"]), out)
+def _finish_coords(
+    parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None
+) -> np.ndarray:
+    return finish_coords(
+        parts["xyz"],
+        parts["offsets"],
+        parts["origin"],
+        parts["extent"],
+        parts["flip"],
+        str(meta["batch_dim"]),
+        out,
+    )

@@ -18,6 +18,13 @@ SENTENCES_PERT = "sentences/pert"  # int32 [S, L]: local rows of one (cell_type,
 #                                    batch) group
 SENTENCES_CTRL = "sentences/ctrl"  # int32 [S, L]: matched control rows
 
-FORMAT_KEYS = {"X": X, "COND_ID": COND_ID, "OBS_PREFIX": OBS_PREFIX, "OBSM_PREFIX": OBSM_PREFIX,
-               "OBS_NAMES": OBS_NAMES, "PAIRS": PAIRS, "SENTENCES_PERT": SENTENCES_PERT,
-               "SENTENCES_CTRL": SENTENCES_CTRL}
+FORMAT_KEYS = {
+    "X": X,
+    "COND_ID": COND_ID,
+    "OBS_PREFIX": OBS_PREFIX,
+    "OBSM_PREFIX": OBSM_PREFIX,
+    "OBS_NAMES": OBS_NAMES,
+    "PAIRS": PAIRS,
+    "SENTENCES_PERT": SENTENCES_PERT,
+    "SENTENCES_CTRL": SENTENCES_CTRL,
+}

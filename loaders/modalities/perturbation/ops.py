@@ -69,8 +69,9 @@ class Gathered(Deferred):
         return tuple(int(s) for s in self.shape)
 
     def dense(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
-        return kernels.densify(self.indptr, self.indices, self.data, int(self.shape[-1]), out,
-                               zeroed).reshape(self.shape)
+        return kernels.densify(
+            self.indptr, self.indices, self.data, int(self.shape[-1]), out, zeroed
+        ).reshape(self.shape)
 
     def finish(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
         return self.dense(out, zeroed)
@@ -79,8 +80,9 @@ class Gathered(Deferred):
         """The same rows as flat positions and values (what a device densifies fastest: see
         Scattered)."""
         vals = self.data if self.data.dtype == np.float32 else self.data.astype(np.float32)
-        return Scattered(kernels.flat_positions(self.indptr, self.indices, int(self.shape[-1])),
-                         vals, self.shape)
+        return Scattered(
+            kernels.flat_positions(self.indptr, self.indices, int(self.shape[-1])), vals, self.shape
+        )
 
     def as_form(self, form: str) -> Deferred:
         """The same rows delivered as :data:`FORMS` ``form`` (another name: themselves)."""
@@ -99,15 +101,18 @@ class Gathered(Deferred):
 
 
 @register_op(CSR_OP, torch_module=TORCH_MODULE)
-def _csr_dense(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any],
-               out: np.ndarray | None) -> np.ndarray:
+def _csr_dense(
+    parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None
+) -> np.ndarray:
     shape = tuple(int(s) for s in meta["shape"])
-    return kernels.densify(parts["crow"], parts["cols"], parts["vals"], shape[-1],
-                           out).reshape(shape)
+    return kernels.densify(parts["crow"], parts["cols"], parts["vals"], shape[-1], out).reshape(
+        shape
+    )
 
 
-def densify(crow: np.ndarray, cols: np.ndarray, vals: np.ndarray,
-            shape: tuple[int, ...] | list[int]) -> np.ndarray:
+def densify(
+    crow: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, ...] | list[int]
+) -> np.ndarray:
     """Dense float32 ``shape`` (rows flattened over leading dims) from shipped CSR parts, on the
     CPU."""
     return _csr_dense({"crow": crow, "cols": cols, "vals": vals}, {"shape": list(shape)}, None)
@@ -168,8 +173,9 @@ class Scattered(Deferred):
 
 
 @register_op(SCATTER_OP, torch_module=TORCH_MODULE)
-def _scatter_dense(parts: Mapping[str, np.ndarray], meta: Mapping[str, Any],
-                   out: np.ndarray | None) -> np.ndarray:
+def _scatter_dense(
+    parts: Mapping[str, np.ndarray], meta: Mapping[str, Any], out: np.ndarray | None
+) -> np.ndarray:
     shape = tuple(int(s) for s in meta["shape"])
     dense = np.zeros(math.prod(shape), np.float32) if out is None else out.reshape(-1)
     dense[parts["pos"]] = parts["vals"]

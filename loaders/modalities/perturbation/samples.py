@@ -1,9 +1,13 @@
 """Sample types of single-cell perturbation screens: ``cells``, ``pairs`` and ``sentences``.
 
-Their units: a primary cell (duplicated controls are stored for pairing but not counted), a row of the
-``pairs`` table (control, perturbed), a row of the ``sentences`` tables (L perturbed cells of one group, then
-L matched controls). A batch carries ``X`` (dense float32 after transport), the cells' ``sample_id``,
-``cond_id`` and obs codes (int64: what embeddings and losses index with), the condition vectors ``cond`` when
+Their units: a primary cell (duplicated controls are stored for pairing but not counted), a row of
+the
+``pairs`` table (control, perturbed), a row of the ``sentences`` tables (L perturbed cells of one
+group, then
+L matched controls). A batch carries ``X`` (dense float32 after transport), the cells'
+``sample_id``,
+``cond_id`` and obs codes (int64: what embeddings and losses index with), the condition vectors
+``cond`` when
 the dataset has a condition table, and the ``obsm/<key>`` embeddings.
 
 Load-time options (``ShardDataset(..., densify=False)`` passes them here): ``densify=False``
@@ -55,15 +59,16 @@ class _CellSamples(SampleType):
     delivery_options = ("densify", "torch_sparse")
     record_names = OBS_NAMES
 
-    def __init__(self, densify: bool = True, torch_sparse: bool = False,
-                 **options: Any) -> None:
+    def __init__(self, densify: bool = True, torch_sparse: bool = False, **options: Any) -> None:
         super().__init__(**options)
         self.densify, self.torch_sparse = bool(densify), bool(torch_sparse)
         # the Deferred class of the expression rows
         self.rows_as = ROWS_AS[form_of(self.densify, self.torch_sparse)]
         self.n_cols, self.obs_fields, self.obsm_keys = 0, [], []  # type: ignore[var-annotated]
         self.conditions_path: str | None = None
-        self.conditions_sha256 = ""  # the index's content hash of the table, checked when it is read
+        self.conditions_sha256 = (
+            ""  # the index's content hash of the table, checked when it is read
+        )
         self.n_cond: int | None = None
         self.encoding, self.has_cond = "zarr", False
         self._vectors: np.ndarray | None = None
@@ -92,13 +97,16 @@ class _CellSamples(SampleType):
     def obs_of(index: Index) -> list[str]:
         """obs fields in condition-vector order (or, for an index that does not list them, by name)."""
         names = [f.name for f in index.fields]
-        return list(index.obs_fields) or [n[len(OBS_PREFIX):] for n in names if n.startswith(OBS_PREFIX)]
+        return list(index.obs_fields) or [
+            n[len(OBS_PREFIX) :] for n in names if n.startswith(OBS_PREFIX)
+        ]
 
     def fields(self, index: Index) -> list[str]:
         names = {f.name for f in index.fields}
         wanted = [X, SAMPLE_ID, PRIMARY, COND_ID, *(OBS_PREFIX + f for f in self.obs_of(index))]
-        return [n for n in wanted if n in names or n in (X, SAMPLE_ID)] + \
-            sorted(n for n in names if n.startswith(OBSM_PREFIX))
+        return [n for n in wanted if n in names or n in (X, SAMPLE_ID)] + sorted(
+            n for n in names if n.startswith(OBSM_PREFIX)
+        )
 
     def bind(self, index: Index) -> None:
         names = {f.name for f in index.fields}
@@ -108,9 +116,13 @@ class _CellSamples(SampleType):
         self.has_cond = COND_ID in names
         # batch key -> field of the int64 metadata, gathered together (Rows.ints)
         self.int_keys = (("cond_id",) if self.has_cond else ()) + tuple(self.obs_fields)
-        self.int_names = ((COND_ID,) if self.has_cond else ()) + tuple(OBS_PREFIX + f for f in self.obs_fields)
+        self.int_names = ((COND_ID,) if self.has_cond else ()) + tuple(
+            OBS_PREFIX + f for f in self.obs_fields
+        )
         cond = index.conditions
-        self.conditions_path = str(index.root / cond.file) if cond is not None and cond.file else None
+        self.conditions_path = (
+            str(index.root / cond.file) if cond is not None and cond.file else None
+        )
         self.conditions_sha256 = cond.sha256 if cond is not None else ""
         self.n_cond = cond.rows if cond is not None and cond.rows else None
         self.encoding = index.encoding
@@ -123,11 +135,15 @@ class _CellSamples(SampleType):
         if self._vectors is None and self.conditions_path is not None:
             from loaders.integrity import open_checked
 
-            # a zarr group (a folder) per the contract; tar-encoded builds write it in their own encoding
+            # a zarr group (a folder) per the contract; tar-encoded builds write it in their own
+            # encoding
             encoding = "zarr" if Path(self.conditions_path).is_dir() else self.encoding
-            try:  # checked like a shard (sha256, every chunk present): a missing chunk would read as zeros
-                got = open_checked(self.conditions_path, encoding, [CONDITION_VECTORS],
-                                   self.conditions_sha256)[CONDITION_VECTORS].read()
+            # checked like a shard (sha256, every chunk present): a missing chunk would read as
+            # zeros
+            try:
+                got = open_checked(
+                    self.conditions_path, encoding, [CONDITION_VECTORS], self.conditions_sha256
+                )[CONDITION_VECTORS].read()
             except FormatError as e:
                 raise FormatError(f"condition table: {e}") from None
             self._vectors = np.asarray(got, dtype=np.float32)
@@ -135,11 +151,17 @@ class _CellSamples(SampleType):
 
     def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:
         cid = columns.get(COND_ID)
-        if self.n_cond is not None and cid is not None and cid.size and cid.max(initial=0) >= self.n_cond:
+        if (
+            self.n_cond is not None
+            and cid is not None
+            and cid.size
+            and cid.max(initial=0) >= self.n_cond
+        ):
             raise FormatError(f"{name}: cond_id beyond the condition table's {self.n_cond} rows")
 
     def meta(self, p: Payload, rows: Rows) -> None:
-        """cond_id, cond vectors and obs codes of ``rows`` (int64, all gathered at once: ``Rows.ints``)."""
+        """cond_id, cond vectors and obs codes of ``rows`` (int64, all gathered at once:
+        ``Rows.ints``)."""
         if not self.int_keys:
             return
         ints = rows.ints(self.int_names)
@@ -177,7 +199,9 @@ class Pairs(_CellSamples):
         return columns[PAIRS].astype(np.int64).reshape(-1, 2)
 
     def count(self, columns: Mapping[str, np.ndarray]) -> int:
-        return int(np.shape(columns[PAIRS])[0])  # without building the units (the build counts every shard)
+        return int(
+            np.shape(columns[PAIRS])[0]
+        )  # without building the units (the build counts every shard)
 
     def assemble(self, batch: BatchRows) -> Payload:
         ctrl, pert, b, p = batch.rows(0), batch.rows(1), batch.size, Payload()
@@ -197,10 +221,14 @@ class Sentences(_CellSamples):
     tables = (SENTENCES_PERT, SENTENCES_CTRL)
 
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-        return np.concatenate([columns[SENTENCES_PERT], columns[SENTENCES_CTRL]], axis=1).astype(np.int64)
+        return np.concatenate([columns[SENTENCES_PERT], columns[SENTENCES_CTRL]], axis=1).astype(
+            np.int64
+        )
 
     def count(self, columns: Mapping[str, np.ndarray]) -> int:
-        return int(np.shape(columns[SENTENCES_PERT])[0])  # the units, ~40 slots per cell, are not built for it
+        return int(
+            np.shape(columns[SENTENCES_PERT])[0]
+        )  # the units, ~40 slots per cell, are not built for it
 
     def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:
         super().check_columns(columns, name)

@@ -17,20 +17,23 @@ from loaders.device import register_torch_op
 from loaders.modalities.perturbation.ops import CSR_OP, SCATTER_OP, SPARSE_OP
 
 
-def densify_torch(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
-                  shape: Sequence[int]) -> torch.Tensor:
+def densify_torch(
+    crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: Sequence[int]
+) -> torch.Tensor:
     """Device-side densify (what :func:`~loaders.modalities.perturbation.ops.densify` does on the
     CPU): one ``scatter_`` with torch index arithmetic."""
     n_cols, m, dev = int(shape[-1]), crow.numel() - 1, crow.device
-    rows = torch.repeat_interleave(torch.arange(m, device=dev, dtype=torch.int64) * n_cols,
-                                   crow.diff().to(torch.int64), output_size=cols.numel())
+    rows = torch.repeat_interleave(
+        torch.arange(m, device=dev, dtype=torch.int64) * n_cols,
+        crow.diff().to(torch.int64),
+        output_size=cols.numel(),
+    )
     out = torch.zeros(m * n_cols, dtype=torch.float32, device=dev)
     out.scatter_(0, rows + cols, vals.to(torch.float32))
     return out.view(*shape)
 
 
-def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
-           n_cols: int) -> torch.Tensor:
+def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n_cols: int) -> torch.Tensor:
     """A torch sparse CSR tensor ``[m, n_cols]`` (any device). Sentences come as ``[B*L, G]``.
     Indices stay in their dtype (torch takes int32 or int64, the same for both): no host-side
     conversion pass."""
@@ -39,19 +42,22 @@ def sparse(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
     values = vals if vals.dtype == torch.float32 else vals.to(torch.float32)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-        return torch.sparse_csr_tensor(crow, cols, values, (crow.numel() - 1, n_cols),
-                                       check_invariants=False)
+        return torch.sparse_csr_tensor(
+            crow, cols, values, (crow.numel() - 1, n_cols), check_invariants=False
+        )
 
 
 @register_torch_op(CSR_OP)
 def _csr_dense_torch(parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> torch.Tensor:
-    return densify_torch(parts["crow"], parts["cols"], parts["vals"],
-                         [int(s) for s in meta["shape"]])
+    return densify_torch(
+        parts["crow"], parts["cols"], parts["vals"], [int(s) for s in meta["shape"]]
+    )
 
 
 @register_torch_op(SCATTER_OP)
-def _scatter_dense_torch(parts: Mapping[str, torch.Tensor],
-                         meta: Mapping[str, Any]) -> torch.Tensor:
+def _scatter_dense_torch(
+    parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
+) -> torch.Tensor:
     """Flat positions -> dense: one zero-fill and one scatter (``densify_torch`` launches ~10
     kernels)."""
     shape = [int(s) for s in meta["shape"]]

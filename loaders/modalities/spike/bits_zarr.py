@@ -1,9 +1,13 @@
-"""``shardsmith.spikebits`` as a zarr v3 bytes-to-bytes codec, so a zarr shard's array names it in its
-``zarr.json`` (``{"name": "shardsmith.spikebits", "configuration": {"level": 5}}``) and zarr decodes chunks
-through it. A zarr without this module imported refuses the array (unknown codec) instead of misreading it.
+"""``shardsmith.spikebits`` as a zarr v3 bytes-to-bytes codec, so a zarr shard's array names it in
+its
+``zarr.json`` (``{"name": "shardsmith.spikebits", "configuration": {"level": 5}}``) and zarr decodes
+chunks
+through it. A zarr without this module imported refuses the array (unknown codec) instead of
+misreading it.
 
 The chunk's shape (records, frames, bytes of a frame) comes from zarr's chunk spec; the work is
-:class:`loaders.modalities.spike.bits.SpikeBits`. Importing this module registers the codec with zarr.
+:class:`loaders.modalities.spike.bits.SpikeBits`. Importing this module registers the codec with
+zarr.
 """
 
 from __future__ import annotations
@@ -42,14 +46,20 @@ class SpikeBitsZarrCodec(BytesBytesCodec):
 
     def _encode_sync(self, chunk: Buffer, spec: ArraySpec) -> Buffer:
         shape = tuple(spec.shape)
-        a = chunk.as_numpy_array().view(np.uint8).reshape(shape[0], shape[1] if len(shape) > 1 else 1, -1)
+        a = (
+            chunk.as_numpy_array()
+            .view(np.uint8)
+            .reshape(shape[0], shape[1] if len(shape) > 1 else 1, -1)
+        )
         return spec.prototype.buffer.from_bytes(SpikeBits(self.level).encode(a))
 
     def _decode_sync(self, chunk: Buffer, spec: ArraySpec) -> Buffer:
         out = SpikeBits(self.level).decode(chunk.as_numpy_array())
         expected = int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.to_native_dtype().itemsize
         if out.nbytes != expected:
-            raise ValueError(f"{CODEC_ID}: chunk decodes to {out.nbytes} bytes, the array's chunk holds {expected}")
+            raise ValueError(
+                f"{CODEC_ID}: chunk decodes to {out.nbytes} bytes, the array's chunk holds {expected}"
+            )
         return spec.prototype.buffer.from_array_like(out.reshape(-1))
 
     async def _encode_single(self, chunk: Buffer, spec: ArraySpec) -> Buffer:

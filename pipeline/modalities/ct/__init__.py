@@ -17,7 +17,6 @@ SOURCES.register_lazy("nifti", f"{_HERE}.nifti")
 SOURCES.register_lazy("nrrd", f"{_HERE}.nrrdfile")
 SOURCES.register_lazy("dicom", f"{_HERE}.dicom")
 DEMO_WRITERS.register("ct", f"{_HERE}.demo:write_ct_demo")
-register_extra("nibabel", "ct", "nibabel",
-               'NIfTI CT volumes (type = "nifti") and [ct] orientation')
+register_extra("nibabel", "ct", "nibabel", 'NIfTI CT volumes (type = "nifti") and [ct] orientation')
 register_extra("nrrd", "ct", "pynrrd", 'NRRD CT volumes (type = "nrrd")')
 register_extra("pydicom", "ct", "pydicom", 'DICOM CT series (type = "dicom")')

@@ -1,13 +1,20 @@
-"""Small synthetic chest CTs, int16 Hounsfield units, written as ``.npy`` (+ optional sidecar) like real exports,
+"""Small synthetic chest CTs, int16 Hounsfield units, written as ``.npy`` (+ optional sidecar) like
+real exports,
 and one each as NIfTI, a DICOM series and NRRD (:func:`write_formats`), so the demo build reads
 every format.
 
-Each volume has what makes real chest CT hard to sparsify well: air (-1000 HU) all around an elliptical
-body (fat ring -100, soft tissue +40), two lungs (-850) *inside* the body, a trachea joining the lungs to the
-top of the volume (so a 3-D hole fill would miss the lungs), a spine and ribs (+700), and a patient table
-below the body, separated from it by air (the largest-component step drops it). Axial slices are along the
-last axis (``axial_axis = -1``), the neck at the top (high z). Content is a function of the arguments
-(seeded), and :func:`make_chest_volume` also returns the lung mask it drew, so the demo can say what the
+Each volume has what makes real chest CT hard to sparsify well: air (-1000 HU) all around an
+elliptical
+body (fat ring -100, soft tissue +40), two lungs (-850) *inside* the body, a trachea joining the
+lungs to the
+top of the volume (so a 3-D hole fill would miss the lungs), a spine and ribs (+700), and a patient
+table
+below the body, separated from it by air (the largest-component step drops it). Axial slices are
+along the
+last axis (``axial_axis = -1``), the neck at the top (high z). Content is a function of the
+arguments
+(seeded), and :func:`make_chest_volume` also returns the lung mask it drew, so the demo can say what
+the
 default settings keep.
 """
 
@@ -47,14 +54,20 @@ FORMAT_VOLUMES = (  # written through nibabel, pydicom and pynrrd (pipeline.moda
     ChestSpec("chest_005", (64, 56, 20), 16, (0.8, 0.8, 3.0), (25.6, 20.0, -57.0)),
     ChestSpec("chest_006", (64, 64, 22), 17, (0.75, 0.75, 2.5), (24.0, 26.0, -52.5)),
 )
-FORMAT_FILES = (("nifti", "chest_004.nii.gz"), ("dicom", "dicom/chest_005"),
-                ("nrrd", "chest_006.nrrd"))
+FORMAT_FILES = (
+    ("nifti", "chest_004.nii.gz"),
+    ("dicom", "dicom/chest_005"),
+    ("nrrd", "chest_006.nrrd"),
+)
 
 
-def make_chest_volume(shape: tuple[int, int, int], seed: int, noise: float = 15.0,
-                      rows: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(hu int16 [X, Y, Z], lungs bool [X, Y, Z])``: a chest-like volume and the lung voxels it drew.
-    ``rows=(a, b)`` makes only rows ``[a, b)`` of axis 0 (the same voxels as the whole volume's), so a
+def make_chest_volume(
+    shape: tuple[int, int, int], seed: int, noise: float = 15.0, rows: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(hu int16 [X, Y, Z], lungs bool [X, Y, Z])``: a chest-like volume and the lung voxels it
+    drew.
+    ``rows=(a, b)`` makes only rows ``[a, b)`` of axis 0 (the same voxels as the whole volume's), so
+    a
     512^3 volume can be written a slab at a time."""
     rng = np.random.default_rng(seed)
     nx, ny, nz = shape
@@ -64,7 +77,9 @@ def make_chest_volume(shape: tuple[int, int, int], seed: int, noise: float = 15.
     z = (np.arange(nz, dtype=np.float32)[None, None, :] + 0.5) / nz
     cx, cy = 0.5 + rng.uniform(-0.02, 0.02), 0.47 + rng.uniform(-0.02, 0.02)
     neck = z > 0.86
-    ax = np.where(neck, 0.15, 0.40 * rng.uniform(0.92, 1.05))  # body half-widths (fraction of the grid)
+    ax = np.where(
+        neck, 0.15, 0.40 * rng.uniform(0.92, 1.05)
+    )  # body half-widths (fraction of the grid)
     ay = np.where(neck, 0.15, 0.30 * rng.uniform(0.92, 1.05))
     r_body = np.sqrt(((x - cx) / ax) ** 2 + ((y - cy) / ay) ** 2)  # 1 on the skin
     shape = (b - a, ny, nz)
@@ -80,21 +95,31 @@ def make_chest_volume(shape: tuple[int, int, int], seed: int, noise: float = 15.
     for side in (-1.0, 1.0):
         lx, ly = cx + side * 0.17, cy - 0.03
         sx, sy, sz = 0.12 * rng.uniform(0.9, 1.1), 0.17 * rng.uniform(0.9, 1.1), (z_hi - z_lo) / 2
-        lungs |= ((x - lx) / sx) ** 2 + ((y - ly) / sy) ** 2 + ((z - (z_lo + z_hi) / 2) / sz) ** 2 <= 1.0
+        lungs |= ((x - lx) / sx) ** 2 + ((y - ly) / sy) ** 2 + (
+            (z - (z_lo + z_hi) / 2) / sz
+        ) ** 2 <= 1.0
     vol[lungs] = LUNG
-    # trachea: a tube from the carina (z = 0.62) up through the neck to the top slice, bronchi to each lung
+    # trachea: a tube from the carina (z = 0.62) up through the neck to the top slice, bronchi to
+    # each lung
     r_tr = max(1.6 / nx, 0.035)
     tx, ty, carina = cx, cy - 0.06, 0.62
     airway = (((x - tx) ** 2 + (y - ty) ** 2) < r_tr**2) & (z >= carina)
-    for side in (-1.0, 1.0):  # a tube from the carina into each lung, shallow enough to stay 6-connected
+    for side in (
+        -1.0,
+        1.0,
+    ):  # a tube from the carina into each lung, shallow enough to stay 6-connected
         t = np.clip((carina - z) / (carina - 0.46), 0.0, 1.0)
         bx, by = tx + side * 0.10 * t, ty + 0.03 * t
-        airway |= (((x - bx) ** 2 + (y - by) ** 2) < (1.3 * r_tr) ** 2) & (z <= carina) & (z >= 0.46)
+        airway |= (
+            (((x - bx) ** 2 + (y - by) ** 2) < (1.3 * r_tr) ** 2) & (z <= carina) & (z >= 0.46)
+        )
     vol[airway] = AIR
     table = (y > cy + 0.36) & (y < cy + 0.40) & (x > 0.08) & (x < 0.92)
     vol[np.broadcast_to(table, shape)] = TABLE
     for i in range(a, b):  # noise seeded per row: a slab holds the same voxels as the whole volume
-        vol[i - a] += np.random.default_rng([seed, i]).normal(0.0, noise, size=(ny, nz)).astype(np.float32)
+        vol[i - a] += (
+            np.random.default_rng([seed, i]).normal(0.0, noise, size=(ny, nz)).astype(np.float32)
+        )
     hu = np.clip(np.rint(vol), -1024, 3071).astype(np.int16)
     return hu, lungs
 
@@ -106,7 +131,9 @@ def write_chest(path: Path, spec: ChestSpec) -> Path:
     buf = io.BytesIO()
     np.save(buf, hu, allow_pickle=False)
     atomic_write_bytes(path, buf.getvalue())
-    side = {k: list(v) for k, v in (("spacing", spec.spacing), ("origin", spec.origin)) if v is not None}
+    side = {
+        k: list(v) for k, v in (("spacing", spec.spacing), ("origin", spec.origin)) if v is not None
+    }
     if side:
         atomic_write_bytes(path.with_suffix(".json"), json.dumps(side, indent=1).encode() + b"\n")
     return path
@@ -118,7 +145,7 @@ def write_large_chest(path: Path, shape: tuple[int, int, int], seed: int, slab: 
     path.parent.mkdir(parents=True, exist_ok=True)
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int16, shape=shape)
     for a in range(0, shape[0], slab):
-        out[a:a + slab] = make_chest_volume(shape, seed, rows=(a, min(shape[0], a + slab)))[0]
+        out[a : a + slab] = make_chest_volume(shape, seed, rows=(a, min(shape[0], a + slab)))[0]
     out.flush()
     del out
     tmp.replace(path)
@@ -149,8 +176,9 @@ def write_formats(out: Path, specs: tuple[ChestSpec, ...] = FORMAT_VOLUMES) -> l
     return paths
 
 
-def write_ct_demo(root: str | Path, specs: tuple[ChestSpec, ...] = DEMO_VOLUMES,
-                  formats: bool = True) -> list[Path]:
+def write_ct_demo(
+    root: str | Path, specs: tuple[ChestSpec, ...] = DEMO_VOLUMES, formats: bool = True
+) -> list[Path]:
     """The CT demo corpus under ``root/ct`` (what data_manifests/demo_ct.toml reads): the ``.npy``
     volumes
     (returned) and, with ``formats``, one NIfTI, one DICOM series and one NRRD beside them

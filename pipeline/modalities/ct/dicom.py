@@ -108,9 +108,12 @@ class DicomSource(VolumeSource):
         from pydicom.errors import InvalidDicomError
 
         if not self.path.is_dir():
-            raise SourceError(self.path, "a dicom source is a folder holding one series, not a "
-                              f'file: set path = "{self.path.parent}" (its folder), or a glob of '
-                              "series folders")
+            raise SourceError(
+                self.path,
+                "a dicom source is a folder holding one series, not a "
+                f'file: set path = "{self.path.parent}" (its folder), or a glob of '
+                "series folders",
+            )
         out, passed = [], 0
         for f in _files(self.path):
             try:
@@ -119,8 +122,7 @@ class DicomSource(VolumeSource):
                 passed += 1
                 continue
             except (*READ_ERRORS, KeyError, TypeError) as e:
-                raise SourceError(f, f"unreadable DICOM header ({type(e).__name__}: {e})") \
-                    from None
+                raise SourceError(f, f"unreadable DICOM header ({type(e).__name__}: {e})") from None
             if "Rows" not in ds or "Columns" not in ds:
                 passed += 1  # DICOMDIR, a structured report, a presentation state: no image
                 continue
@@ -130,18 +132,26 @@ class DicomSource(VolumeSource):
     def header(self) -> VolumeHeader:
         slices, passed = self._slices()
         if not slices:
-            raise SourceError(self.path, f"no DICOM image in this folder ({passed} files are not "
-                              "DICOM images): point the source at the folder holding the series' "
-                              "slice files")
+            raise SourceError(
+                self.path,
+                f"no DICOM image in this folder ({passed} files are not "
+                "DICOM images): point the source at the folder holding the series' "
+                "slice files",
+            )
         series, uid = self._pick(slices)
         first = series[0]
-        facts: dict[str, Any] = {"series": uid, "modality": first.modality,
-                                 "files": len(series), "passed_over": passed}
+        facts: dict[str, Any] = {
+            "series": uid,
+            "modality": first.modality,
+            "files": len(series),
+            "passed_over": passed,
+        }
         if first.modality.upper() != "CT":
             n = (first.size[1], first.size[0], len(series))
             why = f"not a CT series (Modality {first.modality or 'missing'})"
-            return VolumeHeader(self.path, n, first.dtype, Geometry(), self.format, facts=facts,
-                                skip=why)
+            return VolumeHeader(
+                self.path, n, first.dtype, Geometry(), self.format, facts=facts, skip=why
+            )
         _check_series(self.path, series)
         shape = shape3(self.path, (first.size[1], first.size[0], len(series)), " (one slice)")
         _, geometry, steps = _order(self.path, series)
@@ -155,14 +165,19 @@ class DicomSource(VolumeSource):
         want = self.options.get("series")
         if want is not None:
             if str(want) not in groups:
-                raise SourceError(self.path, f"series = {want!r} is not in this folder; it holds "
-                                  f"{_listing(groups)}")
+                raise SourceError(
+                    self.path,
+                    f"series = {want!r} is not in this folder; it holds {_listing(groups)}",
+                )
             return groups[str(want)], str(want)
         if len(groups) > 1:
-            raise SourceError(self.path, f"the folder holds {len(groups)} series: "
-                              f"{_listing(groups)}; set series = \"<SeriesInstanceUID>\" in this "
-                              "[[sources]] entry, or give each series its own folder")
-        (uid, series), = groups.items()
+            raise SourceError(
+                self.path,
+                f"the folder holds {len(groups)} series: "
+                f'{_listing(groups)}; set series = "<SeriesInstanceUID>" in this '
+                "[[sources]] entry, or give each series its own folder",
+            )
+        ((uid, series),) = groups.items()
         return series, uid
 
     def open(self, header: VolumeHeader) -> Opened:
@@ -177,11 +192,15 @@ class DicomSource(VolumeSource):
             try:
                 raw = pydicom.dcmread(s.path).pixel_array
             except (*READ_ERRORS, AttributeError, RuntimeError, NotImplementedError) as e:
-                raise SourceError(s.path, f"cannot decode the pixels ({type(e).__name__}: {e}); a "
-                                  "damaged or cut-short file: copy the series again") from None
+                raise SourceError(
+                    s.path,
+                    f"cannot decode the pixels ({type(e).__name__}: {e}); a "
+                    "damaged or cut-short file: copy the series again",
+                ) from None
             if raw.shape != s.size:
-                raise SourceError(s.path, f"pixel data of shape {raw.shape}, the header says "
-                                  f"{s.size}")
+                raise SourceError(
+                    s.path, f"pixel data of shape {raw.shape}, the header says {s.size}"
+                )
             if float(s.slope).is_integer() and float(s.intercept).is_integer():
                 hu = raw.astype(np.int64) * int(s.slope) + int(s.intercept)
             else:
@@ -216,19 +235,30 @@ def _slice(f: Path, ds: Any) -> Slice:
     def number(key: str, default: float) -> float:
         return float(ds.get(key, default) or default)
 
-    return Slice(f, text("Modality"), (int(ds.Rows), int(ds.Columns)),
-                 _floats(ds, "ImagePositionPatient"), _floats(ds, "ImageOrientationPatient"),
-                 _floats(ds, "PixelSpacing"), number("RescaleSlope", 1),
-                 number("RescaleIntercept", 0), int(number("NumberOfFrames", 1)),
-                 int(number("SamplesPerPixel", 1)),
-                 np.dtype(f"{'i' if signed else 'u'}{max(1, bits // 8)}").str, syntax,
-                 text("SeriesInstanceUID"), text("SeriesDescription"))
+    return Slice(
+        f,
+        text("Modality"),
+        (int(ds.Rows), int(ds.Columns)),
+        _floats(ds, "ImagePositionPatient"),
+        _floats(ds, "ImageOrientationPatient"),
+        _floats(ds, "PixelSpacing"),
+        number("RescaleSlope", 1),
+        number("RescaleIntercept", 0),
+        int(number("NumberOfFrames", 1)),
+        int(number("SamplesPerPixel", 1)),
+        np.dtype(f"{'i' if signed else 'u'}{max(1, bits // 8)}").str,
+        syntax,
+        text("SeriesInstanceUID"),
+        text("SeriesDescription"),
+    )
 
 
 def _listing(groups: dict[str, list[Slice]]) -> str:
-    return "; ".join(f"{uid or '(no SeriesInstanceUID)'} ({ss[0].modality}, {len(ss)} files"
-                     f"{', ' + repr(ss[0].description) if ss[0].description else ''})"
-                     for uid, ss in sorted(groups.items()))
+    return "; ".join(
+        f"{uid or '(no SeriesInstanceUID)'} ({ss[0].modality}, {len(ss)} files"
+        f"{', ' + repr(ss[0].description) if ss[0].description else ''})"
+        for uid, ss in sorted(groups.items())
+    )
 
 
 def _check_series(folder: Path, series: list[Slice]) -> None:
@@ -238,31 +268,48 @@ def _check_series(folder: Path, series: list[Slice]) -> None:
         common = sizes.most_common(1)[0][0]
         odd = [s.path.name for s in series if s.size != common][:3]
         counts = ", ".join(f"{r}x{c} ({n} files)" for (r, c), n in sizes.items())
-        raise SourceError(folder, f"mixed slice sizes: {counts} (e.g. {', '.join(odd)}): a "
-                          "localizer or another acquisition in the folder; move it out, or pick "
-                          "the series with `series`")
+        raise SourceError(
+            folder,
+            f"mixed slice sizes: {counts} (e.g. {', '.join(odd)}): a "
+            "localizer or another acquisition in the folder; move it out, or pick "
+            "the series with `series`",
+        )
     for s in series:
         if s.frames > 1:
-            raise SourceError(s.path, f"a multi-frame (enhanced) DICOM of {s.frames} frames: not "
-                              "supported; convert the series to NIfTI (dcm2niix) and use type = "
-                              '"nifti"')
+            raise SourceError(
+                s.path,
+                f"a multi-frame (enhanced) DICOM of {s.frames} frames: not "
+                "supported; convert the series to NIfTI (dcm2niix) and use type = "
+                '"nifti"',
+            )
         if s.samples != 1:
             raise SourceError(s.path, f"{s.samples} samples per pixel (colour): not a CT image")
-        for key, v, n in (("ImagePositionPatient", s.position, 3),
-                          ("ImageOrientationPatient", s.orientation, 6),
-                          ("PixelSpacing", s.pixel_spacing, 2)):
+        for key, v, n in (
+            ("ImagePositionPatient", s.position, 3),
+            ("ImageOrientationPatient", s.orientation, 6),
+            ("PixelSpacing", s.pixel_spacing, 2),
+        ):
             if v is None or len(v) != n or not np.all(np.isfinite(v)):
-                raise SourceError(s.path, f"{key} is missing or malformed ({v}): slices cannot be "
-                                  "placed; this does not look like a CT image series")
+                raise SourceError(
+                    s.path,
+                    f"{key} is missing or malformed ({v}): slices cannot be "
+                    "placed; this does not look like a CT image series",
+                )
     ref, ref_ps = np.asarray(series[0].orientation), np.asarray(series[0].pixel_spacing)
     for s in series:
         if np.abs(np.asarray(s.orientation) - ref).max() > 1e-3:
-            raise SourceError(folder, f"slices of different orientations ({s.path.name}: "
-                              f"{list(s.orientation or ())} vs {list(ref)}): a scout or another "
-                              "acquisition in the folder; move it out")
+            raise SourceError(
+                folder,
+                f"slices of different orientations ({s.path.name}: "
+                f"{list(s.orientation or ())} vs {list(ref)}): a scout or another "
+                "acquisition in the folder; move it out",
+            )
         if np.abs(np.asarray(s.pixel_spacing) - ref_ps).max() > 1e-4:
-            raise SourceError(folder, f"slices of different PixelSpacing ({s.path.name}: "
-                              f"{list(s.pixel_spacing or ())} vs {list(ref_ps)}): not one volume")
+            raise SourceError(
+                folder,
+                f"slices of different PixelSpacing ({s.path.name}: "
+                f"{list(s.pixel_spacing or ())} vs {list(ref_ps)}): not one volume",
+            )
     syntax = series[0].syntax
     if syntax:
         _check_decoder(series[0].path, syntax)
@@ -278,13 +325,18 @@ def _check_decoder(path: Path, syntax: str) -> None:
     try:
         decoder = get_decoder(uid)
     except NotImplementedError:
-        raise SourceError(path, f"transfer syntax {uid} ({uid.name}) has no pixel decoder in "
-                          "pydicom: decompress the series first (gdcmconv --raw, or dcmdjpeg)") \
-            from None
+        raise SourceError(
+            path,
+            f"transfer syntax {uid} ({uid.name}) has no pixel decoder in "
+            "pydicom: decompress the series first (gdcmconv --raw, or dcmdjpeg)",
+        ) from None
     if not decoder.is_available:
-        raise SourceError(path, f"compressed transfer syntax {uid.name} ({uid}) and no decoder "
-                          f"plug-in for it is installed: {DECODERS}; or decompress the series "
-                          "first (gdcmconv --raw, or dcmdjpeg)")
+        raise SourceError(
+            path,
+            f"compressed transfer syntax {uid.name} ({uid}) and no decoder "
+            f"plug-in for it is installed: {DECODERS}; or decompress the series "
+            "first (gdcmconv --raw, or dcmdjpeg)",
+        )
 
 
 def _order(folder: Path, series: list[Slice]) -> tuple[list[int], Geometry, np.ndarray]:
@@ -301,20 +353,26 @@ def _order(folder: Path, series: list[Slice]) -> tuple[list[int], Geometry, np.n
         k = int(np.argmin(steps))
         same = " and ".join([series[order[k]].path.name, series[order[k + 1]].path.name])
         n_pos = len(np.unique(np.round(d / SAME_POSITION_MM)))
-        raise SourceError(folder, f"{len(series)} slices at only {n_pos} positions ({same} both "
-                          f"at {d[order[k]]:.3f} mm): a 4-D series (time points, or repeated "
-                          "acquisitions); put each time point in its own folder (or pick one "
-                          "series with `series`)")
+        raise SourceError(
+            folder,
+            f"{len(series)} slices at only {n_pos} positions ({same} both "
+            f"at {d[order[k]]:.3f} mm): a 4-D series (time points, or repeated "
+            "acquisitions); put each time point in its own folder (or pick one "
+            "series with `series`)",
+        )
     if steps.size:
         med = float(np.median(steps))
         k = int(np.argmax(steps))
         if steps[k] > GAP * med:
             a, b = series[order[k]].path.name, series[order[k + 1]].path.name
             missing = int(round(steps[k] / med)) - 1
-            raise SourceError(folder, f"missing slices: a gap of {steps[k]:.3f} mm between {a} "
-                              f"and {b} (median spacing {med:.3f} mm; about {missing} slices "
-                              "missing): copy the series again, or a stack with holes would be "
-                              "mis-placed")
+            raise SourceError(
+                folder,
+                f"missing slices: a gap of {steps[k]:.3f} mm between {a} "
+                f"and {b} (median spacing {med:.3f} mm; about {missing} slices "
+                "missing): copy the series again, or a stack with holes would be "
+                "mis-placed",
+            )
     ps = series[0].pixel_spacing or (1.0, 1.0)
     first, last = pos[order[0]], pos[order[-1]]
     step = (last - first) / (len(series) - 1) if len(series) > 1 else normal * 1.0

@@ -46,8 +46,11 @@ class VolumeHeader:
     def record_info(self) -> dict[str, Any]:
         """``Record.info``: part of every shard key, so a changed companion file rebuilds its
         shard."""
-        info: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype,
-                                "format": self.format}
+        info: dict[str, Any] = {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "format": self.format,
+        }
         if self.companions:
             info["companions"] = [_stamp(p) for p in self.companions]
         if self.skip:
@@ -135,21 +138,30 @@ def shape3(path: Path, shape: tuple[int, ...], what: str = "") -> tuple[int, int
     dims = tuple(int(n) for n in shape)
     while len(dims) > 3 and 1 in dims:  # e.g. NIfTI's (X, Y, Z, 1): one time point is a volume
         i = len(dims) - 1 - dims[::-1].index(1)
-        dims = dims[:i] + dims[i + 1:]
+        dims = dims[:i] + dims[i + 1 :]
     if len(dims) > 3:
-        raise SourceError(path, f"a {len(dims)}-D image of shape {dims}{what}: a series over "
-                          "time (or echoes, vectors), not one CT volume; extract the volume you "
-                          "want (e.g. nibabel's img.slicer[..., t]) into its own file")
+        raise SourceError(
+            path,
+            f"a {len(dims)}-D image of shape {dims}{what}: a series over "
+            "time (or echoes, vectors), not one CT volume; extract the volume you "
+            "want (e.g. nibabel's img.slicer[..., t]) into its own file",
+        )
     if len(dims) < 3 or min(dims) < 2:
-        raise SourceError(path, f"a 2-D image of shape {dims}{what}, not a CT volume: point the "
-                          "source at 3-D volumes (a single slice cannot be masked as a volume)")
+        raise SourceError(
+            path,
+            f"a 2-D image of shape {dims}{what}, not a CT volume: point the "
+            "source at 3-D volumes (a single slice cannot be masked as a volume)",
+        )
     return dims[0], dims[1], dims[2]
 
 
 def check_dtype(path: Path, dtype: np.dtype) -> None:
     if dtype.fields is not None or dtype.kind not in "iuf":
-        raise SourceError(path, f"voxel type {dtype} is not an integer or float scalar (RGB, "
-                          "complex and structured voxels are not CT Hounsfield units)")
+        raise SourceError(
+            path,
+            f"voxel type {dtype} is not an integer or float scalar (RGB, "
+            "complex and structured voxels are not CT Hounsfield units)",
+        )
 
 
 def gzip_trailer_ok(path: Path, start: int, expected: int) -> None:
@@ -175,12 +187,16 @@ def gzip_trailer_ok(path: Path, start: int, expected: int) -> None:
                     if d.eof:  # the next member (bgzip writes several) starts in the unused bytes
                         chunk, d = d.unused_data, zlib.decompressobj(zlib.MAX_WBITS | 16)
     except zlib.error as e:
-        raise SourceError(path, f"corrupt gzip data ({e}): re-export or re-download the file") \
-            from None
+        raise SourceError(
+            path, f"corrupt gzip data ({e}): re-export or re-download the file"
+        ) from None
     except OSError as e:
         raise SourceError(path, f"cannot read ({e.strerror or e})") from None
     if open_member or total < expected:
-        raise SourceError(path, f"truncated gzip: it decompresses to {total} bytes"
-                          f"{' and stops before its end marker' if open_member else ''}, the "
-                          f"header promises {expected}; the file was cut short (copy or download "
-                          "it again)")
+        raise SourceError(
+            path,
+            f"truncated gzip: it decompresses to {total} bytes"
+            f"{' and stops before its end marker' if open_member else ''}, the "
+            f"header promises {expected}; the file was cut short (copy or download "
+            "it again)",
+        )

@@ -57,8 +57,12 @@ class Geometry:
         if not np.all(np.isfinite(m)) or np.any(spacing <= 0):
             raise ValueError(f"degenerate affine (an axis of zero length): {m.tolist()}")
         d = m / spacing
-        return Geometry(_triple(spacing), _triple(np.asarray(affine, np.float64)[:3, 3]),
-                        (_triple(d[0]), _triple(d[1]), _triple(d[2])), "RAS")
+        return Geometry(
+            _triple(spacing),
+            _triple(np.asarray(affine, np.float64)[:3, 3]),
+            (_triple(d[0]), _triple(d[1]), _triple(d[2])),
+            "RAS",
+        )
 
     def matrix(self) -> np.ndarray:
         """The direction matrix (identity when unknown: a sidecar's spacing is along the array
@@ -89,10 +93,13 @@ class Geometry:
         return "".join(out)
 
     def to_json(self) -> dict[str, Any]:
-        return {"spacing": None if self.spacing is None else list(self.spacing),
-                "origin": None if self.origin is None else list(self.origin),
-                "direction": None if self.direction is None else [list(r) for r in self.direction],
-                "space": self.space, "axes": self.axcodes()}
+        return {
+            "spacing": None if self.spacing is None else list(self.spacing),
+            "origin": None if self.origin is None else list(self.origin),
+            "direction": None if self.direction is None else [list(r) for r in self.direction],
+            "space": self.space,
+            "axes": self.axcodes(),
+        }
 
     def resampled(self, ratio: Sequence[float]) -> Geometry:
         """The geometry of a grid resampled with ``ratio[i]`` input voxels per output voxel along
@@ -119,8 +126,9 @@ def lps_to_ras(origin: Sequence[float], columns: np.ndarray) -> tuple[Triple, np
     return _triple(o), LPS_TO_RAS @ np.asarray(columns, np.float64)
 
 
-def orientation_transform(geometry: Geometry, shape: Sequence[int], target: str,
-                          path: Path) -> tuple[np.ndarray, Geometry]:
+def orientation_transform(
+    geometry: Geometry, shape: Sequence[int], target: str, path: Path
+) -> tuple[np.ndarray, Geometry]:
     """nibabel's ``(ornt, new geometry)`` taking the stored axes to the closest ``target`` axes
     (``RAS`` or ``LPS``): ``ornt[i] = (new axis, flip)`` of stored axis ``i``. SourceError when the
     direction is unknown."""
@@ -131,9 +139,12 @@ def orientation_transform(geometry: Geometry, shape: Sequence[int], target: str,
 
     aff = geometry.affine()
     if aff is None or geometry.direction is None:
-        raise SourceError(path, f"orientation = {target!r} needs the volume's direction matrix, "
-                          "and this volume has none (a .npy): drop [ct] orientation, or convert "
-                          "it with its header")
+        raise SourceError(
+            path,
+            f"orientation = {target!r} needs the volume's direction matrix, "
+            "and this volume has none (a .npy): drop [ct] orientation, or convert "
+            "it with its header",
+        )
     ornt = no.ornt_transform(no.io_orientation(aff), no.axcodes2ornt(tuple(target)))
     new = Geometry.from_affine(aff @ no.inv_ornt_aff(ornt, tuple(shape)))
     return ornt, new

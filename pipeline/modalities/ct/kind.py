@@ -8,17 +8,22 @@ Manifest (docs/CT.md has every key)::
     [[sources]]
     path = "scans/*.npy"        # or a folder; the type is inferred from the suffix (.npy,
                                 # .nii[.gz], .nrrd, .nhdr); a DICOM series folder: type = "dicom"
-    [ct]                        # what a record keeps: pipeline.modalities.ct.volume.CtSettings (all keys optional)
+    [ct]                        # what a record keeps: pipeline.modalities.ct.volume.CtSettings (all
+    keys optional)
     window = "lung"
     band = [-1000, -400]
-    [split]                     # volumes drawn into val/test per group (a file, or a patient's folder)
+    [split]                     # volumes drawn into val/test per group (a file, or a patient's
+    folder)
     val_fraction = 0.1
     test_fraction = 0.1
     group = "file"              # or "folder": every volume of one folder in the same split
 
-A record: ``coords`` ragged uint16 ``[k, 3]``, the features asked for (ragged ``hu`` int16, ``window``
-float16), ``volume_shape`` int32 ``[3]`` and ``sample_id`` (the volume's position among the sources, in
-sorted glob order). Per record, ``index.json`` keeps (``sections.ct.records[shard]``) the file name, grid
+A record: ``coords`` ragged uint16 ``[k, 3]``, the features asked for (ragged ``hu`` int16,
+``window``
+float16), ``volume_shape`` int32 ``[3]`` and ``sample_id`` (the volume's position among the sources,
+in
+sorted glob order). Per record, ``index.json`` keeps (``sections.ct.records[shard]``) the file name,
+grid
 shape, geometry (spacing, origin, direction in RAS mm), point count and what was kept, so the
 loader plans budget batches (and returns geometry) from the index alone and ``inspect`` reports the
 fraction kept. A volume with fewer than ``min_points`` points is skipped, counted under its reason
@@ -54,7 +59,9 @@ TOO_FEW = "fewer points than min_points"
 NOT_CT = "not a CT series"
 GEOMETRY_KEYS = ("file", "format", "shape", "spacing", "origin", "direction", "axes", "sample_id")
 GEOMETRY_SHOWN = 8  # volumes whose geometry the text of `inspect` lists
-ESTIMATED_KEEP = 0.15  # fraction of a grid's voxels a record is assumed to keep, to size shards before reading
+ESTIMATED_KEEP = (
+    0.15  # fraction of a grid's voxels a record is assumed to keep, to size shards before reading
+)
 
 
 @dataclass(frozen=True)
@@ -73,15 +80,21 @@ class CtKind(RecordKind):
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> CtConfig:
         ct = sections.get("ct")
-        settings = CtSettings.from_section(Table(path, "ct", {} if ct is None else ct, set(ct or {})).data, path)
-        t = Table(path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction", "group"})
+        settings = CtSettings.from_section(
+            Table(path, "ct", {} if ct is None else ct, set(ct or {})).data, path
+        )
+        t = Table(
+            path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction", "group"}
+        )
         val = float(t.get("val_fraction", (int, float), 0.1))
         test = float(t.get("test_fraction", (int, float), 0.1))
         for key, v in (("val_fraction", val), ("test_fraction", test)):
             if not 0.0 <= v <= 1.0:
                 raise ManifestError(path, f"split.{key}", f"must lie in [0, 1], got {v}")
         if val + test > 1.0:
-            raise ManifestError(path, "split.test_fraction", f"val_fraction + test_fraction = {val + test} > 1")
+            raise ManifestError(
+                path, "split.test_fraction", f"val_fraction + test_fraction = {val + test} > 1"
+            )
         return CtConfig(settings, val, test, t.get("group", str, "file", ("file", "folder")))
 
     def fractions(self, config: CtConfig) -> tuple[float, float]:
@@ -101,8 +114,11 @@ class CtKind(RecordKind):
         per_point = 6 + sum(np.dtype(FEATURES[f]).itemsize for f in st.features)
         group = _stem(spec.path) if cfg.group == "file" else spec.path.parent.name
         # .npy: the info (so the shard keys) its builds had before the other formats came
-        info = ({"shape": list(header.shape), "dtype": header.dtype} if header.format == "npy"
-                else header.record_info())
+        info = (
+            {"shape": list(header.shape), "dtype": header.dtype}
+            if header.format == "npy"
+            else header.record_info()
+        )
         return [Record(0, group, (spec.path.name,), nbytes=points * per_point, info=info)]
 
     def input_files(self, manifest: Manifest) -> list[Path]:
@@ -114,13 +130,20 @@ class CtKind(RecordKind):
                 out.extend(_source(spec).header().companions)
         return out
 
-    def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
+    def schema(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource]
+    ) -> tuple[fmt.FieldSpec, ...]:
         feats = manifest.config.settings.features
-        return (fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"), fmt.FieldSpec(COORDS, "ragged", "uint16", (3,)),
-                fmt.FieldSpec(SHAPE, "dense", "int32", (3,)),
-                *(fmt.FieldSpec(f, "ragged", FEATURES[f]) for f in feats))
+        return (
+            fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
+            fmt.FieldSpec(COORDS, "ragged", "uint16", (3,)),
+            fmt.FieldSpec(SHAPE, "dense", "int32", (3,)),
+            *(fmt.FieldSpec(f, "ragged", FEATURES[f]) for f in feats),
+        )
 
-    def read_record(self, manifest: Manifest, spec: SourceSpec, record: Record) -> tuple[dict[str, np.ndarray], Any]:
+    def read_record(
+        self, manifest: Manifest, spec: SourceSpec, record: Record
+    ) -> tuple[dict[str, np.ndarray], Any]:
         settings: CtSettings = manifest.config.settings
         if spec.type == "npy":
             rec, header = process_volume(spec.path, settings, seed=manifest.seed), None
@@ -130,34 +153,60 @@ class CtKind(RecordKind):
             if header.skip:
                 raise SkipRecord(NOT_CT, header.skip)
             opened = src.open(header)
-            rec = process_array(opened.array, spec.path, settings, manifest.seed, header.shape,
-                                header.dtype, opened.geometry, opened.clipped)
+            rec = process_array(
+                opened.array,
+                spec.path,
+                settings,
+                manifest.seed,
+                header.shape,
+                header.dtype,
+                opened.geometry,
+                opened.clipped,
+            )
         reason = rec.skip_reason(settings)
         if reason is not None:
             raise SkipRecord(EMPTY_MASK if rec.body_voxels == 0 else TOO_FEW, reason)
         values = {COORDS: rec.coords, SHAPE: np.asarray(rec.shape, np.int32), **rec.features}
         g = rec.geometry.to_json()
-        meta = {"file": spec.path.name, "shape": list(rec.shape), POINTS: rec.points, "kept": rec.kept,
-                "voxels": rec.voxels, "body_voxels": rec.body_voxels, "spacing": g["spacing"],
-                "origin": g["origin"], "source_shape": list(rec.source_shape),
-                "source_dtype": rec.source_dtype, "clipped": rec.clipped,
-                "format": spec.type, "direction": g["direction"], "space": g["space"],
-                "axes": g["axes"], "sample_id": _ordinal(manifest, spec)}
+        meta = {
+            "file": spec.path.name,
+            "shape": list(rec.shape),
+            POINTS: rec.points,
+            "kept": rec.kept,
+            "voxels": rec.voxels,
+            "body_voxels": rec.body_voxels,
+            "spacing": g["spacing"],
+            "origin": g["origin"],
+            "source_shape": list(rec.source_shape),
+            "source_dtype": rec.source_dtype,
+            "clipped": rec.clipped,
+            "format": spec.type,
+            "direction": g["direction"],
+            "space": g["space"],
+            "axes": g["axes"],
+            "sample_id": _ordinal(manifest, spec),
+        }
         if header is not None and header.facts:
             meta["header"] = dict(header.facts)
         return values, meta
 
     def section(self, manifest: Manifest) -> dict[str, Any]:
         cfg: CtConfig = manifest.config
-        return {"settings": cfg.settings.to_json(), "features": list(cfg.settings.features),
-                "feature_dtypes": {f: FEATURES[f] for f in cfg.settings.features}, "group": cfg.group}
+        return {
+            "settings": cfg.settings.to_json(),
+            "features": list(cfg.settings.features),
+            "feature_dtypes": {f: FEATURES[f] for f in cfg.settings.features},
+            "group": cfg.group,
+        }
 
     def check_shard(self, index: fmt.Index, columns: Mapping[str, np.ndarray]) -> list[str]:
         off, xyz, shapes = columns[f"{COORDS}/offsets"], columns[f"{COORDS}/values"], columns[SHAPE]
         b = np.repeat(np.arange(shapes.shape[0]), np.diff(off))
         problems = []
         if xyz.size and np.any(xyz >= shapes[b]):
-            problems.append(f"coordinates outside their volume's shape (record {int(b[np.any(xyz >= shapes[b], 1)][0])})")
+            problems.append(
+                f"coordinates outside their volume's shape (record {int(b[np.any(xyz >= shapes[b], 1)][0])})"
+            )
         if "window/values" in columns:
             w = columns["window/values"].astype(np.float32)
             if w.size and (w.min() < 0 or w.max() > 1):
@@ -173,40 +222,54 @@ class CtKind(RecordKind):
         formats: dict[str, int] = {}
         for r in recs:
             formats[str(r.get("format", "npy"))] = formats.get(str(r.get("format", "npy")), 0) + 1
-        return {"volumes": len(recs), "formats": formats,
-                "geometry": sorted(({k: r.get(k) for k in GEOMETRY_KEYS} for r in recs),
-                                   key=lambda g: (g["sample_id"] is None, g["sample_id"] or 0)),
-                "points": points, "voxels": voxels,
-                "fraction_kept": kept / voxels if voxels else 0.0,
-                "fraction_stored": points / voxels if voxels else 0.0,
-                "points_per_volume": [min(counts, default=0), max(counts, default=0)],
-                "subsampled": sum(int(r["kept"]) > int(r[POINTS]) for r in recs),
-                "source_dtypes": sorted({str(r["source_dtype"]) for r in recs}),
-                "settings": index.section(KIND).get("settings", {})}
+        return {
+            "volumes": len(recs),
+            "formats": formats,
+            "geometry": sorted(
+                ({k: r.get(k) for k in GEOMETRY_KEYS} for r in recs),
+                key=lambda g: (g["sample_id"] is None, g["sample_id"] or 0),
+            ),
+            "points": points,
+            "voxels": voxels,
+            "fraction_kept": kept / voxels if voxels else 0.0,
+            "fraction_stored": points / voxels if voxels else 0.0,
+            "points_per_volume": [min(counts, default=0), max(counts, default=0)],
+            "subsampled": sum(int(r["kept"]) > int(r[POINTS]) for r in recs),
+            "source_dtypes": sorted({str(r["source_dtype"]) for r in recs}),
+            "settings": index.section(KIND).get("settings", {}),
+        }
 
     def describe_lines(self, summary: Mapping[str, Any]) -> list[str]:
         s = summary.get("settings", {})
-        lo, hi = s.get("level", 0) - s.get("width", 0) / 2, s.get("level", 0) + s.get("width", 0) / 2
-        lines = [f"  volumes: {summary['volumes']}, points: {summary['points']:,} of {summary['voxels']:,} voxels",
-                 f"  kept: {100 * summary['fraction_kept']:.2f}% of voxels (window {s.get('window')} [{lo:g}, {hi:g}]"
-                 f" HU, band {s.get('band')}, body mask {s.get('body_mask')}); stored after max_points: "
-                 f"{100 * summary['fraction_stored']:.2f}% ({summary['subsampled']} volumes subsampled)",
-                 f"  points per volume: {summary['points_per_volume'][0]:,} .. {summary['points_per_volume'][1]:,}; "
-                 f"source dtypes: {', '.join(summary['source_dtypes'])}"]
+        lo, hi = (
+            s.get("level", 0) - s.get("width", 0) / 2,
+            s.get("level", 0) + s.get("width", 0) / 2,
+        )
+        lines = [
+            f"  volumes: {summary['volumes']}, points: {summary['points']:,} of {summary['voxels']:,} voxels",
+            f"  kept: {100 * summary['fraction_kept']:.2f}% of voxels (window {s.get('window')} [{lo:g}, {hi:g}]"
+            f" HU, band {s.get('band')}, body mask {s.get('body_mask')}); stored after max_points: "
+            f"{100 * summary['fraction_stored']:.2f}% ({summary['subsampled']} volumes subsampled)",
+            f"  points per volume: {summary['points_per_volume'][0]:,} .. {summary['points_per_volume'][1]:,}; "
+            f"source dtypes: {', '.join(summary['source_dtypes'])}",
+        ]
         formats = summary.get("formats") or {}
         geo = summary.get("geometry") or []
         if formats:
             by = ", ".join(f"{k} {v}" for k, v in sorted(formats.items()))
-            lines.append(f"  sources by format: {by}; axes {s.get('orientation') or 'as stored'}; "
-                         "geometry in RAS mm"
-                         + (" (all of it: inspect --json)" if len(geo) > GEOMETRY_SHOWN else ""))
+            lines.append(
+                f"  sources by format: {by}; axes {s.get('orientation') or 'as stored'}; "
+                "geometry in RAS mm"
+                + (" (all of it: inspect --json)" if len(geo) > GEOMETRY_SHOWN else "")
+            )
         for g in geo[:GEOMETRY_SHOWN]:
             d = g.get("direction")
             oblique = d is not None and any(abs(x) not in (0.0, 1.0) for r in d for x in r)
-            lines.append(f"    {g['file']} ({g.get('format') or 'npy'}): shape {g['shape']}, axes "
-                         f"{g.get('axes') or '-'}, spacing {_fmt(g.get('spacing'))} mm, origin "
-                         f"{_fmt(g.get('origin'))}"
-                         + (f", direction {_fmt(d)} (oblique)" if oblique else ""))
+            lines.append(
+                f"    {g['file']} ({g.get('format') or 'npy'}): shape {g['shape']}, axes "
+                f"{g.get('axes') or '-'}, spacing {_fmt(g.get('spacing'))} mm, origin "
+                f"{_fmt(g.get('origin'))}" + (f", direction {_fmt(d)} (oblique)" if oblique else "")
+            )
         return lines
 
 
@@ -224,7 +287,7 @@ def _stem(path: Path) -> str:
     name = path.name
     for suffix in (".nii.gz", ".nii", ".nrrd", ".nhdr", ".npy"):
         if name.lower().endswith(suffix):
-            return name[:-len(suffix)]
+            return name[: -len(suffix)]
     return name if path.is_dir() else path.stem
 
 

@@ -1,17 +1,27 @@
 """Slab-wise voxel work on one CT volume: HU conversion, the body mask, resampling.
 
-Split from :mod:`pipeline.modalities.ct.volume` (which decides what a record keeps) because these are the parts whose
-memory matters: each walks the volume in slabs along axis 0 (``SLAB_VOXELS`` at a time) and writes into one
+Split from :mod:`pipeline.modalities.ct.volume` (which decides what a record keeps) because these
+are the parts whose
+memory matters: each walks the volume in slabs along axis 0 (``SLAB_VOXELS`` at a time) and writes
+into one
 preallocated array, so a 512^3 volume never exists as a float copy.
 
-Body mask, and why it is built this way: a threshold's largest connected component is the patient (the
-table and stray noise are smaller components), but the lungs are air *inside* the body, so that component
-excludes them. Filling holes in 3-D misses lungs connected to the outside through the trachea (its air reaches
-the top of the volume); filling them per axial slice does not, because in each slice the trachea is a hole
-surrounded by the neck. We fill every slice in one ``ndimage.label`` call on the background with a structure
-that links voxels only within the axial plane (4-connectivity, as ``binary_fill_holes`` uses): background
-components touching a slice's border are outside, every other one is a hole. Slices are independent, so
-that labeling runs on slabs of slices; only the 3-D component labels span the volume (uint16 when there are
+Body mask, and why it is built this way: a threshold's largest connected component is the patient
+(the
+table and stray noise are smaller components), but the lungs are air *inside* the body, so that
+component
+excludes them. Filling holes in 3-D misses lungs connected to the outside through the trachea (its
+air reaches
+the top of the volume); filling them per axial slice does not, because in each slice the trachea is
+a hole
+surrounded by the neck. We fill every slice in one ``ndimage.label`` call on the background with a
+structure
+that links voxels only within the axial plane (4-connectivity, as ``binary_fill_holes`` uses):
+background
+components touching a slice's border are outside, every other one is a hole. Slices are independent,
+so
+that labeling runs on slabs of slices; only the 3-D component labels span the volume (uint16 when
+there are
 fewer than 65536 components, i.e. 1 x the volume's int16 bytes; int32 otherwise).
 """
 
@@ -27,7 +37,9 @@ from scipy import ndimage
 from pipeline.errors import SourceError
 from pipeline.modalities.ct.geometry import Geometry
 
-SLAB_VOXELS = 1 << 20  # voxels per slab: 2 MB of int16; temporaries stay under ~8 bytes a slab voxel
+SLAB_VOXELS = (
+    1 << 20
+)  # voxels per slab: 2 MB of int16; temporaries stay under ~8 bytes a slab voxel
 I16_MIN, I16_MAX = int(np.iinfo(np.int16).min), int(np.iinfo(np.int16).max)
 Triple = tuple[float, float, float]
 
@@ -43,13 +55,16 @@ def _check_finite(s: np.ndarray, a: int, path: Path) -> None:
     if s.dtype.kind == "f" and not np.isfinite(s).all():
         bad = np.argwhere(~np.isfinite(s))[0]
         where = (int(bad[0]) + a, *(int(i) for i in bad[1:]))
-        raise SourceError(path, f"non-finite value {s[tuple(bad)]} at index {where} (NaN/inf in a float volume)")
+        raise SourceError(
+            path, f"non-finite value {s[tuple(bad)]} at index {where} (NaN/inf in a float volume)"
+        )
 
 
 def hu_slab(vol: np.ndarray, a: int, b: int, path: Path) -> tuple[np.ndarray, int]:
     """Rows ``[a, b)`` as int16 HU and how many values were clipped into int16's range.
 
-    int16 volumes are returned as they are (a view of the memory map); floats are rounded to the nearest
+    int16 volumes are returned as they are (a view of the memory map); floats are rounded to the
+    nearest
     integer (NaN/inf raise, naming the file and the voxel); other integers are clipped."""
     s = np.asarray(vol[a:b])
     if s.dtype == np.int16:
@@ -75,7 +90,8 @@ def _greater(hu: np.ndarray, threshold: float, out: np.ndarray) -> None:
 
 
 def _label_components(mask: np.ndarray) -> tuple[np.ndarray, int]:
-    """3-D labels of ``mask``: uint16 when there are fewer than 65536 components (the usual case: body, table,
+    """3-D labels of ``mask``: uint16 when there are fewer than 65536 components (the usual case:
+    body, table,
     a few specks), int32 otherwise. scipy refuses the narrow type itself when it would overflow."""
     for dtype in (np.uint16, np.int32):
         labels = np.empty(mask.shape, dtype=dtype)
@@ -88,8 +104,10 @@ def _label_components(mask: np.ndarray) -> tuple[np.ndarray, int]:
 
 def _fill_holes_per_slice(background: np.ndarray, ax: int, slab_slices: int = 16) -> None:
     """In place: ``background`` (True off the body) becomes the filled body. Slices along ``ax`` are
-    independent, so this runs on slabs of slices with a slab-sized label buffer. scipy labels runs along the
-    last axis; when that is the axial axis (no in-plane links along it) a slab is first copied slices-first,
+    independent, so this runs on slabs of slices with a slab-sized label buffer. scipy labels runs
+    along the
+    last axis; when that is the axial axis (no in-plane links along it) a slab is first copied
+    slices-first,
     which is ~2x faster than labelling the strided view."""
     transpose = ax == background.ndim - 1
     structure = np.zeros((3, 3, 3), dtype=bool)
@@ -106,7 +124,7 @@ def _fill_holes_per_slice(background: np.ndarray, ax: int, slab_slices: int = 16
         labels = np.empty(work.shape, dtype=np.int32)
         n = int(ndimage.label(work, structure, output=labels))
         outside = np.zeros(n + 1, dtype=bool)  # components touching their slice's border
-        for in_plane in ((1, 2) if transpose else (i for i in range(3) if i != ax)):
+        for in_plane in (1, 2) if transpose else (i for i in range(3) if i != ax):
             for end in (0, work.shape[in_plane] - 1):
                 outside[np.unique(np.take(labels, end, axis=in_plane))] = True
         outside[0] = False  # label 0: the body itself
@@ -115,7 +133,8 @@ def _fill_holes_per_slice(background: np.ndarray, ax: int, slab_slices: int = 16
 
 
 def body_mask(vol: np.ndarray, threshold: float, axial_axis: int, path: Path) -> np.ndarray:
-    """bool mask of the body: voxels above ``threshold`` HU, largest 6-connected component, holes filled per
+    """bool mask of the body: voxels above ``threshold`` HU, largest 6-connected component, holes
+    filled per
     slice along ``axial_axis``. Empty when no voxel is above the threshold."""
     shape = vol.shape
     row = int(np.prod(shape[1:]))
@@ -128,18 +147,21 @@ def body_mask(vol: np.ndarray, threshold: float, axial_axis: int, path: Path) ->
     sizes = np.zeros(n + 1, dtype=np.int64)
     flat = labels.reshape(-1)  # a view; bincount copies its input to int64, so a chunk at a time
     for a in range(0, flat.size, SLAB_VOXELS):
-        sizes += np.bincount(flat[a:a + SLAB_VOXELS], minlength=n + 1)
+        sizes += np.bincount(flat[a : a + SLAB_VOXELS], minlength=n + 1)
     sizes[0] = 0
     largest = int(np.argmax(sizes))
     for a, b in slabs(shape[0], row):
-        np.not_equal(labels[a:b], largest, out=mask[a:b])  # mask = background (everything but the body)
+        np.not_equal(
+            labels[a:b], largest, out=mask[a:b]
+        )  # mask = background (everything but the body)
     del labels, flat
     _fill_holes_per_slice(mask, axial_axis % 3)
     return mask
 
 
-def _axis_weights(n_in: int, n_out: int,
-                  ratio: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _axis_weights(
+    n_in: int, n_out: int, ratio: float | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Linear interpolation taps of one axis, as torch's ``interpolate(..., align_corners=False)``
     places them: ``ratio`` input voxels per output voxel (``n_in / n_out`` for ``size=``;
     ``1 / scale_factor`` for ``scale_factor=`` with ``recompute_scale_factor=False``, which is how
@@ -151,9 +173,12 @@ def _axis_weights(n_in: int, n_out: int,
     return i0, i1, (src - i0).astype(np.float32)
 
 
-def grid_for(shape_in: tuple[int, ...], resolution: int | None = None,
-             spacing: Triple | None = None,
-             spacing_mm: float | None = None) -> tuple[tuple[int, int, int], Triple | None]:
+def grid_for(
+    shape_in: tuple[int, ...],
+    resolution: int | None = None,
+    spacing: Triple | None = None,
+    spacing_mm: float | None = None,
+) -> tuple[tuple[int, int, int], Triple | None]:
     """The resampled grid and, for ``spacing_mm``, each axis's ratio (input voxels per output
     voxel): ``resolution`` voxels on the longest axis (the others keep the aspect ratio), or
     isotropic ``spacing_mm`` voxels (``floor(n * spacing / spacing_mm)`` of them, as
@@ -167,13 +192,16 @@ def grid_for(shape_in: tuple[int, ...], resolution: int | None = None,
     return (out[0], out[1], out[2]), None
 
 
-def resample_to(vol: np.ndarray, shape: tuple[int, ...], path: Path,
-                ratio: Triple | None = None) -> tuple[np.ndarray, int]:
+def resample_to(
+    vol: np.ndarray, shape: tuple[int, ...], path: Path, ratio: Triple | None = None
+) -> tuple[np.ndarray, int]:
     """Trilinear resampling of ``vol`` onto ``shape`` (taps: :func:`_axis_weights`), slab by slab;
     returns the int16 grid and how many values were clipped into int16."""
     shape_in = vol.shape
-    taps = [_axis_weights(n, m, None if ratio is None else ratio[i])
-            for i, (n, m) in enumerate(zip(shape_in, shape, strict=True))]
+    taps = [
+        _axis_weights(n, m, None if ratio is None else ratio[i])
+        for i, (n, m) in enumerate(zip(shape_in, shape, strict=True))
+    ]
     out = np.empty(shape, dtype=np.int16)
     clipped = 0
     (i0, i1, w0), (j0, j1, w1), (k0, k1, w2) = taps
@@ -193,8 +221,9 @@ def resample_to(vol: np.ndarray, shape: tuple[int, ...], path: Path,
     return out, clipped
 
 
-def resample(vol: np.ndarray, resolution: int, path: Path, spacing: Triple | None,
-             origin: Triple | None) -> tuple[np.ndarray, int, Triple | None, Triple | None]:
+def resample(
+    vol: np.ndarray, resolution: int, path: Path, spacing: Triple | None, origin: Triple | None
+) -> tuple[np.ndarray, int, Triple | None, Triple | None]:
     """Trilinear resampling so the longest axis has ``resolution`` voxels (the others keep the
     aspect ratio), slab by slab; returns the int16 grid, values clipped, and the spacing/origin of
     the new grid (voxel centres, origin = centre of voxel 0, moved along the array axes)."""

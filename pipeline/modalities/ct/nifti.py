@@ -47,8 +47,9 @@ class NiftiSource(VolumeSource):
     @classmethod
     def expand(cls, path: Path) -> list[Path]:
         if path.is_dir():
-            return sorted(p for p in path.iterdir()
-                          if p.name.lower().endswith(SUFFIXES) and p.is_file())
+            return sorted(
+                p for p in path.iterdir() if p.name.lower().endswith(SUFFIXES) and p.is_file()
+            )
         return [path]
 
     def _load(self):  # noqa: ANN202 - a nibabel image (an optional import)
@@ -60,8 +61,9 @@ class NiftiSource(VolumeSource):
         except FileNotFoundError:
             raise SourceError(self.path, "file not found") from None
         except (nib.filebasedimages.ImageFileError, *READ_ERRORS) as e:
-            raise SourceError(self.path, f"not a readable NIfTI file ({type(e).__name__}: {e})") \
-                from None
+            raise SourceError(
+                self.path, f"not a readable NIfTI file ({type(e).__name__}: {e})"
+            ) from None
         if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
             raise SourceError(self.path, f"nibabel reads it as {type(img).__name__}, not NIfTI")
         return img
@@ -77,16 +79,22 @@ class NiftiSource(VolumeSource):
         if self.path.name.lower().endswith(".gz"):
             gzip_trailer_ok(self.path, 0, end)
         elif self.path.stat().st_size < end:
-            raise SourceError(self.path, f"truncated .nii: {self.path.stat().st_size} bytes, the "
-                              f"header promises {end} ({tuple(img.shape)} {dtype}); copy the file "
-                              "again")
+            raise SourceError(
+                self.path,
+                f"truncated .nii: {self.path.stat().st_size} bytes, the "
+                f"header promises {end} ({tuple(img.shape)} {dtype}); copy the file "
+                "again",
+            )
         try:
             geometry = Geometry.from_affine(img.affine)
         except ValueError as e:
             raise SourceError(self.path, f"unusable affine in the header: {e}") from None
         sform, qform = int(img.header["sform_code"]), int(img.header["qform_code"])
-        facts = {"slope": float(proxy.slope), "inter": float(proxy.inter),
-                 "affine_from": "sform" if sform > 0 else "qform" if qform > 0 else "pixdim only"}
+        facts = {
+            "slope": float(proxy.slope),
+            "inter": float(proxy.inter),
+            "affine_from": "sform" if sform > 0 else "qform" if qform > 0 else "pixdim only",
+        }
         return VolumeHeader(self.path, shape, dtype.str, geometry, self.format, facts=facts)
 
     def open(self, header: VolumeHeader) -> Opened:
@@ -94,7 +102,10 @@ class NiftiSource(VolumeSource):
         try:
             raw = img.dataobj.get_unscaled()  # a memory map for .nii; in memory for .nii.gz
         except READ_ERRORS as e:
-            raise SourceError(self.path, f"cannot read the voxels ({type(e).__name__}: {e}); the "
-                              "file is damaged: copy or export it again") from None
+            raise SourceError(
+                self.path,
+                f"cannot read the voxels ({type(e).__name__}: {e}); the "
+                "file is damaged: copy or export it again",
+            ) from None
         raw = raw.reshape(header.shape, order="A")  # trailing axes of length 1 dropped (a view)
         return Opened(scaled(raw, img.dataobj.slope, img.dataobj.inter), header.geometry)

@@ -36,9 +36,12 @@ from pipeline.source import register_source
 
 SUFFIXES = (".nrrd", ".nhdr")
 TO_RAS = {  # NRRD space -> signs that take its x, y, z to RAS
-    "right-anterior-superior": (1, 1, 1), "ras": (1, 1, 1),
-    "left-anterior-superior": (-1, 1, 1), "las": (-1, 1, 1),
-    "left-posterior-superior": (-1, -1, 1), "lps": (-1, -1, 1),
+    "right-anterior-superior": (1, 1, 1),
+    "ras": (1, 1, 1),
+    "left-anterior-superior": (-1, 1, 1),
+    "las": (-1, 1, 1),
+    "left-posterior-superior": (-1, -1, 1),
+    "lps": (-1, -1, 1),
 }
 GZIP, RAW = ("gzip", "gz"), ("raw",)
 SPATIAL = ("domain", "space", "???", "none")  # kinds of a volume's axes (not: time, list...)
@@ -54,8 +57,9 @@ class NrrdSource(VolumeSource):
     @classmethod
     def expand(cls, path: Path) -> list[Path]:
         if path.is_dir():
-            return sorted(p for p in path.iterdir()
-                          if p.name.lower().endswith(SUFFIXES) and p.is_file())
+            return sorted(
+                p for p in path.iterdir() if p.name.lower().endswith(SUFFIXES) and p.is_file()
+            )
         return [path]
 
     def _header(self) -> tuple[dict[str, Any], int]:
@@ -70,20 +74,25 @@ class NrrdSource(VolumeSource):
         except FileNotFoundError:
             raise SourceError(self.path, "file not found") from None
         except (nrrd.NRRDError, StopIteration, KeyError, *READ_ERRORS) as e:
-            raise SourceError(self.path, f"not a readable NRRD header ({type(e).__name__}: {e})") \
-                from None
+            raise SourceError(
+                self.path, f"not a readable NRRD header ({type(e).__name__}: {e})"
+            ) from None
 
     def _data_file(self, head: dict[str, Any]) -> Path | None:
         name = head.get("data file", head.get("datafile"))
         if name is None:
             return None
         if not isinstance(name, str) or name.startswith("LIST") or " " in name.strip():
-            raise SourceError(self.path, f"data file {name!r}: a list of data files is not "
-                              "supported; save the volume as one .nrrd (3D Slicer: Save as .nrrd)")
+            raise SourceError(
+                self.path,
+                f"data file {name!r}: a list of data files is not "
+                "supported; save the volume as one .nrrd (3D Slicer: Save as .nrrd)",
+            )
         p = Path(name) if Path(name).is_absolute() else self.path.parent / name
         if not p.is_file():
-            raise SourceError(self.path, f"its data file {p} is missing (an .nhdr needs the file "
-                              "it names)")
+            raise SourceError(
+                self.path, f"its data file {p} is missing (an .nhdr needs the file it names)"
+            )
         return p
 
     def header(self) -> VolumeHeader:
@@ -100,16 +109,22 @@ class NrrdSource(VolumeSource):
         nonspatial = [i for i, k in enumerate(kinds) if k.lower() not in SPATIAL]
         extra = f" (axis kinds {kinds})" if nonspatial else ""
         if any(sizes[i] > 1 for i in nonspatial):  # a 4-D list/time axis, or vectors per voxel
-            raise SourceError(self.path, f"a {len(sizes)}-D NRRD of sizes {sizes}{extra}: a "
-                              "non-spatial axis (time, a list, colour or vector components) "
-                              "longer than 1, not one CT volume; extract the volume you want into "
-                              "its own file")
+            raise SourceError(
+                self.path,
+                f"a {len(sizes)}-D NRRD of sizes {sizes}{extra}: a "
+                "non-spatial axis (time, a list, colour or vector components) "
+                "longer than 1, not one CT volume; extract the volume you want into "
+                "its own file",
+            )
         shape = shape3(self.path, sizes, extra)
         data = self._data_file(head)
         enc = str(head.get("encoding", "raw")).lower()
         if enc not in (*RAW, *GZIP, "bzip2", "bz2"):
-            raise SourceError(self.path, f"encoding {enc!r} is not supported (raw, gzip, bzip2): "
-                              "re-save the volume with raw or gzip encoding")
+            raise SourceError(
+                self.path,
+                f"encoding {enc!r} is not supported (raw, gzip, bzip2): "
+                "re-save the volume with raw or gzip encoding",
+            )
         nbytes = int(np.prod(sizes)) * dtype.itemsize
         where, first = (data, 0) if data is not None else (self.path, start)
         skip, lines = _skips(head)
@@ -117,12 +132,21 @@ class NrrdSource(VolumeSource):
             gzip_trailer_ok(where, first, nbytes)
         elif enc in RAW and skip >= 0 and where.stat().st_size < first + skip + nbytes:
             have = where.stat().st_size - first - skip
-            raise SourceError(where, f"truncated NRRD data: {have} bytes, the header promises "
-                              f"{nbytes} ({sizes} {dtype}); copy the file again")
+            raise SourceError(
+                where,
+                f"truncated NRRD data: {have} bytes, the header promises "
+                f"{nbytes} ({sizes} {dtype}); copy the file again",
+            )
         geometry = self._geometry(head, len(sizes), nonspatial)
-        return VolumeHeader(self.path, shape, dtype.str, geometry, self.format,
-                            companions=() if data is None else (data,),
-                            facts={"encoding": enc, "space": head.get("space")})
+        return VolumeHeader(
+            self.path,
+            shape,
+            dtype.str,
+            geometry,
+            self.format,
+            companions=() if data is None else (data,),
+            facts={"encoding": enc, "space": head.get("space")},
+        )
 
     def _geometry(self, head: dict[str, Any], ndim: int, nonspatial: list[int]) -> Geometry:
         axes = [i for i in range(ndim) if i not in nonspatial][:3]
@@ -131,8 +155,9 @@ class NrrdSource(VolumeSource):
             m = np.asarray(dirs, dtype=np.float64)
             cols = np.stack([m[i] for i in axes], axis=1)  # column j: world step of array axis j
             if cols.shape != (3, 3) or not np.all(np.isfinite(cols)):
-                raise SourceError(self.path, f"space directions {m.tolist()} do not give 3 "
-                                  "spatial axes")
+                raise SourceError(
+                    self.path, f"space directions {m.tolist()} do not give 3 spatial axes"
+                )
             space = str(head.get("space", "")).lower()
             origin = np.asarray(head.get("space origin", np.zeros(3)), dtype=np.float64)
             if space in ("left-posterior-superior", "lps"):
@@ -173,22 +198,26 @@ class NrrdSource(VolumeSource):
                 where, first = (data, 0) if data is not None else (self.path, start)
                 nbytes = int(np.prod(sizes)) * dtype.itemsize
                 offset = where.stat().st_size - nbytes if skip == -1 else first + skip
-                arr = np.memmap(where, dtype=dtype, mode="r", offset=offset, shape=sizes,
-                                order="F")
+                arr = np.memmap(where, dtype=dtype, mode="r", offset=offset, shape=sizes, order="F")
             elif data is not None:
                 arr = nrrd.read_data(head, filename=str(self.path), index_order="F")
             else:
                 arr = _read_attached(self.path, head)
         except (nrrd.NRRDError, *READ_ERRORS) as e:
-            raise SourceError(self.path, f"cannot read the voxels ({type(e).__name__}: {e}); the "
-                              "file is damaged or cut short: copy or export it again") from None
+            raise SourceError(
+                self.path,
+                f"cannot read the voxels ({type(e).__name__}: {e}); the "
+                "file is damaged or cut short: copy or export it again",
+            ) from None
         return Opened(arr.reshape(header.shape, order="A"), header.geometry)
 
 
 def _skips(head: dict[str, Any]) -> tuple[int, int]:
     """(byte skip, line skip): both spellings the format allows."""
-    return (int(head.get("byte skip", head.get("byteskip", 0))),
-            int(head.get("line skip", head.get("lineskip", 0))))
+    return (
+        int(head.get("byte skip", head.get("byteskip", 0))),
+        int(head.get("line skip", head.get("lineskip", 0))),
+    )
 
 
 def _read_attached(path: Path, head: dict[str, Any]) -> np.ndarray:

@@ -1,30 +1,40 @@
 """One CT volume -> windowed, masked sparse voxel coordinates (the per-volume work of kind ``ct``).
 
-Trainers of sparse 3-D models window each 512^3 volume and ``np.argwhere`` it in every ``__getitem__``
+Trainers of sparse 3-D models window each 512^3 volume and ``np.argwhere`` it in every
+``__getitem__``
 (100-500 ms a volume, per epoch, per process). We do that once, here, and store the answer:
 
-* the volume is memory-mapped (``np.load(mmap_mode="r", allow_pickle=False)``) after its ``.npy`` header was
-  checked (object/structured dtypes, non-3-D arrays and truncated files are refused, naming the file);
-* values become int16 Hounsfield units (floats rounded, NaN/inf refused; out-of-range values clipped, counted);
+* the volume is memory-mapped (``np.load(mmap_mode="r", allow_pickle=False)``) after its ``.npy``
+header was
+  checked (object/structured dtypes, non-3-D arrays and truncated files are refused, naming the
+  file);
+* values become int16 Hounsfield units (floats rounded, NaN/inf refused; out-of-range values
+clipped, counted);
 * optionally reoriented to ``orientation`` (RAS/LPS, a view:
   :mod:`pipeline.modalities.ct.geometry`) and resampled (:mod:`pipeline.modalities.ct.mask`):
   ``resolution`` voxels on the longest axis, or isotropic ``spacing_mm`` voxels from the header's
   real spacing;
-* a voxel is kept when ``level - width/2 <= HU <= level + width/2``, inside ``band`` (inclusive) when one is
+* a voxel is kept when ``level - width/2 <= HU <= level + width/2``, inside ``band`` (inclusive)
+when one is
   given, and inside the body mask when it is on;
 * coordinates are array indices in the stored axis order (the ``.npy``'s, or what the reader
   returns for NIfTI/NRRD/DICOM: :mod:`pipeline.modalities.ct.formats`), sorted as ``np.argwhere``
   gives them, uint16
-  ``[N, 3]``; features beside them: ``hu`` (int16) and/or ``window`` (``(HU - lo) / width``, float16 in [0, 1]);
-* more than ``max_points`` kept voxels -> a subsample of exactly ``max_points``, seeded by the dataset seed and
-  the volume's content (same volume and settings -> same points, whatever its name or the job order), still
+  ``[N, 3]``; features beside them: ``hu`` (int16) and/or ``window`` (``(HU - lo) / width``, float16
+  in [0, 1]);
+* more than ``max_points`` kept voxels -> a subsample of exactly ``max_points``, seeded by the
+dataset seed and
+  the volume's content (same volume and settings -> same points, whatever its name or the job
+  order), still
   in argwhere order.
 
 :func:`process_volume` reads a ``.npy``; :func:`process_array` is the same work on any array-like
 a source opened (:mod:`pipeline.modalities.ct.formats`). Memory: the volume is read slab by slab
 along axis 0 (a few MB each). What lives for the whole volume is one
-bool mask (0.5 x the volume's int16 bytes) and, while the body mask is computed, one int32 label array (2 x),
-so the working set is about 2.5 x the int16 bytes of the processed grid plus the output (10 bytes a point)
+bool mask (0.5 x the volume's int16 bytes) and, while the body mask is computed, one int32 label
+array (2 x),
+so the working set is about 2.5 x the int16 bytes of the processed grid plus the output (10 bytes a
+point)
 plus, when resampling, the resampled int16 grid itself (docs/CT.md has the measured figures).
 """
 
@@ -84,8 +94,11 @@ class VolumeInfo:
         return int(np.prod(self.shape))
 
 
-def read_sidecar(path: Path) -> tuple[tuple[float, float, float] | None, tuple[float, float, float] | None]:
-    """``<stem>.json`` beside the volume: optional ``spacing`` (mm, one per array axis) and ``origin``."""
+def read_sidecar(
+    path: Path,
+) -> tuple[tuple[float, float, float] | None, tuple[float, float, float] | None]:
+    """``<stem>.json`` beside the volume: optional ``spacing`` (mm, one per array axis) and
+    ``origin``."""
     side = path.with_suffix(".json")
     if not side.exists():
         return None, None
@@ -101,8 +114,14 @@ def read_sidecar(path: Path) -> tuple[tuple[float, float, float] | None, tuple[f
         if v is None:
             out.append(None)
             continue
-        if (not isinstance(v, list) or len(v) != 3
-                or not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in v)):
+        if (
+            not isinstance(v, list)
+            or len(v) != 3
+            or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+                for x in v
+            )
+        ):
             raise SourceError(side, f"{key!r} must be a list of 3 finite numbers, got {v!r}")
         if key == "spacing" and min(v) <= 0:
             raise SourceError(side, f"'spacing' must be positive (mm per voxel), got {v!r}")
@@ -134,15 +153,27 @@ def inspect_volume(path: str | Path) -> VolumeInfo:
     if dtype.kind not in "iuf" or dtype.fields is not None:
         raise SourceError(path, f"dtype {dtype} is not an integer or float volume")
     if len(shape) != 3:
-        raise SourceError(path, f"expected a 3-D volume, got a {len(shape)}-D array of shape {tuple(shape)}")
+        raise SourceError(
+            path, f"expected a 3-D volume, got a {len(shape)}-D array of shape {tuple(shape)}"
+        )
     if min(shape) < 1:
         raise SourceError(path, f"empty volume of shape {tuple(shape)}")
     need = offset + int(np.prod(shape)) * dtype.itemsize
     if size < need:
-        raise SourceError(path, f"truncated .npy: {size} bytes, the header promises {need} ({tuple(shape)} {dtype})")
+        raise SourceError(
+            path,
+            f"truncated .npy: {size} bytes, the header promises {need} ({tuple(shape)} {dtype})",
+        )
     spacing, origin = read_sidecar(path)
-    return VolumeInfo(path, (int(shape[0]), int(shape[1]), int(shape[2])), dtype.str, bool(fortran), offset,
-                      spacing, origin)
+    return VolumeInfo(
+        path,
+        (int(shape[0]), int(shape[1]), int(shape[2])),
+        dtype.str,
+        bool(fortran),
+        offset,
+        spacing,
+        origin,
+    )
 
 
 def open_volume(info: VolumeInfo) -> np.ndarray:
@@ -154,7 +185,8 @@ def open_volume(info: VolumeInfo) -> np.ndarray:
 
 
 def keep_digest(keep: np.ndarray) -> int:
-    """64 bits of sha256 over the shape and the bit-packed keep mask (slab by slab): the subsample's seed
+    """64 bits of sha256 over the shape and the bit-packed keep mask (slab by slab): the subsample's
+    seed
     comes from what the volume *is*, not from its file name or its place in the job order."""
     h = hashlib.sha256(repr(tuple(keep.shape)).encode())
     for a, b in slabs(keep.shape[0], int(np.prod(keep.shape[1:]))):
@@ -202,18 +234,27 @@ class CtRecord:
         return f"{self.points} points < min_points = {settings.min_points}"
 
 
-def process_volume(path: str | Path, settings: CtSettings, seed: int = 0,
-                   info: VolumeInfo | None = None) -> CtRecord:
+def process_volume(
+    path: str | Path, settings: CtSettings, seed: int = 0, info: VolumeInfo | None = None
+) -> CtRecord:
     """Window, mask and extract one ``.npy`` volume (see the module docstring). The max_points
     subsample is drawn from ``(seed, keep_digest(mask))``: the dataset seed and the volume's own
     content."""
     info = info or inspect_volume(path)
-    return process_array(open_volume(info), info.path, settings, seed, info.shape, info.dtype,
-                         Geometry(info.spacing, info.origin))
+    return process_array(
+        open_volume(info),
+        info.path,
+        settings,
+        seed,
+        info.shape,
+        info.dtype,
+        Geometry(info.spacing, info.origin),
+    )
 
 
-def prepare_grid(vol: Any, path: Path, settings: CtSettings,
-                 geometry: Geometry) -> tuple[Any, Geometry, int]:
+def prepare_grid(
+    vol: Any, path: Path, settings: CtSettings, geometry: Geometry
+) -> tuple[Any, Geometry, int]:
     """The grid the keep rule runs on: ``orientation`` applied (a view), then resampled when asked
     (``resolution`` or ``spacing_mm``); returns it, its geometry and the values clipped on the
     way."""
@@ -228,9 +269,12 @@ def prepare_grid(vol: Any, path: Path, settings: CtSettings,
     shape_in = tuple(int(n) for n in vol.shape)
     if settings.spacing_mm is not None:
         if geometry.spacing is None:
-            raise SourceError(path, f"[ct] spacing_mm = {settings.spacing_mm:g} needs the "
-                              "volume's spacing, and it has none: give the .npy a sidecar "
-                              '<stem>.json with "spacing", or use resolution')
+            raise SourceError(
+                path,
+                f"[ct] spacing_mm = {settings.spacing_mm:g} needs the "
+                "volume's spacing, and it has none: give the .npy a sidecar "
+                '<stem>.json with "spacing", or use resolution',
+            )
         shape, ratio = grid_for(shape_in, spacing=geometry.spacing, spacing_mm=settings.spacing_mm)
     elif settings.resolution is not None and settings.resolution != max(shape_in):
         shape, ratio = grid_for(shape_in, settings.resolution)
@@ -251,15 +295,28 @@ def _check_axial(geometry: Geometry, settings: CtSettings, path: Path) -> None:
         return
     head_foot = int(np.argmax(np.abs(geometry.matrix()[2])))
     if head_foot != settings.axial_axis % 3:
-        log.warning("%s: its axis %d runs head to foot (axes %s), but [ct] axial_axis = %d: "
-                    "the body mask fills holes across the wrong slices; set [ct] orientation = "
-                    "\"RAS\" (or axial_axis = %d)", path, head_foot, geometry.axcodes(),
-                    settings.axial_axis, head_foot)
+        log.warning(
+            "%s: its axis %d runs head to foot (axes %s), but [ct] axial_axis = %d: "
+            "the body mask fills holes across the wrong slices; set [ct] orientation = "
+            '"RAS" (or axial_axis = %d)',
+            path,
+            head_foot,
+            geometry.axcodes(),
+            settings.axial_axis,
+            head_foot,
+        )
 
 
-def process_array(vol: Any, path: Path, settings: CtSettings, seed: int,
-                  source_shape: tuple[int, int, int], source_dtype: str, geometry: Geometry,
-                  clipped: int = 0) -> CtRecord:
+def process_array(
+    vol: Any,
+    path: Path,
+    settings: CtSettings,
+    seed: int,
+    source_shape: tuple[int, int, int],
+    source_dtype: str,
+    geometry: Geometry,
+    clipped: int = 0,
+) -> CtRecord:
     """:func:`process_volume` on any array-like whose axis-0 slabs ``vol[a:b]`` are read (a memory
     map, an array in memory, :class:`~pipeline.modalities.ct.formats.Scaled`), with the header's
     geometry."""
@@ -267,8 +324,9 @@ def process_array(vol: Any, path: Path, settings: CtSettings, seed: int,
     clipped += n_clip
     shape = (int(vol.shape[0]), int(vol.shape[1]), int(vol.shape[2]))
     if max(shape) > MAX_EXTENT:
-        raise SourceError(path, f"shape {shape} has an axis over {MAX_EXTENT} voxels (coordinates "
-                          "are uint16)")
+        raise SourceError(
+            path, f"shape {shape} has an axis over {MAX_EXTENT} voxels (coordinates are uint16)"
+        )
     lo, hi = settings.hu_bounds()
     lo, hi = max(lo, I16_MIN), min(hi, I16_MAX)  # HU are int16 now; an empty range keeps nothing
     row = shape[1] * shape[2]
@@ -301,26 +359,32 @@ def process_array(vol: Any, path: Path, settings: CtSettings, seed: int,
         if c:
             idx = np.nonzero(keep[a:b])
             if chosen is not None:
-                sel = chosen[np.searchsorted(chosen, first):np.searchsorted(chosen, first + c)] - first
+                sel = (
+                    chosen[np.searchsorted(chosen, first) : np.searchsorted(chosen, first + c)]
+                    - first
+                )
                 idx = tuple(i[sel] for i in idx)
             m = idx[0].size
-            coords[o:o + m, 0] = idx[0] + a
-            coords[o:o + m, 1] = idx[1]
-            coords[o:o + m, 2] = idx[2]
+            coords[o : o + m, 0] = idx[0] + a
+            coords[o : o + m, 1] = idx[1]
+            coords[o : o + m, 2] = idx[2]
             if feats:
                 hu = hu_slab(vol, a, b, path)[0][idx]
                 if "hu" in feats:
-                    feats["hu"][o:o + m] = hu
+                    feats["hu"][o : o + m] = hu
                 if "window" in feats:
-                    feats["window"][o:o + m] = window_values(hu, settings)
+                    feats["window"][o : o + m] = window_values(hu, settings)
             o += m
         first += c
     del keep
-    return CtRecord(coords, feats, shape, source_shape, source_dtype, geometry, kept, body_voxels,
-                    clipped)
+    return CtRecord(
+        coords, feats, shape, source_shape, source_dtype, geometry, kept, body_voxels, clipped
+    )
 
 
 def window_values(hu: np.ndarray, settings: CtSettings) -> np.ndarray:
     """``(HU - (level - width/2)) / width`` clipped to [0, 1], as float16 (computed in float32)."""
-    w = (hu.astype(np.float32) - np.float32(settings.level - settings.width / 2)) / np.float32(settings.width)
+    w = (hu.astype(np.float32) - np.float32(settings.level - settings.width / 2)) / np.float32(
+        settings.width
+    )
     return np.clip(w, 0.0, 1.0).astype(np.float16)

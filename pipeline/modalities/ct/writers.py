@@ -20,8 +20,9 @@ from pipeline.modalities.ct.geometry import LPS_TO_RAS
 CT_UID = "1.2.840.10008.5.1.4.1.1.2"  # CT Image Storage
 
 
-def chest_affine(spacing: tuple[float, float, float], origin: tuple[float, float, float],
-                 axes: str = "LPS") -> np.ndarray:
+def chest_affine(
+    spacing: tuple[float, float, float], origin: tuple[float, float, float], axes: str = "LPS"
+) -> np.ndarray:
     """The affine of an axial chest CT whose array axes grow towards ``axes`` (e.g. "LPS", as a
     DICOM series stacked [column, row, slice] is) with ``origin`` (RAS mm) at voxel 0."""
     sign = {"R": (0, 1), "L": (0, -1), "A": (1, 1), "P": (1, -1), "S": (2, 1), "I": (2, -1)}
@@ -61,9 +62,16 @@ def write_nrrd(path: Path, hu: np.ndarray, affine: np.ndarray, encoding: str = "
     import nrrd
 
     cols = LPS_TO_RAS @ affine[:3, :3]
-    header = {"type": "int16", "dimension": 3, "space": "left-posterior-superior",
-              "space directions": cols.T, "space origin": LPS_TO_RAS @ affine[:3, 3],
-              "kinds": ["domain", "domain", "domain"], "encoding": encoding, "endian": "little"}
+    header = {
+        "type": "int16",
+        "dimension": 3,
+        "space": "left-posterior-superior",
+        "space directions": cols.T,
+        "space origin": LPS_TO_RAS @ affine[:3, 3],
+        "kinds": ["domain", "domain", "domain"],
+        "encoding": encoding,
+        "endian": "little",
+    }
     data = np.asarray(hu, dtype=np.int16)
     if path.suffix.lower() == ".nhdr":  # pynrrd names the data file itself, beside the header
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,10 +83,18 @@ def write_nrrd(path: Path, hu: np.ndarray, affine: np.ndarray, encoding: str = "
     return path
 
 
-def write_dicom_series(folder: Path, hu: np.ndarray, affine: np.ndarray, seed: int = 0,
-                       modality: str = "CT", intercept: float = -1024.0, slope: float = 1.0,
-                       series_uid: str | None = None, syntax: str | None = None,
-                       positions: list[int] | None = None) -> Path:
+def write_dicom_series(
+    folder: Path,
+    hu: np.ndarray,
+    affine: np.ndarray,
+    seed: int = 0,
+    modality: str = "CT",
+    intercept: float = -1024.0,
+    slope: float = 1.0,
+    series_uid: str | None = None,
+    syntax: str | None = None,
+    positions: list[int] | None = None,
+) -> Path:
     """One file per slice (``[column, row, slice]`` -> ``Rows = Y, Columns = X``), stored values
     ``(HU - intercept) / slope`` as int16, ImagePositionPatient / ImageOrientationPatient /
     PixelSpacing / SliceThickness from ``affine`` (in LPS, as DICOM has it), file names shuffled by

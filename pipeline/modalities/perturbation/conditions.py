@@ -1,10 +1,15 @@
 """Condition vectors: one row per distinct (perturbation, cell type, batch, covariates) combination.
 
-Stored once per dataset; every cell carries only its `cond_id`. The vector is the concatenation of one-hot
-blocks per field, or, for the perturbation block, a feature vector from a user table (npz/csv/npy: never pickle).
-With a combination separator the perturbation block is the sum of the vectors of a label's parts ("A_B" =
-A + B, a control = zeros), so a model sees that a double perturbation shares its genes with the singles;
-numeric covariates (dose, time) are one column each, a transformed number rather than a one-hot of values.
+Stored once per dataset; every cell carries only its `cond_id`. The vector is the concatenation of
+one-hot
+blocks per field, or, for the perturbation block, a feature vector from a user table (npz/csv/npy:
+never pickle).
+With a combination separator the perturbation block is the sum of the vectors of a label's parts
+("A_B" =
+A + B, a control = zeros), so a model sees that a double perturbation shares its genes with the
+singles;
+numeric covariates (dose, time) are one column each, a transformed number rather than a one-hot of
+values.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pipeline.modalities.perturbation.pairing import combine
 
 @dataclass(frozen=True)
 class VectorOptions:
-    """How labels become vector blocks (defaults: one-hot everything, as before these options existed)."""
+    """How labels become vector blocks (defaults: one-hot everything, as before these options
+    existed)."""
 
     separator: str | None = None  # combination separator of perturbation labels
     controls: tuple[str, ...] = ()  # control labels: the zero vector under a separator
@@ -38,28 +44,37 @@ TRANSFORMS = {"log1p": np.log1p, "none": lambda v: v}
 
 @dataclass
 class ConditionTable:
-    """Per cell its condition id; per condition its codes, and its vector, made on first use (`vectors`):
-    the vectors grow with the dataset (conditions x dimensions, 27 MB at 2M cells here) and are needed only
+    """Per cell its condition id; per condition its codes, and its vector, made on first use
+    (`vectors`):
+    the vectors grow with the dataset (conditions x dimensions, 27 MB at 2M cells here) and are
+    needed only
     to write the table, so they are not held while the plan's per-source temporaries are."""
 
-    cond_id: np.ndarray  # [n_cells], smallest signed type for the number of conditions (planned columns: int32)
+    cond_id: (
+        np.ndarray
+    )  # [n_cells], smallest signed type for the number of conditions (planned columns: int32)
     codes: np.ndarray  # int32 [C, F]
     segments: list[dict[str, object]]  # field, offset, size, encoding
-    per_label: list[np.ndarray | None]  # per field: its vector part of each label [V, size], None for one-hot
+    per_label: list[
+        np.ndarray | None
+    ]  # per field: its vector part of each label [V, size], None for one-hot
 
     @cached_property
     def vectors(self) -> np.ndarray:
-        """float32 [C, D]: each field's part of every condition's vector, filled in place (no per-field
+        """float32 [C, D]: each field's part of every condition's vector, filled in place (no
+        per-field
         blocks, concatenation and cast: three copies of the table)."""
         if not self.segments:
             return np.zeros((1, 0), np.float32)
-        out = np.zeros((self.codes.shape[0], sum(int(g["size"]) for g in self.segments)), np.float32)  # type: ignore[call-overload]
+        out = np.zeros(
+            (self.codes.shape[0], sum(int(g["size"]) for g in self.segments)), np.float32
+        )  # type: ignore[call-overload]
         for j, (seg, labels) in enumerate(zip(self.segments, self.per_label, strict=True)):
             at = int(seg["offset"])  # type: ignore[call-overload]
             if labels is None:
                 out[np.arange(self.codes.shape[0]), at + self.codes[:, j]] = 1.0
             else:
-                out[:, at:at + labels.shape[1]] = labels[self.codes[:, j]]
+                out[:, at : at + labels.shape[1]] = labels[self.codes[:, j]]
         return out
 
 
@@ -77,33 +92,49 @@ def load_features(path: Path, names: Sequence[str], controls: Sequence[str]) -> 
                         table[row[0]] = np.asarray([float(v) for v in row[1:]], np.float32)
                     except ValueError:
                         if table:  # only a first (header) row may be non-numeric
-                            raise ManifestError(path, "perturbation_features", f"non-numeric row {row[0]!r}") from None
+                            raise ManifestError(
+                                path, "perturbation_features", f"non-numeric row {row[0]!r}"
+                            ) from None
     else:  # .npy: rows in the order of the sorted perturbation vocabulary
         arr = np.load(path, allow_pickle=False)
         if arr.ndim != 2 or arr.shape[0] != len(names):
-            raise ManifestError(path, "perturbation_features", f"npy needs shape [{len(names)}, d], got {arr.shape}")
+            raise ManifestError(
+                path, "perturbation_features", f"npy needs shape [{len(names)}, d], got {arr.shape}"
+            )
         return arr.astype(np.float32)
     dims = {v.size for v in table.values()}
     if len(dims) != 1:
-        raise ManifestError(path, "perturbation_features", f"rows have different lengths {sorted(dims)}")
+        raise ManifestError(
+            path, "perturbation_features", f"rows have different lengths {sorted(dims)}"
+        )
     dim = dims.pop()
     missing = [n for n in names if n not in table and n not in controls]
     if missing:
-        raise ManifestError(path, "perturbation_features", f"no features for perturbations {missing[:5]}")
+        raise ManifestError(
+            path, "perturbation_features", f"no features for perturbations {missing[:5]}"
+        )
     return np.stack([table.get(n, np.zeros(dim, np.float32)) for n in names]).astype(np.float32)
 
 
-def split_combinations(names: Sequence[str], separator: str, controls: Sequence[str]) -> tuple[list[str], list[list[int]]]:
-    """The sorted vocabulary of single perturbations and, per label, the positions of its parts. Parts equal to
-    a control label are dropped (GEARS writes "AHR+ctrl"); a control (or missing) label has no parts."""
+def split_combinations(
+    names: Sequence[str], separator: str, controls: Sequence[str]
+) -> tuple[list[str], list[list[int]]]:
+    """The sorted vocabulary of single perturbations and, per label, the positions of its parts.
+    Parts equal to
+    a control label are dropped (GEARS writes "AHR+ctrl"); a control (or missing) label has no
+    parts."""
     skip = set(controls) | {"NA"}
-    parts = [[] if n in skip else [p for p in n.split(separator) if p and p not in skip] for n in names]
+    parts = [
+        [] if n in skip else [p for p in n.split(separator) if p and p not in skip] for n in names
+    ]
     singles = sorted({p for ps in parts for p in ps})
     pos = {p: i for i, p in enumerate(singles)}
     return singles, [[pos[p] for p in ps] for ps in parts]
 
 
-def combination_matrix(names: Sequence[str], opts: VectorOptions, features: np.ndarray | None) -> np.ndarray:
+def combination_matrix(
+    names: Sequence[str], opts: VectorOptions, features: np.ndarray | None
+) -> np.ndarray:
     """[labels, d]: each label's vector, the sum of its parts' one-hot (or feature) rows."""
     assert opts.separator is not None
     singles, parts = split_combinations(names, opts.separator, opts.controls)
@@ -121,12 +152,20 @@ def numeric_values(field: str, names: Sequence[str], opts: VectorOptions) -> np.
         values = np.array([float(n) for n in names], np.float64)
     except ValueError:
         bad = [n for n in names if not _is_number(n)][:5]
-        raise ManifestError(opts.manifest, "fields.numeric_covariates", f"obs column {field!r} has values that are "
-                            f"not numbers {bad} (\"NA\" = missing): fill them in the file, or list the column under "
-                            "fields.covariates to one-hot its labels instead") from None
+        raise ManifestError(
+            opts.manifest,
+            "fields.numeric_covariates",
+            f"obs column {field!r} has values that are "
+            f'not numbers {bad} ("NA" = missing): fill them in the file, or list the column under '
+            "fields.covariates to one-hot its labels instead",
+        ) from None
     if opts.transform == "log1p" and (values < 0).any():
-        raise ManifestError(opts.manifest, "fields.numeric_transform", f"obs column {field!r} has negative values "
-                            f"(min {values.min()}), which log1p cannot take: set numeric_transform = \"none\"")
+        raise ManifestError(
+            opts.manifest,
+            "fields.numeric_transform",
+            f"obs column {field!r} has negative values "
+            f'(min {values.min()}), which log1p cannot take: set numeric_transform = "none"',
+        )
     return TRANSFORMS[opts.transform](values).astype(np.float32)[:, None]
 
 
@@ -142,17 +181,23 @@ DENSE_KEYS = 1 << 24  # combination spaces up to this size are counted in a tabl
 
 
 def distinct_rows(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(row of each cell in the table, the table): the distinct tuples of `cols`, sorted like np.unique.
+    """(row of each cell in the table, the table): the distinct tuples of `cols`, sorted like
+    np.unique.
 
-    When the product of the columns' ranges is small (the usual case: conditions number thousands), a
-    presence table over that space replaces the sort: int32 keys built in place and one lookup, instead of
-    np.unique's int64 sort, index and inverse arrays (~100 bytes a cell at once: the plan's peak memory)."""
+    When the product of the columns' ranges is small (the usual case: conditions number thousands),
+    a
+    presence table over that space replaces the sort: int32 keys built in place and one lookup,
+    instead of
+    np.unique's int64 sort, index and inverse arrays (~100 bytes a cell at once: the plan's peak
+    memory)."""
     n = cols[0].size if cols else 0
     sizes = [int(c.max(initial=0)) + 1 for c in cols]
     space = int(np.prod(sizes, dtype=np.float64)) if cols else 1
     if not cols or space > DENSE_KEYS:
         keys = np.stack(list(cols), axis=1).astype(np.int32) if cols else np.zeros((n, 0), np.int32)
-        packed = combine(*(keys[:, j] for j in range(keys.shape[1]))) if cols else np.zeros(n, np.int64)
+        packed = (
+            combine(*(keys[:, j] for j in range(keys.shape[1]))) if cols else np.zeros(n, np.int64)
+        )
         _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
         return inverse.ravel().astype(np.int32), keys[first]
     key = np.zeros(n, np.int32)
@@ -172,8 +217,13 @@ def distinct_rows(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return ids[key], table
 
 
-def build_conditions(codes: Mapping[str, np.ndarray], fields: Sequence[str], vocab: Mapping[str, list[str]],
-                     features: np.ndarray | None = None, opts: VectorOptions = VectorOptions()) -> ConditionTable:
+def build_conditions(
+    codes: Mapping[str, np.ndarray],
+    fields: Sequence[str],
+    vocab: Mapping[str, list[str]],
+    features: np.ndarray | None = None,
+    opts: VectorOptions = VectorOptions(),
+) -> ConditionTable:
     inverse, table = distinct_rows([codes[f] for f in fields])
     per_label: list[np.ndarray | None] = []
     segments: list[dict[str, object]] = []
@@ -184,8 +234,11 @@ def build_conditions(codes: Mapping[str, np.ndarray], fields: Sequence[str], voc
         if f == "perturbation" and opts.separator is not None:
             labels = combination_matrix(vocab[f], opts, features)
             enc = "combination"
-            extra = {"separator": opts.separator, "encoding_of_parts": "features" if features is not None else "onehot",
-                     "parts": split_combinations(vocab[f], opts.separator, opts.controls)[0]}
+            extra = {
+                "separator": opts.separator,
+                "encoding_of_parts": "features" if features is not None else "onehot",
+                "parts": split_combinations(vocab[f], opts.separator, opts.controls)[0],
+            }
         elif f == "perturbation" and features is not None:
             labels = features
             enc = "features"
@@ -199,4 +252,6 @@ def build_conditions(codes: Mapping[str, np.ndarray], fields: Sequence[str], voc
         segments.append({"field": f, "offset": offset, "size": width, "encoding": enc, **extra})
         offset += width
     # every cell's id is held while planning: a compact type, as the cell table's codes (plan.cells)
-    return ConditionTable(inverse.astype(code_dtype(table.shape[0]), copy=False), table, segments, per_label)
+    return ConditionTable(
+        inverse.astype(code_dtype(table.shape[0]), copy=False), table, segments, per_label
+    )

@@ -1,8 +1,10 @@
 """Synthetic perturbation screens, written on disk the way real producers write them.
 
 Tests, docs and benchmarks need files that look like the ones the pipeline meets at night: anndata's
-modern h5ad (scPerturb), the pre-0.7 h5ad layout of archived screens, and the hand-rolled HDF5 of STATE /
-cell-load. Content is a function of the arguments (seeded), so a test can rebuild the expected matrix
+modern h5ad (scPerturb), the pre-0.7 h5ad layout of archived screens, and the hand-rolled HDF5 of
+STATE /
+cell-load. Content is a function of the arguments (seeded), so a test can rebuild the expected
+matrix
 in memory with `make_perturb_adata` instead of trusting a reader to check itself.
 """
 
@@ -36,9 +38,11 @@ def make_perturb_obs(
     control_fraction: float = 0.15,
     control_label: str = "control",
 ) -> tuple[pd.DataFrame, np.ndarray]:
-    """obs with perturbations targeting real gene names, plus each cell's target gene index (-1 = control).
+    """obs with perturbations targeting real gene names, plus each cell's target gene index (-1 =
+    control).
 
-    Every column is drawn independently per cell, so rows come out interleaved rather than grouped by
+    Every column is drawn independently per cell, so rows come out interleaved rather than grouped
+    by
     perturbation, as in a pooled screen: the planner must not rely on input order.
     """
     targets = rng.choice(len(gene_names), size=min(n_perts, len(gene_names)), replace=False)
@@ -53,15 +57,20 @@ def make_perturb_obs(
                 np.asarray(cell_types, dtype=object)[rng.integers(0, len(cell_types), n_cells)]
             ),
             "batch": np.char.add("b", rng.integers(0, batches, n_cells).astype(str)).astype(object),
-            "timepoint": np.asarray(TIMEPOINTS, dtype=object)[rng.integers(0, len(TIMEPOINTS), n_cells)],
+            "timepoint": np.asarray(TIMEPOINTS, dtype=object)[
+                rng.integers(0, len(TIMEPOINTS), n_cells)
+            ],
         },
-        index=pd.Index(np.char.add("cell", np.char.zfill(np.arange(n_cells).astype(str), 7)).astype(object)),
+        index=pd.Index(
+            np.char.add("cell", np.char.zfill(np.arange(n_cells).astype(str), 7)).astype(object)
+        ),
     )
     return obs, target_of_cell
 
 
 def _geometric_draws(rng: np.random.Generator, n: int, scale: np.ndarray | float) -> np.ndarray:
-    """Geometric failure counts as float32: floor(Exp(1) * scale), where scale = -1 / log(1 - p_success).
+    """Geometric failure counts as float32: floor(Exp(1) * scale), where scale = -1 / log(1 -
+    p_success).
 
     In place and in float32 because numpy's own geometric sampler (and every fresh temporary) costs
     seconds at the 40M draws of a 200k-cell file.
@@ -72,7 +81,8 @@ def _geometric_draws(rng: np.random.Generator, n: int, scale: np.ndarray | float
 
 
 def _bernoulli_positions(rng: np.random.Generator, total: int, density: float) -> np.ndarray:
-    """Sorted distinct flat positions, each kept with probability `density`: cumulative geometric gaps.
+    """Sorted distinct flat positions, each kept with probability `density`: cumulative geometric
+    gaps.
 
     Yields every row's columns already sorted and unique, with no sort and no dense mask.
     """
@@ -84,7 +94,11 @@ def _bernoulli_positions(rng: np.random.Generator, total: int, density: float) -
     expected = total * density
     chunks, end = [np.empty(0, dtype=np.int64)], -1
     while end < total - 1:
-        n = int(expected + 6 * np.sqrt(expected) + 64) if len(chunks) == 1 else int(expected * 0.01 + 1024)
+        n = (
+            int(expected + 6 * np.sqrt(expected) + 64)
+            if len(chunks) == 1
+            else int(expected * 0.01 + 1024)
+        )
         steps = _geometric_draws(rng, n, scale).astype(np.int64)
         steps += 1
         steps[0] += end
@@ -95,18 +109,27 @@ def _bernoulli_positions(rng: np.random.Generator, total: int, density: float) -
 
 
 def make_counts(
-    n_cells: int, n_genes: int, rng: np.random.Generator, density: float, target_of_cell: np.ndarray | None = None
+    n_cells: int,
+    n_genes: int,
+    rng: np.random.Generator,
+    density: float,
+    target_of_cell: np.ndarray | None = None,
 ) -> sp.csr_matrix:
-    """Negative-binomial counts built straight into CSR: a dense 200k x 2000 intermediate would be 1.6 GB.
+    """Negative-binomial counts built straight into CSR: a dense 200k x 2000 intermediate would be
+    1.6 GB.
 
-    Which entries are stored is a Bernoulli(density) draw per (cell, gene); stored values are 1 + NB(r=1)
-    with a log-normal mean per gene, so no explicit zeros are stored and highly expressed genes stand out.
+    Which entries are stored is a Bernoulli(density) draw per (cell, gene); stored values are 1 +
+    NB(r=1)
+    with a log-normal mean per gene, so no explicit zeros are stored and highly expressed genes
+    stand out.
     """
     pos = _bernoulli_positions(rng, n_cells * n_genes, density)
     indptr = np.searchsorted(pos, np.arange(n_cells + 1, dtype=np.int64) * n_genes).astype(np.int64)
     cols = (pos % n_genes).astype(np.int32)
     gene_mean = rng.lognormal(mean=0.5, sigma=1.0, size=n_genes)
-    gene_scale = (-1.0 / np.log1p(-1.0 / (1.0 + gene_mean))).astype(np.float32)  # success p = 1 / (1 + mean)
+    gene_scale = (-1.0 / np.log1p(-1.0 / (1.0 + gene_mean))).astype(
+        np.float32
+    )  # success p = 1 / (1 + mean)
     values = _geometric_draws(rng, pos.size, gene_scale[cols])
     values += 1
     if target_of_cell is not None:  # knockdown: the targeted gene keeps a quarter of its counts
@@ -146,7 +169,8 @@ def make_perturb_adata(
     control_label: str = "control",
     normalized: bool = False,
 ) -> ad.AnnData:
-    """The in-memory screen every writer below puts on disk. normalized: X log-normalised, counts in layers + raw."""
+    """The in-memory screen every writer below puts on disk. normalized: X log-normalised, counts in
+    layers + raw."""
     rng = np.random.default_rng(seed)
     genes = make_gene_names(n_genes)
     obs, target_of_cell = make_perturb_obs(
@@ -154,9 +178,14 @@ def make_perturb_adata(
     )
     counts = make_counts(n_cells, n_genes, rng, density, target_of_cell)
     offsets = rng.normal(size=(len(obs["perturbation"].cat.categories), obsm_dim))
-    pca = offsets[obs["perturbation"].cat.codes.to_numpy()] + rng.normal(scale=0.5, size=(n_cells, obsm_dim))
+    pca = offsets[obs["perturbation"].cat.codes.to_numpy()] + rng.normal(
+        scale=0.5, size=(n_cells, obsm_dim)
+    )
     adata = ad.AnnData(
-        X=counts, obs=obs, var=pd.DataFrame(index=pd.Index(genes)), obsm={"X_pca": pca.astype(np.float32)}
+        X=counts,
+        obs=obs,
+        var=pd.DataFrame(index=pd.Index(genes)),
+        obsm={"X_pca": pca.astype(np.float32)},
     )
     if normalized:
         adata.layers["counts"] = counts.copy()
@@ -183,7 +212,17 @@ def write_perturb_h5ad(
 ) -> Path:
     """A scPerturb-style h5ad via anndata itself; batch and timepoint stay plain string columns."""
     path = Path(path)
-    args = (n_cells, n_genes, n_perts, cell_types, batches, seed, density, control_fraction, obsm_dim)
+    args = (
+        n_cells,
+        n_genes,
+        n_perts,
+        cell_types,
+        batches,
+        seed,
+        density,
+        control_fraction,
+        obsm_dim,
+    )
     if legacy:
         return write_legacy_h5ad(path, *args, dense=dense, normalized=normalized)
     adata = make_perturb_adata(*args, normalized=normalized)
@@ -195,7 +234,8 @@ def write_perturb_h5ad(
 
 
 def _write_h5sparse(parent: h5py.Group, name: str, matrix: sp.csr_matrix) -> None:
-    """anndata < 0.7 stored sparse matrices through h5sparse: a group tagged with format and shape attrs."""
+    """anndata < 0.7 stored sparse matrices through h5sparse: a group tagged with format and shape
+    attrs."""
     group = parent.create_group(name)
     group.attrs["h5sparse_format"] = "csr"
     group.attrs["h5sparse_shape"] = np.asarray(matrix.shape, dtype=np.int64)
@@ -204,8 +244,11 @@ def _write_h5sparse(parent: h5py.Group, name: str, matrix: sp.csr_matrix) -> Non
     group.create_dataset("indptr", data=matrix.indptr)
 
 
-def _legacy_table(frame: pd.DataFrame, plain: Sequence[str] = ()) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """anndata 0.6's df_to_records_fixed_width: index first, categoricals as pandas codes, categories to uns."""
+def _legacy_table(
+    frame: pd.DataFrame, plain: Sequence[str] = ()
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """anndata 0.6's df_to_records_fixed_width: index first, categoricals as pandas codes,
+    categories to uns."""
     fields: list[tuple[str, object]] = [("index", STR)]
     columns: list[np.ndarray] = [frame.index.to_numpy(dtype=object)]
     uns: dict[str, np.ndarray] = {}
@@ -246,14 +289,26 @@ def write_legacy_h5ad(
 ) -> Path:
     """The same screen in the pre-0.7 layout, written with raw h5py as anndata 0.6 laid it out.
 
-    obs/var are compound tables (index field first), categorical obs columns hold int codes with their
+    obs/var are compound tables (index field first), categorical obs columns hold int codes with
+    their
     categories in uns/<col>_categories, sparse matrices are h5sparse groups and raw lives in raw.X /
-    raw.var. `timepoint` is kept as a plain string field so readers meet both column kinds. obsm is a
-    group of datasets (0.6.2x) or, with obsm_layout="compound", one record array (earlier 0.6 releases).
+    raw.var. `timepoint` is kept as a plain string field so readers meet both column kinds. obsm is
+    a
+    group of datasets (0.6.2x) or, with obsm_layout="compound", one record array (earlier 0.6
+    releases).
     """
     path = Path(path)
     adata = make_perturb_adata(
-        n_cells, n_genes, n_perts, cell_types, batches, seed, density, control_fraction, obsm_dim, normalized=normalized
+        n_cells,
+        n_genes,
+        n_perts,
+        cell_types,
+        batches,
+        seed,
+        density,
+        control_fraction,
+        obsm_dim,
+        normalized=normalized,
     )
     obs, uns = _legacy_table(adata.obs, plain=("timepoint",))
     var, _ = _legacy_table(adata.var)
@@ -293,7 +348,8 @@ def write_h5csr(
     hvg_dim: int = 32,
     var_key: str = "_index",
 ) -> Path:
-    """A STATE / cell-load style file: one cell line per file (named by the stem), codes/categories obs groups.
+    """A STATE / cell-load style file: one cell line per file (named by the stem), codes/categories
+    obs groups.
 
     Perturbations go to obs/gene with control "non-targeting" and byte-string categories, batches to
     obs/gem_group with str categories; there is no cell_type column; obsm/X_hvg is dense.
@@ -324,7 +380,9 @@ def write_h5csr(
         f.create_dataset("obs/gene/codes", data=gene.codes.to_numpy())
         f.create_dataset("obs/gene/categories", data=np.asarray(gene.categories, dtype="S"))
         f.create_dataset("obs/gem_group/codes", data=gem.codes)
-        f.create_dataset("obs/gem_group/categories", data=gem.categories.to_numpy(dtype=object), dtype=STR)
+        f.create_dataset(
+            "obs/gem_group/categories", data=gem.categories.to_numpy(dtype=object), dtype=STR
+        )
         f.create_dataset("obs/_index", data=adata.obs_names.to_numpy(dtype=object), dtype=STR)
         f.create_dataset("obsm/X_hvg", data=hvg_embedding(adata.X, hvg_dim))
         f.create_dataset(f"var/{var_key}", data=adata.var_names.to_numpy(dtype=object), dtype=STR)
@@ -332,13 +390,22 @@ def write_h5csr(
 
 
 def write_perturbation_demo(root: str | Path) -> list[Path]:
-    """A small mixed corpus: three scPerturb screens (CSR, dense X, legacy layout) and two STATE cell lines."""
+    """A small mixed corpus: three scPerturb screens (CSR, dense X, legacy layout) and two STATE
+    cell lines."""
     root = Path(root)
     perturb, state = root / "perturb", root / "state"
     return [
-        write_perturb_h5ad(perturb / "screen_a.h5ad", n_cells=2000, n_genes=600, n_perts=12, seed=1),
         write_perturb_h5ad(
-            perturb / "screen_b.h5ad", n_cells=1500, n_genes=600, n_perts=8, cell_types=("HepG2",), seed=2, dense=True
+            perturb / "screen_a.h5ad", n_cells=2000, n_genes=600, n_perts=12, seed=1
+        ),
+        write_perturb_h5ad(
+            perturb / "screen_b.h5ad",
+            n_cells=1500,
+            n_genes=600,
+            n_perts=8,
+            cell_types=("HepG2",),
+            seed=2,
+            dense=True,
         ),
         write_perturb_h5ad(
             perturb / "screen_c.h5ad",
@@ -350,5 +417,7 @@ def write_perturbation_demo(root: str | Path) -> list[Path]:
             legacy=True,
         ),
         write_h5csr(state / "hepg2.h5", n_cells=1800, n_genes=600, n_perts=10, seed=4),
-        write_h5csr(state / "jurkat.h5", n_cells=2200, n_genes=600, n_perts=10, seed=5, var_key="gene_name"),
+        write_h5csr(
+            state / "jurkat.h5", n_cells=2200, n_genes=600, n_perts=10, seed=5, var_key="gene_name"
+        ),
     ]

@@ -1,4 +1,5 @@
-"""`shardsmith export DIR OUT.h5ad --split val`: one split as AnnData (pipeline/modalities/perturbation/export.py)."""
+"""`shardsmith export DIR OUT.h5ad --split val`: one split as AnnData
+(pipeline/modalities/perturbation/export.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,36 @@ from pipeline.commands import Command
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", type=Path, help="a built perturbation dataset folder (holding index.json and shards/)")
-    p.add_argument("out", type=Path, help="the .h5ad file to write (replaced atomically if it exists)")
+    p.add_argument(
+        "dir",
+        type=Path,
+        help="a built perturbation dataset folder (holding index.json and shards/)",
+    )
+    p.add_argument(
+        "out", type=Path, help="the .h5ad file to write (replaced atomically if it exists)"
+    )
     p.add_argument("--split", required=True, help="which split to export: train, val or test")
-    p.add_argument("--sample", default="cells", choices=["cells", "pairs", "sentences"],
-                   help="cells (default): the split's cells, each once; pairs/sentences: every cell their units "
-                        "use, matched controls included (obs column 'primary' tells which)")
+    p.add_argument(
+        "--sample",
+        default="cells",
+        choices=["cells", "pairs", "sentences"],
+        help="cells (default): the split's cells, each once; pairs/sentences: every cell their units "
+        "use, matched controls included (obs column 'primary' tells which)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.modalities.perturbation.export import export  # import weight: `shardsmith --help` stays instant
+    from pipeline.modalities.perturbation.export import (
+        export,
+    )  # import weight: `shardsmith --help` stays instant
 
     out = export(args.dir, args.split, args.out, args.sample)
     print(f"wrote {out}")
     return 0
 
 
-COMMAND = Command(help="write one split as an AnnData .h5ad (X, obs labels, var, obsm['cond']) for scanpy",
-                  configure=configure, run=run)
+COMMAND = Command(
+    help="write one split as an AnnData .h5ad (X, obs labels, var, obsm['cond']) for scanpy",
+    configure=configure,
+    run=run,
+)

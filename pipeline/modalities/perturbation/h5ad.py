@@ -1,11 +1,15 @@
-"""scPerturb-style `.h5ad` files, in anndata's modern encoding and in the pre-0.7 layout of archived screens.
+"""scPerturb-style `.h5ad` files, in anndata's modern encoding and in the pre-0.7 layout of archived
+screens.
 
-Rows come through the shared h5py block reader (anndata's backed mode reads a row block no faster and
+Rows come through the shared h5py block reader (anndata's backed mode reads a row block no faster
+and
 holds more state). Metadata in the encodings anndata writes for nearly every column (categorical,
 string-array, array) is read with h5py too (:func:`is_plain`: importing anndata costs more than an
-incremental rebuild's scan); the other spellings of a column (nullable arrays, anndata 0.7 frames) go
+incremental rebuild's scan); the other spellings of a column (nullable arrays, anndata 0.7 frames)
+go
 through anndata's own element readers.
-`anndata.io.read_elem` does not understand pre-0.7 files: the obs table is a compound dataset that it
+`anndata.io.read_elem` does not understand pre-0.7 files: the obs table is a compound dataset that
+it
 returns as a raw structured array, and the categories live in `uns/<col>_categories` where only
 `read_h5ad` reattaches them. Reading the requested fields of that table directly is both simpler and
 cheaper than loading the whole object in backed mode.
@@ -37,7 +41,8 @@ else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy
 
 
 def read_elem(elem: object) -> object:
-    """anndata's element reader, imported on first use: anndata (with pandas and dask.array) costs ~0.5 s
+    """anndata's element reader, imported on first use: anndata (with pandas and dask.array) costs
+    ~0.5 s
     to import, which a no-change rebuild should not pay (and see :func:`is_plain`)."""
     from anndata.io import read_elem as _read_elem  # import weight: ~0.6 s, only for rare encodings
 
@@ -45,12 +50,16 @@ def read_elem(elem: object) -> object:
 
 
 def is_plain(node: h5py.Group | h5py.Dataset) -> bool:
-    """Whether ``node`` is in an encoding anndata writes for nearly every scPerturb column and h5py reads as it
-    is (then :func:`~pipeline.modalities.perturbation.h5csr.read_plain_column`, the hand-written files' reader, reads it): a
-    ``string-array`` or ``array`` dataset, or a ``categorical`` group of two datasets (codes, categories). Not
+    """Whether ``node`` is in an encoding anndata writes for nearly every scPerturb column and h5py
+    reads as it
+    is (then :func:`~pipeline.modalities.perturbation.h5csr.read_plain_column`, the hand-written
+    files' reader, reads it): a
+    ``string-array`` or ``array`` dataset, or a ``categorical`` group of two datasets (codes,
+    categories). Not
     for anything else (nullable arrays, nested encodings), which goes through :func:`read_elem`.
 
-    Why: importing anndata for these costs more than a changed source's whole scan in an incremental build
+    Why: importing anndata for these costs more than a changed source's whole scan in an incremental
+    build
     (~0.5 s of a 1.4 s rebuild), and both readers give the same codes and categories (tested)."""
     encoding = attr_str(node.attrs.get("encoding-type", ""))
     if isinstance(node, h5py.Dataset):
@@ -58,8 +67,11 @@ def is_plain(node: h5py.Group | h5py.Dataset) -> bool:
     if encoding != "categorical" or set(node) != {"codes", "categories"}:
         return False
     codes, categories = node["codes"], node["categories"]
-    return isinstance(codes, h5py.Dataset) and isinstance(categories, h5py.Dataset) and attr_str(
-        categories.attrs.get("encoding-type", "")) in ("", "string-array", "array")
+    return (
+        isinstance(codes, h5py.Dataset)
+        and isinstance(categories, h5py.Dataset)
+        and attr_str(categories.attrs.get("encoding-type", "")) in ("", "string-array", "array")
+    )
 
 
 @register_source
@@ -69,7 +81,9 @@ class H5adSource(H5Source):
 
     def _var_names(self, var_path: str) -> tuple[str, ...] | None:
         var = self._node(var_path)
-        if isinstance(var, h5py.Dataset):  # pre-0.7: a compound table whose first field is the index
+        if isinstance(
+            var, h5py.Dataset
+        ):  # pre-0.7: a compound table whose first field is the index
             if not var.dtype.names:
                 return None
             return tuple(decode_strings(var.fields(var.dtype.names[0])[()]))
@@ -79,7 +93,9 @@ class H5adSource(H5Source):
         if index not in var:
             return None
         node = var[index]
-        plain = "encoding-type" not in node.attrs or (isinstance(node, h5py.Dataset) and is_plain(node))
+        plain = "encoding-type" not in node.attrs or (
+            isinstance(node, h5py.Dataset) and is_plain(node)
+        )
         return tuple(decode_strings(np.asarray(node[()] if plain else read_elem(node))))
 
     def _obs_columns(self) -> list[str]:
@@ -103,7 +119,8 @@ class H5adSource(H5Source):
         encoding = attr_str(obs.attrs.get("encoding-type", ""))
         version = attr_str(obs.attrs.get("encoding-version", ""))
         if encoding == "dataframe" and version == "0.1.0":
-            # anndata 0.7: codes datasets point at obs/__categories by reference; let anndata resolve the whole frame
+            # anndata 0.7: codes datasets point at obs/__categories by reference; let anndata
+            # resolve the whole frame
             frame = read_elem(obs)
             return {c: to_categorical(frame[c]) for c in columns}
         if encoding == "dataframe":
@@ -114,7 +131,8 @@ class H5adSource(H5Source):
         if "encoding-type" not in node.attrs or is_plain(node):
             return read_plain_column(node, self.path, column)
         # nullable-* and other encodings come back from anndata as something pandas can factorize;
-        # anndata's Categorical.from_codes also rejects out-of-range codes (-> SourceError via _reading)
+        # anndata's Categorical.from_codes also rejects out-of-range codes (-> SourceError via
+        # _reading)
         return to_categorical(read_elem(node))
 
     def _legacy_column(self, table: h5py.Dataset, column: str) -> Categorical:
@@ -125,7 +143,8 @@ class H5adSource(H5Source):
         return to_categorical(values)
 
     def _legacy_categories(self, column: str) -> np.ndarray | None:
-        # anndata 0.6 kept categories in uns/; earlier releases wrote them at the top level of the file
+        # anndata 0.6 kept categories in uns/; earlier releases wrote them at the top level of the
+        # file
         for name in (f"uns/{column}_categories", f"{column}_categories"):
             node = self._node(name)
             if isinstance(node, h5py.Dataset):

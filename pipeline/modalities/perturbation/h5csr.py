@@ -1,4 +1,5 @@
-"""HDF5 sources read with plain h5py: the shared row-block machinery, and STATE / cell-load style files.
+"""HDF5 sources read with plain h5py: the shared row-block machinery, and STATE / cell-load style
+files.
 
 Row blocks never go through anndata: slicing `indptr[start:stop + 1]` and then one contiguous
 `data`/`indices` range is the fastest way to pull rows from an HDF5 CSR matrix, and it keeps memory
@@ -20,7 +21,12 @@ import numpy as np
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
 from pipeline.modalities.perturbation.matrix import Categorical, MatrixSource, SourceMeta
-from pipeline.modalities.perturbation.obs_names import ObsNames, attr_str, check_obs_names, read_obs_names
+from pipeline.modalities.perturbation.obs_names import (
+    ObsNames,
+    attr_str,
+    check_obs_names,
+    read_obs_names,
+)
 from pipeline.modalities.perturbation.validate import (
     CsrParts,
     check_float32_exact,
@@ -43,41 +49,56 @@ else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy
 READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError)
 
 
-
-
 def decode_strings(values: np.ndarray) -> list[str]:
-    """Bytes from fixed-length or vlen HDF5 strings, str from anndata readers, numbers from numeric datasets."""
-    return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in np.asarray(values).ravel()]
+    """Bytes from fixed-length or vlen HDF5 strings, str from anndata readers, numbers from numeric
+    datasets."""
+    return [
+        v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+        for v in np.asarray(values).ravel()
+    ]
 
 
-def categorical_from_codes(codes: np.ndarray, categories: np.ndarray, path: str | Path, column: str) -> Categorical:
-    """Stored codes are trusted by nobody downstream: an out-of-range code would silently mislabel cells."""
+def categorical_from_codes(
+    codes: np.ndarray, categories: np.ndarray, path: str | Path, column: str
+) -> Categorical:
+    """Stored codes are trusted by nobody downstream: an out-of-range code would silently mislabel
+    cells."""
     codes = np.asarray(codes)
     if codes.dtype.kind not in "iu":
-        raise SourceError(path, f"obs column {column!r}: codes have non-integer dtype {codes.dtype}")
+        raise SourceError(
+            path, f"obs column {column!r}: codes have non-integer dtype {codes.dtype}"
+        )
     cats = tuple(decode_strings(np.atleast_1d(categories)))
     if codes.size and (codes.min() < -1 or codes.max() >= len(cats)):
         bad = int(np.argmax((codes < -1) | (codes >= len(cats))))
         raise SourceError(
-            path, f"obs column {column!r}: row {bad} has code {int(codes[bad])} outside [-1, {len(cats)}) categories"
+            path,
+            f"obs column {column!r}: row {bad} has code {int(codes[bad])} outside [-1, {len(cats)}) categories",
         )
     return Categorical(codes.astype(np.int32, copy=False), cats)
 
 
 def to_categorical(values: Any) -> Categorical:
-    """Any obs column as codes into categories; non-categorical values get sorted categories, missing -> -1."""
+    """Any obs column as codes into categories; non-categorical values get sorted categories,
+    missing -> -1."""
     if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
         cat = pd.Categorical(values)
-        return Categorical(np.asarray(cat.codes, dtype=np.int32), tuple(decode_strings(cat.categories.to_numpy())))
+        return Categorical(
+            np.asarray(cat.codes, dtype=np.int32), tuple(decode_strings(cat.categories.to_numpy()))
+        )
     arr = values if isinstance(values, pd.api.extensions.ExtensionArray) else np.asarray(values)
     if isinstance(arr, np.ndarray) and arr.dtype.kind in "SU":
-        # fixed-width strings cannot be missing: np.unique sorts and encodes without per-item Python work,
+        # fixed-width strings cannot be missing: np.unique sorts and encodes without per-item Python
+        # work,
         # and UTF-8 byte order equals code-point order, so decoding after sorting keeps the order
         uniques, inverse = np.unique(arr.ravel(), return_inverse=True)
         return Categorical(inverse.astype(np.int32), tuple(decode_strings(uniques)))
-    # vlen strings arrive as bytes objects: factorize first, decode only the uniques (same order, as above)
+    # vlen strings arrive as bytes objects: factorize first, decode only the uniques (same order, as
+    # above)
     codes, uniques = pd.factorize(arr, sort=True, use_na_sentinel=True)
-    return Categorical(np.asarray(codes, dtype=np.int32), tuple(decode_strings(np.asarray(uniques))))
+    return Categorical(
+        np.asarray(codes, dtype=np.int32), tuple(decode_strings(np.asarray(uniques)))
+    )
 
 
 def open_h5(path: Path) -> h5py.File:
@@ -109,14 +130,18 @@ class Layout:
 
 
 class H5Source(MatrixSource):
-    """Row blocks, obsm and structural checks for any HDF5 file whose matrix is a CSR group or a dense dataset.
+    """Row blocks, obsm and structural checks for any HDF5 file whose matrix is a CSR group or a
+    dense dataset.
 
-    Subclasses only say how obs columns and var names are encoded. The h5py handle is opened on first use,
-    reopened after a fork and dropped when pickled, so a planner can hand sources to worker processes.
+    Subclasses only say how obs columns and var names are encoded. The h5py handle is opened on
+    first use,
+    reopened after a fork and dropped when pickled, so a planner can hand sources to worker
+    processes.
     """
 
     kinds: ClassVar[tuple[str, ...]] = ("perturbation",)
-    # same_genes = true: a file without var names has the columns of the other sources (checked in scan)
+    # same_genes = true: a file without var names has the columns of the other sources (checked in
+    # scan)
     options: ClassVar[tuple[str, ...]] = ("matrix", "same_genes")
     produces: ClassVar[tuple[str, ...]] = ("X", "obs/*", "obsm/*")
 
@@ -164,7 +189,9 @@ class H5Source(MatrixSource):
         try:
             yield
         except READ_ERRORS as exc:
-            raise SourceError(self.path, f"cannot read {what}: {type(exc).__name__}: {exc}") from exc
+            raise SourceError(
+                self.path, f"cannot read {what}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _node(self, name: str) -> h5py.Group | h5py.Dataset | None:
         """Walk a path without h5py raising on a dataset in the middle (legacy obsm is a dataset)."""
@@ -188,15 +215,23 @@ class H5Source(MatrixSource):
         if isinstance(node, h5py.Group):
             fmt = attr_str(node.attrs.get("encoding-type", node.attrs.get("h5sparse_format", "")))
             if fmt in ("csc_matrix", "csc"):
-                raise SourceError(self.path, f"{label} is stored as CSC; only CSR and dense matrices are supported")
+                raise SourceError(
+                    self.path,
+                    f"{label} is stored as CSC; only CSR and dense matrices are supported",
+                )
             missing = sorted({"data", "indices", "indptr"} - set(node.keys()))
             if missing:
-                raise SourceError(self.path, f"{label} is a group but not a CSR matrix (missing {missing})")
+                raise SourceError(
+                    self.path, f"{label} is a group but not a CSR matrix (missing {missing})"
+                )
             shape_attr = node.attrs.get("shape", node.attrs.get("h5sparse_shape"))
             if shape_attr is None:
                 names = self._var_names(_var_path_for(name))
                 if names is None:
-                    raise SourceError(self.path, f"{label} has no 'shape' attribute and no var names to count columns")
+                    raise SourceError(
+                        self.path,
+                        f"{label} has no 'shape' attribute and no var names to count columns",
+                    )
                 shape_attr = (node["indptr"].shape[0] - 1, len(names))
             shape = tuple(int(s) for s in np.asarray(shape_attr).ravel())
             if len(shape) != 2:
@@ -222,7 +257,10 @@ class H5Source(MatrixSource):
                 width = int(np.prod(obsm.dtype[key].shape, dtype=np.int64))
                 layout = Layout("obsm", "field", (int(obsm.shape[0]), width), key)
             else:
-                raise SourceError(self.path, f"obsm key {key!r} not found (obsm keys: {sorted(self._obsm_info())})")
+                raise SourceError(
+                    self.path,
+                    f"obsm key {key!r} not found (obsm keys: {sorted(self._obsm_info())})",
+                )
         self._obsm_layouts[key] = layout
         return layout
 
@@ -238,7 +276,8 @@ class H5Source(MatrixSource):
             found = [(c, n) for c in candidates if (n := self._node(c)) is not None]
             if not found:
                 raise SourceError(
-                    self.path, f"matrix {self.matrix!r} not found (available: {self._available_matrices()})"
+                    self.path,
+                    f"matrix {self.matrix!r} not found (available: {self._available_matrices()})",
                 )
             self._layout = self._array_layout(found[0][0], found[0][1], f"matrix {self.matrix!r}")
         return self._layout
@@ -251,8 +290,13 @@ class H5Source(MatrixSource):
                 if isinstance(node, h5py.Dataset):
                     info[key] = (tuple(int(s) for s in node.shape), str(node.dtype))
                 elif {"data", "indptr"} <= set(node.keys()):
-                    shape = node.attrs.get("shape", node.attrs.get("h5sparse_shape", (node["indptr"].shape[0] - 1,)))
-                    info[key] = (tuple(int(s) for s in np.asarray(shape).ravel()), str(node["data"].dtype))
+                    shape = node.attrs.get(
+                        "shape", node.attrs.get("h5sparse_shape", (node["indptr"].shape[0] - 1,))
+                    )
+                    info[key] = (
+                        tuple(int(s) for s in np.asarray(shape).ravel()),
+                        str(node["data"].dtype),
+                    )
         elif isinstance(obsm, h5py.Dataset) and obsm.dtype.names:
             for key in obsm.dtype.names:
                 sub = obsm.dtype[key]
@@ -268,19 +312,23 @@ class H5Source(MatrixSource):
         indptr = group["indptr"][()]
         if indptr.shape != (n_rows + 1,):
             raise SourceError(
-                self.path, f"{layout.name}: indptr has {indptr.size} entries, expected n_rows + 1 = {n_rows + 1}"
+                self.path,
+                f"{layout.name}: indptr has {indptr.size} entries, expected n_rows + 1 = {n_rows + 1}",
             )
         if indptr[0] != 0:
             raise SourceError(self.path, f"row 0: indptr[0] is {int(indptr[0])}, expected 0")
         nnz = int(group["data"].shape[0])
         if group["indices"].shape[0] != nnz:
             raise SourceError(
-                self.path, f"{layout.name}: indices length {group['indices'].shape[0]} does not match data length {nnz}"
+                self.path,
+                f"{layout.name}: indices length {group['indices'].shape[0]} does not match data length {nnz}",
             )
         validate_indptr(indptr, self.path, 0, nnz=nnz)
         return np.diff(indptr).astype(np.int64)
 
-    def meta(self, obs_columns: Sequence[str], optional: Sequence[str] = (), names: bool = True) -> SourceMeta:
+    def meta(
+        self, obs_columns: Sequence[str], optional: Sequence[str] = (), names: bool = True
+    ) -> SourceMeta:
         layout = self._matrix_layout()
         n_rows, n_cols = layout.shape
         with self._reading("metadata"):
@@ -290,22 +338,29 @@ class H5Source(MatrixSource):
                 var_names: tuple[str, ...] = tuple(f"{key}_{i}" for i in range(n_cols))
             else:
                 declared = self._var_names(_var_path_for(layout.name))
-                var_names = declared if declared is not None else tuple(f"gene_{i}" for i in range(n_cols))
+                var_names = (
+                    declared if declared is not None else tuple(f"gene_{i}" for i in range(n_cols))
+                )
             if len(var_names) != n_cols:
-                raise SourceError(self.path, f"var has {len(var_names)} names but {self.matrix} has {n_cols} columns")
+                raise SourceError(
+                    self.path,
+                    f"var has {len(var_names)} names but {self.matrix} has {n_cols} columns",
+                )
             row_nnz = self._row_nnz(layout)
             available = self._obs_columns()
             missing = [c for c in obs_columns if c not in available and c not in optional]
             if missing:
                 raise SourceError(
-                    self.path, f"missing obs column(s) {missing}; columns in the file: {', '.join(available) or 'none'}"
+                    self.path,
+                    f"missing obs column(s) {missing}; columns in the file: {', '.join(available) or 'none'}",
                 )
             wanted = [c for c in dict.fromkeys([*obs_columns, *optional]) if c in available]
             obs = self._read_obs(wanted)
             for column, cat in obs.items():
                 if cat.codes.shape != (n_rows,):
                     raise SourceError(
-                        self.path, f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}"
+                        self.path,
+                        f"obs column {column!r} has {cat.codes.size} rows, matrix has {n_rows}",
                     )
             obsm = self._obsm_info()
             if names:
@@ -313,8 +368,18 @@ class H5Source(MatrixSource):
             else:
                 check_obs_names(self._node("obs"), n_rows, self.path)
         named = self.matrix.strip("/").startswith("obsm/") or declared is not None
-        return SourceMeta(self.path, n_rows, n_cols, var_names, row_nnz, obs, obsm, named_genes=named,
-                          obs_names=barcodes if names else None, has_obs_names=True)
+        return SourceMeta(
+            self.path,
+            n_rows,
+            n_cols,
+            var_names,
+            row_nnz,
+            obs,
+            obsm,
+            named_genes=named,
+            obs_names=barcodes if names else None,
+            has_obs_names=True,
+        )
 
     def read_obs_names(self, n_rows: int) -> ObsNames | None:
         with self._reading("obs names"):
@@ -329,7 +394,9 @@ class H5Source(MatrixSource):
         group = self._file()[layout.name]
         indptr = group["indptr"]
         if indptr.shape[0] < stop + 1:
-            raise SourceError(self.path, f"row {stop - 1}: indptr has {indptr.shape[0]} entries, needs {stop + 1}")
+            raise SourceError(
+                self.path, f"row {stop - 1}: indptr has {indptr.shape[0]} entries, needs {stop + 1}"
+            )
         ptr = indptr[start : stop + 1].astype(np.int64)
         validate_indptr(ptr, self.path, start)
         lo, hi = int(ptr[0]), int(ptr[-1])
@@ -338,14 +405,20 @@ class H5Source(MatrixSource):
         check_float32_exact(raw, self.path, start, local, self.counts)
         data = raw.astype(np.float32, copy=False)
         indices = group["indices"][lo:hi]
-        validate_block(CsrParts(data, indices, local, layout.shape[1]), self.path, start, self.counts)
+        validate_block(
+            CsrParts(data, indices, local, layout.shape[1]), self.path, start, self.counts
+        )
         return sp.csr_matrix((data, indices, local), shape=(stop - start, layout.shape[1]))
 
     def _read_dense(self, layout: Layout, start: int, stop: int) -> np.ndarray:
         node = self._file()[layout.name]
-        block = node.fields(layout.field)[start:stop] if layout.kind == "field" else node[start:stop]
+        block = (
+            node.fields(layout.field)[start:stop] if layout.kind == "field" else node[start:stop]
+        )
         block = np.asarray(block).reshape(stop - start, layout.shape[1])
-        if layout.name != "obsm" and not layout.name.startswith("obsm/"):  # matrix values, not embeddings
+        if layout.name != "obsm" and not layout.name.startswith(
+            "obsm/"
+        ):  # matrix values, not embeddings
             check_float32_exact(block, self.path, start, None, self.counts)
         return block.astype(np.float32, copy=False)
 
@@ -379,38 +452,58 @@ def _var_path_for(matrix_name: str) -> str:
     return "var"
 
 
-VAR_NAME_KEYS = ("_index", "gene_name", "gene_names", "gene_symbols", "feature_name", "gene_ids", "gene_id", "index")
+VAR_NAME_KEYS = (
+    "_index",
+    "gene_name",
+    "gene_names",
+    "gene_symbols",
+    "feature_name",
+    "gene_ids",
+    "gene_id",
+    "index",
+)
 
 
-def read_plain_column(node: h5py.Group | h5py.Dataset, path: str | Path, column: str) -> Categorical:
-    """An obs column as cell-load and hand-rolled writers store it: codes+categories group or a plain dataset."""
+def read_plain_column(
+    node: h5py.Group | h5py.Dataset, path: str | Path, column: str
+) -> Categorical:
+    """An obs column as cell-load and hand-rolled writers store it: codes+categories group or a
+    plain dataset."""
     if isinstance(node, h5py.Group):
         if "codes" in node and "categories" in node:
             return categorical_from_codes(node["codes"][()], node["categories"][()], path, column)
-        raise SourceError(path, f"obs column {column!r} is a group without codes/categories (has {sorted(node)})")
+        raise SourceError(
+            path, f"obs column {column!r} is a group without codes/categories (has {sorted(node)})"
+        )
     ref = node.attrs.get("categories")
-    if isinstance(ref, h5py.Reference):  # anndata 0.7: codes dataset pointing at obs/__categories/<col>
+    if isinstance(
+        ref, h5py.Reference
+    ):  # anndata 0.7: codes dataset pointing at obs/__categories/<col>
         return categorical_from_codes(node[()], node.file[ref][()], path, column)
     return to_categorical(node[()])
 
 
 def read_plain_strings(node: h5py.Group | h5py.Dataset) -> tuple[str, ...]:
     if isinstance(node, h5py.Group) and "codes" in node and "categories" in node:
-        cats = np.asarray([*decode_strings(node["categories"][()]), ""], dtype=object)  # code -1 -> ""
+        cats = np.asarray(
+            [*decode_strings(node["categories"][()]), ""], dtype=object
+        )  # code -1 -> ""
         return tuple(cats[node["codes"][()]])
     return tuple(decode_strings(node[()]))
 
 
 @register_source
 class H5CsrSource(H5Source):
-    """STATE / cell-load style files: anndata-like layout written by hand, so nothing can be assumed about attrs."""
+    """STATE / cell-load style files: anndata-like layout written by hand, so nothing can be assumed
+    about attrs."""
 
     type: ClassVar[str] = "h5csr"
     suffixes: ClassVar[tuple[str, ...]] = (".h5", ".hdf5")
     fillable_obs: ClassVar[tuple[str, ...]] = ("cell_type",)
 
     def fill_obs(self, logical: str, n_rows: int) -> Categorical | None:
-        """cell-load convention: a file without a cell type column holds one cell line, named by its stem."""
+        """cell-load convention: a file without a cell type column holds one cell line, named by its
+        stem."""
         if logical == "cell_type":
             return Categorical(np.zeros(n_rows, np.int32), (self.path.stem,))
         return None
@@ -434,4 +527,6 @@ class H5CsrSource(H5Source):
 
     def _read_obs(self, columns: Sequence[str]) -> dict[str, Categorical]:
         obs = self._file()["obs"] if columns else None
-        return {c: read_plain_column(obs[c], self.path, c) for c in columns} if obs is not None else {}
+        return (
+            {c: read_plain_column(obs[c], self.path, c) for c in columns} if obs is not None else {}
+        )

@@ -27,14 +27,20 @@ class Categorical:
     categories: tuple[str, ...]
 
     def compact(self) -> Categorical:
-        """The same column with codes in the smallest signed type its categories allow (1 byte a cell for
-        up to 127 categories instead of 4): the scan holds every cell's codes until the plan is made."""
-        return Categorical(self.codes.astype(code_dtype(len(self.categories)), copy=False), self.categories)
+        """The same column with codes in the smallest signed type its categories allow (1 byte a
+        cell for
+        up to 127 categories instead of 4): the scan holds every cell's codes until the plan is
+        made."""
+        return Categorical(
+            self.codes.astype(code_dtype(len(self.categories)), copy=False), self.categories
+        )
 
 
 def code_dtype(n: int) -> np.dtype:
     """The smallest signed integer type holding codes -1 .. n - 1."""
-    return np.dtype(next(t for t in (np.int8, np.int16, np.int32, np.int64) if n <= np.iinfo(t).max))
+    return np.dtype(
+        next(t for t in (np.int8, np.int16, np.int32, np.int64) if n <= np.iinfo(t).max)
+    )
 
 
 @dataclass(frozen=True)
@@ -45,14 +51,21 @@ class SourceMeta:
     var_names: tuple[str, ...]
     row_nnz: np.ndarray  # int64 [n_rows]: stored entries per row (n_cols for dense matrices)
     obs: dict[str, Categorical]  # the requested columns that exist
-    obsm: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # key -> (shape, dtype)
-    named_genes: bool = True  # False: the file has no var names and `var_names` were made up (gene_0, ...)
-    obs_names: ObsNames | None = None  # the cell barcodes (obs index), when the source has rows of cells
+    obsm: dict[str, tuple[tuple[int, ...], str]] = field(
+        default_factory=dict
+    )  # key -> (shape, dtype)
+    named_genes: bool = (
+        True  # False: the file has no var names and `var_names` were made up (gene_0, ...)
+    )
+    obs_names: ObsNames | None = (
+        None  # the cell barcodes (obs index), when the source has rows of cells
+    )
     has_obs_names: bool = False  # meta(names=False): the source has barcodes, checked but not read
 
 
 class MatrixSource(Source):
-    """A cell x gene matrix with obs annotations (h5ad, H5-CSR): metadata first, then rows in blocks."""
+    """A cell x gene matrix with obs annotations (h5ad, H5-CSR): metadata first, then rows in
+    blocks."""
 
     fillable_obs: ClassVar[tuple[str, ...]] = ()  # logical obs fields the source can supply itself
 
@@ -61,10 +74,15 @@ class MatrixSource(Source):
         self.matrix = matrix
 
     @abstractmethod
-    def meta(self, obs_columns: Sequence[str], optional: Sequence[str] = (), names: bool = True) -> SourceMeta:
-        """Read only metadata. Missing columns in `obs_columns` raise SourceError unless listed in `optional`.
-        `names=False`: the cell barcodes are checked but not read (`SourceMeta.has_obs_names`): the scan keeps
-        none, and reading them twice was ~0.1 s a source of 250k cells on the build's serial path."""
+    def meta(
+        self, obs_columns: Sequence[str], optional: Sequence[str] = (), names: bool = True
+    ) -> SourceMeta:
+        """Read only metadata. Missing columns in `obs_columns` raise SourceError unless listed in
+        `optional`.
+        `names=False`: the cell barcodes are checked but not read (`SourceMeta.has_obs_names`): the
+        scan keeps
+        none, and reading them twice was ~0.1 s a source of 250k cells on the build's serial
+        path."""
 
     def fill_obs(self, logical: str, n_rows: int) -> Categorical | None:
         """A value for a logical obs field the file lacks (one of ``fillable_obs``), else None."""
@@ -75,21 +93,27 @@ class MatrixSource(Source):
         return []
 
     def read_obs_names(self, n_rows: int) -> ObsNames | None:
-        """The cell barcodes alone, read again when the plan needs them: the scan does not keep every
-        source's names (~20 bytes a cell). A source type reads them more cheaply than its whole `meta`."""
+        """The cell barcodes alone, read again when the plan needs them: the scan does not keep
+        every
+        source's names (~20 bytes a cell). A source type reads them more cheaply than its whole
+        `meta`."""
         return self.meta([]).obs_names
 
     @abstractmethod
     def read_rows(self, start: int, stop: int) -> sp.csr_matrix:
-        """Rows [start, stop) as float32 CSR with sorted-or-not indices, validated (see validate_block)."""
+        """Rows [start, stop) as float32 CSR with sorted-or-not indices, validated (see
+        validate_block)."""
 
     @abstractmethod
     def read_obsm(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of obsm[key] as a dense float32 array."""
 
 
-def open_source(type_name: str, path: str | Path, matrix: str = "X", *, counts: bool = False) -> MatrixSource:
-    """A matrix source without touching the file: opening is lazy so sources can be planned and shipped cheaply."""
+def open_source(
+    type_name: str, path: str | Path, matrix: str = "X", *, counts: bool = False
+) -> MatrixSource:
+    """A matrix source without touching the file: opening is lazy so sources can be planned and
+    shipped cheaply."""
     cls = get_source(type_name)
     if not issubclass(cls, MatrixSource):
         raise ValueError(f"source type {type_name!r} is not a matrix source")
@@ -97,12 +121,17 @@ def open_source(type_name: str, path: str | Path, matrix: str = "X", *, counts: 
 
 
 def source_obs_names(src: Any) -> ObsNames | None:
-    """The cell barcodes of the scanned source ``src`` (None when its source type reads none), read from its
-    file once per source by the plan: the scan checks them but keeps none (20+ bytes a cell of the dataset)."""
+    """The cell barcodes of the scanned source ``src`` (None when its source type reads none), read
+    from its
+    file once per source by the plan: the scan checks them but keeps none (20+ bytes a cell of the
+    dataset)."""
     if not getattr(src, "has_obs_names", False):
         return None
     with open_source(src.spec.type, src.spec.path, src.spec.matrix) as f:
         names = f.read_obs_names(src.meta.n_rows)
     if names is not None and len(names) != src.meta.n_rows:
-        raise SourceError(src.spec.path, f"obs index has {len(names)} names, the matrix has {src.meta.n_rows} rows")
+        raise SourceError(
+            src.spec.path,
+            f"obs index has {len(names)} names, the matrix has {src.meta.n_rows} rows",
+        )
     return names

@@ -1,7 +1,9 @@
 """Cell barcodes (a matrix file's obs index) as a compact ragged UTF-8 column.
 
-Why ragged bytes: barcodes are unique, so categories would not shrink them; a Python str per cell costs ~50
-bytes of overhead, a fixed-width bytes array as much as the longest name per cell. Offsets + one byte buffer
+Why ragged bytes: barcodes are unique, so categories would not shrink them; a Python str per cell
+costs ~50
+bytes of overhead, a fixed-width bytes array as much as the longest name per cell. Offsets + one
+byte buffer
 cost the names' own bytes plus 8 per cell, and a shard's names are one vectorised gather.
 """
 
@@ -29,8 +31,13 @@ class ObsNames:
     def from_values(values: Any) -> ObsNames:
         vals = np.asarray(values, dtype=object).ravel()
         raw: Any = vals
-        if not set(map(type, vals)) <= {bytes, np.bytes_}:  # h5py's strings are bytes: no Python step per name
-            raw = [v if isinstance(v, bytes) else str(v).encode() for v in vals]  # str, numbers: encoded
+        if not set(map(type, vals)) <= {
+            bytes,
+            np.bytes_,
+        }:  # h5py's strings are bytes: no Python step per name
+            raw = [
+                v if isinstance(v, bytes) else str(v).encode() for v in vals
+            ]  # str, numbers: encoded
         joined = b"".join(raw)
         offsets = np.zeros(len(raw) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)), out=offsets[1:])
@@ -60,16 +67,19 @@ def concat(parts: list[ObsNames]) -> ObsNames:
     if not parts:
         return ObsNames(np.zeros(1, np.int64), np.zeros(0, np.uint8))
     shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
-    offsets = np.concatenate([np.zeros(1, np.int64), *(p.offsets[1:] + k for p, k in zip(parts, shifts, strict=True))])
+    offsets = np.concatenate(
+        [np.zeros(1, np.int64), *(p.offsets[1:] + k for p, k in zip(parts, shifts, strict=True))]
+    )
     return ObsNames(offsets, np.concatenate([p.data for p in parts]))
 
 
 def _obs_index(obs: h5py.Group | h5py.Dataset | None) -> tuple[Any, int] | None:
-    """(read(start, stop) -> those rows' names, number of names) of the obs index of an h5ad / H5-CSR file:
-    ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata, cell-load), the first field of a pre-0.7 compound
+    """(read(start, stop) -> those rows' names, number of names) of the obs index of an h5ad /
+    H5-CSR file:
+    ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata, cell-load), the first field of a pre-0.7
+    compound
     obs table; None when there is none."""
     import h5py  # import weight: the plan imports this module
-
 
     if isinstance(obs, h5py.Dataset) and obs.dtype.names:
         first = obs.dtype.names[0]
@@ -81,30 +91,34 @@ def _obs_index(obs: h5py.Group | h5py.Dataset | None) -> tuple[Any, int] | None:
     return None
 
 
-def read_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> ObsNames:
+def read_obs_names(
+    obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path
+) -> ObsNames:
     """The obs index of an h5ad / H5-CSR file (`_obs_index`); the row numbers when there is none."""
     index = _obs_index(obs)
     if index is None:
         return ObsNames.default(n_rows)
     read, total = index
-    names = concat([ObsNames.from_values(read(a, min(a + CHUNK, total))) for a in range(0, total, CHUNK)])
+    names = concat(
+        [ObsNames.from_values(read(a, min(a + CHUNK, total))) for a in range(0, total, CHUNK)]
+    )
     if len(names) != n_rows:
         raise SourceError(path, f"obs index has {len(names)} names, the matrix has {n_rows} rows")
     return names
 
 
 def check_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> None:
-    """What `read_obs_names` checks, without reading the names: one per row (the scan's check; the plan
+    """What `read_obs_names` checks, without reading the names: one per row (the scan's check; the
+    plan
     reads each source's names when it plans that source)."""
     index = _obs_index(obs)
     if index is not None and index[1] != n_rows:
         raise SourceError(path, f"obs index has {index[1]} names, the matrix has {n_rows} rows")
 
 
-
-
 def obs_name_columns(names: ObsNames | None, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The ``obs_names`` field of a shard whose records are ``rows`` of a source with these ``names``; {} when
+    """The ``obs_names`` field of a shard whose records are ``rows`` of a source with these
+    ``names``; {} when
     its source type reads no names (a plug-in's matrix source)."""
     if names is None:
         return {}

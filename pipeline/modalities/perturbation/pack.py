@@ -1,20 +1,29 @@
-"""Stage 3: pack. Every source is read once, sequentially, in row blocks; each block's planned rows are
+"""Stage 3: pack. Every source is read once, sequentially, in row blocks; each block's planned rows
+are
 routed to their shards; a shard whose rows have all arrived is put into planned row order, encoded,
-compressed, written to a temporary name and renamed (one syncfs before the commit makes all new shards
+compressed, written to a temporary name and renamed (one syncfs before the commit makes all new
+shards
 durable).
 
-A shard is a uniform random sample of its source, so its rows are complete only when the whole source
+A shard is a uniform random sample of its source, so its rows are complete only when the whole
+source
 has been read. Until then they wait, as sorted pieces (`pipeline.modalities.perturbation.spill`):
 
-* in memory (`pack_source`), when the source's planned rows fit `MatrixPackOptions.fuse_bytes`: one task reads the
+* in memory (`pack_source`), when the source's planned rows fit `MatrixPackOptions.fuse_bytes`: one
+task reads the
   source and packs its shards, with no intermediate files;
-* in spill files (`scatter_range` then `pack_shard`), for bigger sources: several tasks read row ranges of
-  the source (so a single big file still keeps every job busy) and append each shard's rows to plain binary
-  files; one task per shard packs it from its files. With two sources or more a job there is no need to
+* in spill files (`scatter_range` then `pack_shard`), for bigger sources: several tasks read row
+ranges of
+  the source (so a single big file still keeps every job busy) and append each shard's rows to plain
+  binary
+  files; one task per shard packs it from its files. With two sources or more a job there is no need
+  to
   split files: one task reads a source and then packs its shards (`_whole_source`).
 
-Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task holds a few
-chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not the dataset size.
+Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task holds a
+few
+chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not the dataset
+size.
 """
 
 from __future__ import annotations
@@ -53,10 +62,6 @@ SUMMED = "summed"  # int64 per delivered piece: duplicate entries summed away in
 DUPLICATES_SUMMED = "duplicate_entries_summed"  # the index stat (pipeline.build.record_outcomes)
 
 
-
-
-
-
 FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
 SCATTER_BYTES = 64 << 20  # raw bytes of a source read by one scatter task
 
@@ -67,7 +72,9 @@ class MatrixPackOptions:
 
     counts: bool  # values are raw counts: negative entries are an error
     obsm: tuple[str, ...]  # embeddings carried along
-    fuse_bytes: int = FUSE_BYTES  # read when the build starts (``pack_options``), so a test can lower them
+    fuse_bytes: int = (
+        FUSE_BYTES  # read when the build starts (``pack_options``), so a test can lower them
+    )
     scatter_bytes: int = SCATTER_BYTES
 
 
@@ -77,14 +84,20 @@ def pack_options(counts: bool, obsm: tuple[str, ...]) -> MatrixPackOptions:
 
 
 def obsm_widths(cfg: PackConfig) -> dict[str, tuple[int, ...]]:
-    return {k: next(f.shape for f in cfg.fields if f.name == fmt.OBSM_PREFIX + k) for k in cfg.options.obsm}
+    return {
+        k: next(f.shape for f in cfg.fields if f.name == fmt.OBSM_PREFIX + k)
+        for k in cfg.options.obsm
+    }
 
 
 @dataclass(frozen=True)
 class Target:
-    """A shard to build from one source: its number in the plan, its source rows in shard order, and the
-    stored matrix entries of those rows from the scan's per-row counts (exact for CSR sources, an upper
-    bound for dense ones, whose zeros the CSR conversion drops): the size estimate that picks a path."""
+    """A shard to build from one source: its number in the plan, its source rows in shard order, and
+    the
+    stored matrix entries of those rows from the scan's per-row counts (exact for CSR sources, an
+    upper
+    bound for dense ones, whose zeros the CSR conversion drops): the size estimate that picks a
+    path."""
 
     number: int
     rows: np.ndarray
@@ -97,11 +110,15 @@ def raw_bytes(t: Target, cfg: PackConfig) -> int:
 
 
 def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(source row, shard number, position in the shard) of every planned row, sorted by source row; int32
-    where the values fit (the read tasks of a big source hold these until they run: 12 bytes a row, not 24)."""
+    """(source row, shard number, position in the shard) of every planned row, sorted by source row;
+    int32
+    where the values fit (the read tasks of a big source hold these until they run: 12 bytes a row,
+    not 24)."""
     rows = np.concatenate([t.rows for t in targets])
     small = np.int32 if max((t.rows.size for t in targets), default=0) < 2**31 else np.int64
-    shard_of = np.concatenate([np.full(t.rows.size, t.number, np.int32) for t in targets])  # plan's shard numbers
+    shard_of = np.concatenate(
+        [np.full(t.rows.size, t.number, np.int32) for t in targets]
+    )  # plan's shard numbers
     pos = np.concatenate([np.arange(t.rows.size, dtype=small) for t in targets])
     order = np.argsort(rows, kind="stable")
     rows = rows[order]
@@ -110,10 +127,19 @@ def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return rows, shard_of[order], pos[order]
 
 
-def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
-              stop: int, cfg: PackConfig, scratch: Scratch | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-    """Read source rows [start, stop) block by block; yield (shard, rows of that shard from the block), each
-    sorted by planned position. With `scratch` the entry arrays are reused buffers, valid until the next
+def _segments(
+    spec: SourceSpec,
+    n_rows: int,
+    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    start: int,
+    stop: int,
+    cfg: PackConfig,
+    scratch: Scratch | None = None,
+) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """Read source rows [start, stop) block by block; yield (shard, rows of that shard from the
+    block), each
+    sorted by planned position. With `scratch` the entry arrays are reused buffers, valid until the
+    next
     segment (for a consumer that writes them out at once)."""
     rows, shard_of, pos = routed
     with open_source(spec.type, spec.path, spec.matrix, counts=cfg.options.counts) as src:
@@ -122,14 +148,22 @@ def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarra
             lo, hi = np.searchsorted(rows, [b, e])
             if lo == hi:
                 continue
-            block = src.read_rows(b, e)  # validated by the source: structure, NaN/inf, negative counts
-            block, summed = sum_duplicates(block)  # one canonical CSR for every reader (counted per shard)
+            block = src.read_rows(
+                b, e
+            )  # validated by the source: structure, NaN/inf, negative counts
+            block, summed = sum_duplicates(
+                block
+            )  # one canonical CSR for every reader (counted per shard)
             if summed is not None:
-                validate_block(block, spec.path, b, cfg.options.counts)  # a sum can overflow float32
+                validate_block(
+                    block, spec.path, b, cfg.options.counts
+                )  # a sum can overflow float32
             embeds = {k: src.read_obsm(k, b, e) for k in cfg.options.obsm}
             for k, a in embeds.items():
                 if not np.isfinite(a).all():
-                    bad = b + int(np.flatnonzero(~np.isfinite(a).all(axis=tuple(range(1, a.ndim))))[0])
+                    bad = b + int(
+                        np.flatnonzero(~np.isfinite(a).all(axis=tuple(range(1, a.ndim))))[0]
+                    )
                     raise SourceError(spec.path, f"obsm[{k!r}] has NaN/inf at row {bad}")
             ptr = block.indptr.astype(np.int32 if block.nnz < 2**31 else np.int64, copy=False)
             indices = block.indices.astype(ptr.dtype, copy=False)
@@ -143,21 +177,32 @@ def _segments(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarra
                 sel = local[u:v]
                 lengths = row_len[sel]
                 n = int(lengths.sum())
-                out_i = scratch.get("indices", indices.dtype, n) if scratch else np.empty(n, indices.dtype)
+                out_i = (
+                    scratch.get("indices", indices.dtype, n)
+                    if scratch
+                    else np.empty(n, indices.dtype)
+                )
                 out_d = scratch.get("data", data.dtype, n) if scratch else np.empty(n, data.dtype)
                 gather_rows(ptr, indices, data, sel, out_i, out_d)  # one row gather per piece
-                seg = {"data": out_d, "indices": out_i.astype(np.int32, copy=False), "lengths": lengths,
-                       "pos": ps[u:v], RANGE: np.array([out_i.min(), out_i.max()] if n else [], np.int64),
-                       **{f"{OBSM}{k}": a[sel] for k, a in embeds.items()}}
+                seg = {
+                    "data": out_d,
+                    "indices": out_i.astype(np.int32, copy=False),
+                    "lengths": lengths,
+                    "pos": ps[u:v],
+                    RANGE: np.array([out_i.min(), out_i.max()] if n else [], np.int64),
+                    **{f"{OBSM}{k}": a[sel] for k, a in embeds.items()},
+                }
                 if summed is not None:
                     seg[SUMMED] = np.array([summed[sel].sum()], np.int64)
                 yield int(sh[u]), seg
             del block, indices, data, ptr
-            trim_heap()  # per block: a whole-source task reads ~16 blocks before its end (pipeline.memory)
+            # per block: a whole-source task reads ~16 blocks before its end (pipeline.memory)
+            trim_heap()
 
 
-def pack_source(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
-                cfg: PackConfig) -> list[PackResult]:
+def pack_source(
+    spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]], cfg: PackConfig
+) -> list[PackResult]:
     """Read a source whose planned rows fit in memory and pack all its shards: no spill files."""
     pieces: dict[int, list[Piece]] = {t.number: [] for t, _ in shards}
     ranges: dict[int, list[np.ndarray]] = {t.number: [] for t, _ in shards}
@@ -166,13 +211,30 @@ def pack_source(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, Sh
         pieces[number].append(memory_piece(seg))
         ranges[number].append(seg[RANGE])
         summed[number] += int(seg[SUMMED].sum()) if SUMMED in seg else 0
-    return [write_shard(t.number, plan, pieces.pop(t.number), cfg, np.concatenate(ranges.pop(t.number)),
-                        summed[t.number]) for t, plan in shards]
+    return [
+        write_shard(
+            t.number,
+            plan,
+            pieces.pop(t.number),
+            cfg,
+            np.concatenate(ranges.pop(t.number)),
+            summed[t.number],
+        )
+        for t, plan in shards
+    ]
 
 
-def scatter_range(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.ndarray, np.ndarray], start: int,
-                  stop: int, task: int, cfg: PackConfig) -> int:
-    """Append the planned rows of source rows [start, stop) to per-shard spill files (raw arrays, never
+def scatter_range(
+    spec: SourceSpec,
+    n_rows: int,
+    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    start: int,
+    stop: int,
+    task: int,
+    cfg: PackConfig,
+) -> int:
+    """Append the planned rows of source rows [start, stop) to per-shard spill files (raw arrays,
+    never
     pickled; one file per shard, task and array, so tasks never share a file)."""
     handles: dict[tuple[int, str], Any] = {}
     routed_rows = 0
@@ -181,7 +243,9 @@ def scatter_range(spec: SourceSpec, n_rows: int, routed: tuple[np.ndarray, np.nd
             for name, a in seg.items():
                 fh = handles.get((number, name))
                 if fh is None:
-                    fh = handles[(number, name)] = open(_spill_file(cfg.spill, number, task, name), "wb")  # noqa: SIM115
+                    fh = handles[(number, name)] = open(
+                        _spill_file(cfg.spill, number, task, name), "wb"
+                    )  # noqa: SIM115
                 np.ascontiguousarray(a).tofile(fh)
             routed_rows += seg["pos"].size
     finally:
@@ -212,7 +276,10 @@ def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> Pack
         result = write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
     finally:
         opened.close()
-    _drop(cfg, [_spill_file(cfg.spill, t.number, task, name) for task in range(tasks) for name in names])
+    _drop(
+        cfg,
+        [_spill_file(cfg.spill, t.number, task, name) for task in range(tasks) for name in names],
+    )
     return result
 
 
@@ -223,18 +290,28 @@ def _drop(cfg: PackConfig, paths: Sequence[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], todo: Sequence[int],
-               cfg: PackConfig) -> tuple[list[Callable[[], list[PackResult]]], list[Callable[[], list[PackResult]]]]:
+def pack_tasks(
+    shards: Sequence[ShardPlan],
+    scanned: Sequence[ScannedSource],
+    todo: Sequence[int],
+    cfg: PackConfig,
+) -> tuple[list[Callable[[], list[PackResult]]], list[Callable[[], list[PackResult]]]]:
     """Tasks of the two phases: (1) read every source once, (2) pack the shards of spilled sources.
 
-    A source whose planned rows fit `cfg.options.fuse_bytes` is one phase-1 task that also packs its shards (no
-    spill). A bigger one is read by several phase-1 tasks over row ranges of about `cfg.options.scatter_bytes`
-    (aligned to blocks, so one big file still keeps every job busy) that spill, and each of its shards is
+    A source whose planned rows fit `cfg.options.fuse_bytes` is one phase-1 task that also packs its
+    shards (no
+    spill). A bigger one is read by several phase-1 tasks over row ranges of about
+    `cfg.options.scatter_bytes`
+    (aligned to blocks, so one big file still keeps every job busy) that spill, and each of its
+    shards is
     a phase-2 task. Tasks are listed biggest first so that parallel jobs finish together.
 
-    With at least two sources a job (`cfg.jobs`), each spilled source is instead one phase-1 task that reads
-    it and then packs its shards (`_whole_source`): every job stays busy without splitting files, there is
-    no barrier between the phases, and only the sources being worked on wait in spill files (all of them
+    With at least two sources a job (`cfg.jobs`), each spilled source is instead one phase-1 task
+    that reads
+    it and then packs its shards (`_whole_source`): every job stays busy without splitting files,
+    there is
+    no barrier between the phases, and only the sources being worked on wait in spill files (all of
+    them
     did, ~4 GB at 2M cells: past the kernel's dirty-page limits, so they were written back to disk).
     """
     by_source: dict[int, list[tuple[Target, ShardPlan]]] = {}
@@ -256,8 +333,16 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
             read.append((size, partial(_whole_source, spec, n_rows, part, items, cfg)))
             continue
         k = max(1, -(-size // cfg.options.scatter_bytes))
-        cuts = sorted({0, n_rows, *(int(rows[rows.size * j // k]) // cfg.block_rows * cfg.block_rows
-                                    for j in range(1, k))})
+        cuts = sorted(
+            {
+                0,
+                n_rows,
+                *(
+                    int(rows[rows.size * j // k]) // cfg.block_rows * cfg.block_rows
+                    for j in range(1, k)
+                ),
+            }
+        )
         tasks = 0
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             lo, hi = np.searchsorted(rows, [a, b])
@@ -266,12 +351,19 @@ def pack_tasks(shards: Sequence[ShardPlan], scanned: Sequence[ScannedSource], to
                 read.append((size // k, partial(_scatter, spec, n_rows, part, a, b, tasks, cfg)))
                 tasks += 1
         pack += [(raw_bytes(t, cfg), partial(_pack, t, sh, tasks, cfg)) for t, sh in items]
-    return ([t for _, t in sorted(read, key=lambda x: -x[0])], [t for _, t in sorted(pack, key=lambda x: -x[0])])
+    return (
+        [t for _, t in sorted(read, key=lambda x: -x[0])],
+        [t for _, t in sorted(pack, key=lambda x: -x[0])],
+    )
 
 
-def _park_routed(spill: Path, source: int, task: int, routed: tuple[np.ndarray, ...]) -> tuple[str, ...]:
-    """A read task's routed rows (12 bytes a row of its range) wait in the spill folder, not in the task:
-    every task is made before the first runs, and the task lists live until their phase ends, so in memory
+def _park_routed(
+    spill: Path, source: int, task: int, routed: tuple[np.ndarray, ...]
+) -> tuple[str, ...]:
+    """A read task's routed rows (12 bytes a row of its range) wait in the spill folder, not in the
+    task:
+    every task is made before the first runs, and the task lists live until their phase ends, so in
+    memory
     they would add 12 bytes per cell of the dataset to the build's peak."""
     paths = []
     for name, a in zip(("rows", "shard", "pos"), routed, strict=True):
@@ -281,8 +373,15 @@ def _park_routed(spill: Path, source: int, task: int, routed: tuple[np.ndarray, 
     return tuple(paths)
 
 
-def _scatter(spec: SourceSpec, n_rows: int, part: tuple[str, ...], start: int, stop: int, task: int,
-             cfg: PackConfig) -> list[PackResult]:
+def _scatter(
+    spec: SourceSpec,
+    n_rows: int,
+    part: tuple[str, ...],
+    start: int,
+    stop: int,
+    task: int,
+    cfg: PackConfig,
+) -> list[PackResult]:
     rows, shard_of, pos = (np.load(p, allow_pickle=False) for p in part)
     _drop(cfg, [Path(p) for p in part])
     scatter_range(spec, n_rows, (rows, shard_of, pos), start, stop, task, cfg)
@@ -291,8 +390,13 @@ def _scatter(spec: SourceSpec, n_rows: int, part: tuple[str, ...], start: int, s
     return []
 
 
-def _whole_source(spec: SourceSpec, n_rows: int, part: tuple[str, ...], shards: Sequence[tuple[Target, ShardPlan]],
-                  cfg: PackConfig) -> list[PackResult]:
+def _whole_source(
+    spec: SourceSpec,
+    n_rows: int,
+    part: tuple[str, ...],
+    shards: Sequence[tuple[Target, ShardPlan]],
+    cfg: PackConfig,
+) -> list[PackResult]:
     """One spilled source in one task: read it all (one scatter), then pack each of its shards."""
     _scatter(spec, n_rows, part, 0, n_rows, 0, cfg)
     return [r for t, sh in shards for r in _pack(t, sh, 1, cfg)]
@@ -304,26 +408,44 @@ def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[Pack
     return out
 
 
-def _fused(spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]],
-           cfg: PackConfig) -> list[PackResult]:
+def _fused(
+    spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]], cfg: PackConfig
+) -> list[PackResult]:
     out = pack_source(spec, n_rows, shards, cfg)
     trim_heap()
     return out
 
 
-def write_shard(number: int, shard: ShardPlan, pieces: list[Piece], cfg: PackConfig,
-                index_ranges: np.ndarray, summed: int = 0) -> PackResult:
-    """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from pieces.
-    `summed`: duplicate entries its rows had in the source, summed away (reported in the index stats)."""
+def write_shard(
+    number: int,
+    shard: ShardPlan,
+    pieces: list[Piece],
+    cfg: PackConfig,
+    index_ranges: np.ndarray,
+    summed: int = 0,
+) -> PackResult:
+    """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from
+    pieces.
+    `summed`: duplicate entries its rows had in the source, summed away (reported in the index
+    stats)."""
     try:
         import numcodecs.blosc  # import weight: ~0.2 s, pack tasks only
 
         numcodecs.blosc.set_nthreads(1)  # one core per task: --jobs decides the parallelism
     except ImportError:  # pragma: no cover
         pass
-    matrix = ShardRows(pieces, shard.n, cfg.fields[0].shape[0], obsm_widths(cfg), f"shard {number} ({shard.file})",
-                       index_ranges)
-    planned = {k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v for k, v in shard.columns.items()}
+    matrix = ShardRows(
+        pieces,
+        shard.n,
+        cfg.fields[0].shape[0],
+        obsm_widths(cfg),
+        f"shard {number} ({shard.file})",
+        index_ranges,
+    )
+    planned = {
+        k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v
+        for k, v in shard.columns.items()
+    }
     entry = finish_shard({**planned, **matrix.columns()}, shard, cfg)
     _drop(cfg, [v for v in shard.columns.values() if isinstance(v, Path)])
     return PackResult(number, entry, counts={DUPLICATES_SUMMED: summed} if summed else {})

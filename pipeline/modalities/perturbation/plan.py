@@ -1,6 +1,7 @@
 """Stage 2: the plan, a pure function of (manifest, seed, scanned sources).
 
-Shards hold the rows of one source and one split, so a changed source rewrites only its own shards, and
+Shards hold the rows of one source and one split, so a changed source rewrites only its own shards,
+and
 pairs and sentences (matched within a source) never cross a shard. Random draws come from per-source
 generators: changing one source leaves every other source's plan, and so its shards, byte-identical.
 """
@@ -34,7 +35,12 @@ from pipeline.modalities.perturbation.pairing import (
     make_pairs,
     make_sentences,
 )
-from pipeline.modalities.perturbation.splits import DROPPED, SPLIT_NAMES, assign_splits, control_split
+from pipeline.modalities.perturbation.splits import (
+    DROPPED,
+    SPLIT_NAMES,
+    assign_splits,
+    control_split,
+)
 from pipeline.model import ScannedSource, ShardPlan
 from pipeline.seeding import source_rng
 
@@ -51,7 +57,9 @@ class Plan:
     shards: list[ShardPlan]
     stats: dict[str, object] = field(default_factory=dict)
     source_keys: list[str] = field(default_factory=list)  # per source, see source_key
-    source_stats: list[dict[str, int]] = field(default_factory=list)  # per source, summed into stats["pairing"]
+    source_stats: list[dict[str, int]] = field(
+        default_factory=list
+    )  # per source, summed into stats["pairing"]
 
 
 def _bytes_per_cell(src: ScannedSource, rows: np.ndarray, n_codes: int, obsm_width: int) -> float:
@@ -65,12 +73,22 @@ def _slices(owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.searchsorted(owner[order], np.arange(n + 1))
 
 
-def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: np.ndarray, split: np.ndarray,
-                cond: ConditionTable, park: Park | None = None,
-                pool_split: np.ndarray | None = None) -> tuple[list[ShardPlan], dict[str, int]]:
-    """Shards, pairs and sentences of one source; `idx` are its rows in the cell table. Each shard is keyed
-    and handed to `park` as soon as it is planned (see make_plan). `pool_split`: see splits.control_split.
-    Stats: pairing levels, plus "check_*" counts that feed the build's warnings (pipeline.modalities.perturbation.plan.checks)."""
+def plan_source(
+    manifest: Manifest,
+    src: ScannedSource,
+    cells: CellTable,
+    idx: np.ndarray,
+    split: np.ndarray,
+    cond: ConditionTable,
+    park: Park | None = None,
+    pool_split: np.ndarray | None = None,
+) -> tuple[list[ShardPlan], dict[str, int]]:
+    """Shards, pairs and sentences of one source; `idx` are its rows in the cell table. Each shard
+    is keyed
+    and handed to `park` as soon as it is planned (see make_plan). `pool_split`: see
+    splits.control_split.
+    Stats: pairing levels, plus "check_*" counts that feed the build's warnings
+    (pipeline.modalities.perturbation.plan.checks)."""
     seed, s = manifest.seed, src.ordinal
     fields = manifest.config.fields.obs_fields
     obsm_width = sum(int(np.prod(src.meta.obsm[k][0][1:])) for k in manifest.config.fields.obsm)
@@ -83,7 +101,8 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         if members.size == 0:
             continue
         per_cell = _bytes_per_cell(src, cells.row[idx[members]], len(fields), obsm_width)
-        # never more shards than cells: a tiny shard_size_mb must not plan empty shards (or millions of them)
+        # never more shards than cells: a tiny shard_size_mb must not plan empty shards (or millions
+        # of them)
         n_shards = min(members.size, max(1, int(np.ceil(members.size * per_cell / cap_bytes))))
         perm = source_rng(seed, s, 10 + k).permutation(members.size)
         home[members[perm]] = len(parts) + np.arange(members.size) * n_shards // members.size
@@ -92,17 +111,30 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     codes = {f: cells.codes32(f, idx) for f in fields}
     batch = codes["batch"] if "batch" in codes else np.zeros(idx.size, np.int32)
     cell_type = codes["cell_type"] if "cell_type" in codes else np.zeros(idx.size, np.int32)
-    ctx = MatchContext(home, sp, cell_type,
-                       batch if manifest.config.pairing.strategy == "batch" else np.zeros_like(batch),
-                       cells.is_control[idx], None if pool_split is None else pool_split[idx])
+    ctx = MatchContext(
+        home,
+        sp,
+        cell_type,
+        batch if manifest.config.pairing.strategy == "batch" else np.zeros_like(batch),
+        cells.is_control[idx],
+        None if pool_split is None else pool_split[idx],
+    )
     pools = ControlPools(ctx)
-    pairs, pair_level = make_pairs(ctx, cond.cond_id[idx].astype(np.int32), manifest.config.pairing.max_pairs_per_condition,
-                                   source_rng(seed, s, 20), pools)
+    pairs, pair_level = make_pairs(
+        ctx,
+        cond.cond_id[idx].astype(np.int32),
+        manifest.config.pairing.max_pairs_per_condition,
+        source_rng(seed, s, 20),
+        pools,
+    )
     stats = {f"pairs_{lv}": int((pair_level == i).sum()) for i, lv in enumerate(LEVELS)}
-    stats.update(group_checks(ctx, codes["perturbation"], pairs, manifest.config.pairing.sentence_size))
+    stats.update(
+        group_checks(ctx, codes["perturbation"], pairs, manifest.config.pairing.sentence_size)
+    )
     slot_levels = np.zeros(len(LEVELS), np.int64)
     size = manifest.config.pairing.sentence_size
-    # One stable sort per table instead of a mask over every cell per shard (quadratic in shards): each
+    # One stable sort per table instead of a mask over every cell per shard (quadratic in shards):
+    # each
     # shard's cells and pairs are contiguous slices, in the order the masks gave.
     by_home, cell_bounds = _slices(home, len(parts))
     pair_order, pair_bounds = _slices(home[pairs[:, 1]], len(parts))
@@ -111,14 +143,24 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     duplicates = 0
     wanted = np.zeros(idx.size, bool)  # scratch, reset after each shard: O(shard) work per shard
     lut = np.full(idx.size, -1, np.int32)  # source cell -> local row, reset likewise
-    names = source_obs_names(src)  # one source's barcodes at a time (pipeline.modalities.perturbation.scan.compact_meta)
+    names = source_obs_names(
+        src
+    )  # one source's barcodes at a time (pipeline.modalities.perturbation.scan.compact_meta)
     for local, (k, part) in enumerate(parts):
-        primary = by_home[cell_bounds[local]:cell_bounds[local + 1]]
-        pr = pairs[pair_bounds[local]:pair_bounds[local + 1]]
-        # Sentence groups never cross a shard, so a shard's slot tables (the plan's biggest arrays, ~40
+        primary = by_home[cell_bounds[local] : cell_bounds[local + 1]]
+        pr = pairs[pair_bounds[local] : pair_bounds[local + 1]]
+        # Sentence groups never cross a shard, so a shard's slot tables (the plan's biggest arrays,
+        # ~40
         # slots per perturbed cell) are drawn here, one shard at a time, from a per-shard generator.
-        spp, sc, level = make_sentences(ctx, codes["perturbation"], batch, size, source_rng(seed, s, 2000 + local),
-                                        cells=primary[~ctx.is_control[primary]], pools=pools)
+        spp, sc, level = make_sentences(
+            ctx,
+            codes["perturbation"],
+            batch,
+            size,
+            source_rng(seed, s, 2000 + local),
+            cells=primary[~ctx.is_control[primary]],
+            pools=pools,
+        )
         slot_levels += np.bincount(level[:, 0], minlength=len(LEVELS)) * size
         stats[f"check_sentences_{SPLIT_NAMES[k]}"] += int(spp.shape[0])
         wanted[pr[:, 0]] = True
@@ -133,7 +175,9 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
         is_primary = np.concatenate([np.ones(primary.size, bool), np.zeros(dups.size, bool)])[order]
         lut[members] = np.arange(members.size, dtype=np.int32)
         g = idx[members]
-        rows = cells.row[g]  # int32 (the cell table's type): every shard's rows wait in memory until packed
+        rows = cells.row[
+            g
+        ]  # int32 (the cell table's type): every shard's rows wait in memory until packed
         columns = {
             fmt.SAMPLE_ID: cells.sample_ids(g),
             fmt.PRIMARY: is_primary,
@@ -155,51 +199,94 @@ def plan_source(manifest: Manifest, src: ScannedSource, cells: CellTable, idx: n
     return shards, stats
 
 
-def group_checks(ctx: MatchContext, perturbation: np.ndarray, pairs: np.ndarray, size: int) -> dict[str, int]:
-    """Counts behind the build's warnings for one source: pairs per split (sentences are added per shard),
+def group_checks(
+    ctx: MatchContext, perturbation: np.ndarray, pairs: np.ndarray, size: int
+) -> dict[str, int]:
+    """Counts behind the build's warnings for one source: pairs per split (sentences are added per
+    shard),
     and (split, cell type, perturbation) groups with fewer perturbed cells than a sentence."""
-    out = {f"check_pairs_{n}": int(c) for n, c in
-           zip(SPLIT_NAMES, np.bincount(ctx.split[pairs[:, 1]], minlength=len(SPLIT_NAMES)), strict=True)}
+    out = {
+        f"check_pairs_{n}": int(c)
+        for n, c in zip(
+            SPLIT_NAMES,
+            np.bincount(ctx.split[pairs[:, 1]], minlength=len(SPLIT_NAMES)),
+            strict=True,
+        )
+    }
     out.update({f"check_sentences_{n}": 0 for n in SPLIT_NAMES})
     pert = np.flatnonzero(~ctx.is_control)
-    _, counts = np.unique(combine(ctx.split[pert], ctx.cell_type[pert], perturbation[pert]), return_counts=True)
+    _, counts = np.unique(
+        combine(ctx.split[pert], ctx.cell_type[pert], perturbation[pert]), return_counts=True
+    )
     out["check_perturbation_groups"] = int(counts.size)
     out["check_short_perturbation_groups"] = int((counts < size).sum())
     return out
 
 
 def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
-    """Hash of everything a shard's bytes depend on: source content, config, format version, planned columns."""
+    """Hash of everything a shard's bytes depend on: source content, config, format version, planned
+    columns."""
     h = hashlib.sha256()
-    config = {"format": fmt.SHARD_VERSION, "encoding": manifest.format, "codec": [manifest.codec, manifest.codec_level],
-              "source": src.fingerprint.sha256, "matrix": src.spec.matrix, "values": manifest.config.fields.values,
-              "obsm": list(manifest.config.fields.obsm)}
+    config = {
+        "format": fmt.SHARD_VERSION,
+        "encoding": manifest.format,
+        "codec": [manifest.codec, manifest.codec_level],
+        "source": src.fingerprint.sha256,
+        "matrix": src.spec.matrix,
+        "values": manifest.config.fields.values,
+        "obsm": list(manifest.config.fields.obsm),
+    }
     h.update(json.dumps(config, sort_keys=True).encode())
-    for name, a in [("rows", shard.rows.astype(np.int64, copy=False)), *sorted(shard.columns.items())]:
+    for name, a in [
+        ("rows", shard.rows.astype(np.int64, copy=False)),
+        *sorted(shard.columns.items()),
+    ]:
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
-        h.update(np.ascontiguousarray(a))  # the buffer itself: tobytes() would copy every column once more
+        h.update(
+            np.ascontiguousarray(a)
+        )  # the buffer itself: tobytes() would copy every column once more
     return h.hexdigest()
 
 
 def source_key(manifest: Manifest, src: ScannedSource, offset: int, tables: str, salt: str) -> str:
-    """Everything `plan_source` reads for one source: the manifest (all settings), the code (`salt`), the
+    """Everything `plan_source` reads for one source: the manifest (all settings), the code
+    (`salt`), the
     source's content, position and first sample id, and the dataset-wide tables that its codes and
-    condition ids index (vocabularies, condition table). Equal keys mean equal shards for that source."""
-    doc = [salt, manifest.sha256, src.ordinal, src.fingerprint.sha256, src.spec.type, src.spec.matrix, offset, tables]
+    condition ids index (vocabularies, condition table). Equal keys mean equal shards for that
+    source."""
+    doc = [
+        salt,
+        manifest.sha256,
+        src.ordinal,
+        src.fingerprint.sha256,
+        src.spec.type,
+        src.spec.matrix,
+        offset,
+        tables,
+    ]
     experiment = manifest.config.split.experiment
     if experiment is not None:  # a file the manifest names decides the splits: its bytes count too
         doc.append(experiment.sha256)
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
-def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park | None = None,
-              known: Mapping[str, tuple[list[ShardPlan], dict[str, int]]] | None = None, salt: str = "") -> Plan:
-    """The whole plan. `park(shard)` is called with every shard right after it is keyed, so the caller can
-    move its big columns out of memory (or drop them when the shard is reused): the plan then holds only
+def make_plan(
+    manifest: Manifest,
+    scanned: Sequence[ScannedSource],
+    park: Park | None = None,
+    known: Mapping[str, tuple[list[ShardPlan], dict[str, int]]] | None = None,
+    salt: str = "",
+) -> Plan:
+    """The whole plan. `park(shard)` is called with every shard right after it is keyed, so the
+    caller can
+    move its big columns out of memory (or drop them when the shard is reused): the plan then holds
+    only
     per-cell arrays, whatever the number of shards.
 
-    `known` maps source keys (see `source_key`) of an earlier build to that source's shards (stubs: keys
-    and names) and stats; a source whose key is known is not planned again. The dataset-wide tables are
+    `known` maps source keys (see `source_key`) of an earlier build to that source's shards (stubs:
+    keys
+    and names) and stats; a source whose key is known is not planned again. The dataset-wide tables
+    are
     always rebuilt, since any source can change them and with them every other source's codes."""
     cells = build_cell_table(manifest, scanned)
     split = assign_splits(cells, manifest, [s.spec.path for s in scanned])
@@ -209,8 +296,13 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
     pool_split = control_split(manifest, split)
     cfg = manifest.config.fields
     fields = cfg.obs_fields
-    opts = VectorOptions(cfg.combination_separator, cfg.control, cfg.numeric_covariates, cfg.numeric_transform,
-                         str(manifest.path))
+    opts = VectorOptions(
+        cfg.combination_separator,
+        cfg.control,
+        cfg.numeric_covariates,
+        cfg.numeric_transform,
+        str(manifest.path),
+    )
     features = None
     if cfg.perturbation_features is not None:
         names = cells.vocabularies["perturbation"]
@@ -221,11 +313,15 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
     tables = hashlib.sha256(json.dumps(cells.vocabularies, sort_keys=True).encode())
     tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())
     tables.update(np.ascontiguousarray(cond.codes))
-    # the cell table lists sources in order (build_cell_table fills it source by source): a source's cells are
-    # a slice, so no per-cell sort order is held while planning (8 bytes a cell); any other order is sorted
+    # the cell table lists sources in order (build_cell_table fills it source by source): a source's
+    # cells are
+    # a slice, so no per-cell sort order is held while planning (8 bytes a cell); any other order is
+    # sorted
     grouped = bool((cells.source[1:] >= cells.source[:-1]).all())
     order = None if grouped else np.argsort(cells.source, kind="stable")
-    bounds = np.searchsorted(cells.source if order is None else cells.source[order], np.arange(len(scanned) + 1))
+    bounds = np.searchsorted(
+        cells.source if order is None else cells.source[order], np.arange(len(scanned) + 1)
+    )
     shards: list[ShardPlan] = []
     stats: dict[str, object] = {"dropped": dict(cells.dropped)}
     totals: dict[str, int] = {}
@@ -239,13 +335,17 @@ def make_plan(manifest: Manifest, scanned: Sequence[ScannedSource], park: Park |
         else:
             lo, hi = int(bounds[src.ordinal]), int(bounds[src.ordinal + 1])
             idx = np.arange(lo, hi, dtype=np.int64) if order is None else order[lo:hi]
-            src_shards, src_stats = plan_source(manifest, src, cells, idx, split, cond, park, pool_split)
+            src_shards, src_stats = plan_source(
+                manifest, src, cells, idx, split, cond, park, pool_split
+            )
         keys.append(key)
         per_source.append(src_stats)
         shards.extend(src_shards)
         for k, v in src_stats.items():
             totals[k] = totals.get(k, 0) + v
     stats["pairing"] = {k: v for k, v in totals.items() if not k.startswith("check_")}
-    stats["checks"] = {k.removeprefix("check_"): v for k, v in totals.items() if k.startswith("check_")}
+    stats["checks"] = {
+        k.removeprefix("check_"): v for k, v in totals.items() if k.startswith("check_")
+    }
     stats["cells_per_split"] = {n: int((split == i).sum()) for i, n in enumerate(SPLIT_NAMES)}
     return Plan(cells, cond, shards, stats, keys, per_source)

@@ -1,9 +1,13 @@
 """A shard's rows between the read of its source and its pack, and their way back in planned order.
 
-The read delivers a shard's rows in pieces (one per source block), each sorted by planned position; the
-pieces live in memory (small sources) or in append-only spill files. `ShardRows` presents them as the
-shard's columns in planned order without ever assembling a whole shard: a chunk of final rows is fetched
-from every piece (a contiguous range in each, because pieces are sorted) and put in order with one small
+The read delivers a shard's rows in pieces (one per source block), each sorted by planned position;
+the
+pieces live in memory (small sources) or in append-only spill files. `ShardRows` presents them as
+the
+shard's columns in planned order without ever assembling a whole shard: a chunk of final rows is
+fetched
+from every piece (a contiguous range in each, because pieces are sorted) and put in order with one
+small
 row gather. Pack memory is then a few chunks, not two copies of the shard.
 """
 
@@ -19,15 +23,20 @@ import numpy as np
 from loaders import format as fmt
 from loaders import kernels
 
-ENTRY_ARRAYS = {"data": np.dtype(np.float32), "indices": np.dtype(np.int32)}  # one value per stored entry
+ENTRY_ARRAYS = {
+    "data": np.dtype(np.float32),
+    "indices": np.dtype(np.int32),
+}  # one value per stored entry
 ROW_ARRAYS = {"lengths": np.dtype(np.int64), "pos": np.dtype(np.int64)}  # one value per row
 OBSM = "obsm~"  # obsm~<key>: float32 rows of an embedding
-RANGE = "irange"  # int64 (min, max) of each delivered piece's column indices, for the format's range check
+# int64 (min, max) of each delivered piece's column indices, for the format's range check
+RANGE = "irange"
 
 
 @dataclass
 class Piece:
-    """Rows sorted by planned position; `read(name, start, stop, out)` copies entries [start, stop) of an
+    """Rows sorted by planned position; `read(name, start, stop, out)` copies entries [start, stop)
+    of an
     entry array, or rows [start, stop) of an obsm array, into `out`."""
 
     pos: np.ndarray
@@ -47,12 +56,15 @@ class Piece:
 def memory_piece(arrays: Mapping[str, np.ndarray]) -> Piece:
     def read(name: str, a: int, b: int, out: np.ndarray) -> None:
         out[...] = arrays[name][a:b]
+
     return Piece(arrays["pos"], arrays["lengths"], read)
 
 
 class OpenFiles:
-    """Spill files opened once for all the reads of one pack task (a shard's chunks read each piece's range
-    of every file: ~10,000 open/close pairs per million cells otherwise); `close` when the task is done."""
+    """Spill files opened once for all the reads of one pack task (a shard's chunks read each
+    piece's range
+    of every file: ~10,000 open/close pairs per million cells otherwise); `close` when the task is
+    done."""
 
     def __init__(self) -> None:
         self.fds: dict[Path, int] = {}
@@ -69,9 +81,13 @@ class OpenFiles:
         self.fds.clear()
 
 
-def file_pieces(files: Mapping[str, Path], obsm_shapes: Mapping[str, tuple[int, ...]],
-                opened: OpenFiles | None = None) -> list[Piece]:
-    """The sorted runs of one spill file set (a run ends where the planned position drops). `opened`: the
+def file_pieces(
+    files: Mapping[str, Path],
+    obsm_shapes: Mapping[str, tuple[int, ...]],
+    opened: OpenFiles | None = None,
+) -> list[Piece]:
+    """The sorted runs of one spill file set (a run ends where the planned position drops).
+    `opened`: the
     task's open files (else each read opens its file)."""
     pos = np.fromfile(files["pos"], np.int64)
     lengths = np.fromfile(files["lengths"], np.int64)
@@ -84,7 +100,9 @@ def file_pieces(files: Mapping[str, Path], obsm_shapes: Mapping[str, tuple[int, 
     def reader(row0: int) -> Callable[[str, int, int, np.ndarray], None]:
         def read(name: str, a: int, b: int, out: np.ndarray) -> None:
             first = entry0[row0] + a if name in ENTRY_ARRAYS else (row0 + a) * widths[name]
-            buf = [memoryview(out).cast("B")]  # preadv into the caller's buffer: no fresh pages per chunk
+            buf = [
+                memoryview(out).cast("B")
+            ]  # preadv into the caller's buffer: no fresh pages per chunk
             if opened is not None:
                 got = os.preadv(opened.fd(files[name]), buf, int(first) * out.itemsize)
             else:
@@ -92,15 +110,20 @@ def file_pieces(files: Mapping[str, Path], obsm_shapes: Mapping[str, tuple[int, 
                     got = os.preadv(fh.fileno(), buf, int(first) * out.itemsize)
             if got != out.nbytes:
                 raise RuntimeError(f"spill file {files[name]} is shorter than its rows say")
+
         return read
 
     cuts = np.r_[0, np.flatnonzero(np.diff(pos) < 0) + 1, pos.size]
-    return [Piece(pos[a:b], lengths[a:b], reader(int(a))) for a, b in zip(cuts[:-1], cuts[1:], strict=True)
-            if b > a]
+    return [
+        Piece(pos[a:b], lengths[a:b], reader(int(a)))
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+        if b > a
+    ]
 
 
 class Scratch:
-    """Buffers reused from chunk to chunk: on this kind of VM a fresh page costs about as much as copying it,
+    """Buffers reused from chunk to chunk: on this kind of VM a fresh page costs about as much as
+    copying it,
     and a shard's chunks would otherwise fault in ~4x their size in new pages each."""
 
     def __init__(self) -> None:
@@ -109,24 +132,52 @@ class Scratch:
     def get(self, name: str, dtype: np.dtype, n: int) -> np.ndarray:
         buf = self.buffers.get(name)
         if buf is None or buf.size < n or buf.dtype != dtype:
-            buf = self.buffers[name] = np.empty(max(n, int(1.25 * (buf.size if buf is not None else 0))), dtype)
+            buf = self.buffers[name] = np.empty(
+                max(n, int(1.25 * (buf.size if buf is not None else 0))), dtype
+            )
         return buf[:n]
 
 
-def gather_rows(ptr: np.ndarray, indices: np.ndarray, data: np.ndarray, order: np.ndarray,
-                out_indices: np.ndarray, out_data: np.ndarray) -> None:
-    """Rows `order` of the CSR (ptr, indices, data), concatenated into the given buffers (loaders.kernels)."""
-    kernels.row_gather(ptr.astype(indices.dtype, copy=False), indices, data, order, out_indices, out_data)
+def gather_rows(
+    ptr: np.ndarray,
+    indices: np.ndarray,
+    data: np.ndarray,
+    order: np.ndarray,
+    out_indices: np.ndarray,
+    out_data: np.ndarray,
+) -> None:
+    """Rows `order` of the CSR (ptr, indices, data), concatenated into the given buffers
+    (loaders.kernels)."""
+    kernels.row_gather(
+        ptr.astype(indices.dtype, copy=False), indices, data, order, out_indices, out_data
+    )
 
 
 class ShardRows:
-    """The matrix (and obsm) rows of one shard in planned order, fetched one range of rows at a time."""
+    """The matrix (and obsm) rows of one shard in planned order, fetched one range of rows at a
+    time."""
 
-    def __init__(self, pieces: list[Piece], n: int, n_cols: int, obsm_shapes: Mapping[str, tuple[int, ...]],
-                 name: str, index_ranges: np.ndarray | None = None) -> None:
-        self.pieces, self.n, self.n_cols, self.obsm_shapes, self.name = pieces, n, n_cols, obsm_shapes, name
-        # (min, max) pairs of the column indices, measured as the rows went by (saves a pass over them)
-        self.index_ranges = None if index_ranges is None else np.asarray(index_ranges, np.int64).reshape(-1, 2)
+    def __init__(
+        self,
+        pieces: list[Piece],
+        n: int,
+        n_cols: int,
+        obsm_shapes: Mapping[str, tuple[int, ...]],
+        name: str,
+        index_ranges: np.ndarray | None = None,
+    ) -> None:
+        self.pieces, self.n, self.n_cols, self.obsm_shapes, self.name = (
+            pieces,
+            n,
+            n_cols,
+            obsm_shapes,
+            name,
+        )
+        # (min, max) pairs of the column indices, measured as the rows went by (saves a pass over
+        # them)
+        self.index_ranges = (
+            None if index_ranges is None else np.asarray(index_ranges, np.int64).reshape(-1, 2)
+        )
         pos = np.concatenate([p.pos for p in pieces]) if pieces else np.zeros(0, np.int64)
         seen = np.zeros(n, bool)
         if pos.size != n or (n and (pos.min() < 0 or pos.max() >= n)):
@@ -139,22 +190,33 @@ class ShardRows:
         self.indptr = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=self.indptr[1:])
         self._cached: tuple[tuple[int, int, bool], dict[str, np.ndarray]] | None = None
-        self.scratch = Scratch()  # the entry arrays of one chunk, staged and gathered; reused for the next
+        self.scratch = (
+            Scratch()
+        )  # the entry arrays of one chunk, staged and gathered; reused for the next
 
     def rows(self, r0: int, r1: int, entries: bool) -> dict[str, np.ndarray]:
-        """Final rows [r0, r1): their entry arrays (`entries`) or their obsm rows. The last result is kept,
-        so the data and the indices chunk of one range cost one fetch and one gather. Entry arrays live in
+        """Final rows [r0, r1): their entry arrays (`entries`) or their obsm rows. The last result
+        is kept,
+        so the data and the indices chunk of one range cost one fetch and one gather. Entry arrays
+        live in
         reused scratch buffers: valid until the next call."""
         key = (r0, r1, entries)
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1]
-        self._cached = None  # drop views of the scratch buffers, so that growing them frees the old ones
+        self._cached = (
+            None  # drop views of the scratch buffers, so that growing them frees the old ones
+        )
         ranges = [(p, *np.searchsorted(p.pos, [r0, r1])) for p in self.pieces]
         ranges = [(p, int(a), int(b)) for p, a, b in ranges if b > a]
         if not ranges:  # no rows in range
             names = list(ENTRY_ARRAYS) if entries else [f"{OBSM}{k}" for k in self.obsm_shapes]
-            return {name: np.zeros((0, *self.obsm_shapes.get(name[len(OBSM):], ())), ENTRY_ARRAYS.get(name, np.float32))
-                    for name in names}
+            return {
+                name: np.zeros(
+                    (0, *self.obsm_shapes.get(name[len(OBSM) :], ())),
+                    ENTRY_ARRAYS.get(name, np.float32),
+                )
+                for name in names
+            }
         pos = np.concatenate([p.pos[a:b] for p, a, b in ranges])
         order = np.empty(r1 - r0, np.int64)
         order[pos - r0] = np.arange(r1 - r0)
@@ -162,14 +224,20 @@ class ShardRows:
             lengths = np.concatenate([p.lengths[a:b] for p, a, b in ranges])
             ptr = np.zeros(r1 - r0 + 1, np.int64)
             np.cumsum(lengths, out=ptr[1:])
-            stage = {name: self.scratch.get(f"stage-{name}", dt, int(ptr[-1])) for name, dt in ENTRY_ARRAYS.items()}
+            stage = {
+                name: self.scratch.get(f"stage-{name}", dt, int(ptr[-1]))
+                for name, dt in ENTRY_ARRAYS.items()
+            }
             at = 0
             for p, a, b in ranges:
                 lo, hi = int(p.starts[a]), int(p.starts[b])
                 for name in ENTRY_ARRAYS:
-                    p.read(name, lo, hi, stage[name][at:at + hi - lo])
+                    p.read(name, lo, hi, stage[name][at : at + hi - lo])
                 at += hi - lo
-            out = {name: self.scratch.get(f"out-{name}", dt, int(ptr[-1])) for name, dt in ENTRY_ARRAYS.items()}
+            out = {
+                name: self.scratch.get(f"out-{name}", dt, int(ptr[-1]))
+                for name, dt in ENTRY_ARRAYS.items()
+            }
             gather_rows(ptr, stage["indices"], stage["data"], order, out["indices"], out["data"])
         else:
             out = {}
@@ -180,14 +248,16 @@ class ShardRows:
         return out
 
     def entries(self, name: str, e0: int, e1: int) -> np.ndarray:
-        """Entries [e0, e1) of the shard's entry array `name`: the rows overlapping them, then a slice."""
+        """Entries [e0, e1) of the shard's entry array `name`: the rows overlapping them, then a
+        slice."""
         r0 = max(0, int(np.searchsorted(self.indptr, e0, "right")) - 1)
         r1 = max(r0, int(np.searchsorted(self.indptr, e1, "left")))
         off = int(self.indptr[r0])
-        return self.rows(r0, r1, True)[name][e0 - off:e1 - off]
+        return self.rows(r0, r1, True)[name][e0 - off : e1 - off]
 
     def extreme(self, name: str, fn: Callable[[np.ndarray], np.generic]) -> int | float:
-        """min or max of an entry array (of the indices, from the ranges measured on delivery if known;
+        """min or max of an entry array (of the indices, from the ranges measured on delivery if
+        known;
         otherwise straight from the pieces: order does not matter)."""
         if name == "indices" and self.index_ranges is not None:
             col = self.index_ranges[:, 0 if fn is np.min else 1]
@@ -203,12 +273,15 @@ class ShardRows:
         for name in ENTRY_ARRAYS:
             out[f"{fmt.X}/{name}"] = LazyColumn(self, name, (nnz,), ENTRY_ARRAYS[name])
         for k, shape in self.obsm_shapes.items():
-            out[f"{fmt.OBSM_PREFIX}{k}"] = LazyColumn(self, f"{OBSM}{k}", (self.n, *shape), np.dtype(np.float32))
+            out[f"{fmt.OBSM_PREFIX}{k}"] = LazyColumn(
+                self, f"{OBSM}{k}", (self.n, *shape), np.dtype(np.float32)
+            )
         return out
 
 
 class LazyColumn:
-    """An array-like column of a ShardRows: shape, dtype and slices along the first axis, min/max; a full
+    """An array-like column of a ShardRows: shape, dtype and slices along the first axis, min/max; a
+    full
     np.asarray() works too (writers that need whole arrays)."""
 
     def __init__(self, rows: ShardRows, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -229,7 +302,9 @@ class LazyColumn:
         return self.rows.rows(start, stop, False)[self.name]
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        return np.array(self[0:self.shape[0]], dtype=dtype)  # a copy: slices are views of reused buffers
+        return np.array(
+            self[0 : self.shape[0]], dtype=dtype
+        )  # a copy: slices are views of reused buffers
 
     def min(self) -> int | float:
         return self.rows.extreme(self.name, np.min)

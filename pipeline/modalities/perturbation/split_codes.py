@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 TRAIN, VAL, TEST = 0, 1, 2
-DROPPED = -1  # not used by the split rules (a cell-load experiment's unlisted cell types): not packed
+DROPPED = (
+    -1
+)  # not used by the split rules (a cell-load experiment's unlisted cell types): not packed
 SPLIT_NAMES = ("train", "val", "test")
 
 

@@ -1,7 +1,10 @@
-"""The perturbation kind's ``[split]`` section: modes, held-out controls, few-shot lists, cell-load experiments.
+"""The perturbation kind's ``[split]`` section: modes, held-out controls, few-shot lists, cell-load
+experiments.
 
-Kept apart from the ``[fields]``/``[pairing]`` parser because the split rules carry their own vocabulary
-(cell-load's zero-shot and few-shot, GEARS' unseen combinations) and a referenced experiment file that is
+Kept apart from the ``[fields]``/``[pairing]`` parser because the split rules carry their own
+vocabulary
+(cell-load's zero-shot and few-shot, GEARS' unseen combinations) and a referenced experiment file
+that is
 read and checked here, when the manifest is loaded, so a typo fails before any source is opened.
 """
 
@@ -19,17 +22,31 @@ from pipeline.errors import ManifestError
 from pipeline.manifest import Table
 
 SPLIT_MODES = ("random", "zeroshot", "fewshot")
-CONTROLS = ("heldout", "train")  # where a held-out cell type's (zeroshot) or a few-shot split's controls go
+CONTROLS = (
+    "heldout",
+    "train",
+)  # where a held-out cell type's (zeroshot) or a few-shot split's controls go
 COMBINATIONS = ("any", "seen_genes")  # fewshot: which perturbations may leave train
-SPLIT_KEYS = {"mode", "val_fraction", "test_fraction", "val_cell_types", "test_cell_types", "controls",
-              "combinations", "fewshot", "cellload_toml"}
+SPLIT_KEYS = {
+    "mode",
+    "val_fraction",
+    "test_fraction",
+    "val_cell_types",
+    "test_cell_types",
+    "controls",
+    "combinations",
+    "fewshot",
+    "cellload_toml",
+}
 FEWSHOT_KEYS = {"val", "test", "val_fraction", "test_fraction"}
 
 
 @dataclass(frozen=True)
 class FewshotEntry:
-    """One few-shot cell type: perturbations listed by name, and/or a fraction of the others drawn per
-    perturbation (a stable hash of seed, cell type and perturbation). Unlisted perturbations stay in train."""
+    """One few-shot cell type: perturbations listed by name, and/or a fraction of the others drawn
+    per
+    perturbation (a stable hash of seed, cell type and perturbation). Unlisted perturbations stay in
+    train."""
 
     val: tuple[str, ...] = ()
     test: tuple[str, ...] = ()
@@ -62,23 +79,41 @@ class Split:
     test_cell_types: tuple[str, ...] | None = None
     controls: str = "heldout"
     combinations: str = "any"
-    fewshot: dict[str, FewshotEntry] | None = None  # fewshot: per-cell-type lists/fractions (others: train)
-    experiment: Experiment | None = field(default=None)  # cellload_toml: the experiment decides every split
+    fewshot: dict[str, FewshotEntry] | None = (
+        None  # fewshot: per-cell-type lists/fractions (others: train)
+    )
+    experiment: Experiment | None = field(
+        default=None
+    )  # cellload_toml: the experiment decides every split
 
     def index_section(self) -> dict[str, Any]:
-        """What the index records about the split: today's three keys, plus the new options only when used
+        """What the index records about the split: today's three keys, plus the new options only
+        when used
         (an index built without them stays byte-identical)."""
-        out: dict[str, Any] = {"mode": self.mode, "val_fraction": self.val_fraction,
-                               "test_fraction": self.test_fraction}
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "val_fraction": self.val_fraction,
+            "test_fraction": self.test_fraction,
+        }
         if self.controls != "heldout":
             out["controls"] = self.controls
         if self.combinations != "any":
             out["combinations"] = self.combinations
         if self.fewshot is not None:
-            out["fewshot"] = {ct: {"val": list(e.val), "test": list(e.test), "val_fraction": e.val_fraction,
-                                   "test_fraction": e.test_fraction} for ct, e in sorted(self.fewshot.items())}
+            out["fewshot"] = {
+                ct: {
+                    "val": list(e.val),
+                    "test": list(e.test),
+                    "val_fraction": e.val_fraction,
+                    "test_fraction": e.test_fraction,
+                }
+                for ct, e in sorted(self.fewshot.items())
+            }
         if self.experiment is not None:
-            out["cellload_toml"] = {"path": self.experiment.path.name, "sha256": self.experiment.sha256}
+            out["cellload_toml"] = {
+                "path": self.experiment.path.name,
+                "sha256": self.experiment.sha256,
+            }
         return out
 
 
@@ -90,9 +125,12 @@ def _fraction(path: Path | str, key: str, v: Any) -> float:
 
 def parse_fewshot_entry(path: Path | str, key: str, data: Any) -> FewshotEntry:
     t = Table(Path(path), key, data, FEWSHOT_KEYS)
-    entry = FewshotEntry(val=t.strings("val", ()) or (), test=t.strings("test", ()) or (),
-                         val_fraction=_fraction(path, f"{key}.val_fraction", t.data.get("val_fraction", 0.0)),
-                         test_fraction=_fraction(path, f"{key}.test_fraction", t.data.get("test_fraction", 0.0)))
+    entry = FewshotEntry(
+        val=t.strings("val", ()) or (),
+        test=t.strings("test", ()) or (),
+        val_fraction=_fraction(path, f"{key}.val_fraction", t.data.get("val_fraction", 0.0)),
+        test_fraction=_fraction(path, f"{key}.test_fraction", t.data.get("test_fraction", 0.0)),
+    )
     if entry.val_fraction + entry.test_fraction >= 1.0:
         raise ManifestError(path, key, "val_fraction + test_fraction must be < 1")
     return entry
@@ -104,16 +142,23 @@ def load_experiment(manifest: Path, rel: str) -> Experiment:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise ManifestError(manifest, "split.cellload_toml", f"cannot read {path} ({e.strerror or e}); the path is "
-                            "relative to the manifest") from None
+        raise ManifestError(
+            manifest,
+            "split.cellload_toml",
+            f"cannot read {path} ({e.strerror or e}); the path is relative to the manifest",
+        ) from None
     try:
         raw = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(path, "-", f"not valid TOML: {e}") from None
     unknown = sorted(set(raw) - {"datasets", "training", "zeroshot", "fewshot"})
     if unknown:
-        raise ManifestError(path, unknown[0], "unknown table (a cell-load experiment has [datasets], [training], "
-                            "[zeroshot], [fewshot])")
+        raise ManifestError(
+            path,
+            unknown[0],
+            "unknown table (a cell-load experiment has [datasets], [training], "
+            "[zeroshot], [fewshot])",
+        )
     tables: dict[str, dict[str, Any]] = {}
     for name in ("datasets", "training", "zeroshot", "fewshot"):
         v = raw.get(name, {})
@@ -128,19 +173,34 @@ def load_experiment(manifest: Path, rel: str) -> Experiment:
         if "." not in k:
             raise ManifestError(path, f"zeroshot.{k}", 'keys are "dataset.celltype"')
         if v not in ("train", "val", "test"):
-            raise ManifestError(path, f"zeroshot.{k}", f"{v!r} is not one of ['train', 'val', 'test']")
+            raise ManifestError(
+                path, f"zeroshot.{k}", f"{v!r} is not one of ['train', 'val', 'test']"
+            )
     fewshot = {}
     for k, v in tables["fewshot"].items():
         if "." not in k:
-            raise ManifestError(path, f"fewshot.{k}", 'keys are "dataset.celltype" (a [fewshot."dataset.celltype"] '
-                                "table)")
+            raise ManifestError(
+                path,
+                f"fewshot.{k}",
+                'keys are "dataset.celltype" (a [fewshot."dataset.celltype"] table)',
+            )
         fewshot[k] = parse_fewshot_entry(path, f"fewshot.{k}", v)
-    exp = Experiment(path, hashlib.sha256(data).hexdigest(), dict(tables["datasets"]), dict(tables["training"]),
-                     dict(tables["zeroshot"]), fewshot)
+    exp = Experiment(
+        path,
+        hashlib.sha256(data).hexdigest(),
+        dict(tables["datasets"]),
+        dict(tables["training"]),
+        dict(tables["zeroshot"]),
+        fewshot,
+    )
     missing = sorted(exp.used() - set(exp.datasets))
     if missing:
-        raise ManifestError(path, "datasets", f"no path for dataset(s) {missing}: add e.g. {missing[0]} = "
-                            '"/path/to/folder/" under [datasets]')
+        raise ManifestError(
+            path,
+            "datasets",
+            f"no path for dataset(s) {missing}: add e.g. {missing[0]} = "
+            '"/path/to/folder/" under [datasets]',
+        )
     return exp
 
 
@@ -148,10 +208,16 @@ def parse_split(path: Path, data: Mapping[str, Any]) -> Split:
     sp = Table(path, "split", data, SPLIT_KEYS)
     experiment = None
     if "cellload_toml" in sp.data:
-        clash = sorted(set(sp.data) & {"mode", "val_cell_types", "test_cell_types", "fewshot", "combinations"})
+        clash = sorted(
+            set(sp.data) & {"mode", "val_cell_types", "test_cell_types", "fewshot", "combinations"}
+        )
         if clash:
-            raise ManifestError(path, f"split.{clash[0]}", "not used with split.cellload_toml (the experiment file "
-                                "decides every cell's split): remove one of the two")
+            raise ManifestError(
+                path,
+                f"split.{clash[0]}",
+                "not used with split.cellload_toml (the experiment file "
+                "decides every cell's split): remove one of the two",
+            )
         experiment = load_experiment(path, sp.get("cellload_toml", str))
     fewshot = None
     if "fewshot" in sp.data:
@@ -163,23 +229,39 @@ def parse_split(path: Path, data: Mapping[str, Any]) -> Split:
         test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
         val_cell_types=sp.strings("val_cell_types", None),
         test_cell_types=sp.strings("test_cell_types", None),
-        controls=sp.get("controls", str, "train" if experiment is not None else "heldout", CONTROLS),
+        controls=sp.get(
+            "controls", str, "train" if experiment is not None else "heldout", CONTROLS
+        ),
         combinations=sp.get("combinations", str, "any", COMBINATIONS),
         fewshot=fewshot,
         experiment=experiment,
     )
     for key in ("val_fraction", "test_fraction"):
         if not 0.0 <= getattr(split, key) < 1.0:
-            raise ManifestError(path, f"split.{key}", f"must be in [0, 1), got {getattr(split, key)}")
+            raise ManifestError(
+                path, f"split.{key}", f"must be in [0, 1), got {getattr(split, key)}"
+            )
     if split.val_fraction + split.test_fraction >= 1.0:
         raise ManifestError(path, "split", "val_fraction + test_fraction must be < 1")
     if experiment is not None and split.controls != "train":
-        raise ManifestError(path, "split.controls", 'cell-load keeps controls in train: use "train" or leave it out')
+        raise ManifestError(
+            path, "split.controls", 'cell-load keeps controls in train: use "train" or leave it out'
+        )
     if split.controls != "heldout" and split.mode == "random" and experiment is None:
-        raise ManifestError(path, "split.controls", 'applies to mode = "zeroshot" or "fewshot" (random splits '
-                            "draw controls per cell like every other cell)")
+        raise ManifestError(
+            path,
+            "split.controls",
+            'applies to mode = "zeroshot" or "fewshot" (random splits '
+            "draw controls per cell like every other cell)",
+        )
     if fewshot is not None and split.mode != "fewshot":
-        raise ManifestError(path, "split.fewshot", f'per-cell-type lists need mode = "fewshot" (mode is {split.mode!r})')
+        raise ManifestError(
+            path,
+            "split.fewshot",
+            f'per-cell-type lists need mode = "fewshot" (mode is {split.mode!r})',
+        )
     if split.combinations != "any" and split.mode != "fewshot":
-        raise ManifestError(path, "split.combinations", f'applies to mode = "fewshot" (mode is {split.mode!r})')
+        raise ManifestError(
+            path, "split.combinations", f'applies to mode = "fewshot" (mode is {split.mode!r})'
+        )
     return split

@@ -1,4 +1,5 @@
-"""Spike-camera streams, build side: kind ``spike``, source ``dat`` and the demo corpus (registered lazily)."""
+"""Spike-camera streams, build side: kind ``spike``, source ``dat`` and the demo corpus (registered
+lazily)."""
 
 from __future__ import annotations
 

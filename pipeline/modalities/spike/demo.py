@@ -1,9 +1,13 @@
-"""A small GoPro-style spike corpus, written exactly like real Vidar ``.dat`` files (rows flipped, LSB first),
+"""A small GoPro-style spike corpus, written exactly like real Vidar ``.dat`` files (rows flipped,
+LSB first),
 for ``shardsmith demo`` and the tests.
 
-The scene is a textured pattern moving across the frame; spikes come from an integrate-and-fire model of it
-(each pixel accumulates intensity and fires, then resets by one threshold), as a spike camera does. Sharp
-images are the scene at the window's centre, blur images its mean over the exposure (the GoPro-spike setup),
+The scene is a textured pattern moving across the frame; spikes come from an integrate-and-fire
+model of it
+(each pixel accumulates intensity and fires, then resets by one threshold), as a spike camera does.
+Sharp
+images are the scene at the window's centre, blur images its mean over the exposure (the GoPro-spike
+setup),
 both at twice the spike resolution so the loader's scaled crop is exercised.
 """
 
@@ -18,9 +22,15 @@ SCALE = 2  # images are SCALE x the spike resolution
 
 
 def scene(t: np.ndarray, height: int, width: int, seed: int, scale: int = 1) -> np.ndarray:
-    """Intensity in [0, 1], ``[len(t), height*scale, width*scale]``, of a pattern drifting with time ``t``."""
+    """Intensity in [0, 1], ``[len(t), height*scale, width*scale]``, of a pattern drifting with time
+    ``t``."""
     rng = np.random.default_rng(seed)
-    fy, fx, vx, vy = rng.uniform(0.05, 0.2), rng.uniform(0.05, 0.2), rng.uniform(0.3, 1.0), rng.uniform(-0.5, 0.5)
+    fy, fx, vx, vy = (
+        rng.uniform(0.05, 0.2),
+        rng.uniform(0.05, 0.2),
+        rng.uniform(0.3, 1.0),
+        rng.uniform(-0.5, 0.5),
+    )
     y = np.arange(height * scale)[:, None] / scale
     x = np.arange(width * scale)[None, :] / scale
     tt = np.asarray(t, np.float64)[:, None, None]
@@ -28,13 +38,23 @@ def scene(t: np.ndarray, height: int, width: int, seed: int, scale: int = 1) -> 
     return (0.5 + 0.45 * a).astype(np.float32)
 
 
-def integrate_and_fire(intensity: np.ndarray, threshold: float = 1.0, gain: float = 0.6, seed: int = 0,
-                       jitter: float = 0.0, dark: float = 0.0) -> np.ndarray:
-    """0/1 spikes ``[T, H, W]``: each pixel integrates ``gain * intensity`` and fires on crossing the threshold.
+def integrate_and_fire(
+    intensity: np.ndarray,
+    threshold: float = 1.0,
+    gain: float = 0.6,
+    seed: int = 0,
+    jitter: float = 0.0,
+    dark: float = 0.0,
+) -> np.ndarray:
+    """0/1 spikes ``[T, H, W]``: each pixel integrates ``gain * intensity`` and fires on crossing
+    the threshold.
 
-    Real sensors add noise (both off by default, so the demo's bits stay as they were): ``jitter``, the relative
-    standard deviation of each pixel's threshold, drawn anew after every spike (comparator and reset noise),
-    and ``dark``, the probability per pixel and frame of a spurious spike (dark current, hot pixels)."""
+    Real sensors add noise (both off by default, so the demo's bits stay as they were): ``jitter``,
+    the relative
+    standard deviation of each pixel's threshold, drawn anew after every spike (comparator and reset
+    noise),
+    and ``dark``, the probability per pixel and frame of a spurious spike (dark current, hot
+    pixels)."""
     rng = np.random.default_rng(seed)
     acc = rng.uniform(0, threshold, intensity.shape[1:]).astype(np.float32)
     thr = np.full(intensity.shape[1:], threshold, np.float32)
@@ -47,7 +67,9 @@ def integrate_and_fire(intensity: np.ndarray, threshold: float = 1.0, gain: floa
         out[i] = fired
         acc[fired] -= thr[fired]
         if jitter:
-            thr[fired] = threshold * (1 + jitter * rng.standard_normal(int(fired.sum()))).astype(np.float32)
+            thr[fired] = threshold * (1 + jitter * rng.standard_normal(int(fired.sum()))).astype(
+                np.float32
+            )
     if dark:
         out |= rng.random(out.shape) < dark
     return out
@@ -89,8 +111,10 @@ def write_sequence(folder: Path, seed: int, n_frames: int, images: bool = True) 
 
 
 def write_spike_demo(root: str | Path) -> list[Path]:
-    """``root/spike``: a GoPro-style tree (train: 3 sequences, test: 2, 6 frames each, with blur/sharp PNGs),
-    and ``root/spike_files``: a plain folder of ``.dat`` files (what data_manifests/demo_spike*.toml read)."""
+    """``root/spike``: a GoPro-style tree (train: 3 sequences, test: 2, 6 frames each, with
+    blur/sharp PNGs),
+    and ``root/spike_files``: a plain folder of ``.dat`` files (what data_manifests/demo_spike*.toml
+    read)."""
     root = Path(root)
     paths: list[Path] = []
     for split, seeds in (("train", (1, 2, 3)), ("test", (4, 5))):

@@ -1,10 +1,15 @@
-"""The ``spike`` kind: spike-camera ``.dat`` streams -> bit-packed spike windows (+ paired images) per record.
+"""The ``spike`` kind: spike-camera ``.dat`` streams -> bit-packed spike windows (+ paired images)
+per record.
 
-One record = one spike window: the central ``frames`` frames of one ``.dat`` (from ``(T - frames) // 2``),
-stored bit-packed as the camera writes them (1/8 of a byte per pixel; the loader makes voxel grids, clips and
+One record = one spike window: the central ``frames`` frames of one ``.dat`` (from ``(T - frames) //
+2``),
+stored bit-packed as the camera writes them (1/8 of a byte per pixel; the loader makes voxel grids,
+clips and
 crops), with its sequence and frame, and the paired images of a GoPro-style layout
-(``<root>/<split>/<sequence>/{spike,blur,sharp}/<frame>.*``). Splits come from the layout's ``train/``/``test/``
-folders when present, else from the manifest's fractions drawn per sequence: frames of one sequence never
+(``<root>/<split>/<sequence>/{spike,blur,sharp}/<frame>.*``). Splits come from the layout's
+``train/``/``test/``
+folders when present, else from the manifest's fractions drawn per sequence: frames of one sequence
+never
 cross splits. Clips (``clip_len`` consecutive frames of one sequence, stride 1) are a shard table.
 """
 
@@ -37,19 +42,31 @@ log = logging.getLogger(__name__)
 LAYOUTS = ("files", "gopro")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 SPLIT_FOLDERS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
-# [spike] codec -> (the spikes column's own codec, its bit order). "spikebits" (default): the window stored
-# pixel-major (loaders.modalities.spike.ops) + zstd 5, ~0.55 of the bits' size, voxels by popcount; "spikebits-v1" (the
-# previous default): frame-major column, the pixel-major transpose inside the codec (loaders.modalities.spike.bits), undone
-# on every read; "dataset": frame-major with the [dataset] codec like every other column (e.g. "none"). The
-# frame-major options keep the column as the camera writes it (and a plain "dataset" index at version 2).
+# [spike] codec -> (the spikes column's own codec, its bit order). "spikebits" (default): the window
+# stored
+# pixel-major (loaders.modalities.spike.ops) + zstd 5, ~0.55 of the bits' size, voxels by popcount;
+# "spikebits-v1" (the
+# previous default): frame-major column, the pixel-major transpose inside the codec
+# (loaders.modalities.spike.bits), undone
+# on every read; "dataset": frame-major with the [dataset] codec like every other column (e.g.
+# "none"). The
+# frame-major options keep the column as the camera writes it (and a plain "dataset" index at
+# version 2).
 SPIKE_CODECS: dict[str, tuple[dict[str, Any] | None, str]] = {
     "spikebits": ({"id": "zstd", "level": 5}, PIXEL_MAJOR),
     "spikebits-v1": ({"id": "shardsmith.spikebits", "level": 5}, FRAME_MAJOR),
-    "dataset": (None, FRAME_MAJOR)}
-BITS = {PIXEL_MAJOR: "byte [y, x, k] = frames 8k..8k+7 of pixel (y, x), LSB first; rows top to bottom",
-        FRAME_MAJOR: "1 bit per pixel, LSB first along width, rows top to bottom"}
-UNSERVED = ("records_in_no_clip", "clips_lost_at_shard_cuts", "images_without_spikes",
-            "sequences_without_spikes")
+    "dataset": (None, FRAME_MAJOR),
+}
+BITS = {
+    PIXEL_MAJOR: "byte [y, x, k] = frames 8k..8k+7 of pixel (y, x), LSB first; rows top to bottom",
+    FRAME_MAJOR: "1 bit per pixel, LSB first along width, rows top to bottom",
+}
+UNSERVED = (
+    "records_in_no_clip",
+    "clips_lost_at_shard_cuts",
+    "images_without_spikes",
+    "sequences_without_spikes",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,28 +98,53 @@ class SpikeKind(RecordKind):
     _window: int | None = None  # frames of a stored window (set by schema; "all": the first file's)
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> SpikeConfig:
-        t = Table(path, "spike", sections.get("spike") or {}, {"height", "width", "packing", "flip_rows", "frames",
-                                                             "num_bins", "layout", "images", "clip_len", "codec"})
+        t = Table(
+            path,
+            "spike",
+            sections.get("spike") or {},
+            {
+                "height",
+                "width",
+                "packing",
+                "flip_rows",
+                "frames",
+                "num_bins",
+                "layout",
+                "images",
+                "clip_len",
+                "codec",
+            },
+        )
         sp = Table(path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction"})
         frames = t.get("frames", (int, str), 40)
         if frames != "all" and (not isinstance(frames, int) or frames < 1):
-            raise ManifestError(path, "spike.frames", f"must be a positive integer or \"all\", got {frames!r}")
-        cfg = SpikeConfig(height=t.get("height", int), width=t.get("width", int),
-                          packing=t.get("packing", str, "bits", PACKINGS), flip_rows=t.get("flip_rows", bool, True),
-                          frames=None if frames == "all" else frames, num_bins=t.get("num_bins", int, 5),
-                          layout=t.get("layout", str, "files", LAYOUTS), images=t.strings("images", ()) or (),
-                          clip_len=t.get("clip_len", int, 1), codec=t.get("codec", str, "spikebits", tuple(SPIKE_CODECS)),
-                          val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
-                          test_fraction=float(sp.get("test_fraction", (int, float), 0.1)))
+            raise ManifestError(
+                path, "spike.frames", f'must be a positive integer or "all", got {frames!r}'
+            )
+        cfg = SpikeConfig(
+            height=t.get("height", int),
+            width=t.get("width", int),
+            packing=t.get("packing", str, "bits", PACKINGS),
+            flip_rows=t.get("flip_rows", bool, True),
+            frames=None if frames == "all" else frames,
+            num_bins=t.get("num_bins", int, 5),
+            layout=t.get("layout", str, "files", LAYOUTS),
+            images=t.strings("images", ()) or (),
+            clip_len=t.get("clip_len", int, 1),
+            codec=t.get("codec", str, "spikebits", tuple(SPIKE_CODECS)),
+            val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
+            test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
+        )
         for key in ("height", "width", "num_bins", "clip_len"):
             if getattr(cfg, key) < 1:
                 raise ManifestError(path, f"spike.{key}", "must be >= 1")
         if cfg.frames is not None and cfg.frames % cfg.num_bins:
-            raise ManifestError(path, "spike.num_bins", f"{cfg.num_bins} does not divide frames = {cfg.frames}")
+            raise ManifestError(
+                path, "spike.num_bins", f"{cfg.num_bins} does not divide frames = {cfg.frames}"
+            )
         if cfg.images and cfg.layout != "gopro":
-            raise ManifestError(path, "spike.images", "paired images need layout = \"gopro\"")
+            raise ManifestError(path, "spike.images", 'paired images need layout = "gopro"')
         if cfg.images:
-
             try:
                 require("PIL")
             except MissingExtraError as e:
@@ -116,30 +158,58 @@ class SpikeKind(RecordKind):
         cfg: SpikeConfig = manifest.config
         total = count_frames(spec.path, cfg.height, cfg.width, cfg.packing)
         keep = total if cfg.frames is None else cfg.frames
-        info: dict[str, Any] = {"frames": total, "start": max(0, (total - keep) // 2), "frame_no": 0}
+        info: dict[str, Any] = {
+            "frames": total,
+            "start": max(0, (total - keep) // 2),
+            "frame_no": 0,
+        }
         if cfg.layout == "files":
-            return [Record(0, spec.path.stem, (0,), nbytes=keep * cfg.height * cfg.width // 8, info=info)]
+            return [
+                Record(
+                    0, spec.path.stem, (0,), nbytes=keep * cfg.height * cfg.width // 8, info=info
+                )
+            ]
         parts = spec.path.parts
         if len(parts) < 4 or parts[-2] != "spike":
-
-            raise SourceError(spec.path, "layout = \"gopro\" expects <root>/<split>/<sequence>/spike/<frame>.dat")
+            raise SourceError(
+                spec.path, 'layout = "gopro" expects <root>/<split>/<sequence>/spike/<frame>.dat'
+            )
         seq_dir, split = spec.path.parent.parent, SPLIT_FOLDERS.get(parts[-4].lower())
         group = f"{parts[-4]}/{parts[-3]}" if split else parts[-3]
         key = _frame_key(spec.path.stem)
         info["frame_no"] = key[0]
-        info["images"] = {name: next((str(p) for s in IMAGE_SUFFIXES
-                                      if (p := seq_dir / name / f"{spec.path.stem}{s}").is_file()), None)
-                          for name in cfg.images}
-        return [Record(0, group, key, split=split, nbytes=keep * cfg.height * cfg.width // 8, info=info)]
+        info["images"] = {
+            name: next(
+                (
+                    str(p)
+                    for s in IMAGE_SUFFIXES
+                    if (p := seq_dir / name / f"{spec.path.stem}{s}").is_file()
+                ),
+                None,
+            )
+            for name in cfg.images
+        }
+        return [
+            Record(0, group, key, split=split, nbytes=keep * cfg.height * cfg.width // 8, info=info)
+        ]
 
-    def prepare(self, manifest: Manifest, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
-        """Sequence codes, and frame numbers: the files' numbers when every file of the sequence is named by
-        one (``000047.dat``), else each file's position in its sequence sorted by name, so that clips (runs of
+    def prepare(
+        self, manifest: Manifest, records: list[tuple[int, Record]]
+    ) -> list[tuple[int, Record]]:
+        """Sequence codes, and frame numbers: the files' numbers when every file of the sequence is
+        named by
+        one (``000047.dat``), else each file's position in its sequence sorted by name, so that
+        clips (runs of
         consecutive numbers) form either way."""
         vocab = {g: i for i, g in enumerate(sorted({r.group for _, r in records}))}
         unnumbered = {r.group for _, r in records if r.info.get("frame_no", 0) < 0}
-        position = {id(r): i for g in unnumbered
-                    for i, r in enumerate(sorted((r for _, r in records if r.group == g), key=lambda r: r.order))}
+        position = {
+            id(r): i
+            for g in unnumbered
+            for i, r in enumerate(
+                sorted((r for _, r in records if r.group == g), key=lambda r: r.order)
+            )
+        }
         out = []
         for src, r in records:
             info = {**r.info, "seq": vocab[r.group]}
@@ -148,18 +218,26 @@ class SpikeKind(RecordKind):
             out.append((src, dataclasses.replace(r, info=info)))
         return out
 
-    def plan(self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext) -> KindPlan:
+    def plan(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext
+    ) -> KindPlan:
         plan = super().plan(manifest, scanned, ctx)
         plan.vocabularies = {SEQUENCE: sorted({r.group for s in scanned for r in s.meta})}
         cfg: SpikeConfig = manifest.config
-        facts = frame_facts([(r.group, s.spec.path, int(r.info["frames"])) for s in scanned for r in s.meta],
-                            cfg.height, cfg.width, cfg.packing)
+        facts = frame_facts(
+            [(r.group, s.spec.path, int(r.info["frames"])) for s in scanned for r in s.meta],
+            cfg.height,
+            cfg.width,
+            cfg.packing,
+        )
         plan.stats.update(facts)
         for line in frame_warnings(facts):
             log.warning("%s: %s", manifest.path, line)
         if manifest.config.layout == "gopro":
             plan.stats.update(_unpaired(manifest, [s.spec.path for s in scanned]))
-        if manifest.config.clip_len > 1:  # clips are per shard: count those a shard cut splits (never silent)
+        if (
+            manifest.config.clip_len > 1
+        ):  # clips are per shard: count those a shard cut splits (never silent)
             per_split: dict[str, list[Record]] = {}
             kept = alone = 0
             for shard in plan.shards:
@@ -168,16 +246,26 @@ class SpikeKind(RecordKind):
                 clips = self.shard_tables(manifest, recs)[CLIPS]
                 kept += len(clips)
                 alone += len(recs) - np.unique(clips).size  # stored, but no unit reaches them
-            lost = sum(len(self.shard_tables(manifest, r)[CLIPS]) for r in per_split.values()) - kept
+            lost = (
+                sum(len(self.shard_tables(manifest, r)[CLIPS]) for r in per_split.values()) - kept
+            )
             plan.stats["clips_lost_at_shard_cuts"] = lost
             plan.stats["records_in_no_clip"] = alone
             if lost:
-                log.warning("%s: %d clips cross a shard cut and are not stored: raise [dataset] shard_size_mb "
-                            "above the longest sequence's bytes to keep them", manifest.path, lost)
+                log.warning(
+                    "%s: %d clips cross a shard cut and are not stored: raise [dataset] shard_size_mb "
+                    "above the longest sequence's bytes to keep them",
+                    manifest.path,
+                    lost,
+                )
             if alone:
-                log.warning("%s: %d records are in no clip of %d consecutive frames (a frame gap, a sequence "
-                            "shorter than clip_len, or a shard cut): stored, but the loader never gives them",
-                            manifest.path, alone, manifest.config.clip_len)
+                log.warning(
+                    "%s: %d records are in no clip of %d consecutive frames (a frame gap, a sequence "
+                    "shorter than clip_len, or a shard cut): stored, but the loader never gives them",
+                    manifest.path,
+                    alone,
+                    manifest.config.clip_len,
+                )
         return plan
 
     def _frames(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> int:
@@ -186,62 +274,110 @@ class SpikeKind(RecordKind):
             return cfg.frames
         first = scanned[0]
         t = int(first.meta[0].info["frames"])
-        if t % cfg.num_bins:  # "all" frames: checked here, the first time the window's length is known
-            raise ManifestError(manifest.path, "spike.num_bins", f"{cfg.num_bins} does not divide the {t} frames "
-                                f"that frames = \"all\" stores ({first.spec.path}): every default load would "
-                                "fail; set num_bins to a divisor or frames to a multiple of it")
+        if (
+            t % cfg.num_bins
+        ):  # "all" frames: checked here, the first time the window's length is known
+            raise ManifestError(
+                manifest.path,
+                "spike.num_bins",
+                f"{cfg.num_bins} does not divide the {t} frames "
+                f'that frames = "all" stores ({first.spec.path}): every default load would '
+                "fail; set num_bins to a divisor or frames to a multiple of it",
+            )
         return t
 
-    def _image_shapes(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> dict[str, tuple[int, ...]]:
+    def _image_shapes(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource]
+    ) -> dict[str, tuple[int, ...]]:
         import PIL.Image  # optional extra images
 
         shapes: dict[str, tuple[int, ...]] = {}
         for name in manifest.config.images:
-            first = next((r.info["images"][name] for s in scanned for r in s.meta if r.info["images"].get(name)), None)
+            first = next(
+                (
+                    r.info["images"][name]
+                    for s in scanned
+                    for r in s.meta
+                    if r.info["images"].get(name)
+                ),
+                None,
+            )
             if first is None:
-                raise ManifestError(manifest.path, "spike.images", f"no {name!r} image found next to any spike file")
+                raise ManifestError(
+                    manifest.path, "spike.images", f"no {name!r} image found next to any spike file"
+                )
             with PIL.Image.open(first) as im:
                 shapes[name] = (1 if im.mode in ("L", "1", "I;16") else 3, im.height, im.width)
         return shapes
 
-    def schema(self, manifest: Manifest, scanned: Sequence[ScannedSource]) -> tuple[fmt.FieldSpec, ...]:
+    def schema(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource]
+    ) -> tuple[fmt.FieldSpec, ...]:
         cfg: SpikeConfig = manifest.config
         n_seq = len({r.group for s in scanned for r in s.meta})
         codec, order = SPIKE_CODECS[cfg.codec]
         self._window = t = self._frames(manifest, scanned)
-        shape = (cfg.height, cfg.width, -(-t // 8)) if order == PIXEL_MAJOR else (t, cfg.height, -(-cfg.width // 8))
-        fields = [fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
-                  fmt.FieldSpec(SPIKES, "dense", "uint8", shape, codec=codec),
-                  fmt.FieldSpec(SEQUENCE, "dense", "int32", bound=n_seq), fmt.FieldSpec(FRAME, "dense", "int32")]
-        fields += [fmt.FieldSpec(n, "dense", "uint8", s) for n, s in self._image_shapes(manifest, scanned).items()]
-        self._shapes = {f.name: f.shape for f in fields}  # what read_record checks each record against
+        shape = (
+            (cfg.height, cfg.width, -(-t // 8))
+            if order == PIXEL_MAJOR
+            else (t, cfg.height, -(-cfg.width // 8))
+        )
+        fields = [
+            fmt.FieldSpec(fmt.SAMPLE_ID, "dense", "int64"),
+            fmt.FieldSpec(SPIKES, "dense", "uint8", shape, codec=codec),
+            fmt.FieldSpec(SEQUENCE, "dense", "int32", bound=n_seq),
+            fmt.FieldSpec(FRAME, "dense", "int32"),
+        ]
+        fields += [
+            fmt.FieldSpec(n, "dense", "uint8", s)
+            for n, s in self._image_shapes(manifest, scanned).items()
+        ]
+        self._shapes = {
+            f.name: f.shape for f in fields
+        }  # what read_record checks each record against
         return tuple(fields)
 
     def tables(self, manifest: Manifest) -> tuple[str, ...]:
         return (CLIPS,) if manifest.config.clip_len > 1 else ()
 
-    def read_record(self, manifest: Manifest, spec: SourceSpec, record: Record) -> tuple[dict[str, np.ndarray], Any]:
+    def read_record(
+        self, manifest: Manifest, spec: SourceSpec, record: Record
+    ) -> tuple[dict[str, np.ndarray], Any]:
         cfg: SpikeConfig = manifest.config
         keep = cfg.frames if cfg.frames is not None else int(record.info["frames"])
         if record.info["frames"] < keep:
-            raise SkipRecord("fewer frames than [spike] frames", f"{record.info['frames']} < {keep}")
+            raise SkipRecord(
+                "fewer frames than [spike] frames", f"{record.info['frames']} < {keep}"
+            )
         if cfg.frames is None and keep != (self._window or keep):
-            raise SkipRecord("frame count differs from the dataset's (frames = \"all\")")
-        frames = read_frames(spec.path, cfg.height, cfg.width, cfg.packing, cfg.flip_rows, record.info["start"], keep)
+            raise SkipRecord('frame count differs from the dataset\'s (frames = "all")')
+        frames = read_frames(
+            spec.path, cfg.height, cfg.width, cfg.packing, cfg.flip_rows, record.info["start"], keep
+        )
         pack = pack_pixel_major if SPIKE_CODECS[cfg.codec][1] == PIXEL_MAJOR else pack_frames
-        out: dict[str, np.ndarray] = {SPIKES: pack(frames), SEQUENCE: np.int32(record.info["seq"]),
-                                      FRAME: np.int32(record.info["frame_no"])}
+        out: dict[str, np.ndarray] = {
+            SPIKES: pack(frames),
+            SEQUENCE: np.int32(record.info["seq"]),
+            FRAME: np.int32(record.info["frame_no"]),
+        }
         for name in cfg.images:
             path = record.info["images"].get(name)
             if path is None:
                 raise SkipRecord(f"no {name} image for the spike frame", str(spec.path))
             out[name] = _read_image(Path(path))
             if out[name].shape != self._shapes[name]:
-                raise SkipRecord(f"{name} image size differs from the dataset's", f"{path}: {out[name].shape}")
-        return out, {"sequence": record.group, "frame": record.info["frame_no"], "file": spec.path.name}
+                raise SkipRecord(
+                    f"{name} image size differs from the dataset's", f"{path}: {out[name].shape}"
+                )
+        return out, {
+            "sequence": record.group,
+            "frame": record.info["frame_no"],
+            "file": spec.path.name,
+        }
 
     def shard_tables(self, manifest: Manifest, records: Sequence[Record]) -> dict[str, np.ndarray]:
-        """Clips: every run of ``clip_len`` records of one sequence with consecutive frame numbers (stride 1)."""
+        """Clips: every run of ``clip_len`` records of one sequence with consecutive frame numbers
+        (stride 1)."""
         length, n = manifest.config.clip_len, len(records)
         if length <= 1:
             return {}
@@ -250,30 +386,48 @@ class SpikeKind(RecordKind):
         step = (seq[1:] == seq[:-1]) & (frame[1:] == frame[:-1] + 1)
         ok = np.ones(max(n - length + 1, 0), bool)
         for j in range(length - 1):
-            ok &= step[j:j + ok.size]
+            ok &= step[j : j + ok.size]
         starts = np.flatnonzero(ok)
         return {CLIPS: (starts[:, None] + np.arange(length)).astype(np.int32).reshape(-1, length)}
 
     def section(self, manifest: Manifest) -> dict[str, Any]:
         cfg: SpikeConfig = manifest.config
-        return {"height": cfg.height, "width": cfg.width, "packing": cfg.packing, "flip_rows": cfg.flip_rows,
-                "frames": cfg.frames, "num_bins": cfg.num_bins, "layout": cfg.layout, "images": list(cfg.images),
-                "clip_len": cfg.clip_len, "codec": cfg.codec, "bit_order": (order := SPIKE_CODECS[cfg.codec][1]),
-                "window_frames": self._window or cfg.frames, "bits": BITS[order]}
+        return {
+            "height": cfg.height,
+            "width": cfg.width,
+            "packing": cfg.packing,
+            "flip_rows": cfg.flip_rows,
+            "frames": cfg.frames,
+            "num_bins": cfg.num_bins,
+            "layout": cfg.layout,
+            "images": list(cfg.images),
+            "clip_len": cfg.clip_len,
+            "codec": cfg.codec,
+            "bit_order": (order := SPIKE_CODECS[cfg.codec][1]),
+            "window_frames": self._window or cfg.frames,
+            "bits": BITS[order],
+        }
 
     def warnings(self, index: fmt.Index) -> list[str]:
         return [*super().warnings(index), *frame_warnings(index.stats)]
 
     def describe(self, index: fmt.Index) -> dict[str, Any]:
         sec = index.section()
-        out = {**super().describe(index), "resolution": f"{sec.get('height')}x{sec.get('width')}",
-               "frames": stored_frames(index), "num_bins": sec.get("num_bins"),
-               "clip_len": sec.get("clip_len"), "images": sec.get("images"),
-               "sequences": len(index.vocabularies.get(SEQUENCE, []))}
+        out = {
+            **super().describe(index),
+            "resolution": f"{sec.get('height')}x{sec.get('width')}",
+            "frames": stored_frames(index),
+            "num_bins": sec.get("num_bins"),
+            "clip_len": sec.get("clip_len"),
+            "images": sec.get("images"),
+            "sequences": len(index.vocabularies.get(SEQUENCE, [])),
+        }
         per_file = _per_file(index.stats.get("frames_per_file"))
         if per_file is not None:
             out["frames per file"] = per_file
-        for key in UNSERVED:  # what the build counted but the loader never serves: shown only when it happened
+        for key in (
+            UNSERVED
+        ):  # what the build counted but the loader never serves: shown only when it happened
             v = index.stats.get(key)
             if v and (not isinstance(v, dict) or any(v.values())):
                 out[key.replace("_", " ")] = v
@@ -281,7 +435,8 @@ class SpikeKind(RecordKind):
 
 
 def _per_file(facts: Mapping[str, int] | None) -> str | None:
-    """'301 (all 12 files)' or '40-301 over 12 files'; None for an index built before it was counted."""
+    """'301 (all 12 files)' or '40-301 over 12 files'; None for an index built before it was
+    counted."""
     if not facts:
         return None
     lo, hi, n = facts["min"], facts["max"], facts["files"]
@@ -289,25 +444,48 @@ def _per_file(facts: Mapping[str, int] | None) -> str | None:
 
 
 def _unpaired(manifest: Manifest, dats: list[Path]) -> dict[str, Any]:
-    """A GoPro tree's images that no spike file pairs (per image folder), and the sequence folders beside the
-    found ones that hold no spike file at all: not records, but issue 10's bad input, so counted and logged."""
+    """A GoPro tree's images that no spike file pairs (per image folder), and the sequence folders
+    beside the
+    found ones that hold no spike file at all: not records, but issue 10's bad input, so counted and
+    logged."""
     cfg: SpikeConfig = manifest.config
     stems: dict[Path, set[str]] = {}
     for dat in dats:
         stems.setdefault(dat.parent.parent, set()).add(dat.stem)
-    empty = sorted(d for parent in {q.parent for q in stems} for d in parent.iterdir()
-                   if d.is_dir() and d not in stems and any((d / n).is_dir() for n in ("spike", *cfg.images))
-                   and not any((d / "spike").glob("*.dat")))
-    extra = {name: sorted(p for d in [*stems, *empty] if (d / name).is_dir() for p in (d / name).iterdir()
-                          if p.suffix.lower() in IMAGE_SUFFIXES and p.stem not in stems.get(d, ()))
-             for name in cfg.images}
+    empty = sorted(
+        d
+        for parent in {q.parent for q in stems}
+        for d in parent.iterdir()
+        if d.is_dir()
+        and d not in stems
+        and any((d / n).is_dir() for n in ("spike", *cfg.images))
+        and not any((d / "spike").glob("*.dat"))
+    )
+    extra = {
+        name: sorted(
+            p
+            for d in [*stems, *empty]
+            if (d / name).is_dir()
+            for p in (d / name).iterdir()
+            if p.suffix.lower() in IMAGE_SUFFIXES and p.stem not in stems.get(d, ())
+        )
+        for name in cfg.images
+    }
     for d in empty:
         log.warning("%s: sequence %s is empty (no .dat under spike/): no records", manifest.path, d)
     for name, paths in extra.items():
         if paths:
-            log.warning("%s: %d %s images without a spike file (first: %s): not stored", manifest.path, len(paths),
-                        name, paths[0])
-    return {"images_without_spikes": {n: len(p) for n, p in extra.items()}, "sequences_without_spikes": len(empty)}
+            log.warning(
+                "%s: %d %s images without a spike file (first: %s): not stored",
+                manifest.path,
+                len(paths),
+                name,
+                paths[0],
+            )
+    return {
+        "images_without_spikes": {n: len(p) for n, p in extra.items()},
+        "sequences_without_spikes": len(empty),
+    }
 
 
 def _read_image(path: Path) -> np.ndarray:
