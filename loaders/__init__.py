@@ -19,10 +19,12 @@ __all__ = ["ShardDataset", "ShardLoader"]
 
 def __getattr__(name: str) -> Any:
     if name == "ShardDataset":
+        # import weight: torch, only when asked for (PEP 562)
         from loaders.dataset import ShardDataset
 
         return ShardDataset
     if name == "ShardLoader":
+        # import weight: torch, only when asked for (PEP 562)
         from loaders.loader import ShardLoader
 
         return ShardLoader

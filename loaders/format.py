@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from loaders.errors import FormatError  # noqa: F401 (part of this contract)
+from loaders.fieldcodecs import get_field_codec
 from loaders.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
-from loaders.plugins import load_loader_modalities, load_plugin
+from loaders.plugins import format_keys, load_loader_modalities, load_plugin
 from loaders.registry import Registry
 
 FORMAT_NAME = "shardsmith"
@@ -532,8 +533,6 @@ def _check_codecs(path: Path, fields: list[FieldSpec], version: int) -> None:
             f"{path}: field {named[0].name!r} names a codec, which index version {version} cannot"
         )
     if named:
-        from loaders.fieldcodecs import get_field_codec
-
         for f in named:
             get_field_codec(f.codec, f"{path}: field {f.name!r}")
 
@@ -553,8 +552,6 @@ def __getattr__(name: str) -> Any:
     modality modules are imported on first use (each registers lazily: no op or sample-type module
     is imported)."""
     if name.isupper():
-        from loaders.plugins import format_keys
-
         keys = format_keys()
         if name in keys:
             return keys[name]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
+from loaders.samples import SAMPLE_TYPES
 from loaders.shardio import read_shard
 
 
@@ -53,7 +54,6 @@ def decode_names(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
 def names_field(index: fmt.Index) -> str | None:
     """The field holding record names: the ``record_names`` of the index's sample types (None:
     none)."""
-    from loaders.samples import SAMPLE_TYPES
 
     for name in index.samples:
         cls = SAMPLE_TYPES.get(name, None)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ class KernelError(RuntimeError):
 
 def _probe() -> tuple[Any, Any] | None:
     try:
-        from scipy.sparse import _sparsetools
+        from scipy.sparse import _sparsetools  # import weight: scipy, only for csr fields
 
         row_index, todense = _sparsetools.csr_row_index, _sparsetools.csr_todense
         x = sp.random(7, 5, density=0.5, format="csr", dtype=np.float32, random_state=0)

@@ -25,15 +25,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loaders.dataset import ShardDataset
+from loaders.format import read_index
+from loaders.interop import splits
+from loaders.loader import ShardLoader
+
 INSTALL = 'pip install -e ".[lightning]"  (or: pip install lightning)'
 
 
 def _lightning() -> Any:
     try:
-        import lightning.pytorch as pl
+        import lightning.pytorch as pl  # optional extra lightning
     except ModuleNotFoundError:
         try:
-            import pytorch_lightning as pl
+            import pytorch_lightning as pl  # optional extra lightning
         except ModuleNotFoundError:
             raise ModuleNotFoundError(f"loaders.lightning needs Lightning: {INSTALL}") from None
     return pl
@@ -68,8 +73,6 @@ class _EpochLoader:
 
 def _make_class() -> type:
     pl = _lightning()
-    from loaders.dataset import ShardDataset
-    from loaders.loader import ShardLoader
 
     class ShardDataModule(pl.LightningDataModule):  # type: ignore[misc, name-defined]
         """Train / val / test loaders of one dataset folder. ``dataset_options`` go to every
@@ -103,8 +106,6 @@ def _make_class() -> type:
             self.pending_state: dict[str, Any] | None = None
 
         def setup(self, stage: str | None = None) -> None:
-            from loaders.format import read_index
-            from loaders.interop import splits
 
             trainer = self.trainer
             rank = int(trainer.global_rank) if trainer is not None else None

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from loaders.engine.forksafe import fork_safe_lock
+from loaders.fieldcodecs import get_field_codec, load_zarr_codecs
 from loaders.format import FORMAT_NAME, SHARD_VERSION, FormatError
 from loaders.registry import Registry
 
@@ -115,7 +116,9 @@ class Column:
                 out[:n] = self.source
             elif n:
                 import_zarr()
-                from zarr.core.buffer import default_buffer_prototype
+                from zarr.core.buffer import (
+                    default_buffer_prototype,  # import weight: zarr (~0.3 s), only for zarr shards
+                )
 
                 dest = default_buffer_prototype().nd_buffer.from_numpy_array(out[:n])
                 self.source.get_basic_selection(Ellipsis, out=dest)
@@ -134,9 +137,7 @@ def open_zarr_columns(path: Path, keys: Sequence[str], store: Any = None) -> dic
     holding the shard's bytes already (``loaders.integrity`` reads and checks them first), else the
     folder."""
     import_zarr()
-    import zarr
-
-    from loaders.fieldcodecs import load_zarr_codecs
+    import zarr  # import weight: zarr (~0.3 s), only for zarr shards
 
     # arrays may name a field codec (e.g. spike windows): zarr must know it to decode
     load_zarr_codecs()
@@ -329,7 +330,6 @@ def _tar_codecs(
     meta: dict[str, Any], path: Path
 ) -> dict[str, Callable[[np.ndarray, str], np.ndarray]]:
     """Column key -> a decoder of its members, for columns stored with their field's own codec."""
-    from loaders.fieldcodecs import get_field_codec
 
     out = {}
     for key, spec in (meta.get("codecs") or {}).items():

@@ -27,13 +27,15 @@ import numpy as np
 from loaders import format as fmt
 from loaders.plugins import PluginError
 from pipeline import __version__, generations
-from pipeline.dryrun import drop_columns
+from pipeline.backends import get_backend
+from pipeline.dryrun import drop_columns, nothing_to_do, plan_difference
 from pipeline.events import EventLog
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.memory import release_freed_memory, trim_heap
 from pipeline.model import Kind, KindPlan, PackConfig, PackResult, PlanContext, ShardPlan, get_kind
-from pipeline.shardfile import make_durable, shard_suffix
+from pipeline.resume import adopt_finished
+from pipeline.shardfile import make_durable, shard_suffix, write_columns
 from pipeline.writers import Codec
 
 if TYPE_CHECKING:
@@ -111,7 +113,6 @@ def conditions_file(plan: KindPlan, cfg: PackConfig) -> str:
 
 def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig, name: str) -> fmt.ConditionsRef:
     """The condition table beside index.json, as ``name`` (`conditions_file`)."""
-    from pipeline.shardfile import write_columns
 
     columns = plan.conditions or {}
     final = out / name
@@ -173,7 +174,6 @@ def build(
     kind = get_kind(manifest.kind)
     out = Path(out) if out is not None else Path("shards") / manifest.name
     jobs = jobs or os.cpu_count() or 1
-    from pipeline.backends import get_backend
 
     executor = get_backend(backend, jobs, scheduler)  # bad names and options fail before any work
     ev.emit(
@@ -217,7 +217,6 @@ def _build_locked(
             generations.sweep(out, prev)  # leftovers of killed builds, an interrupted cleanup
         log.info("%s is up to date: %d shards, nothing to rebuild", out, len(shards))
         ev.emit("up_to_date", shards=len(shards))
-        from pipeline.dryrun import nothing_to_do
 
         return BuildResult(
             out,
@@ -300,8 +299,6 @@ def _build_locked(
             [cond_file] if cond_file else []
         )
         if dry_run:
-            from pipeline.dryrun import plan_difference
-
             retired = generations.next_generation(out, prev, new_files)["retired"]
             diff = plan_difference(
                 out, prev, plan.shards, shard_suffix(cfg), reusable, scanned, retired
@@ -341,7 +338,6 @@ def _build_locked(
         )
         # and their pages with them, before the pack tasks' buffers come (pipeline.memory)
         trim_heap()
-        from pipeline.resume import adopt_finished
 
         missing, adopted = adopt_finished(kind, plan.shards, todo, cfg)
         if adopted:

@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from loaders.format import FormatError
 from pipeline.errors import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, ShardsmithError
+from pipeline.verify import summary
 
 
 class EventLog:
@@ -167,7 +168,6 @@ def summary_doc(result: Any, out: Path | None, exit_code: int) -> dict[str, Any]
             for s in result.index.get("shards", [])
             if s.get("file") in written
         )
-        from pipeline.verify import summary
 
         doc["warnings"] = summary(result.out)[
             "warnings"

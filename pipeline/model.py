@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from loaders import format as fmt
-from loaders.plugins import load_build_modalities
+from loaders.plugins import load_build_modalities, load_plugin
 from loaders.registry import Registry
 from pipeline.fingerprint import Fingerprint
 from pipeline.writers.base import Codec
@@ -255,7 +255,6 @@ def open_index(root: str | Path) -> fmt.Index:
     """A committed dataset's index with the plug-ins it names imported on both sides (with their
     ``BUILD_MODULE``): `verify`, `inspect`, `export` and `gc` need a plug-in's kind as a reader
     needs its sample type, in a fresh process too. A missing one is a ``PluginError``."""
-    from loaders.plugins import load_plugin
 
     index = fmt.read_index(root)  # imports each plug-in's read side
     for module in index.plugins:

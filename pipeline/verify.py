@@ -17,11 +17,12 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.columns import validate_columns
+from loaders.plugins import PluginError
 from loaders.shardio import read_shard
+from pipeline.model import get_kind, open_index
 
 
 def _kind(index: fmt.Index) -> Any:
-    from pipeline.model import get_kind
 
     try:
         return get_kind(index.kind)
@@ -31,9 +32,7 @@ def _kind(index: fmt.Index) -> Any:
 
 def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
     """Every problem found, as a message naming the shard; an empty list means the dataset is sound."""
-    from loaders.plugins import PluginError
     from loaders.samples import get_sample_type  # here: `build` imports this module for its summary
-    from pipeline.model import open_index
 
     problems: list[str] = []
     try:
@@ -131,7 +130,6 @@ def _read_tables(path: Path, index: fmt.Index, problems: list[str]) -> dict[str,
 
 
 def summary(root: str | Path) -> dict[str, Any]:
-    from pipeline.model import open_index
 
     index = open_index(root)
     splits: dict[str, dict[str, Any]] = {}
@@ -216,8 +214,6 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["skipped"]:
         lines.append("  skipped: " + ", ".join(f"{k}={v}" for k, v in s["skipped"].items()))
     if s["details"]:
-        from pipeline.model import get_kind
-
         lines += get_kind(s["kind"]).describe_lines(s["details"])
     lines += [f"  warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)

@@ -228,3 +228,34 @@ def test_built_in_modalities_are_found_without_entry_point_metadata(
     finally:
         plugins.modality_modules.cache_clear()
     assert {"perturbation", "spike", "ct"} <= names
+
+
+def function_local_imports_without_reason(path: Path) -> list[int]:
+    """Lines of imports inside functions with no comment on them or on the line above."""
+    text = path.read_text()
+    lines, tree = text.splitlines(), ast.parse(text)
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                span = lines[node.lineno - 1 : node.end_lineno]
+                above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                if not any("#" in s for s in span) and not above.startswith("#"):
+                    found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_function_local_imports_say_why() -> None:
+    """An import inside a function hides a dependency until the function runs: allowed for an
+    optional extra or import weight, and then the line says which."""
+    bare = [f"{p.relative_to(ROOT)}:{n}" for p in product_modules().values()
+            for n in function_local_imports_without_reason(p)]
+    assert not bare, "function-local imports without a reason comment:\n" + "\n".join(bare)
+
+
+def test_the_reason_check_sees_a_bare_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    import json\n\n\ndef g():\n    import os  # import weight\n")
+    assert function_local_imports_without_reason(bad) == [2]

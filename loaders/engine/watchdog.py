@@ -92,7 +92,9 @@ class WorkerWatch:
                     self.late.append(f"{w.pid} ({state})")
                 w.kill()
         if shutdown:
-            from torch.utils.data._utils import signal_handling
+            from torch.utils.data._utils import (
+                signal_handling,  # torch internals, only once a worker has died
+            )
 
             if getattr(
                 self.it, "_worker_pids_set", False

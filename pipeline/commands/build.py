@@ -53,7 +53,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The build, its report, and a last stdout line that is the JSON summary (pipeline.events)."""
-    from pipeline.events import reported
+    from pipeline.events import (
+        reported,  # import weight: `shardsmith --help` imports every command module
+    )
 
     with reported(args.log_json, args.out) as report:
         report.result = _build(args, report.events)
@@ -61,8 +63,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace, events: object) -> object:
-    from pipeline.build import build
-    from pipeline.verify import format_summary, summary
+    from pipeline.build import (
+        build,  # import weight: `shardsmith --help` imports every command module
+    )
+    from pipeline.verify import (  # import weight: `shardsmith --help` imports every command module
+        format_summary,
+        summary,
+    )
 
     res = build(
         args.manifest,

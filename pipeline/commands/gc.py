@@ -25,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.gc import gc
+    from pipeline.gc import gc  # import weight: `shardsmith --help` imports every command module
 
     removed = gc(args.dir, args.wait, args.drop_previous)
     print(f"gc {args.dir}: {len(removed)} removed" + "".join(f"\n  {f}" for f in removed))

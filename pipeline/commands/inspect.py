@@ -19,7 +19,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.verify import format_summary, summary
+    from pipeline.verify import (  # import weight: `shardsmith --help` imports every command module
+        format_summary,
+        summary,
+    )
 
     s = summary(args.dir)
     print(json.dumps(s, indent=1) if args.json else format_summary(s))

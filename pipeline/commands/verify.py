@@ -19,7 +19,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.verify import verify
+    from pipeline.verify import (
+        verify,  # import weight: `shardsmith --help` imports every command module
+    )
 
     problems = verify(args.dir, check_hashes=not args.no_hash)
     for msg in problems:

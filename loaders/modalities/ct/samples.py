@@ -48,12 +48,12 @@ import numpy as np
 
 from loaders.format import SAMPLE_ID, FormatError, Index
 from loaders.modalities.ct.ops import BATCH_DIMS, CtCoords, crop_rows, draw_augment
+from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
 
 if TYPE_CHECKING:
     from loaders.format import ShardEntry
     from loaders.gather import BatchRows
-    from loaders.payload import Payload
 
 KIND = "ct"
 COORDS = "coords"  # ragged uint16 [k, 3]: voxel indices of a volume's kept points, argwhere order
@@ -202,7 +202,6 @@ class CtVolumes(SampleType):
     # -- a batch
     # ------------------------------------------------------------------------------------
     def assemble(self, batch: BatchRows) -> Payload:
-        from loaders.payload import Payload
 
         rows = batch.rows(0)
         sample_id = rows.take(SAMPLE_ID)

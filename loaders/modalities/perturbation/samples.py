@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders.format import CONDITION_VECTORS, PRIMARY, SAMPLE_ID, FormatError, Index
+from loaders.integrity import open_checked
 from loaders.modalities.perturbation.keys import (
     COND_ID,
     OBS_NAMES,
@@ -133,8 +134,6 @@ class _CellSamples(SampleType):
     def vectors(self) -> np.ndarray | None:
         """The condition table's vectors (float32 [rows, dim]), loaded once per process."""
         if self._vectors is None and self.conditions_path is not None:
-            from loaders.integrity import open_checked
-
             # a zarr group (a folder) per the contract; tar-encoded builds write it in their own
             # encoding
             encoding = "zarr" if Path(self.conditions_path).is_dir() else self.encoding

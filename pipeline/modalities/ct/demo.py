@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders.format import atomic_write_bytes
+from pipeline.modalities.ct.writers import chest_affine, write_dicom_series, write_nifti, write_nrrd
 
 AIR, FAT, SOFT, LUNG, BONE, TABLE = -1000, -100, 40, -850, 700, 100
 
@@ -156,12 +157,6 @@ def write_formats(out: Path, specs: tuple[ChestSpec, ...] = FORMAT_VOLUMES) -> l
     """The demo's other formats, one volume each (needs the ``ct`` extra): ``chest_004.nii.gz``, a
     DICOM series in ``dicom/chest_005/`` and ``chest_006.nrrd``, all LPS-stored axial chests with
     real geometry."""
-    from pipeline.modalities.ct.writers import (
-        chest_affine,
-        write_dicom_series,
-        write_nifti,
-        write_nrrd,
-    )
 
     paths = []
     for spec, (kind, name) in zip(specs, FORMAT_FILES, strict=True):

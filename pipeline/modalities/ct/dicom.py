@@ -104,8 +104,8 @@ class DicomSource(VolumeSource):
     def _slices(self) -> tuple[list[Slice], int]:
         """Every DICOM image in the folder (header only), and how many files were passed over."""
         self.need_reader()
-        import pydicom
-        from pydicom.errors import InvalidDicomError
+        import pydicom  # optional extra ct
+        from pydicom.errors import InvalidDicomError  # optional extra ct
 
         if not self.path.is_dir():
             raise SourceError(
@@ -181,7 +181,7 @@ class DicomSource(VolumeSource):
         return series, uid
 
     def open(self, header: VolumeHeader) -> Opened:
-        import pydicom
+        import pydicom  # optional extra ct
 
         series, _ = self._pick(self._slices()[0])
         order, _, _ = _order(self.path, series)
@@ -316,8 +316,8 @@ def _check_series(folder: Path, series: list[Slice]) -> None:
 
 
 def _check_decoder(path: Path, syntax: str) -> None:
-    from pydicom.pixels import get_decoder
-    from pydicom.uid import UID
+    from pydicom.pixels import get_decoder  # optional extra ct
+    from pydicom.uid import UID  # optional extra ct
 
     uid = UID(syntax)
     if not uid.is_compressed:

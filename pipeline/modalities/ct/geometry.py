@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import SourceError
+from pipeline.extras import require
 
 Triple = tuple[float, float, float]
 Matrix = tuple[Triple, Triple, Triple]
@@ -132,10 +133,9 @@ def orientation_transform(
     """nibabel's ``(ornt, new geometry)`` taking the stored axes to the closest ``target`` axes
     (``RAS`` or ``LPS``): ``ornt[i] = (new axis, flip)`` of stored axis ``i``. SourceError when the
     direction is unknown."""
-    from pipeline.extras import require
 
     require("nibabel")
-    from nibabel import orientations as no
+    from nibabel import orientations as no  # optional extra ct
 
     aff = geometry.affine()
     if aff is None or geometry.direction is None:

@@ -54,7 +54,7 @@ class NiftiSource(VolumeSource):
 
     def _load(self):  # noqa: ANN202 - a nibabel image (an optional import)
         self.need_reader()
-        import nibabel as nib
+        import nibabel as nib  # optional extra ct
 
         try:
             img = nib.load(self.path, mmap="r")

@@ -65,7 +65,7 @@ class NrrdSource(VolumeSource):
     def _header(self) -> tuple[dict[str, Any], int]:
         """pynrrd's header and the byte where an attached file's data starts."""
         self.need_reader()
-        import nrrd
+        import nrrd  # optional extra ct
 
         try:
             with open(self.path, "rb") as fh:
@@ -96,7 +96,7 @@ class NrrdSource(VolumeSource):
         return p
 
     def header(self) -> VolumeHeader:
-        import nrrd
+        import nrrd  # optional extra ct
 
         head, start = self._header()
         try:
@@ -185,7 +185,7 @@ class NrrdSource(VolumeSource):
             raise SourceError(self.path, f"unusable space directions: {e}") from None
 
     def open(self, header: VolumeHeader) -> Opened:
-        import nrrd
+        import nrrd  # optional extra ct
 
         head, start = self._header()
         enc = str(head.get("encoding", "raw")).lower()
@@ -221,7 +221,7 @@ def _skips(head: dict[str, Any]) -> tuple[int, int]:
 
 
 def _read_attached(path: Path, head: dict[str, Any]) -> np.ndarray:
-    import nrrd
+    import nrrd  # optional extra ct
 
     with open(path, "rb") as fh:
         nrrd.read_header(fh)

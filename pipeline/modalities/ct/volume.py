@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import SourceError
+from pipeline.modalities.ct.formats import view
 from pipeline.modalities.ct.geometry import (
     Geometry,
     apply_ornt,
@@ -258,7 +259,6 @@ def prepare_grid(
     """The grid the keep rule runs on: ``orientation`` applied (a view), then resampled when asked
     (``resolution`` or ``spacing_mm``); returns it, its geometry and the values clipped on the
     way."""
-    from pipeline.modalities.ct.formats import view
 
     if settings.orientation is not None:
         ornt, oriented = orientation_transform(geometry, vol.shape, settings.orientation, path)

@@ -43,7 +43,7 @@ def _atomic(path: Path) -> Path:
 def write_nifti(path: Path, hu: np.ndarray, affine: np.ndarray) -> Path:
     """``.nii`` or ``.nii.gz`` (by suffix), int16, sform and qform both set (code 1, scanner)."""
     require("nibabel")
-    import nibabel as nib
+    import nibabel as nib  # optional extra ct
 
     img = nib.Nifti1Image(np.asarray(hu, dtype=np.int16), affine)
     img.set_sform(affine, code=1)
@@ -59,7 +59,7 @@ def write_nrrd(path: Path, hu: np.ndarray, affine: np.ndarray, encoding: str = "
     """``.nrrd`` (attached) or ``.nhdr`` + ``<stem>.raw[.gz]`` (detached), LPS space as 3D Slicer
     writes."""
     require("nrrd")
-    import nrrd
+    import nrrd  # optional extra ct
 
     cols = LPS_TO_RAS @ affine[:3, :3]
     header = {
@@ -103,8 +103,8 @@ def write_dicom_series(
     RLE Lossless, else left as they are, which only tests use: a header naming a codec whose
     plug-in is missing)."""
     require("pydicom")
-    from pydicom.dataset import FileDataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, RLELossless, generate_uid
+    from pydicom.dataset import FileDataset, FileMetaDataset  # optional extra ct
+    from pydicom.uid import ExplicitVRLittleEndian, RLELossless, generate_uid  # optional extra ct
 
     hu = np.asarray(hu)
     nx, ny, nz = hu.shape
@@ -144,7 +144,7 @@ def write_dicom_series(
         if syntax == RLELossless:
             ds.compress(RLELossless)
         elif syntax is not None:  # raw bytes as one fragment: only the header is believable
-            from pydicom.encaps import encapsulate
+            from pydicom.encaps import encapsulate  # optional extra ct
 
             ds.PixelData = encapsulate([ds.PixelData])
             ds["PixelData"].VR = "OB"

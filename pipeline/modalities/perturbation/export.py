@@ -28,6 +28,7 @@ from loaders import format as fmt
 from loaders.interop import decode_names, splits, var_names
 from loaders.shardio import read_shard
 from pipeline.errors import DatasetError
+from pipeline.model import open_index
 
 if TYPE_CHECKING:
     import anndata as ad  # import weight: only export writes AnnData
@@ -54,8 +55,6 @@ def to_anndata(root: str | Path, split: str, sample: str = "cells") -> ad.AnnDat
     import anndata as ad  # import weight: only export writes AnnData
     import pandas as pd  # import weight: only export needs pandas
     import scipy.sparse as sp  # import weight: the CLI imports this module to list commands
-
-    from pipeline.model import open_index
 
     index = open_index(root)  # with the plug-ins it names (a plug-in's field codec, say)
     if index.kind != "perturbation" or not index.has_field(fmt.X):
