@@ -50,14 +50,22 @@ def output_error(out: Path, e: OSError, doing: str) -> OutputError:
     )
 
 
+HOLDER_POLLS = 20  # x 50 ms: how long a refused build waits for the holder's pid before naming none
+
+
 def holder(out: Path) -> str:
     """Who holds the lock, as the holder wrote it (pid, host, since), or a placeholder while it is
     writing."""
-    try:
-        text = (out / LOCK_FILE).read_text().strip()
-    except OSError:
-        text = ""
-    return text or "a process that has not yet written its pid"
+    text = ""
+    for _ in range(HOLDER_POLLS):  # the holder writes its note right after locking: give it a moment
+        try:
+            text = (out / LOCK_FILE).read_text().strip()
+        except OSError:
+            text = ""
+        if text:
+            return text
+        time.sleep(0.05)
+    return "a process that has not yet written its pid"
 
 
 @contextmanager
