@@ -29,6 +29,13 @@ POINTS = {
     9: "Permissions",
     # in the issue's Deliver list, after the nine numbered points
     10: "A full disk or a read-only `--out`",
+    # issue 25 (a hostile user and a new user on a fresh clone), by its groups
+    11: "Deletes and commits that lose data (issue 25: 1-4)",
+    12: "Silently wrong (issue 25: 5-9)",
+    13: "Unbounded waits (issue 25: 10)",
+    14: "Tracebacks instead of exit 2 (issue 25: 11)",
+    15: "Accepted, unusable (issue 25: 12-13)",
+    16: "What a new user hit next (issue 25: 14-17)",
 }
 
 HEADER = """\
