@@ -53,11 +53,11 @@ from loaders.engine.ring import worker_ring
 from loaders.engine.schedule import Plan, Segment, WindowSchedule, batch_segments, range_segments
 from loaders.engine.supply import WindowSupply
 from loaders.engine.window import WindowReader
-from loaders.format import index_sha256, read_index, read_index_bytes
+from loaders.format import check_index_digest, index_sha256, read_index, read_index_bytes
 from loaders.gather import BatchRows
 from loaders.integrity import check_on_corrupt
 from loaders.options import Engine, Integrity, resolve
-from loaders.samples import get_sample_type
+from loaders.samples import check_sample_type, get_sample_type
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -92,6 +92,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
       sample type's ``field_bounds``, e.g. vocabularies). ``on_corrupt="raise"`` names the failing
       shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A rebuild
       that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
+      ``index.json`` itself is checked at open, as ``shardsmith verify`` checks it, against the
+      digest its build stored (:func:`~loaders.format.check_index_digest`): an edited index (a
+      shard entry removed, labels swapped) is a ``FormatError``.
     """
 
     def __init__(
@@ -135,6 +138,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
             self.root
         )  # read once: every process of this loader decodes this generation
         index = read_index(self.root, data)
+        # the index's own content against its digest: an edited shard list or vocabulary
+        # would be served without an error (the decoder process decodes these same bytes)
+        check_index_digest(index)
         present = sorted({s.split for s in index.shards})
         if split not in present:
             raise ValueError(f"unknown split {split!r} for {self.root} (valid: {present})")
@@ -143,7 +149,7 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, IterableDataset):
                 raise ValueError(f"{self.root} lists no sample types: name one (sample=...)")
             sample = index.samples[0]
         self.sample_type = get_sample_type(sample, **sample_options)
-        self.sample_type.check(index)
+        check_sample_type(self.sample_type, index)
         if batch_size < 1 or window < 1 or seed < 0:
             raise ValueError("batch_size and window must be >= 1 and seed >= 0")
         d_rank, d_world = _dist_rank_world()

@@ -13,11 +13,13 @@ Resume rules (also in docs/LOADER.md):
 * ``set_epoch(e)`` with the epoch being resumed keeps the resume point; another epoch clears it.
 * A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.resume`).
 
-``timeout`` (seconds, 0 = none) covers the DataLoader workers (a stopped or stuck worker: its batch
-does not
-come within ``timeout``, the workers are killed and :class:`LoaderTimeout` names them) and the
-decoder process
-(silent that long: killed, decoding moves into the training process with a warning).
+``timeout`` (seconds; default :data:`DEFAULT_TIMEOUT_S`, 300) bounds every wait: on the DataLoader
+workers (a stopped or stuck worker: its batch does not come within ``timeout``, the workers are
+killed and :class:`LoaderTimeout` names them by pid and state) and on the decoder process (silent
+for the shorter of ``timeout`` and its ``decode_timeout``, 30 s by default: killed, decoding moves
+into the training process with a warning). A default bound because torch's default (``timeout=0``)
+leaves a trainer hanging for good on one SIGSTOPped worker; no wait is unbounded unless asked:
+``timeout=None`` (or 0, torch's spelling) turns the workers' bound off.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ from loaders.device import DeviceFeeder
 from loaders.engine.watchdog import LoaderTimeout, WorkerWatch
 from loaders.resume import STATE_VERSION, check_state
 
-__all__ = ["LoaderTimeout", "ShardLoader"]
+__all__ = ["DEFAULT_TIMEOUT_S", "LoaderTimeout", "ShardLoader"]
+
+# The longest a trainer waits for a worker's batch unless told otherwise: far above any batch's
+# time (a window's decode is ~0.3 s here, a worker's start a few seconds), far below "for good".
+DEFAULT_TIMEOUT_S = 300.0
 
 
 class ShardLoader:
@@ -49,8 +55,10 @@ class ShardLoader:
       item (one buffer, in a reused slot of the worker's :mod:`loaders.engine.ring`): the per-item
       cost of the DataLoader's queues and pickling is paid once per run. ``prefetch_factor``
       counts items (runs), as in torch: 2 items of 4 batches keep 8 batches ahead per worker.
-      ``persistent_workers``, ``multiprocessing_context`` as in torch; ``timeout`` (see the
-      module docstring).
+      ``persistent_workers``, ``multiprocessing_context`` as in torch; ``timeout``: seconds a
+      worker's batch may take (default 300; ``None`` or 0: no bound) before the workers are
+      killed and :class:`LoaderTimeout` names the stopped one; it also caps the decoder
+      process's silence (see the module docstring).
     * transport: ``device``: where batches should end up (``None`` keeps them on the CPU).
       ``device_finish``: deferred items (:mod:`loaders.payload`) cross as their parts, in their
       device form, and are finished there (default: on CUDA); ``device="cpu"`` with
@@ -70,7 +78,7 @@ class ShardLoader:
         device: torch.device | str | None = None,
         persistent_workers: bool = False,
         multiprocessing_context: str | None = None,
-        timeout: float = 0.0,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         device_prefetch: int = 2,
         device_finish: bool | None = None,
         worker_batches: int = 4,
@@ -128,9 +136,12 @@ class ShardLoader:
             dataset._skip_flags = mp.get_context(multiprocessing_context).RawArray(
                 "b", len(dataset.entries)
             )
-        if timeout > 0:  # the decoder process answers to the same timeout (it beats while it works)
-            dataset.decode_timeout = float(timeout)
-        self.timeout = float(timeout)
+        timeout = 0.0 if timeout is None else float(timeout)
+        if timeout < 0 or timeout != timeout:
+            raise ValueError(f"timeout={timeout!r}: seconds >= 0 (None or 0: no bound)")
+        if timeout > 0:  # the decoder answers to it too when shorter (it beats while it works)
+            dataset.decode_timeout = min(dataset.decode_timeout, timeout)
+        self.timeout = timeout
         self._loader = DataLoader(
             dataset,
             batch_size=None,

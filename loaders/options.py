@@ -26,7 +26,7 @@ class Engine:
     ``min(window, cores, 4)`` in-process, 1 in the decoder process); ``batches_ahead``: batches
     assembled ahead in a thread (default 2 with 4 or more cores, else 0); ``decode_timeout``:
     seconds the decoder process may stay silent before it is killed and decoding moves into the
-    training process (``ShardLoader(timeout=...)`` sets it)."""
+    training process (a shorter ``ShardLoader(timeout=...)`` lowers it)."""
 
     decode_process: bool | None = None
     decode_ahead: bool = True

@@ -219,6 +219,27 @@ def get_sample_type(name: str, **options: Any) -> SampleType:
     return SAMPLE_TYPES.get(name)(**options)
 
 
+def check_sample_type(sample: SampleType, index: Index) -> None:
+    """``sample.check(index)``, after the one check every sample type shares: that the dataset
+    serves it. A sample type's own checks read what its modality stores (a field, a section), and
+    on another kind's dataset they would fail on the first absent key (``KeyError: 'spikes'``)
+    instead of saying that the dataset is of another kind and which sample types it serves."""
+    served = f"{index.root} is a {index.kind!r} dataset, " + (
+        f"which serves the sample types {index.samples}"
+        if index.samples
+        else "whose index lists no sample types"
+    )
+    if index.samples and sample.name not in index.samples:
+        raise ValueError(
+            f"sample={sample.name!r}: {served}; pass one of them as sample=..., or none for "
+            f"{index.samples[0]!r}"
+        )
+    try:
+        sample.check(index)
+    except KeyError as e:  # a check reading what the dataset lacks (an index without samples)
+        raise ValueError(f"sample={sample.name!r} needs {e}, which it lacks: {served}") from None
+
+
 def from_config(config: Mapping[str, Any] | str) -> SampleType:
     """Rebuild a sample type from :meth:`SampleType.get_config` (importing its module if it is a
     plug-in);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -29,11 +30,13 @@ from loaders.plugins import PluginError
 from pipeline import __version__, generations
 from pipeline.backends import get_backend
 from pipeline.dryrun import drop_columns, nothing_to_do, plan_difference
+from pipeline.errors import NothingKeptError, OutputError
 from pipeline.events import EventLog
 from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.memory import release_freed_memory, trim_heap
 from pipeline.model import Kind, KindPlan, PackConfig, PackResult, PlanContext, ShardPlan, get_kind
+from pipeline.paths import shard_inside
 from pipeline.resume import adopt_finished
 from pipeline.shardfile import make_durable, shard_suffix, write_columns
 from pipeline.writers import Codec
@@ -148,6 +151,7 @@ def build(
     dry_run: bool = False,
     events: EventLog | None = None,
     wait: float = 0.0,
+    replace: bool = False,
 ) -> BuildResult:
     """Build or incrementally rebuild OUT from a manifest, through the manifest's kind
     (pipeline.kinds).
@@ -163,7 +167,9 @@ def build(
     One writer per OUT (`pipeline.generations.writing`): another build holding it -> `LockHeldError`
     at once,
     or after `wait` seconds; an OUT holding files that are not ours -> `OutputError`, nothing
-    touched."""
+    touched. An OUT holding another dataset (another name or kind) -> `OutputError` unless
+    `replace` (`check_same_dataset`). A build that keeps no record -> `NothingKeptError`, nothing
+    committed."""
     t0 = time.perf_counter()
     ev = events if events is not None else EventLog()
     manifest = load_manifest(manifest_path)
@@ -183,18 +189,80 @@ def build(
         backend=backend,
         jobs=jobs,
         dry_run=dry_run,
+        replace=replace,
     )
+    args = (t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run, replace)
     if (
         dry_run
     ):  # writes nothing, so takes no lock; a folder that is not ours is refused all the same
         generations.check_owned(out)
-        return _build_locked(
-            t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run
-        )
+        return _build_locked(*args)
     with generations.writing(out, wait):
-        return _build_locked(
-            t0, ev, manifest, kind, out, jobs, backend, executor, progress, dry_run
-        )
+        return _build_locked(*args)
+
+
+def check_same_dataset(
+    out: Path, prev: fmt.Index | None, manifest: Manifest, replace: bool
+) -> None:
+    """Refuse to build one dataset over another: a manifest of another name or kind pointed at an
+    existing dataset's folder (a copied command line, a wrong --out) would retire all of its
+    shards and report success. ``replace`` (``--replace``) says it is meant. An index this build
+    cannot read (a plug-in the manifest no longer names) is compared by its raw name and kind."""
+    if replace:
+        return
+    if prev is not None:
+        held = (prev.name, prev.kind)
+    else:
+        try:
+            doc = json.loads(fmt.index_path(out).read_bytes())
+        except (OSError, ValueError):
+            return  # no index: nothing to replace
+        if not isinstance(doc, dict):
+            return
+        held = (str(doc.get("name")), str(doc.get("kind")))
+    if held == (manifest.name, manifest.kind):
+        return
+    raise OutputError(
+        f"--out {out} holds dataset {held[0]!r} (kind {held[1]}), and {manifest.path} builds "
+        f"dataset {manifest.name!r} (kind {manifest.kind}): a build there would replace it. "
+        f"Pass another --out (e.g. shards/{manifest.name}), or --replace to replace it "
+        "(nothing was changed)"
+    )
+
+
+def check_kept(
+    manifest: Manifest,
+    out: Path,
+    prev: fmt.Index | None,
+    reused: dict[int, fmt.ShardEntry],
+    results: list[PackResult],
+) -> None:
+    """Refuse to commit a dataset without a record: every record skipped (a CT volume normalised to
+    [0, 1], spike ``frames`` larger than the files hold) or none found. Committed, it would replace
+    a good dataset with an empty one and exit 0, so it is bad input, naming the skip reasons as
+    the index would have counted them."""
+    kept = sum(e.records for e in reused.values()) + sum(r.entry.records for r in results)
+    if kept:
+        return
+    skipped: dict[str, int] = {}
+    for r in results:
+        for reason, n in r.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + int(n)
+    what = (
+        f"all {sum(skipped.values())} records were skipped: "
+        + "; ".join(f"{n} x {reason!r}" for reason, n in sorted(skipped.items()))
+        if skipped
+        else "the sources hold no records"
+    )
+    left = (
+        f"the dataset {prev.name!r} in {out} is untouched"
+        if prev is not None
+        else f"{out} holds no dataset"
+    )
+    raise NothingKeptError(
+        f"{manifest.path}: the build kept no record ({what}): nothing was committed and {left}. "
+        "Fix the sources or the manifest settings the reasons name (the log names each record)"
+    )
 
 
 def _build_locked(
@@ -208,8 +276,10 @@ def _build_locked(
     executor: Any,
     progress: bool,
     dry_run: bool,
+    replace: bool = False,
 ) -> BuildResult:
     prev = previous_index(out)
+    check_same_dataset(out, prev, manifest, replace)
     saved = read_record(out) if prev is not None else {}
     if prev is not None and unchanged(manifest, kind, out, prev, saved):
         shards = [s.file for s in prev.shards]
@@ -248,10 +318,12 @@ def _build_locked(
         scanned = kind.scan(manifest, cache, hasher)
         t_scan = time.perf_counter()
         ev.emit("scanned", sources=len(scanned), seconds=round(t_scan - t0, 3))
+        # a name read back from index.json is reused only if it stays inside OUT: a tampered entry
+        # naming ../../x must not become a shard of the new index (pipeline.paths.shard_inside)
         reusable = {
             s.plan_key: s
             for s in (prev.shards if prev is not None else [])
-            if (out / fmt.SHARDS_DIR / s.file).exists()
+            if shard_inside(out, s.file) and (out / fmt.SHARDS_DIR / s.file).exists()
         }
         if dry_run:  # nothing is written: reused and new shards alike drop their planned columns
             park: Callable[[ShardPlan], None] = drop_columns
@@ -358,6 +430,7 @@ def _build_locked(
                 results.extend(r for rs in done for r in rs)
             if phase == "read sources":
                 t_scatter = time.perf_counter()
+        check_kept(manifest, out, prev, entries, results)
     except BaseException as e:
         generations.failed(out, prev, journal, e)
         raise

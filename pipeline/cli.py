@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from loaders.format import FormatError
 from loaders.plugins import PluginError
+from pipeline import __version__
 from pipeline.commands import command_names, get_command
 from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
 
@@ -62,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
         epilog="`shardsmith COMMAND --help` describes a command's arguments.",
     )
     _global_options(p, suppress=False)
+    p.add_argument(
+        "--version", action="version", version=f"shardsmith {__version__}", help="print it, exit 0"
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
     for name in command_names():
         cmd = get_command(name)

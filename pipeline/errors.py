@@ -51,6 +51,12 @@ class DatasetError(ShardsmithError):
     """A shard dataset on disk is missing, corrupt or inconsistent."""
 
 
+class NothingKeptError(ShardsmithError):
+    """A build whose records were all skipped, or that found none: committing it would replace a
+    good dataset with an empty one and report success, so it is bad input and nothing is
+    committed (the files it wrote go at once)."""
+
+
 class LockHeldError(ShardsmithError):
     """Another process holds the exclusive lock on an output folder (one writer per --out)."""
 

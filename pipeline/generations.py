@@ -37,12 +37,13 @@ import re
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from loaders import format as fmt
-from pipeline.errors import OutputError
+from pipeline.errors import NothingKeptError, OutputError
 from pipeline.incremental import INPUTS_FILE
 from pipeline.lock import LOCK_FILE, exclusive, output_error
+from pipeline.paths import inside, shard_inside
 
 log = logging.getLogger(__name__)
 
@@ -74,24 +75,6 @@ def write_journal(out: Path, files: Iterable[str]) -> Path:
 
 def journals(out: Path) -> list[Path]:
     return sorted(p for p in out.glob(".build-*.journal") if JOURNAL_RE.fullmatch(p.name))
-
-
-def inside(out: Path, rel: object) -> bool:
-    """Whether ``rel``, a name read back from a journal or an index, names a path inside ``out``:
-    relative,
-    no ``..``, and no symlinked folder on the way that leads out. Those files are deleted by name,
-    so a
-    name that leaves the folder (a tampered or hostile file) must never reach ``remove``."""
-    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
-        return False
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or ".." in pure.parts or pure == PurePosixPath("."):
-        return False
-    try:
-        parent = (out / pure).parent.resolve()
-        return parent == out.resolve() or parent.is_relative_to(out.resolve())
-    except (OSError, RuntimeError):  # a symlink loop on the way
-        return False
 
 
 def ours_only(out: Path, names: Iterable[object], where: str) -> set[str]:
@@ -168,6 +151,15 @@ def check_owned(out: Path) -> None:
         return
     if not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder: pass a new or empty folder")
+    shards = out / fmt.SHARDS_DIR
+    if shards.is_symlink() and not inside(out, f"{fmt.SHARDS_DIR}/x"):
+        # every shard is written, reused and deleted through this folder: a link leading out would
+        # put the build's writes outside --out, where no name it reads back may lead
+        raise OutputError(
+            f"--out {out}: {fmt.SHARDS_DIR}/ is a link leading outside the folder (to "
+            f"{os.path.realpath(shards)}): a build writes and deletes shards there, so it must be "
+            "a folder inside --out; replace the link by a folder (nothing was changed)"
+        )
     index = fmt.index_path(out)
     if index.exists() and _is_our_index(index):
         # a dataset: its other files are never deleted (only those its indexes and journals name)
@@ -281,16 +273,19 @@ def next_generation(
     after a ``touch``): then the older one stays protected instead."""
     new_files = set(new_files)
     if prev is not None and set(prev.files()) == new_files:
-        previous = prev.previous
+        previous = _inside_only(out, prev.previous)
     else:
         previous = (
             None
             if prev is None
-            else fmt.Generation(
-                prev.generation,
-                index_digest(out),
-                [s.file for s in prev.shards],
-                prev.conditions.file if prev.conditions is not None else None,
+            else _inside_only(
+                out,
+                fmt.Generation(
+                    prev.generation,
+                    index_digest(out),
+                    [s.file for s in prev.shards],
+                    prev.conditions.file if prev.conditions is not None else None,
+                ),
             )
         )
     keep = new_files | set(previous.files() if previous is not None else [])
@@ -306,6 +301,16 @@ def next_generation(
     }
 
 
+def _inside_only(out: Path, gen: fmt.Generation | None) -> fmt.Generation | None:
+    """``gen`` without the names that lead outside ``out``: the new index carries the generation it
+    keeps, and a name a tampered index put there must not be carried on to later builds and gc."""
+    if gen is None:
+        return None
+    cond = gen.conditions if gen.conditions is not None and inside(out, gen.conditions) else None
+    shards = [s for s in gen.shards if shard_inside(out, s)]
+    return fmt.Generation(gen.generation, gen.index_sha256, shards, cond)
+
+
 def after_commit(out: Path, retired: Iterable[str]) -> int:
     """Delete what the committed index retired, then every journal (all their files are now either
     named by
@@ -318,8 +323,9 @@ def after_commit(out: Path, retired: Iterable[str]) -> int:
 
 
 def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseException) -> None:
-    """A build failed before its commit. Out of space (or read-only): delete the files it journaled
-    that no
+    """A build failed before its commit. Out of space (or read-only), or it kept no record (a rerun
+    of the same input would write the same empty shards: nothing to adopt): delete the files it
+    journaled that no
     live generation names, then its journal, so the disk gets its space back. Otherwise keep its
     finished
     shards and their journal: the rerun adopts them (`pipeline.resume`), or the next commit or gc
@@ -333,7 +339,9 @@ def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseE
         files = [f for f in sorted(named) if f not in keep and (out / f).exists()]
     except (OSError, ValueError, KeyError, TypeError):
         return
-    if isinstance(error, OSError) and _fails_the_output(out, error):
+    if isinstance(error, NothingKeptError) or (
+        isinstance(error, OSError) and _fails_the_output(out, error)
+    ):
         for f in files:
             remove(out, f)
         files = []

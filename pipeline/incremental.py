@@ -41,6 +41,7 @@ from pipeline import __version__
 from pipeline.fingerprint import source_stat
 from pipeline.manifest import Manifest
 from pipeline.model import ShardPlan
+from pipeline.paths import inside, shard_inside
 
 if TYPE_CHECKING:
     from pipeline.model import Kind, KindPlan, ScannedSource, ShardPlan
@@ -151,6 +152,11 @@ def unchanged(
             sources.append((str(spec.path), str(old["sha256"])))
         if saved.get("inputs") != inputs_digest(manifest, kind, sources):
             return False
+        # a name leading outside OUT (a tampered index) is no file of this dataset: rebuild
+        if not all(shard_inside(out, s.file) for s in prev.shards) or (
+            prev.conditions is not None and not inside(out, prev.conditions.file)
+        ):
+            return False
         files = [out / fmt.SHARDS_DIR / s.file for s in prev.shards]
         side = [out / prev.conditions.file] if prev.conditions is not None else []
         return all(p.exists() for p in [*files, *side])
@@ -172,7 +178,10 @@ def known_sources(
     try:
         for key, info in dict(saved.get("sources", {})).items():
             entries = by_source.get(int(info["ordinal"]), [])
-            if entries and all((out / fmt.SHARDS_DIR / e.file).exists() for e in entries):
+            if entries and all(
+                shard_inside(out, e.file) and (out / fmt.SHARDS_DIR / e.file).exists()
+                for e in entries
+            ):
                 stubs = [
                     ShardPlan(e.split, e.source, e.part, np.zeros(0, np.int64), {}, e.plan_key)
                     for e in entries

@@ -57,7 +57,9 @@ def holder(out: Path) -> str:
     """Who holds the lock, as the holder wrote it (pid, host, since), or a placeholder while it is
     writing."""
     text = ""
-    for _ in range(HOLDER_POLLS):  # the holder writes its note right after locking: give it a moment
+    for _ in range(
+        HOLDER_POLLS
+    ):  # the holder writes its note right after locking: give it a moment
         try:
             text = (out / LOCK_FILE).read_text().strip()
         except OSError:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import math
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,15 @@ from pipeline.model import KINDS, Manifest, SourceSpec, get_kind, kind_names
 from pipeline.source import get_source, infer_type, source_types_for
 from pipeline.writers.base import CODECS, LEVELS
 
+log = logging.getLogger(__name__)
+
 FORMATS = ("zarr", "tar")
+# A glob reports how far it got every this many seconds while it runs (`/data/**/*.h5ad` over a
+# large tree can walk for minutes), and how many files it matched when done.
+GLOB_PROGRESS_S = 5.0
+# The [[sources]] key that lets a glob walk the whole filesystem (`/**/*.h5ad`): refused otherwise,
+# since such a walk takes minutes to hours and nearly always means a path missing its folder.
+ALLOW_ROOT_GLOB = "allow_root_glob"
 # A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a
 # typo
 # (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
@@ -233,11 +244,23 @@ def _parse_sources(
                 f"sources[{i}].type",
                 f"{typ!r} is not one of {source_types_for(kind)} (source types of kind {kind!r})",
             )
-        t = Table(path, f"sources[{i}]", item, {"path", "type", *cls.options})
+        t = Table(path, f"sources[{i}]", item, {"path", "type", ALLOW_ROOT_GLOB, *cls.options})
         opts = {k: t.data[k] for k in cls.options if k in t.data}
         matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))
         full = pattern if Path(pattern).is_absolute() else str(path.parent / pattern)
-        matches = sorted(glob.glob(full, recursive=True)) if glob.has_magic(full) else [full]
+        if glob.has_magic(full):
+            root = _glob_root(full)
+            if root is not None and not t.get(ALLOW_ROOT_GLOB, bool, False):
+                raise ManifestError(
+                    path,
+                    f"sources[{i}].path",
+                    f"{pattern!r} is a glob over the whole filesystem (its fixed part is {root}): "
+                    "name the folder holding the files, or set "
+                    f"{ALLOW_ROOT_GLOB} = true in this entry if you mean it",
+                )
+            matches = _glob(full, f"sources[{i}].path {pattern!r}")
+        else:
+            matches = [full]
         matches = [m for m in matches if not _through_a_link_cycle(Path(m))]
         if not matches:
             raise ManifestError(
@@ -266,6 +289,47 @@ def _parse_sources(
                 seen[real] = (i, m)
                 out.append(SourceSpec(f, typ, matrix, tuple(sorted(opts.items()))))
     return tuple(out)
+
+
+def _glob_root(full: str) -> str | None:
+    """The filesystem root when the fixed part of the glob ``full`` (its folders before the first
+    wildcard, ``..`` resolved) is the root itself, else None."""
+    parts = Path(full).absolute().parts
+    fixed = next((n for n, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    base, anchor = Path(*parts[:fixed]), Path(parts[0])
+    return str(anchor) if base.resolve() == anchor.resolve() else None
+
+
+def _glob(full: str, what: str) -> list[str]:
+    """The sorted matches of ``full``, logging every GLOB_PROGRESS_S how many so far and, when
+    done, how many in all (INFO). The walk runs in a thread so that progress is told even while it
+    matches nothing (a walk over a large tree that finds no file is silent inside ``glob``)."""
+    found: list[str] = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def walk() -> None:
+        try:
+            for match in glob.iglob(full, recursive=True):
+                found.append(match)  # one by one: the progress line counts them as they come
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+            failed.append(e)
+        finally:
+            done.set()
+
+    t0 = time.monotonic()
+    threading.Thread(target=walk, name="manifest-glob", daemon=True).start()
+    while not done.wait(GLOB_PROGRESS_S):
+        log.info(
+            "%s: still matching, %d file(s) so far after %.0f s",
+            what,
+            len(found),
+            time.monotonic() - t0,
+        )
+    if failed:
+        raise failed[0]
+    log.info("%s: %d file(s) matched in %.1f s", what, len(found), time.monotonic() - t0)
+    return sorted(found)
 
 
 def _through_a_link_cycle(match: Path) -> bool:

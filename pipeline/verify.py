@@ -20,6 +20,7 @@ from loaders.columns import validate_columns
 from loaders.plugins import PluginError
 from loaders.shardio import read_shard
 from pipeline.model import get_kind, open_index
+from pipeline.paths import inside, shard_inside
 
 
 def _kind(index: fmt.Index) -> Any:
@@ -39,7 +40,7 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
         index = open_index(root)  # with the plug-ins it names: a fresh process checks it all
     except (fmt.FormatError, PluginError) as e:
         return [str(e)]
-    problems += check_digest(index)
+    problems += fmt.digest_problems(index)  # the check a ShardDataset makes at open
     kind = _kind(index)
     if kind is None:
         problems.append(
@@ -56,13 +57,18 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
     cond = index.conditions
     if cond is not None:
         cpath = index.root / cond.file
-        if not cpath.exists():
+        if not inside(index.root, cond.file):  # an edited index: never read what it points at
+            problems.append(f"{cpath}: the condition table's name leads outside the dataset")
+        elif not cpath.exists():
             problems.append(f"{cpath}: condition table missing")
         elif check_hashes and fmt.content_hash(cpath) != cond.sha256:
             problems.append(f"{cpath}: content hash mismatch")
     seen: list[np.ndarray] = []
     for entry in index.shards:
         path = index.shard_path(entry)
+        if not shard_inside(index.root, entry.file):
+            problems.append(f"{path}: the shard's name leads outside the dataset's shards/")
+            continue
         try:
             if check_hashes and fmt.content_hash(path) != entry.sha256:
                 problems.append(f"{path}: content hash mismatch (index says {entry.sha256[:12]}…)")
@@ -96,25 +102,6 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
                 f"{root}: {ids.size} primary records, the plan placed {index.primary_records}"
             )
     return problems
-
-
-def check_digest(index: fmt.Index) -> list[str]:
-    """The index's own content (vocabularies, var_names, conditions...) against the digest stored at
-    build."""
-    path = fmt.index_path(index.root)
-    if index.raw.get("version") == 1:
-        return []  # written before digests existed
-    stored = index.raw.get("digest")
-    if not isinstance(stored, dict):
-        return [
-            f"{path}: no content digest (edited, or written by an older shardsmith): rebuild the dataset"
-        ]
-    now = fmt.index_digest(index.raw)
-    return [
-        f"{path}: {key!r} differs from the digest stored at build (edited after the build?)"
-        for key in fmt.DIGEST_KEYS
-        if stored.get(key) != now[key]
-    ]
 
 
 def _read_tables(path: Path, index: fmt.Index, problems: list[str]) -> dict[str, np.ndarray]:

@@ -45,7 +45,7 @@ HEADER = """\
      tests/test_reliability_table.py fails when this file differs from the generated text. -->
 
 Every row is a case a nightly job, an attacker or an unlucky operator can produce (issue 13, grouped by its
-numbered points), the outcome the pipeline guarantees, and the parametrised test that asserts it
+numbered points; issue 25, a hostile and a new user on a fresh clone, from point 11), the outcome the pipeline guarantees, and the parametrised test that asserts it
 (`tests/<module>.py::<function>[<case>]`). Exit codes: 0 success, 1 crash, 2 bad input, 3 lock held.
 To add a case, see the docstring of `tests/hostile/__init__.py`.
 """

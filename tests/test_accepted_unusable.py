@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from pipeline.modalities.spike.demo import write_spike_demo
+from tests import hostile
 
 SPIKE = """[dataset]
 name = "s"
@@ -60,7 +61,10 @@ def _build(manifest: Path, out: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_spike_all_frames_with_bins_that_do_not_divide_them_is_refused(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_spike_all_frames_with_bins_that_do_not_divide_them_is_refused(
+    case: hostile.Case, tmp_path: Path
+) -> None:
     write_spike_demo(tmp_path / "data")
     frames = {p.stat().st_size for p in (tmp_path / "data" / "spike").rglob("*.dat")}
     per_frame = 64 * 96 // 8
@@ -76,7 +80,8 @@ def test_spike_all_frames_with_bins_that_do_not_divide_them_is_refused(tmp_path:
     assert _build(tmp_path / "ok.toml", tmp_path / "ok").returncode == 0
 
 
-def test_a_matrix_without_genes_is_refused(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_matrix_without_genes_is_refused(case: hostile.Case, tmp_path: Path) -> None:
     n = 20
     obs = {
         "perturbation": ["control", "g1"] * (n // 2),

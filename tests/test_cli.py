@@ -1,6 +1,6 @@
 """The CLI guides: help on every argument, -v/-q anywhere, only our debug logs, vocabularies in
 `inspect`,
-quiet exits on a closed pipe."""
+quiet exits on a closed pipe, `--version`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from pipeline import __version__
 from pipeline.cli import main, parser
+from tests import hostile
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -137,3 +139,13 @@ def test_closed_pipe_exits_quietly(built: tuple[Path, Path]) -> None:
     proc.stdout.close()  # the reader goes away before the first write
     code, err = proc.wait(timeout=60), proc.stderr.read().decode()
     assert err == "" and code == 141, (code, err)
+
+
+@hostile.parametrize
+def test_version(case: hostile.Case) -> None:
+    """A bug report starts with the version: ``shardsmith --version`` prints it and exits 0."""
+    res = subprocess.run(
+        [sys.executable, "-m", "pipeline", "--version"], capture_output=True, text=True, env=ENV
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"shardsmith {__version__}\n"

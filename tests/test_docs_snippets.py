@@ -9,6 +9,12 @@ bash with ``bash -e``; python in one namespace per doc, except a block opening w
 ``'''python NAME.py ARGS ...'''`` (with double quotes), which is a script: written to NAME.py and
 run with ARGS.
 
+README.md's python blocks run apart from that
+(``test_readme_python_runs_on_what_make_shards_built``): each block alone (a reader copies one
+block, not the page) in a folder where the Makefile's own ``shards`` recipe ran (make, with this
+interpreter as its python and no install step), for the demo manifests the blocks read: what a new
+user has after the README's two set-up commands.
+
 A block that cannot run here (it needs a GPU, a cluster, a download) says so where a reader sees it,
 on the
 line right above it: ``*(Not run by the docs test: REASON.)*``. A doc whose blocks only run together
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,7 +35,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import hostile
+
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# a dataset `make shards` writes: shards/<demo manifest>-<format>
+MADE = re.compile(r"""["']shards/(?P<manifest>\w+?)-(?P<format>zarr|tar)["']""")
 OWN_TEST = {
     "EXTENDING.md": "tests/test_docs_extending.py",  # a plug-in module, its manifest, commands
     "PERTURBATION.md": "tests/test_docs_perturbation.py",
@@ -135,6 +147,8 @@ def test_doc_snippets_run(doc: Path, workdir: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.chdir(workdir)
     namespace: dict[str, object] = {"__name__": f"docs_{doc.stem.lower()}"}
     for b in todo:
+        if b.lang == "python" and doc == README:
+            continue  # each alone, on what `make shards` built: the test below
         if b.lang == "bash":
             if (
                 doc.name != "README.md"
@@ -150,6 +164,53 @@ def test_doc_snippets_run(doc: Path, workdir: Path, monkeypatch: pytest.MonkeyPa
         except Exception as e:
             raise AssertionError(
                 f"{doc.name}:{b.line} (python) raised {type(e).__name__}: {e}; {HOW}"
+            ) from e
+
+
+@pytest.fixture(scope="module")
+def made_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where the Makefile's ``shards`` recipe ran, as ``make shards`` runs it (the same
+    manifests, the same --out names), for the demo manifests README's python blocks read (fewer
+    builds); ``-o`` skips the install step and ``PY`` is this interpreter."""
+    work = tmp_path_factory.mktemp("make_shards")
+    shutil.copytree(ROOT / "data_manifests", work / "data_manifests")
+    demos = sorted(
+        {m["manifest"] for b in blocks(README) if b.lang == "python" for m in MADE.finditer(b.body)}
+    )  # none: README reads other names, and the test shows what they raise after the full recipe
+    res = subprocess.run(
+        ["make", "-f", str(ROOT / "Makefile"), "-o", ".venv/.installed", "shards"]
+        + [f"PY={sys.executable}", *([f"DEMOS={' '.join(demos)}"] if demos else [])],
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, f"make shards failed\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    return work
+
+
+@hostile.parametrize
+def test_readme_python_runs_on_what_make_shards_built(
+    case: hostile.Case, made_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25, 14: README read shards/demo-perturb while `make shards` writes shards/demo-zarr
+    (FormatError: no index.json), and its Lightning block used a ``ds`` from another block. Each
+    python block runs alone, in a fresh namespace, where only `make shards` ran."""
+    monkeypatch.chdir(made_shards)
+    todo = [b for b in blocks(README) if b.lang == "python" and b.skip is None]
+    assert todo
+    for b in todo:
+        for m in MADE.finditer(b.body):
+            path = made_shards / "shards" / f"{m['manifest']}-{m['format']}"
+            assert (path / "index.json").exists(), f"README.md:{b.line} reads {path.name}"
+        namespace: dict[str, object] = {"__name__": "readme_block"}
+        try:
+            exec(compile(b.body, f"README.md:{b.line}", "exec"), namespace)  # noqa: S102
+        except Exception as e:
+            raise AssertionError(
+                f"README.md:{b.line} (python, run alone after `make shards`) raised "
+                f"{type(e).__name__}: {e}; {HOW}"
             ) from e
 
 

@@ -250,8 +250,11 @@ def function_local_imports_without_reason(path: Path) -> list[int]:
 def test_function_local_imports_say_why() -> None:
     """An import inside a function hides a dependency until the function runs: allowed for an
     optional extra or import weight, and then the line says which."""
-    bare = [f"{p.relative_to(ROOT)}:{n}" for p in product_modules().values()
-            for n in function_local_imports_without_reason(p)]
+    bare = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in product_modules().values()
+        for n in function_local_imports_without_reason(p)
+    ]
     assert not bare, "function-local imports without a reason comment:\n" + "\n".join(bare)
 
 

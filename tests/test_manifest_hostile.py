@@ -13,6 +13,7 @@ import pytest
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
 from pipeline.manifest import load_manifest
+from tests import hostile
 
 HEAD = '[dataset]\nname = "h"\nkind = "ct"\n'
 
@@ -31,7 +32,8 @@ def _write(root: Path, body: str) -> Path:
     return m
 
 
-def test_one_file_named_by_two_entries_is_refused(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_one_file_named_by_two_entries_is_refused(case: hostile.Case, tmp_path: Path) -> None:
     _volumes(tmp_path)
     m = _write(
         tmp_path, '[[sources]]\npath = "src/sub/v0.npy"\n[[sources]]\npath = "src/**/*.npy"\n'
@@ -48,7 +50,10 @@ def test_a_link_to_a_file_read_elsewhere_is_refused(tmp_path: Path) -> None:
         load_manifest(m)
 
 
-def test_a_folder_link_cycle_under_a_recursive_glob_reads_each_file_once(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_folder_link_cycle_under_a_recursive_glob_reads_each_file_once(
+    case: hostile.Case, tmp_path: Path
+) -> None:
     src = _volumes(tmp_path)
     (src / "sub" / "up").symlink_to("..", target_is_directory=True)
     m = _write(tmp_path, '[[sources]]\npath = "src/**/*.npy"\n')
@@ -56,8 +61,11 @@ def test_a_folder_link_cycle_under_a_recursive_glob_reads_each_file_once(tmp_pat
     assert sorted(files) == ["v0.npy", "v1.npy"]
 
 
+@hostile.parametrize
 @pytest.mark.parametrize("name", ["../../evil", "/abs/mod", "a b", "", "mod.", "1mod"])
-def test_a_plugin_that_is_no_module_name_is_bad_input(tmp_path: Path, name: str) -> None:
+def test_a_plugin_that_is_no_module_name_is_bad_input(
+    case: hostile.Case, tmp_path: Path, name: str
+) -> None:
     _volumes(tmp_path)
     m = _write(tmp_path, f'plugins = ["{name}"]\n[[sources]]\npath = "src/sub/*.npy"\n')
     with pytest.raises(ManifestError, match=r"dataset\.plugins.*not a Python module name"):
@@ -66,8 +74,9 @@ def test_a_plugin_that_is_no_module_name_is_bad_input(tmp_path: Path, name: str)
         load_plugin(name)
 
 
+@hostile.parametrize
 def test_a_plugin_with_a_syntax_error_is_bad_input_naming_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    case: hostile.Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _volumes(tmp_path)
     (tmp_path / "broken_plugin_mod.py").write_text("def oops(:\n")
@@ -84,7 +93,8 @@ def test_a_toml_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
         load_manifest(m)
 
 
-def test_cli_exits_2_without_a_traceback(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_cli_exits_2_without_a_traceback(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess
     import sys
 
@@ -108,13 +118,14 @@ def test_a_dataset_name_that_is_no_plain_folder_name_is_refused(tmp_path: Path, 
         load_manifest(m)
 
 
-def test_build_without_out_never_writes_outside_shards(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_build_without_out_never_writes_outside_shards(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess
     import sys
 
     _volumes(tmp_path)
     (tmp_path / "m.toml").write_text(
-        '[dataset]\nname = "../../escaped_out"\nkind = "ct"\n[[sources]]\npath = "src/sub/*.npy"\n'
+        f'[dataset]\nname = "{case.data}"\nkind = "ct"\n[[sources]]\npath = "src/sub/*.npy"\n'
     )
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)

@@ -95,6 +95,7 @@ def _rewrite(
     for f in raw["fields"]:
         if f["name"] == drop_bound:
             f.pop("bound", None)
+    raw["digest"] = fmt.index_digest(raw)  # as a build seals it: the read-side checks are tested
     fmt.index_path(root).write_text(json.dumps(raw))
     return path
 
@@ -229,6 +230,7 @@ def _rebuild_index(root: Path, rename: bool) -> None:
                 root / "shards" / e["file"]
             ).is_dir() else shutil.copy(root / "shards" / e["file"], root / "shards" / new)
             e["file"] = new
+    raw["digest"] = fmt.index_digest(raw)  # a rebuild's index is sealed
     fmt.index_path(root).write_text(json.dumps(raw))
 
 
@@ -247,6 +249,7 @@ def test_loader_opened_before_a_rebuild(
         ds = ShardDataset(root, decode_process=True, **kw)  # type: ignore[arg-type]
         raw = json.loads(fmt.index_path(root).read_text())
         raw["shards"] = raw["shards"][::-1]
+        raw["digest"] = fmt.index_digest(raw)  # a rebuild's index is sealed
         fmt.index_path(root).write_text(json.dumps(raw))
         got = np.concatenate(_drain(ShardLoader(started(ds))))
         np.testing.assert_array_equal(got, want)

@@ -237,6 +237,7 @@ def _strip_bit_order(src: Path, dst: Path, order: str | None) -> Path:
         sec.pop(key, None)
     if order is not None:
         sec["bit_order"] = order
+    doc["digest"] = fmt.index_digest(doc)  # as the older build sealed it
     (dst / fmt.INDEX_FILE).write_text(json.dumps(doc))
     return dst
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from pipeline.modalities.spike.checks import frame_facts, resolution_hint, row_correlation
 from pipeline.modalities.spike.demo import write_spike_demo
+from tests import hostile
 
 MANIFEST = """[dataset]
 name = "s"
@@ -64,7 +65,8 @@ def test_the_declared_resolution_and_frames_per_file_are_shown(tmp_path: Path) -
     assert "frames per file" in text and "check [spike] height and width" not in text
 
 
-def test_a_swapped_resolution_is_flagged(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_swapped_resolution_is_flagged(case: hostile.Case, tmp_path: Path) -> None:
     write_spike_demo(tmp_path / "data")
     doc = _inspect(tmp_path, 96, 64)
     assert any(

@@ -117,5 +117,6 @@ class WorkerWatch:
         who = ", ".join(late) or ", ".join(f"{w.pid}" for w in self.workers()) or "?"
         return LoaderTimeout(
             f"DataLoader worker(s) {who} sent no batch within timeout={self.timeout:g} s "
-            "(pid (state): T = stopped, D = stuck in I/O); all workers were killed"
+            "(pid (state): T = stopped, D = stuck in I/O); all workers were killed "
+            "(ShardLoader(timeout=...) sets this bound, timeout=None removes it)"
         )

@@ -46,7 +46,7 @@ from loaders.integrity import (
     check_on_corrupt,
     open_checked,
 )
-from loaders.samples import SampleType, from_config
+from loaders.samples import SampleType, check_sample_type, from_config
 from loaders.shardio import Column
 
 SPEC_KEYS = ("root", "split", "sample", "window", "seed", "shuffle")
@@ -95,7 +95,7 @@ class WindowReader:
         root, split = Path(spec["root"]), str(spec["split"])
         index = read_index(root, data)
         sample = from_config(spec["sample"])
-        sample.check(index)
+        check_sample_type(sample, index)
         sample.bind(index)
         entries = index.shards_of(split)
         fields = [index.field(n) for n in sample.fields(index)]

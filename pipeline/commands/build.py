@@ -44,6 +44,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         "their bytes); change nothing",
     )
     p.add_argument(
+        "--replace",
+        action="store_true",
+        help="build even if --out holds another dataset (another [dataset] name or kind), "
+        "replacing it; without it such a build is refused (exit 2) and nothing is changed",
+    )
+    p.add_argument(
         "--log-json",
         default=None,
         metavar="FILE",
@@ -82,6 +88,7 @@ def _build(args: argparse.Namespace, events: object) -> object:
         dry_run=args.dry_run,
         events=events,
         wait=args.wait,
+        replace=args.replace,
     )  # type: ignore[arg-type]
     if res.difference is not None:
         print("\n".join([f"dry run of {res.out}: nothing was changed", *res.difference.lines()]))

@@ -10,6 +10,11 @@ carries)
 and the stored ``obsm`` embeddings. Rows are in ``sample_id`` order (the sources' concatenated
 order).
 
+Barcodes are made unique the way anndata's ``obs_names_make_unique`` does (a repeat gets ``-1``,
+``-2``...): two source files often share cell names (each run starts at ``AAAC...-1``), and an
+AnnData with repeated obs_names warns on every read and breaks joins on them. The barcodes as the
+sources name them are kept in ``obs["original_obs_name"]``.
+
 ``sample`` picks the records: ``cells`` the split's primary cells (each once); ``pairs`` /
 ``sentences`` every
 record their units refer to (matched controls duplicated into the split included, each once), with a
@@ -19,6 +24,7 @@ density).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +39,8 @@ from pipeline.model import open_index
 if TYPE_CHECKING:
     import anndata as ad  # import weight: only export writes AnnData
 
+log = logging.getLogger(__name__)
+ORIGINAL_NAMES = "original_obs_name"  # obs column: the barcodes as the sources name them
 SAMPLES = {
     "cells": (),
     "pairs": (fmt.PAIRS,),
@@ -118,7 +126,18 @@ def to_anndata(root: str | Path, split: str, sample: str = "cells") -> ad.AnnDat
     if sample != "cells" and fmt.PRIMARY in col:
         obs["primary"] = col[fmt.PRIMARY]
     names = col[fmt.OBS_NAMES] if has_names else col[fmt.SAMPLE_ID].astype(str)
-    obs.index = pd.Index(np.asarray(names, dtype=object).astype(str))
+    original = pd.Index(np.asarray(names, dtype=object).astype(str))
+    obs[ORIGINAL_NAMES] = original.to_numpy()
+    obs.index = ad.utils.make_index_unique(original)  # anndata's own rule: a, a-1, a-2, ...
+    if not original.is_unique:
+        log.warning(
+            "%s: %d cells share a barcode with an earlier one (sources with the same cell "
+            "names): made unique as anndata's obs_names_make_unique does; the originals are in "
+            "obs[%r]",
+            index.root,
+            int(original.duplicated().sum()),
+            ORIGINAL_NAMES,
+        )
     obsm = {k[len(fmt.OBSM_PREFIX) :]: col[k] for k in obsm_keys}
     vectors = _condition_vectors(index)
     if vectors is not None and fmt.COND_ID in col:

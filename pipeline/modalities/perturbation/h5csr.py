@@ -87,17 +87,19 @@ def to_categorical(values: Any) -> Categorical:
             np.asarray(cat.codes, dtype=np.int32), tuple(decode_strings(cat.categories.to_numpy()))
         )
     arr = values if isinstance(values, pd.api.extensions.ExtensionArray) else np.asarray(values)
+    kind = getattr(arr.dtype, "kind", "")  # numbers (nullable ones too), not bool, not strings
+    numeric = kind if kind in ("i", "u", "f") else ""
     if isinstance(arr, np.ndarray) and arr.dtype.kind in "SU":
         # fixed-width strings cannot be missing: np.unique sorts and encodes without per-item Python
         # work,
         # and UTF-8 byte order equals code-point order, so decoding after sorting keeps the order
         uniques, inverse = np.unique(arr.ravel(), return_inverse=True)
-        return Categorical(inverse.astype(np.int32), tuple(decode_strings(uniques)))
+        return Categorical(inverse.astype(np.int32), tuple(decode_strings(uniques)), numeric)
     # vlen strings arrive as bytes objects: factorize first, decode only the uniques (same order, as
     # above)
     codes, uniques = pd.factorize(arr, sort=True, use_na_sentinel=True)
     return Categorical(
-        np.asarray(codes, dtype=np.int32), tuple(decode_strings(np.asarray(uniques)))
+        np.asarray(codes, dtype=np.int32), tuple(decode_strings(np.asarray(uniques))), numeric
     )
 
 

@@ -25,6 +25,10 @@ class Categorical:
 
     codes: np.ndarray  # int32 [n_rows] (the scan keeps them as the smallest type: see compact)
     categories: tuple[str, ...]
+    # the dtype kind ("i", "u", "f") when the source stores the column as numbers rather than as
+    # a categorical or strings; "" otherwise. The scan refuses such a column as a one-hot covariate
+    # when it looks like a measurement (pipeline.modalities.perturbation.scan.check_covariates)
+    numeric: str = ""
 
     def compact(self) -> Categorical:
         """The same column with codes in the smallest signed type its categories allow (1 byte a
@@ -32,7 +36,9 @@ class Categorical:
         up to 127 categories instead of 4): the scan holds every cell's codes until the plan is
         made."""
         return Categorical(
-            self.codes.astype(code_dtype(len(self.categories)), copy=False), self.categories
+            self.codes.astype(code_dtype(len(self.categories)), copy=False),
+            self.categories,
+            self.numeric,
         )
 
 

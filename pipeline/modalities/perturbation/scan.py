@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import SourceError
+from pipeline.errors import ManifestError, SourceError
 from pipeline.fingerprint import fingerprint
 from pipeline.manifest import Manifest, SourceSpec
 from pipeline.modalities.perturbation.matrix import Categorical, SourceMeta, open_source
@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 PROBE_ROWS = (
     256  # rows read at scan time to check a counts matrix (every row is checked again when packed)
 )
+# A [fields] covariates column stored as numbers is a measurement, not labels, when a value has a
+# fraction or when it has more distinct whole numbers than this (check_covariates).
+MAX_WHOLE_NUMBER_LABELS = 16
 
 
 def scan_source(
@@ -164,7 +167,61 @@ def scan(
     keys."""
     scanned = [scan_source(i, s, manifest, cache, hasher) for i, s in enumerate(manifest.sources)]
     check_consistent(scanned)
+    check_covariates(manifest, scanned)
     return scanned
+
+
+def check_covariates(manifest: Manifest, scanned: Sequence[ScannedSource]) -> None:
+    """Refuse a ``[fields] covariates`` column that holds measurements: one-hot, each distinct
+    value becomes its own condition (a cell count ``n_genes`` gave 658 conditions for 10 labels),
+    which no error or warning showed. The rule: the source stores the column as numbers (an int or
+    float column, not a categorical or strings) and either a value has a fraction (0.5) or there
+    are more than MAX_WHOLE_NUMBER_LABELS distinct values over all sources. A few whole numbers (a
+    timepoint 24/48, a replicate 1/2/3) stay labels. ``numeric_covariates`` is the place for
+    numbers; a column meant as labels can be stored as a categorical."""
+    for column in manifest.config.fields.covariates:
+        values: set[str] = set()
+        files = []
+        for s in scanned:
+            cat = s.obs.get(column)
+            if cat is not None and getattr(cat, "numeric", ""):
+                values.update(cat.categories)
+                files.append(s.spec.path.name)
+        if not values:
+            continue
+        fractions = sorted(v for v in values if not _whole(v))
+        if not fractions and len(values) <= MAX_WHOLE_NUMBER_LABELS:
+            continue
+        listed = fractions or sorted(values, key=_number)
+        shown = ", ".join(listed[:5]) + (", ..." if len(listed) > 5 else "")
+        why = (
+            f"values with a fraction ({shown})"
+            if fractions
+            else f"{len(values)} distinct whole numbers (more than {MAX_WHOLE_NUMBER_LABELS})"
+        )
+        raise ManifestError(
+            manifest.path,
+            "fields.covariates",
+            f"obs column {column!r} holds numbers ({why}, in {', '.join(files[:3])}): as a "
+            f"covariate each of its {len(values)} values would be its own condition (one-hot). "
+            "List it under numeric_covariates instead (one number in the condition vector, "
+            "after numeric_transform), or, to one-hot it on purpose, store it in the file as a "
+            "categorical column",
+        )
+
+
+def _number(label: str) -> float:
+    try:
+        return float(label)
+    except ValueError:
+        return float("nan")
+
+
+def _whole(label: str) -> bool:
+    """A label of a number column without a fraction ("24", "24.0"); NaN and inf count as
+    fractions (a measurement column, whatever it holds)."""
+    v = _number(label)
+    return v == v and abs(v) != float("inf") and v.is_integer()
 
 
 def check_consistent(scanned: Sequence[ScannedSource]) -> None:
