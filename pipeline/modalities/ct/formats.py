@@ -117,6 +117,15 @@ class VolumeSource(Source):
         super().__init__(path, **options)
         self.options = dict(options)
 
+    @classmethod
+    def expand(cls, path: Path) -> list[Path]:
+        """A folder stands for the files directly in it that carry one of the type's suffixes."""
+        if path.is_dir():
+            return sorted(
+                p for p in path.iterdir() if p.name.lower().endswith(cls.suffixes) and p.is_file()
+            )
+        return [path]
+
     def need_reader(self) -> None:
         """MissingExtraError (exit 2, naming ``pip install -e ".[ct]"``) when the reader is not
         installed."""

@@ -16,8 +16,6 @@ download fails the scan naming the file, not the pack an hour later.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from pipeline.errors import SourceError
@@ -43,14 +41,6 @@ class NiftiSource(VolumeSource):
     format = "nifti"
     suffixes = SUFFIXES
     reader = "nibabel"
-
-    @classmethod
-    def expand(cls, path: Path) -> list[Path]:
-        if path.is_dir():
-            return sorted(
-                p for p in path.iterdir() if p.name.lower().endswith(SUFFIXES) and p.is_file()
-            )
-        return [path]
 
     def _load(self):  # noqa: ANN202 - a nibabel image (an optional import)
         self.need_reader()

@@ -12,8 +12,6 @@ checked, never unpickled).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pipeline.modalities.ct.formats import Opened, VolumeHeader, VolumeSource
 from pipeline.modalities.ct.geometry import Geometry
 from pipeline.modalities.ct.volume import VolumeInfo, inspect_volume, open_volume
@@ -25,12 +23,6 @@ class NpySource(VolumeSource):
     type = "npy"
     format = "npy"
     suffixes = (".npy",)
-
-    @classmethod
-    def expand(cls, path: Path) -> list[Path]:
-        if path.is_dir():
-            return sorted(p for p in path.iterdir() if p.suffix.lower() == ".npy" and p.is_file())
-        return [path]
 
     def info(self) -> VolumeInfo:
         """Shape, dtype and sidecar, from the header alone (SourceError naming the file on bad

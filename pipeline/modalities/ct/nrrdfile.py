@@ -54,14 +54,6 @@ class NrrdSource(VolumeSource):
     suffixes = SUFFIXES
     reader = "nrrd"
 
-    @classmethod
-    def expand(cls, path: Path) -> list[Path]:
-        if path.is_dir():
-            return sorted(
-                p for p in path.iterdir() if p.name.lower().endswith(SUFFIXES) and p.is_file()
-            )
-        return [path]
-
     def _header(self) -> tuple[dict[str, Any], int]:
         """pynrrd's header and the byte where an attached file's data starts."""
         self.need_reader()
