@@ -2,25 +2,18 @@
 one-line reason.
 
 Why a separate interpreter: annbatch >= 0.3 needs Python >= 3.12 (its sources use the ``type X =
-...``
-statement), the bench runs on whatever Python the project's venv has. So: find a Python >= 3.12
-(``SHARDSMITH_ANNBATCH_PYTHON``, else ``python3.14``/``python3.13``/``python3.12`` on PATH, else
-pyenv's
-versions), make a venv with ``annbatch[torch,zarrs]`` and the Makefile's torch pin under the bench
-data folder
-(gitignored), convert the bench's .h5ad with annbatch's own writer, then time annbatch's Loader
-there and our
-loader here with one timing loop (``benchmarks/annbatch_worker.py``).
+...`` statement), the bench runs on whatever Python the project's venv has. So: find a Python >=
+3.12 (``SHARDSMITH_ANNBATCH_PYTHON``, else ``python3.14``/``python3.13``/``python3.12`` on PATH,
+else pyenv's versions), make a venv with ``annbatch[torch,zarrs]`` and the Makefile's torch pin
+under the bench data folder (gitignored), convert the bench's .h5ad with annbatch's own writer,
+then time annbatch's Loader there and our loader here with one timing loop
+(``benchmarks/annbatch_worker.py``).
 
 Two interpreters cannot share one process, so the pairing is at process level: a child of ours, a
-child of
-annbatch, again, ``rounds`` times (ours, annbatch, ours, annbatch ...). A row's cells/s is the
-median of its
-children's figures, its ratio the median over rounds of ours / annbatch in the same round. Nothing
-here
-raises into the bench: every failure becomes a ``skipped`` or ``failed`` record whose reason
-BENCHMARKS.md
-prints.
+child of annbatch, again, ``rounds`` times (ours, annbatch, ours, annbatch ...). A row's cells/s
+is the median of its children's figures, its ratio the median over rounds of ours / annbatch in
+the same round. Nothing here raises into the bench: every failure becomes a ``skipped`` or
+``failed`` record whose reason BENCHMARKS.md prints.
 """
 
 from __future__ import annotations
@@ -103,8 +96,7 @@ def find_python(
     env: Mapping[str, str] | None = None, which: Callable[[str], str | None] = shutil.which
 ) -> Interpreter | str:
     """An interpreter >= 3.12 or the reason there is none. The environment variable, when set, is
-    the only
-    candidate (a wrong one is reported, not silently replaced)."""
+    the only candidate (a wrong one is reported, not silently replaced)."""
     env = os.environ if env is None else env
     want = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
     chosen = env.get(ENV_VAR, "").strip()
@@ -146,8 +138,7 @@ def _run(cmd: list[str], log: Path, timeout: float, what: str, **kw: Any) -> Non
 
 def ensure_venv(py: Interpreter, folder: Path, torch_spec: str, timeout: float = 3600.0) -> str:
     """A venv with annbatch under ``folder``; reinstalled when the requested packages change (a
-    stamp
-    file holds what was installed, written last)."""
+    stamp file holds what was installed, written last)."""
     venv = folder / f"venv-py{py.tag}"
     vpy = venv / "bin" / "python"
     stamp, want = venv / ".shardsmith-installed", f"{ANNBATCH_SPEC} {torch_spec}"
@@ -208,8 +199,7 @@ def ensure_collection(
     vpy: str, h5ad: str, folder: Path, work: Path, timeout: float
 ) -> dict[str, Any]:
     """The bench's .h5ad as an annbatch collection, converted once per dataset (cached by the
-    .h5ad's folder
-    name, which names every generator parameter)."""
+    .h5ad's folder name, which names every generator parameter)."""
     dest = folder / "collections" / f"{Path(h5ad).parent.name}.zarr"
     marker = marker_of(dest)
     if marker.exists():

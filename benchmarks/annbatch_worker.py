@@ -2,29 +2,22 @@
 OUT.json``.
 
 Why a separate script: annbatch needs Python >= 3.12 and lives in a venv the bench makes
-(``benchmarks/annbatch_bench.py``), which has neither our packages nor our dependencies; our loader
-runs in
-ours. Both sides run the same timing loop (:func:`timed_streams`), so their figures follow one
-protocol:
-time to first batch (loader construction to first batch), ``warmup`` batches, then ``windows`` timed
-windows
-of ``seconds`` per stream, the streams of one process taking turns (A, B, A, B); a stream's figure
-is the
-median of its windows. Nothing but the standard library is imported at module level: the file must
-load
-under either interpreter (and under 3.11, where annbatch cannot be imported at all).
+(``benchmarks/annbatch_bench.py``), which has neither our packages nor our dependencies; our
+loader runs in ours. Both sides run the same timing loop (:func:`timed_streams`), so their
+figures follow one protocol: time to first batch (loader construction to first batch), ``warmup``
+batches, then ``windows`` timed windows of ``seconds`` per stream, the streams of one process
+taking turns (A, B, A, B); a stream's figure is the median of its windows. Nothing but the
+standard library is imported at module level: the file must load under either interpreter (and
+under 3.11, where annbatch cannot be imported at all).
 
 annbatch API followed: the 0.3.1 wheel from PyPI (what ``pip install annbatch`` gives) --
 ``annbatch/io.py`` ``DatasetCollection(path).add_adatas(adata_paths, *, rng=...)`` (defaults:
-shuffled,
-``n_obs_per_chunk=64``, ``shard_size="1GB"``, blosc lz4 clevel 3), ``annbatch/loader.py``
-``Loader(*, chunk_size=512, preload_nchunks=32, batch_size=1, shuffle=False, to=None,
-preload_to_gpu=find_spec("cupy") is not None, rng=None).use_collection(collection,
-load_adata=...)``,
-batches ``{"X", "obs", "var", "index"}``; ``to="torch"`` turns a CSR batch into a torch sparse CSR
-tensor
-(``annbatch/utils.py`` ``_to_torch``); README.md: the zarrs codec pipeline "is necessary for local
-filesystem
+shuffled, ``n_obs_per_chunk=64``, ``shard_size="1GB"``, blosc lz4 clevel 3),
+``annbatch/loader.py`` ``Loader(*, chunk_size=512, preload_nchunks=32, batch_size=1,
+shuffle=False, to=None, preload_to_gpu=find_spec("cupy") is not None,
+rng=None).use_collection(collection, load_adata=...)``, batches ``{"X", "obs", "var", "index"}``;
+``to="torch"`` turns a CSR batch into a torch sparse CSR tensor (``annbatch/utils.py``
+``_to_torch``); README.md: the zarrs codec pipeline "is necessary for local filesystem
 performance" (``zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})``).
 """
 
@@ -82,10 +75,8 @@ def timed_streams(
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, dict[str, Any]]:
     """The protocol shared by both interpreters: per stream, time to first batch and ``warmup``
-    batches;
-    then ``windows`` rounds in which every stream gets one window of ``seconds`` (A, B, A, B).
-    cells/s:
-    median of the stream's windows."""
+    batches; then ``windows`` rounds in which every stream gets one window of ``seconds`` (A, B,
+    A, B). cells/s: median of the stream's windows."""
     its: dict[str, Iterator[Any]] = {}
     out: dict[str, dict[str, Any]] = {}
     for name, make in makers.items():
@@ -123,9 +114,8 @@ def _zarrs_on() -> bool:
 
 def task_convert(spec: dict[str, Any]) -> dict[str, Any]:
     """The bench's .h5ad -> an annbatch collection with annbatch's own writer and its defaults
-    (shuffled);
-    written next to the target and renamed, the marker last, so a killed run leaves no half
-    collection."""
+    (shuffled); written next to the target and renamed, the marker last, so a killed run leaves
+    no half collection."""
     import annbatch
     import numpy as np
 
@@ -153,10 +143,9 @@ def task_convert(spec: dict[str, Any]) -> dict[str, Any]:
 
 def task_annbatch(spec: dict[str, Any]) -> dict[str, Any]:
     """annbatch's Loader on the collection: ``default`` (every Loader default but
-    batch_size/shuffle/rng:
-    scipy CSR batches, densified by the consumer as ``torch.from_numpy(X.toarray())``) and
-    ``sparse``
-    (``to="torch"``: torch sparse CSR batches, not densified)."""
+    batch_size/shuffle/rng: scipy CSR batches, densified by the consumer as
+    ``torch.from_numpy(X.toarray())``) and ``sparse`` (``to="torch"``: torch sparse CSR batches,
+    not densified)."""
     import annbatch
     import anndata as ad
     import numpy as np

@@ -1,13 +1,10 @@
 """A build's before/after as an honest ratio: the CLI build of the scale bench's screens with an
-earlier commit
-of the code (extracted with `git archive`) and with this checkout, interleaved from one driver
-process (A, B,
-B, A, ... so neither side always runs first), medians per side and the median of the per-round
-ratios.
+earlier commit of the code (extracted with `git archive`) and with this checkout, interleaved
+from one driver process (A, B, B, A, ... so neither side always runs first), medians per side and
+the median of the per-round ratios.
 
-Why: on a shared VM the same build moved by ±30% between runs minutes apart (other jobs' load); two
-separate
-`make bench-scale` runs cannot say what a change did.
+Why: on a shared VM the same build moved by ±30% between runs minutes apart (other jobs' load);
+two separate `make bench-scale` runs cannot say what a change did.
 
     python -m benchmarks.build_ab --before f804715 --sizes 200000,2000000 --rounds 3
 """

@@ -1,18 +1,16 @@
 """Where a build's CPU goes, against the codec-bound limit: `build()` of the scale bench's screen
-(sources of
-250k cells x 2,000 genes) under cProfile, in this process, at `--jobs 1` (no threads: every
-CPU-second is
-attributed once; the hasher's source sha256 runs inline in the scan), split into the components the
-limit has (h5py block reads, Blosc) and everything else the format and the design add.
+(sources of 250k cells x 2,000 genes) under cProfile, in this process, at `--jobs 1` (no threads:
+every CPU-second is attributed once; the hasher's source sha256 runs inline in the scan), split
+into the components the limit has (h5py block reads, Blosc) and everything else the format and
+the design add.
 
     python -m benchmarks.build_profile                    # 1M cells (4 sources), ~25 s
     python -m benchmarks.build_profile --cells 2000000
 
 Leaf functions are attributed by their tottime (split by caller where one function serves several
-parts,
-e.g. sha256 of sources, shards and plan keys); the stages by their cumulative time. cProfile adds
-its own
-overhead to Python-level calls (a few %); the C-level leaves, which dominate, are timed as they run.
+parts, e.g. sha256 of sources, shards and plan keys); the stages by their cumulative time.
+cProfile adds its own overhead to Python-level calls (a few %); the C-level leaves, which
+dominate, are timed as they run.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The build on each backend (threading, loky, a dask LocalCluster), same dataset and --jobs: wall
-time, peak
-RSS of the whole process tree (cluster workers included), and whether the shards are byte-identical.
+time, peak RSS of the whole process tree (cluster workers included), and whether the shards are
+byte-identical.
 
 Why a separate measurement: a cluster backend pays for starting its workers and for sending tasks
-(here
-descriptors: paths and row ranges, see pipeline/taskspill.py), which a thread pool does not; on one
-machine
-that overhead is all a cluster adds, so this is its price, not a speed-up.
+(here descriptors: paths and row ranges, see pipeline/taskspill.py), which a thread pool does
+not; on one machine that overhead is all a cluster adds, so this is its price, not a speed-up.
 """
 
 from __future__ import annotations
@@ -84,8 +82,8 @@ def markdown(res: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmarks.cluster_bench --cells N --files K --jobs J`: the backend comparison
-    alone, plus the
-    dry run's time (before the first build: scan + hash + plan; after it: the no-change check)."""
+    alone, plus the dry run's time (before the first build: scan + hash + plan; after it: the
+    no-change check)."""
     import argparse
     import json
     import sys

@@ -26,7 +26,7 @@ x 48,
   - ``shardsmith``: ``ShardDataset(sample="ct")`` over the built shards (zarr), the same batch size.
   All four produce the same coords/feats layout (int32 [N,4], float32 [N,C], offsets). Before
   timing,
-  :func:`check_parity` compares the shards with the per-item computation (voxels kept, points
+  :func:`benchmarks.ct_data.check_parity` compares the shards with the per-item computation (voxels kept, points
   stored; the
   very same points for a volume under the cap) and fails the bench if they differ.
 * the **formats** figure (:mod:`benchmarks.ct_formats_bench`): build time per volume of the same
@@ -45,25 +45,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
-import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
 
-from loaders.modalities.ct.ops import collate
-from pipeline.modalities.ct.demo import write_large_chest
-
-REPO = Path(__file__).resolve().parents[1]
-LEVEL, WIDTH, BAND, THRESHOLD = -600.0, 1500.0, (-1000.0, -400.0), -500.0
+from benchmarks.ct_data import (
+    baseline_item,
+    check_parity,
+    corpus,
+    npz_item,
+    write_manifest,
+    write_npz_cache,
+)
+from benchmarks.ct_formats_bench import run_formats_bench
+from benchmarks.ct_measure import (
+    Chain,
+    build,
+    du,
+    interleaved,
+    item_batches,
+    shard_chain,
+    volume_memory,
+)
 
 
 @dataclass(frozen=True)
@@ -80,299 +86,6 @@ class CtBenchConfig:
     seed: int = 0
     formats_volumes: int = 2  # build time per volume by source format, on loader_shape chests
     formats_repeats: int = 2
-
-
-# -- the baselines
-# -------------------------------------------------------------------------------------------
-def baseline_item(
-    path: Path, body_mask: bool = True, max_points: int | None = None
-) -> dict[str, np.ndarray]:
-    """One volume the way a per-item CT dataset computes it (the same rule as a shardsmith record,
-    and the
-    same cap: a sorted random subset of ``max_points``)."""
-    hu = np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
-    lo, hi = LEVEL - WIDTH / 2, LEVEL + WIDTH / 2
-    keep = (hu >= max(lo, BAND[0])) & (hu <= min(hi, BAND[1]))
-    if body_mask:
-        m = hu > THRESHOLD
-        lab, n = ndimage.label(m)
-        if n:
-            m = lab == (np.argmax(np.bincount(lab.ravel())[1:]) + 1)
-        for k in range(m.shape[-1]):
-            m[..., k] = ndimage.binary_fill_holes(m[..., k])
-        keep &= m
-    idx = np.nonzero(keep)
-    kept = idx[0].size
-    if max_points is not None and idx[0].size > max_points:
-        sel = np.sort(np.random.default_rng(0).choice(idx[0].size, max_points, replace=False))
-        idx = tuple(i[sel] for i in idx)
-    vals = hu[idx]
-    return {
-        "coords": np.stack(idx, axis=1).astype(np.uint16),
-        "hu": vals,
-        "window": np.clip((vals - np.float32(lo)) / np.float32(WIDTH), 0, 1).astype(np.float16),
-        "kept": np.asarray(kept, dtype=np.int64),
-    }
-
-
-def _batches(
-    items: Callable[[int], dict[str, np.ndarray]], n: int, batch_size: int, epoch: int
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    order = np.random.default_rng([0, epoch]).permutation(n)
-    for j in range(0, n, batch_size):
-        got = [items(int(i)) for i in order[j : j + batch_size]]
-        off = np.zeros(len(got) + 1, dtype=np.int64)
-        np.cumsum([g["coords"].shape[0] for g in got], out=off[1:])
-        yield collate(
-            np.concatenate([g["coords"] for g in got]),
-            off,
-            [np.concatenate([g["hu"] for g in got]), np.concatenate([g["window"] for g in got])],
-        )
-
-
-def write_npz_cache(volumes: list[Path], out: Path, max_points: int) -> list[Path]:
-    """The usual preprocessing cache: one compressed npz of the sparse result per volume."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for v in volumes:
-        item = baseline_item(v, max_points=max_points)  # the same cap as the shards
-        p = out / f"{v.stem}.npz"
-        np.savez_compressed(p, **item)
-        paths.append(p)
-    return paths
-
-
-def check_parity(cache: list[Path], shards: Path) -> dict[str, int]:
-    """The methods must deliver the same data, or the speed ratio means nothing: per volume, the npz
-    cache
-    (the per-item computation, saved) and the shards agree on the voxels kept before the cap and the
-    points
-    stored; an uncapped volume's coordinates and features are equal. RuntimeError naming the volume
-    if not."""
-    from loaders.dataset import ShardDataset
-    from loaders.format import read_index
-
-    index = read_index(shards)
-    recs = {r["file"]: r for rs in index.section("ct")["records"].values() for r in rs}
-    got = {}
-    for b in ShardDataset(
-        shards, split="train", sample="ct", batch_size=1, shuffle=False, decode_process=False
-    ):
-        got[Path(index.sources[int(b["sample_id"][0])]["path"]).name] = (
-            b["coords"][:, 1:].numpy(),
-            b["feats"].numpy(),
-        )
-    exact = 0
-    for p in cache:
-        name, z = f"{p.stem}.npy", npz_item(p, with_kept=True)
-        r = recs.get(name)
-        if r is None or name not in got:
-            raise RuntimeError(f"parity: {name} is in the npz cache but not in the shards")
-        if (
-            int(z["kept"]) != int(r["kept"])
-            or z["coords"].shape[0] != int(r["points"])
-            or got[name][0].shape[0] != int(r["points"])
-        ):
-            raise RuntimeError(
-                f"parity: {name}: per-item keeps {int(z['kept'])} voxels, stores {len(z['coords'])}; "
-                f"shards {r['kept']}, {r['points']}"
-            )
-        if int(r["kept"]) == int(r["points"]):  # no cap drawn: the very same points
-            feats = np.stack([z["hu"].astype(np.float32), z["window"].astype(np.float32)], axis=1)
-            if not (
-                np.array_equal(got[name][0], z["coords"]) and np.array_equal(got[name][1], feats)
-            ):
-                raise RuntimeError(f"parity: {name}: shards and per-item give different points")
-            exact += 1
-    return {"volumes": len(cache), "compared_exactly": exact}
-
-
-def npz_item(path: Path, with_kept: bool = False) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in ("coords", "hu", "window", *(("kept",) if with_kept else ()))}
-
-
-# -- measurement
-# ---------------------------------------------------------------------------------------------
-class Chain:
-    """Epoch after epoch of ``make(epoch)``, counting volumes and points."""
-
-    def __init__(self, make: Callable[[int], Iterator[Any]]) -> None:
-        self.make, self.epoch, self.it = make, 0, make(0)
-
-    def next(self) -> tuple[int, int]:
-        while True:
-            try:
-                b = next(self.it)
-            except StopIteration:
-                self.epoch += 1
-                self.it = self.make(self.epoch)
-                continue
-            coords, _, off = (b["coords"], b["feats"], b["offsets"]) if isinstance(b, dict) else b
-            return int(len(off) - 1), int(coords.shape[0])
-
-
-def measure_window(chain: Chain, seconds: float) -> dict[str, float]:
-    vols = pts = 0
-    t0 = time.perf_counter()
-    while True:
-        v, p = chain.next()
-        vols, pts = vols + v, pts + p
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return {
-                "volumes_per_s": vols / dt,
-                "points_per_s": pts / dt,
-                "seconds": dt,
-                "volumes": vols,
-            }
-
-
-def interleaved(
-    methods: dict[str, Chain], seconds: float, repeats: int
-) -> dict[str, dict[str, Any]]:
-    for c in methods.values():  # warm-up: first batch of each (imports, first decode, page cache)
-        c.next()
-    runs: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
-    for _ in range(repeats):
-        for m, c in methods.items():
-            runs[m].append(measure_window(c, seconds))
-    return {
-        m: {
-            "volumes_per_s": statistics.median(r["volumes_per_s"] for r in rs),
-            "points_per_s": statistics.median(r["points_per_s"] for r in rs),
-            "windows": rs,
-        }
-        for m, rs in runs.items()
-    }
-
-
-def du(paths: list[Path] | Path) -> int:
-    paths = [paths] if isinstance(paths, Path) else paths
-    total = 0
-    for p in paths:
-        total += (
-            p.stat().st_size
-            if p.is_file()
-            else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        )
-    return total
-
-
-# -- data and builds
-# -----------------------------------------------------------------------------------------
-def corpus(data_dir: Path, shape: tuple[int, int, int], n: int) -> list[Path]:
-    d = data_dir / f"ct_{'x'.join(map(str, shape))}_{n}"
-    paths = [d / f"chest_{i:03d}.npy" for i in range(n)]
-    for i, p in enumerate(paths):
-        if not p.exists():
-            write_large_chest(p, shape, 100 + i)
-    return paths
-
-
-def write_manifest(
-    path: Path,
-    volumes_glob: str,
-    name: str,
-    fmt: str,
-    max_points: int,
-    seed: int,
-    shard_size_mb: float = 64,
-) -> Path:
-    path.write_text(f"""[dataset]
-name = "{name}"
-kind = "ct"
-format = "{fmt}"
-seed = {seed}
-shard_size_mb = {shard_size_mb}
-
-[[sources]]
-path = "{volumes_glob}"
-type = "npy"
-
-[ct]
-max_points = {max_points}
-
-[split]
-val_fraction = 0.0
-test_fraction = 0.0
-""")
-    return path
-
-
-def build(manifest: Path, out: Path, jobs: int) -> dict[str, float]:
-    """``shardsmith build`` in a child process: wall seconds and the child's peak RSS (MiB)."""
-    from benchmarks.measure import RssSampler
-
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "build",
-        str(manifest),
-        "--out",
-        str(out),
-        "--jobs",
-        str(jobs),
-    ]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    with RssSampler(proc.pid) as rss:
-        output, _ = proc.communicate()
-    dt = time.perf_counter() - t0
-    text = output.decode(errors="replace")
-    if proc.returncode:
-        raise RuntimeError(f"build failed ({proc.returncode}): {text[-2000:]}")
-    own = re.search(
-        r"reused in ([0-9.]+)s", text
-    )  # the build's own time, without the interpreter's start
-    return {
-        "seconds": dt,
-        "build_seconds": float(own.group(1)) if own else dt,
-        "peak_rss_mib": rss.peak / 2**20,
-    }
-
-
-def volume_memory(path: Path, max_points: int) -> dict[str, float]:
-    """``process_volume`` on one volume in a fresh interpreter: seconds, tracemalloc peak (numpy's
-    working set)
-    and the VmHWM growth (which also counts the memory-mapped file's pages), as multiples of its
-    int16 bytes."""
-    code = f"""
-import json, time, tracemalloc
-import numpy as np
-from pipeline.modalities.ct.volume import CtSettings, process_volume
-def hwm():
-    return int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) * 1024
-base = hwm()
-tracemalloc.start()
-t = time.perf_counter()
-rec = process_volume({str(path)!r}, CtSettings(max_points={max_points}))
-dt = time.perf_counter() - t
-peak = tracemalloc.get_traced_memory()[1]
-vb = rec.voxels * 2
-print(json.dumps({{"seconds": dt, "traced_peak_x": peak / vb, "rss_growth_x": (hwm() - base) / vb,
-                  "traced_peak_mib": peak / 2**20, "rss_growth_mib": (hwm() - base) / 2**20, "points": rec.points}}))
-"""
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def shard_chain(root: Path, batch_size: int) -> Chain:
-    from loaders.dataset import ShardDataset
-
-    ds = ShardDataset(root, split="train", sample="ct", batch_size=batch_size, shuffle=True, seed=0)
-
-    def make(
-        epoch: int,
-    ) -> Iterator[Any]:  # one dataset for the run, as a trainer keeps it: epochs re-plan
-        ds.set_epoch(epoch)
-        return iter(ds)
-
-    return Chain(make)
 
 
 def run_ct_bench(
@@ -402,11 +115,11 @@ def run_ct_bench(
     methods = {
         "shardsmith": shard_chain(work / "shards_loader", bs),
         "per-item": Chain(
-            lambda e: _batches(lambda i: baseline_item(vols[i], max_points=cap), n, bs, e)
+            lambda e: item_batches(lambda i: baseline_item(vols[i], max_points=cap), n, bs, e)
         ),
-        "npz cache": Chain(lambda e: _batches(lambda i: npz_item(cache[i]), n, bs, e)),
+        "npz cache": Chain(lambda e: item_batches(lambda i: npz_item(cache[i]), n, bs, e)),
         "per-item (no mask)": Chain(
-            lambda e: _batches(lambda i: baseline_item(vols[i], False, cap), n, bs, e)
+            lambda e: item_batches(lambda i: baseline_item(vols[i], False, cap), n, bs, e)
         ),
     }
     loader = interleaved(methods, cfg.seconds, cfg.repeats)
@@ -435,8 +148,6 @@ def run_ct_bench(
     b["volume_mib"] = int(np.prod(cfg.build_shape)) * 2 / 2**20
     result["build_512"] = b
     result["volume_memory"] = volume_memory(big[0], cfg.max_points)
-    from benchmarks.ct_formats_bench import run_formats_bench
-
     result["formats"] = run_formats_bench(
         data_dir,
         work / "formats",

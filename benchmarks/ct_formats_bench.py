@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.ct_bench import build, du
+from benchmarks.ct_measure import build, du
 from pipeline.modalities.ct.demo import make_chest_volume
 
 FORMATS = {  # name -> ([[sources]] body relative to the corpus folder, what is on disk)
@@ -88,8 +88,7 @@ test_fraction = 0.0
 
 
 def _content(out: Path) -> list[str]:
-    """The shards' content hashes: equal when two builds stored the very same points and
-    features."""
+    """The shards' content hashes: equal when two builds stored the very same points and features."""
     from loaders.format import read_index
 
     return [e.sha256 for e in read_index(out).shards]

@@ -6,11 +6,9 @@ tools of ours).
     python -m benchmarks.device_check --data .devdata --out $OUT    # there
 
 Everything it reads is made beforehand on the CPU machine by ``--prepare``, under ``--data`` (~46
-MB, under
-the device tool's 64 MiB with zarr/numcodecs wheels): ``cells/`` (shards of the bench's synthetic
-screen, 50k x
-2,000), ``csr.h5`` (4,096 CSR rows of it, h5py), ``gpu_spike/`` (the demo spike build,
-``benchmarks.gpu_spike.demo_build``). It measures, on the device's own CPU and GPU:
+MB, under the device tool's 64 MiB with zarr/numcodecs wheels): ``cells/`` (shards of the bench's
+synthetic screen, 50k x 2,000), ``csr.h5`` (4,096 CSR rows of it, h5py), ``gpu_spike/`` (the demo
+spike build, ``benchmarks.gpu_spike.demo_build``). It measures, on the device's own CPU and GPU:
 
 * the GPU section of ``make bench`` (``benchmarks.gpu.run_gpu``): host-to-device GB/s, on-device
 densify, and
@@ -25,8 +23,8 @@ the
 error).
 
 Results go to ``--out/device.json`` and a markdown summary to stdout. Not interleaved across
-processes: the
-rates of the worker scan are from consecutive windows of one process, on a machine nobody else uses.
+processes: the rates of the worker scan are from consecutive windows of one process, on a machine
+nobody else uses.
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ from typing import Any
 
 def worker_scan(root: str, workers: tuple[int, ...], seconds: float) -> list[dict[str, Any]]:
     """The host loader (dense, the whole split one window) for each ``num_workers``:
-    ``benchmarks.gpu``'s loader
-    measure with ``device=None``."""
+    ``benchmarks.gpu``'s loader measure with ``device=None``."""
     from benchmarks.gpu import loader_on_cuda
 
     out = []
@@ -56,9 +53,8 @@ def worker_scan(root: str, workers: tuple[int, ...], seconds: float) -> list[dic
 
 def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str, Any]]:
     """``device="cuda"`` (CSR parts shipped, densified on the GPU) against ``device=None``: every
-    key of every
-    batch equal, for cells, pairs and sentences, dense and ``densify=False``; raises on the first
-    difference."""
+    key of every batch equal, for cells, pairs and sentences, dense and ``densify=False``; raises
+    on the first difference."""
     import torch
 
     from loaders import ShardDataset, ShardLoader

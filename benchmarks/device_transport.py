@@ -2,15 +2,12 @@
 ~15 s).
 
 For ``num_workers`` 0 and 2, windows of ``--epochs`` epochs (shuffled 256-cell batches of
-``--data``'s
-``cells`` shards: ``benchmarks.device_check --prepare``), rotating through: ``device="cuda"`` with a
-full
-device sync per batch (what ``benchmarks.gpu`` reports), with the consumer stream's sync (the batch
-is usable),
-and with none (the training thread's own cost); host batches copied by the trainer (``.to("cuda",
-non_blocking=True)`` per tensor, ``pin_memory=True``) with a stream sync and with none; host batches
-not
-copied. Three rounds; JSON lines to stdout and ``--out/rates-LABEL.json``.
+``--data``'s ``cells`` shards: ``benchmarks.device_check --prepare``), rotating through:
+``device="cuda"`` with a full device sync per batch (what ``benchmarks.gpu`` reports), with the
+consumer stream's sync (the batch is usable), and with none (the training thread's own cost);
+host batches copied by the trainer (``.to("cuda", non_blocking=True)`` per tensor,
+``pin_memory=True``) with a stream sync and with none; host batches not copied. Three rounds;
+JSON lines to stdout and ``--out/rates-LABEL.json``.
 
 Before/after a change of the transport, in one lease, alternating processes (A B A B)::
 
@@ -20,9 +17,8 @@ Before/after a change of the transport, in one lease, alternating processes (A B
       PYTHONPATH=. python benchmarks/device_transport.py --label new$r --out $OUT
     done
 
-(Run as a script path, not with ``-m``: ``-m`` puts the working directory first on ``sys.path``, and
-the
-"old" side would import this checkout's ``loaders`` instead of ``PYTHONPATH``'s.)
+(Run as a script path, not with ``-m``: ``-m`` puts the working directory first on ``sys.path``,
+and the "old" side would import this checkout's ``loaders`` instead of ``PYTHONPATH``'s.)
 ``--profile`` adds cProfile and torch.profiler tables of ``device="cuda"`` to
 ``--out/profile-LABEL.txt``.
 """

@@ -1,6 +1,5 @@
 """GPU figures (only where torch.cuda.is_available()): host-to-device bandwidth, on-device densify
-rate, and the
-loader with device="cuda" (cells/s and how long the trainer waits for each batch)."""
+rate, and the loader with device="cuda" (cells/s and how long the trainer waits for each batch)."""
 
 from __future__ import annotations
 
@@ -92,13 +91,10 @@ def loader_on_cuda(
     window: int = 4,
 ) -> dict[str, Any]:
     """Cells/s of ``ShardLoader(device=device)`` over ``seconds`` of epochs after a warm-up epoch
-    (persistent
-    workers), and how long the trainer waits for each batch (the consumer stream synchronised: the
-    batch is
-    usable; until 2026-11-26 the whole device was, which also waited for the batches staged behind
-    it).
-    ``device=None``: the host loader (for reference in the same run, and the worker scan of
-    ``benchmarks.device_check``)."""
+    (persistent workers), and how long the trainer waits for each batch (the consumer stream
+    synchronised: the batch is usable; until 2026-11-26 the whole device was, which also waited
+    for the batches staged behind it). ``device=None``: the host loader (for reference in the
+    same run, and the worker scan of ``benchmarks.device_check``)."""
     import torch
 
     from benchmarks.measure import payload

@@ -24,9 +24,8 @@ odd
 * ``loader_rate``: samples/s of both loaders over that build, interleaved windows, median.
 
 Why a separate module: the lead runs it on a lent GPU; ``make bench`` has no GPU on the build
-machines, and a
-CUDA check that silently fell back to the CPU would prove nothing, so without CUDA it reports ``not
-measured`` instead of timing the CPU.
+machines, and a CUDA check that silently fell back to the CPU would prove nothing, so without
+CUDA it reports ``not measured`` instead of timing the CPU.
 """
 
 from __future__ import annotations
@@ -152,8 +151,7 @@ def kernel(
     cases: tuple[tuple[tuple[int, int] | None, int], ...] = CASES,
 ) -> list[dict[str, Any]]:
     """Parity and time of the voxel finishers per case, bit order and bin count (5: 8 frames a bin,
-    the
-    popcount path; 4: 10, unpacked): see the module docstring."""
+    the popcount path; 4: 10, unpacked): see the module docstring."""
     import torch
 
     rng = np.random.default_rng(0)

@@ -1,11 +1,8 @@
 """What integrity on read costs: the loader with shard checks (``verify=True``: sha256 once per
-process and file
-state, every chunk present on every read; ``verify="always"``: sha256 on every read) against the
-same loader
-with ``verify=False`` (chunks counted only), epochs interleaved in one process (rotating order),
-median of
-the per-epoch ratios. Also the decode alone (``WindowReader.read_window``), interleaved the same
-way.
+process and file state, every chunk present on every read; ``verify="always"``: sha256 on every
+read) against the same loader with ``verify=False`` (chunks counted only), epochs interleaved in
+one process (rotating order), median of the per-epoch ratios. Also the decode alone
+(``WindowReader.read_window``), interleaved the same way.
 
     python -m benchmarks.integrity_bench --cells 80000 --epochs 6 --data-dir bench_data
 

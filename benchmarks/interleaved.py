@@ -1,28 +1,23 @@
 """The loader against its in-memory scipy limits in ONE process, interleaved (the honest ratio).
 
-Why: a baseline timed in another interpreter at another moment moves with this VM's speed (the same
-``X[idx].toarray()`` ran at 531k and at 2M cells/s in two sessions), so a ratio of two separate runs
-says
-little. Here every method is a stream that lives for the whole task; they take turns, one window of
-``seconds`` each (A, B, C, A, B, C ...), for ``rounds`` rounds. A method's figure is the median of
-its
-windows; a ratio is the median over rounds of (loader window / its baseline's window in the same
-round).
+Why: a baseline timed in another interpreter at another moment moves with this VM's speed (the
+same ``X[idx].toarray()`` ran at 531k and at 2M cells/s in two sessions), so a ratio of two
+separate runs says little. Here every method is a stream that lives for the whole task; they take
+turns, one window of ``seconds`` each (A, B, C, A, B, C ...), for ``rounds`` rounds. A method's
+figure is the median of its windows; a ratio is the median over rounds of (loader window / its
+baseline's window in the same round).
 
-Baselines: ``X[idx].toarray()`` for dense batches and ``X[idx]`` (scipy's CSR row gather) for sparse
-ones,
-on the whole matrix held in memory as one scipy CSR. Both hand torch tensors back, as the loader
-does.
+Baselines: ``X[idx].toarray()`` for dense batches and ``X[idx]`` (scipy's CSR row gather) for
+sparse ones, on the whole matrix held in memory as one scipy CSR. Both hand torch tensors back,
+as the loader does.
 
 Memory: no sampler thread runs while a window is timed; the process tree's RSS is read between
-windows,
-and the kernel's own high-water mark (``VmHWM``, per process) is read at the end. The loader's
-decoder
-process and its shared windows count in both processes' RSS (shared pages counted twice).
+windows, and the kernel's own high-water mark (``VmHWM``, per process) is read at the end. The
+loader's decoder process and its shared windows count in both processes' RSS (shared pages
+counted twice).
 
-Decode CPU: the CPU seconds of the decoder process (every window is decoded there, once per rank),
-read
-from ``/proc`` between windows, per epoch started.
+Decode CPU: the CPU seconds of the decoder process (every window is decoded there, once per
+rank), read from ``/proc`` between windows, per epoch started.
 """
 
 from __future__ import annotations
@@ -179,8 +174,7 @@ def loader_stream(
 
 def run_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
     """Spec: h5ad, shards_root, batch_size, seconds (per window), rounds, warmup, workers (list),
-    windows
-    (shuffle windows to measure, in shards), sparse (bool)."""
+    windows (shuffle windows to measure, in shards), sparse (bool)."""
 
     x = load_csr(spec["h5ad"])
     bs, root = int(spec["batch_size"]), spec["shards_root"]
@@ -249,13 +243,10 @@ def run_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_workers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Decode CPU-seconds per epoch and peak window memory for each ``num_workers``
-    (``workers_scan``), dense
-    cells, ``scan_window`` shards a window (so every epoch decodes), persistent workers: one warm-up
-    epoch, then
-    ``scan_epochs`` measured. Window memory: the most bytes of decoder slabs alive at once (the
-    windows the
-    rank holds; workers map the same slabs) plus what workers decoded themselves (none with the
-    broker)."""
+    (``workers_scan``), dense cells, ``scan_window`` shards a window (so every epoch decodes),
+    persistent workers: one warm-up epoch, then ``scan_epochs`` measured. Window memory: the most
+    bytes of decoder slabs alive at once (the windows the rank holds; workers map the same slabs)
+    plus what workers decoded themselves (none with the broker)."""
     from loaders import ShardDataset, ShardLoader
 
     out = []
@@ -313,8 +304,7 @@ def _workers_cpu(root: psutil.Process) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """The same-process run alone, e.g. for an A/B of a loader change (``make bench`` runs it with
-    every other
-    section):
+    every other section):
 
         python -m benchmarks.interleaved --h5ad bench_data/synth_.../part_00.h5ad --shards SHARDS
     """

@@ -1,13 +1,10 @@
 """Loader throughput: our ShardLoader against baselines, on the same data, in an isolated child
 process.
 
-Each task runs in its own interpreter (``python -m benchmarks.loaders_bench SPEC.json OUT.json``) so
-its
-peak RSS (main process + DataLoader workers, sampled in a thread) is its own. Every method delivers
-random
-batches of dense float32 rows; the figures span epoch boundaries (a new shuffle every epoch,
-start-ups
-included) after warm-up, median of the repeats.
+Each task runs in its own interpreter (``python -m benchmarks.loaders_bench SPEC.json OUT.json``)
+so its peak RSS (main process + DataLoader workers, sampled in a thread) is its own. Every method
+delivers random batches of dense float32 rows; the figures span epoch boundaries (a new shuffle
+every epoch, start-ups included) after warm-up, median of the repeats.
 """
 
 from __future__ import annotations

@@ -59,9 +59,9 @@ class RssSampler:
     """Samples the RSS of a process tree in a daemon thread; `peak` is the largest sum seen since
     `reset()`.
 
-    The process list (a scan of /proc, ~2 ms) is refreshed every `refresh` seconds; the RSS of the
-    known
-    processes (~30 us each) is read every `interval` seconds, so sampling costs about 1% of a core.
+    The process list (a scan of /proc, ~2 ms) is refreshed every `refresh` seconds; the RSS of
+    the known processes (~30 us each) is read every `interval` seconds, so sampling costs about
+    1% of a core.
     """
 
     def __init__(
@@ -172,10 +172,9 @@ def payload(batch: Any, n_genes: int) -> tuple[int, int]:
 class EpochChain:
     """Epoch after epoch as one stream (``make(epoch)`` gives an epoch's iterator).
 
-    ``restart_s`` accumulates the time from asking for an epoch to its first batch: epoch start-up.
-    It is
-    part of the measured time (a true per-epoch reshuffle is paid every epoch) and reported on its
-    own.
+    ``restart_s`` accumulates the time from asking for an epoch to its first batch: epoch
+    start-up. It is part of the measured time (a true per-epoch reshuffle is paid every epoch)
+    and reported on its own.
     """
 
     def __init__(self, make: Callable[[int], Iterator[Any]], first_epoch: int = 0) -> None:
@@ -225,10 +224,9 @@ def measure_once(
     """Time-to-first-batch, then `warmup` batches, then batches until `seconds` have passed.
 
     With an :class:`EpochChain` the measured time spans epoch boundaries and includes their
-    start-ups
-    (also reported apart, as ``restart_s``); a plain iterator stops at its end. `multiple_of` keeps
-    measured batches aligned with a
-    method's internal fetch blocks (scDataset fetches several batches at once).
+    start-ups (also reported apart, as ``restart_s``); a plain iterator stops at its end.
+    `multiple_of` keeps measured batches aligned with a method's internal fetch blocks (scDataset
+    fetches several batches at once).
     """
     t0 = time.perf_counter()
     it = make_iter()

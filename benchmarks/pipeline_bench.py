@@ -1,8 +1,6 @@
 """Pipeline figures: build throughput against the codec-bound limit, peak RSS against size, --jobs
-scaling,
-incremental and no-change rebuilds. Builds run the real CLI in a child process (``python -m pipeline
-build``)
-whose whole process tree (joblib workers included) is RSS-sampled from here.
+scaling, incremental and no-change rebuilds. Builds run the real CLI in a child process (``python
+-m pipeline build``) whose whole process tree (joblib workers included) is RSS-sampled from here.
 """
 
 from __future__ import annotations

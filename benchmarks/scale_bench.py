@@ -1,21 +1,15 @@
 """`make bench-scale`: the build from 200k to 2M cells (x 2,000 genes, in .h5ad sources of up to
-250k cells:
-1 file at 200k, 8 at 2M; generated one file at a time by benchmarks/synth.py; the 2M screen is ~3.3
-GB),
---jobs 2. Sources of a bounded size model how collections grow (more screens, not bigger files), and
-keep
-what planning holds per source (one source's pairing and sentence draws) the same at every size, so
-the peak
-RSS measures what the plan holds per cell of the whole dataset.
+250k cells: 1 file at 200k, 8 at 2M; generated one file at a time by benchmarks/synth.py; the 2M
+screen is ~3.3 GB), --jobs 2. Sources of a bounded size model how collections grow (more screens,
+not bigger files), and keep what planning holds per source (one source's pairing and sentence
+draws) the same at every size, so the peak RSS measures what the plan holds per cell of the whole
+dataset.
 
 Per size: the codec-bound limit of the same files (h5py block reads + Blosc-lz4, one thread: the
-limit of
-one job), then the build through the CLI in a child process (RSS of its whole tree sampled), with
-its stage
-times from `--log-json`. Reports cells/s per job against the limit, peak RSS, and time against cells
-(a
-linear fit). Writes SCALE.md and scale.json under --out (default benchmarks/), which BENCHMARKS.md
-includes.
+limit of one job), then the build through the CLI in a child process (RSS of its whole tree
+sampled), with its stage times from `--log-json`. Reports cells/s per job against the limit, peak
+RSS, and time against cells (a linear fit). Writes SCALE.md and scale.json under --out (default
+benchmarks/), which BENCHMARKS.md includes.
 
     python -m benchmarks.scale_bench                      # 200k,500k,1M,2M: ~10 min on 2 idle
     cores, ~8 GB disk

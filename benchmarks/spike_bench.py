@@ -1,18 +1,15 @@
 """Spike figures for ``make bench``: our loader vs a Spike-Zoo/SpikeCV-style per-item loader, bytes
-on disk,
-build records/s and peak RSS.
+on disk, build records/s and peak RSS.
 
     from benchmarks.spike_bench import run_spike_bench
     result = run_spike_bench(data_dir, work_dir)   # -> dict; result["table"] is markdown
     python -m benchmarks.spike_bench --data-dir bench_data --work-dir bench_data/work/spike
 
-Data (generated once, cached under ``data_dir``): ``sequences`` x ``frames_per_sequence`` ``.dat``
-files of
-250 x 400 pixels (Vidar: bit-packed, rows flipped), ``file_frames`` frames each, in a GoPro-style
-tree (no images), spikes from an integrate-and-fire model of a drifting pattern
-(``pipeline.modalities.spike.demo``), as a
-spike camera makes them (about 30% of pixels fire per frame). Each record keeps the central
-``window`` frames.
+Data (generated once, cached under ``data_dir``): ``sequences`` x ``frames_per_sequence``
+``.dat`` files of 250 x 400 pixels (Vidar: bit-packed, rows flipped), ``file_frames`` frames
+each, in a GoPro-style tree (no images), spikes from an integrate-and-fire model of a drifting
+pattern (``pipeline.modalities.spike.demo``), as a spike camera makes them (about 30% of pixels
+fire per frame). Each record keeps the central ``window`` frames.
 
 Loader methods, measured in ONE process, interleaved (A, B, A, B; ``repeats`` windows of
 ``seconds``), median:
@@ -33,23 +30,16 @@ the
   (``[spike] codec = "dataset"`` with ``[dataset] codec = "none"``: frame-major, nothing to decode).
 
 Both give float32 voxels ``[B, num_bins, h, w]`` (ours ``[B, 1, num_bins, h, w]``: clips of one
-frame).
-``num_workers`` is measured first (``result["loader"]``), then each of ``more_workers`` (both
-loaders with
-persistent workers, ``result["loader_workers"]``).
+frame). ``num_workers`` is measured first (``result["loader"]``), then each of ``more_workers``
+(both loaders with persistent workers, ``result["loader_workers"]``).
 
 Bytes: the raw ``.dat`` files, uint8 / float32 voxel grids of the same windows as ``.npy`` files
-(what voxel
-caches store), the uint8 grids compressed (``np.savez_compressed``, and zstd: caches a careful user
-would
-write), per-clip caches, and our shards: spikebits (the default), blosc-lz4 (the previous default)
-and no
-codec. At 40 frames and 5 bins a bit-packed window has exactly the bytes of its uint8 voxel grid (40
-bits = 5
-bytes a pixel): only compression can move that ratio. Bytes are measured twice: on the corpus as the
-demo
-generator makes it, and on a noisier one (``noise``: threshold jitter and dark spikes, as real
-sensors have).
+(what voxel caches store), the uint8 grids compressed (``np.savez_compressed``, and zstd: caches
+a careful user would write), per-clip caches, and our shards: spikebits (the default), blosc-lz4
+(the previous default) and no codec. At 40 frames and 5 bins a bit-packed window has exactly the
+bytes of its uint8 voxel grid (40 bits = 5 bytes a pixel): only compression can move that ratio.
+Bytes are measured twice: on the corpus as the demo generator makes it, and on a noisier one
+(``noise``: threshold jitter and dark spikes, as real sensors have).
 """
 
 from __future__ import annotations
@@ -65,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.ct_bench import build as build_child
-from benchmarks.ct_bench import du
+from benchmarks.ct_measure import build as build_child
+from benchmarks.ct_measure import du
 from pipeline.modalities.spike.demo import integrate_and_fire, scene, vidar_bytes
 
 
@@ -199,8 +189,7 @@ def voxel_window(path: Path, c: SpikeBenchConfig, dtype: Any) -> np.ndarray:
 
 def voxel_cache_bytes(files: list[Path], c: SpikeBenchConfig) -> dict[str, int]:
     """Bytes of the voxel caches users keep of every window: one uint8 / float32 ``.npy`` per window
-    (header
-    included), uint8 ``np.savez_compressed`` (zlib), and uint8 zstd."""
+    (header included), uint8 ``np.savez_compressed`` (zlib), and uint8 zstd."""
     import io
 
     from numcodecs import Zstd

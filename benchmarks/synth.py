@@ -1,12 +1,10 @@
 """Synthetic scPerturb-like datasets: sparse negative-binomial counts plus perturbation metadata, as
 .h5ad.
 
-The CSR matrix is built directly from per-row nonzero counts and random column draws (never a dense
-matrix),
-so 200,000 cells x 2,000 genes generate in a few seconds. Generated files are cached under a data
-folder,
-keyed by every parameter, and reused by later runs (a ``params.json`` written last marks a complete
-set).
+The CSR matrix is built directly from per-row nonzero counts and random column draws (never a
+dense matrix), so 200,000 cells x 2,000 genes generate in a few seconds. Generated files are
+cached under a data folder, keyed by every parameter, and reused by later runs (a ``params.json``
+written last marks a complete set).
 
     python -m benchmarks.synth --cells 200000 --genes 2000 --files 1 --data-dir bench_data
 """
@@ -175,9 +173,8 @@ def generate(
     p: SynthParams, part: int | None = None
 ) -> tuple[sp.csr_matrix, pd.DataFrame, pd.DataFrame]:
     """The whole matrix, or (`part`) one file of a per-file dataset: the genes' means and the
-    knockdown
-    targets come from the seed alone, so every file shares them; the cells are drawn from (seed,
-    part)."""
+    knockdown targets come from the seed alone, so every file shares them; the cells are drawn
+    from (seed, part)."""
     rng = np.random.default_rng(p.seed)
     gene_mean = rng.lognormal(0.0, 1.0, p.n_genes)
     if part is not None:

@@ -108,8 +108,8 @@ def _ratio_target(name: str, what: str, row: dict[str, Any] | None, goal: float)
 
 def interleaved_targets(il: dict[str, Any]) -> list[dict[str, Any]]:
     """1a (dense), 1c (sparse) and 1d (workers), from the same-process interleaved run
-    (num_workers=0, the
-    shuffle window of 4 shards: the whole train split of the full bench data)."""
+    (num_workers=0, the shuffle window of 4 shards: the whole train split of the full bench
+    data)."""
     dense, sparse = interleaved_row(il, True, 0, 4), interleaved_row(il, False, 0, 4)
     out = [
         _ratio_target(
@@ -310,8 +310,7 @@ SMOKE_NOTE = (
 
 def as_smoke(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A quick run's targets: the figures kept, the verdicts dropped (a miss at 20k cells says
-    nothing about
-    the target, and printing "missed" there reads as a failure)."""
+    nothing about the target, and printing "missed" there reads as a failure)."""
     out = []
     for t in targets:
         if t["status"] == "not measured":

@@ -1,20 +1,15 @@
 """Batches by cost budget (e.g. voxels per batch) instead of by count, as pure numpy functions.
 
-CT volumes differ ten-fold in points, so a fixed ``batch_size`` either wastes most of a GPU's memory
-or
-overflows it on the largest volumes. Here a batch takes as many units as fit in ``budget``. The
-epoch's global
-order is the one :mod:`loaders.order` defines (shards permuted per epoch, windows shuffled); this
-module only
-cuts that order into *variable* batches, so shuffling, windows and resume work as for fixed-size
-batches.
+CT volumes differ ten-fold in points, so a fixed ``batch_size`` either wastes most of a GPU's
+memory or overflows it on the largest volumes. Here a batch takes as many units as fit in
+``budget``. The epoch's global order is the one :mod:`loaders.order` defines (shards permuted per
+epoch, windows shuffled); this module only cuts that order into *variable* batches, so shuffling,
+windows and resume work as for fixed-size batches.
 
 A plan is ``bounds``: int64 ``[K + 1]`` global positions, ``bounds[0] = 0``, strictly increasing;
-batch ``k``
-covers positions ``[bounds[k], bounds[k+1])``, positions ``>= N`` wrap modulo ``N`` (padding repeats
-units
-from the start of the order, as :func:`loaders.order.rank_positions` does). Guarantees, for any
-input:
+batch ``k`` covers positions ``[bounds[k], bounds[k+1])``, positions ``>= N`` wrap modulo ``N``
+(padding repeats units from the start of the order, as :func:`loaders.order.rank_positions`
+does). Guarantees, for any input:
 
 * every batch's cost is ``<= budget`` (a unit costing more than the budget is an error, raised up
 front);
@@ -30,10 +25,9 @@ except
 and for
   any number of workers.
 
-How: greedy first-fit along the order (a batch grows while it fits), then the costliest batches are
-split
-in two at their cost midpoint until the count is a multiple of ``world`` (fewer than ``world``
-splits).
+How: greedy first-fit along the order (a batch grows while it fits), then the costliest batches
+are split in two at their cost midpoint until the count is a multiple of ``world`` (fewer than
+``world`` splits).
 """
 
 from __future__ import annotations
@@ -72,9 +66,8 @@ def greedy_bounds(costs: np.ndarray | list[int], budget: int) -> np.ndarray:
 
 def split_bounds(bounds: np.ndarray, costs: np.ndarray | list[int], k: int) -> np.ndarray:
     """Split batches until there are ``k``: each time the costliest batch of >= 2 units (the
-    earliest on
-    ties) is cut where its cost is closest to halved. Raises if ``k`` exceeds the number of
-    units."""
+    earliest on ties) is cut where its cost is closest to halved. Raises if ``k`` exceeds the
+    number of units."""
     c = np.asarray(costs, dtype=np.int64).reshape(-1)
     b = np.asarray(bounds, dtype=np.int64)
     if k < b.size - 1 or k > c.size:
@@ -139,8 +132,8 @@ def epoch_costs(
     shuffle: bool = True,
 ) -> np.ndarray:
     """Costs of all units in the epoch's global order (``unit_costs[s]``: per-unit costs of shard
-    ``s``, as
-    the index lists them). O(units): fine for volumes, which number thousands, not millions."""
+    ``s``, as the index lists them). O(units): fine for volumes, which number thousands, not
+    millions."""
     c = np.asarray(counts, dtype=np.int64).reshape(-1)
     if len(unit_costs) != c.size or any(
         np.asarray(u).size != n for u, n in zip(unit_costs, c.tolist(), strict=True)

@@ -2,16 +2,11 @@
 :mod:`loaders.gather`).
 
 In the main process batches are zero-copy tensors (:func:`to_tensors`). A DataLoader worker ships
-ONE
-buffer per run of consecutive batches (:func:`to_shared` -> :class:`Shipped`, finished values
-written straight
-into it), in a reused slot of its :mod:`loaders.engine.ring` when one is free: torch otherwise
-creates a shared-memory
-segment per tensor (~1 ms each here), and even one segment per batch cost more than gathering it.
-The
-consumer splits it back into views (:func:`loaders.device.unpack_batches`), on the GPU after a
-single
-host-to-device copy.
+ONE buffer per run of consecutive batches (:func:`to_shared` -> :class:`Shipped`, finished values
+written straight into it), in a reused slot of its :mod:`loaders.engine.ring` when one is free:
+torch otherwise creates a shared-memory segment per tensor (~1 ms each here), and even one
+segment per batch cost more than gathering it. The consumer splits it back into views
+(:func:`loaders.device.unpack_batches`), on the GPU after a single host-to-device copy.
 
 ``output`` (:data:`OUTPUTS`): ``"dense"`` finishes deferred items here (numpy); ``"parts"`` ships
 every deferred item's parts so that the consumer finishes them (on the device:
@@ -125,12 +120,10 @@ Entry = tuple[
 @dataclass
 class Shipped:
     """What a worker ships for a run of consecutive batches: ONE uint8 buffer (a ring slot or a
-    torch shared
-    segment), each batch's layout (:data:`Entry` tuples) and its extras (a shipped item's op/meta),
-    and the
-    output form. The consumer splits it with :func:`loaders.device.unpack_batches`, on whatever
-    device the
-    buffer now is. Pickles small when the buffer is a ring slot (:mod:`loaders.engine.ring`)."""
+    torch shared segment), each batch's layout (:data:`Entry` tuples) and its extras (a shipped
+    item's op/meta), and the output form. The consumer splits it with
+    :func:`loaders.device.unpack_batches`, on whatever device the buffer now is. Pickles small
+    when the buffer is a ring slot (:mod:`loaders.engine.ring`)."""
 
     buffer: torch.Tensor
     layouts: tuple[tuple[Entry, ...], ...]
@@ -191,8 +184,7 @@ def _from_ring(
 
 def staging_buffer(n: int, pinned: bool) -> torch.Tensor:
     """``n`` bytes (old contents) to stage a batch for a device in; page-locked when ``pinned``
-    (torch's
-    caching host allocator recycles them once the copies that read them are done)."""
+    (torch's caching host allocator recycles them once the copies that read them are done)."""
     return torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
 
 
@@ -203,11 +195,9 @@ def to_shared(
     alloc: Callable[[int], torch.Tensor] | None = None,
 ) -> Shipped:
     """Worker transport: consecutive batches in ONE buffer (a free slot of the worker's ``ring`` if
-    it
-    has one, else a fresh shared segment); finished values are written straight into it.
-    ``alloc(n)``: the
-    buffer comes from there instead (the training process staging a batch for a device: pinned
-    memory)."""
+    it has one, else a fresh shared segment); finished values are written straight into it.
+    ``alloc(n)``: the buffer comes from there instead (the training process staging a batch for a
+    device: pinned memory)."""
     layouts: list[tuple[Entry, ...]] = []
     offset = 0
 

@@ -1,7 +1,6 @@
 """The schema check of a shard's logical columns (``loaders.format``): shapes, dtypes, bounds,
-pointer arrays
-and table references, run by the writer before a shard is committed and by every reader before it
-serves one."""
+pointer arrays and table references, run by the writer before a shard is committed and by every
+reader before it serves one."""
 
 from __future__ import annotations
 
@@ -9,7 +8,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from loaders.format import FieldSpec, FormatError
+from loaders.format import FormatError
+from loaders.schema import FieldSpec
 
 
 def validate_columns(
@@ -19,8 +19,7 @@ def validate_columns(
     name: str = "shard",
 ) -> int:
     """Check shapes, dtypes, bounds, CSR/ragged consistency and table references; return the number
-    of
-    records. Tables (``[T, k]`` local row ids) are checked when present in ``columns``."""
+    of records. Tables (``[T, k]`` local row ids) are checked when present in ``columns``."""
     n: int | None = None
 
     def count(k: str, m: int) -> None:

@@ -5,26 +5,22 @@ transport.
 :func:`unpack_batches`/:func:`assemble` turn what a worker shipped (one buffer for a run of
 batches, the parts of deferred items) back into tensors, on whatever device the buffer now is.
 
-On CUDA: batches arrive pinned (the DataLoader's pin thread), are copied with ``non_blocking=True``
-on a side stream ``depth`` batches ahead, and deferred items are finished *there*, each crossing
-in its device form (``Deferred.for_device``: e.g. sparse rows as flat positions and values, ~1/3 of
-the dense bytes at 10% density, made dense with one zero-fill and one scatter).
-A worker's item (a run of batches, see loaders.collate) is one buffer: it crosses as a single copy
-and
-is cut into views on the device (:class:`TorchViews`). The training thread's cost per batch is what
-bounds this
-path (launches and dispatches: docs/LOADER.md, "On a GPU"), hence the fewest ops per batch. The
-consumer's
-stream waits on an event per item; the buffer and every finished value are ``record_stream``-ed so
-the caching
-allocator does not recycle them under the consumer.
+On CUDA: batches arrive pinned (the DataLoader's pin thread), are copied with
+``non_blocking=True`` on a side stream ``depth`` batches ahead, and deferred items are finished
+*there*, each crossing in its device form (``Deferred.for_device``: e.g. sparse rows as flat
+positions and values, ~1/3 of the dense bytes at 10% density, made dense with one zero-fill and
+one scatter). A worker's item (a run of batches, see loaders.collate) is one buffer: it crosses
+as a single copy and is cut into views on the device (:class:`TorchViews`). The training thread's
+cost per batch is what bounds this path (launches and dispatches: docs/LOADER.md, "On a GPU"),
+hence the fewest ops per batch. The consumer's stream waits on an event per item; the buffer and
+every finished value are ``record_stream``-ed so the caching allocator does not recycle them
+under the consumer.
 
 ``device="cpu"`` runs that same path (staging, side stream, finishing with the torch finishers,
-hand-over)
-through :class:`Backend`, whose pinning, streams and events are no-ops on the CPU: CI exercises
-everything but
-the CUDA calls themselves, and the batches equal the host path's exactly (tests/test_device_cpu.py).
-``device=None`` leaves batches as the host made them (shipped parts, if any, finished with numpy).
+hand-over) through :class:`Backend`, whose pinning, streams and events are no-ops on the CPU: CI
+exercises everything but the CUDA calls themselves, and the batches equal the host path's exactly
+(tests/test_device_cpu.py). ``device=None`` leaves batches as the host made them (shipped parts,
+if any, finished with numpy).
 """
 
 from __future__ import annotations
@@ -50,9 +46,8 @@ T = TypeVar("T")
 
 def prefetch(make: Callable[[], Iterator[T]], depth: int, name: str) -> Iterator[T]:
     """The items of ``make()``, produced up to ``depth`` ahead in a daemon thread; its errors are
-    re-raised here.
-    Two C-level SimpleQueues (items, free slots): a bounded ``queue.Queue`` costs ~25% more per
-    hand-over."""
+    re-raised here. Two C-level SimpleQueues (items, free slots): a bounded ``queue.Queue`` costs
+    ~25% more per hand-over."""
     items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
     slots: queue.SimpleQueue[None] = queue.SimpleQueue()
     for _ in range(max(1, depth)):
@@ -118,10 +113,9 @@ def finish(
     op: str, parts: Mapping[str, torch.Tensor], meta: Mapping[str, Any], on_device: bool = False
 ) -> torch.Tensor:
     """A shipped deferred item finished where its parts are: numpy on the CPU (no intra-op torch
-    threads),
-    the registered torch finisher on a device, or on the CPU when ``on_device`` (``device="cpu"``:
-    the device
-    path run on the host, so that CI exercises it) or the op is torch-only."""
+    threads), the registered torch finisher on a device, or on the CPU when ``on_device``
+    (``device="cpu"``: the device path run on the host, so that CI exercises it) or the op is
+    torch-only."""
     first = next(iter(parts.values()))
     has_torch = op in TORCH_OPS
     if has_torch:
@@ -165,10 +159,9 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 class TorchViews:
     """Fields of one device buffer as tensors: one typed view of the whole buffer per dtype, then
-    ONE
-    ``as_strided`` per field (slice + view + view cost three dispatches, ~8 us a field on an H100
-    node's CPU:
-    ~20 fields a batch). Offsets are multiples of ALIGN, hence of every itemsize."""
+    ONE ``as_strided`` per field (slice + view + view cost three dispatches, ~8 us a field on an
+    H100 node's CPU: ~20 fields a batch). Offsets are multiples of ALIGN, hence of every
+    itemsize."""
 
     def __init__(self, buf: torch.Tensor) -> None:
         self.buf = buf
@@ -187,10 +180,8 @@ class TorchViews:
 
 def unpack_batches(item: Shipped) -> list[Batch]:
     """The batches of a worker's item: views into its one buffer, wherever the buffer now lives. On
-    the host
-    the views are numpy's (with ``torch.from_numpy``: ~8x cheaper than slicing a tensor per field);
-    on a
-    device, :class:`TorchViews`."""
+    the host the views are numpy's (with ``torch.from_numpy``: ~8x cheaper than slicing a tensor
+    per field); on a device, :class:`TorchViews`."""
     buf = item.buffer
     raw = buf.numpy() if buf.device.type == "cpu" else None
     views = TorchViews(buf) if raw is None else None
@@ -233,11 +224,9 @@ def _components(t: torch.Tensor) -> list[torch.Tensor]:
 
 class Backend:
     """What differs between feeding a CUDA device and feeding the CPU through the same steps:
-    pinning, the side
-    stream, events. On the CPU every one is a no-op, so ``device="cpu"`` runs the whole device path
-    (staging,
-    copy, on-device finish with the torch finishers, hand-over) and only these CUDA calls go
-    untested in CI."""
+    pinning, the side stream, events. On the CPU every one is a no-op, so ``device="cpu"`` runs
+    the whole device path (staging, copy, on-device finish with the torch finishers, hand-over)
+    and only these CUDA calls go untested in CI."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -289,8 +278,8 @@ def stage(item: Batch | Shipped, backend: Backend) -> Batch | Shipped:
 
 class DeviceFeeder:
     """Turns an iterable of host batches into batches on ``device`` (see module docstring).
-    ``device=None``:
-    batches stay as the host made them; any device, ``"cpu"`` included, goes through
+    ``device=None``: batches stay as the host made them; any device, ``"cpu"`` included, goes
+    through
     :class:`Backend`."""
 
     def __init__(self, device: torch.device | str | None, depth: int = 2) -> None:
@@ -347,10 +336,9 @@ class DeviceFeeder:
     @staticmethod
     def _hand_over(staged: Staged, backend: Backend) -> Iterator[Batch]:
         """Batches usable on the consumer's stream: it waits for the item's copy and finish, and the
-        caching
-        allocator learns that the consumer uses their memory (``record_stream``): once for the
-        item's buffer,
-        which every view of it shares, then per finished value (allocated on the side stream)."""
+        caching allocator learns that the consumer uses their memory (``record_stream``): once
+        for the item's buffer, which every view of it shares, then per finished value (allocated
+        on the side stream)."""
         backend.wait(staged.event)
         consumer = backend.consumer()  # looked up once an item: ~30 us a call on CUDA
         if consumer is not None and staged.shared is not None:
@@ -370,9 +358,8 @@ class DeviceFeeder:
 @dataclass
 class Staged:
     """An item on its way to the consumer: its batches (each with the keys whose values the
-    finishers made,
-    or None: every value is its own allocation), the event its copy and finish recorded, its device
-    buffer."""
+    finishers made, or None: every value is its own allocation), the event its copy and finish
+    recorded, its device buffer."""
 
     batches: list[tuple[Batch, list[str] | None]]
     event: Any

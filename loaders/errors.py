@@ -1,6 +1,5 @@
 """The reader's error type, in a module of its own so that every layer (files, codecs, the format)
-can
-raise it without importing the format module."""
+can raise it without importing the format module."""
 
 from __future__ import annotations
 

@@ -1,22 +1,17 @@
 """Field codecs: a dense field may name its own lossless codec in ``index.json``
-(``fields[i].codec``, a
-numcodecs-style config ``{"id": ..., ...}``), used for that column instead of the dataset's
-``codec``.
+(``fields[i].codec``, a numcodecs-style config ``{"id": ..., ...}``), used for that column
+instead of the dataset's ``codec``.
 
 Why per field: one modality's columns can need a codec that knows their structure (spike windows:
 ``shardsmith.spikebits``) while the rest of the shard keeps the dataset's generic codec. Both
-encodings store
-it: zarr names it in the array's ``zarr.json`` (a registered zarr v3 codec), tar stores the column's
-members
-as encoded bytes and its ``_meta.json`` says so. An index with field codecs is index version 3, so a
-reader
-that predates them refuses it with a version error instead of misreading the bytes; this reader
-refuses an
-unknown codec id or a bad config with a FormatError naming the field.
+encodings store it: zarr names it in the array's ``zarr.json`` (a registered zarr v3 codec), tar
+stores the column's members as encoded bytes and its ``_meta.json`` says so. An index with field
+codecs is index version 3, so a reader that predates them refuses it with a version error instead
+of misreading the bytes; this reader refuses an unknown codec id or a bad config with a
+FormatError naming the field.
 
-Registry in the style of numcodecs: ``register_field_codec(id, module, zarr_module)``; the modules
-are
-imported only when a codec is used (numcodecs costs ~0.2 s to import).
+Registry in the style of numcodecs: ``register_field_codec(id, module, zarr_module)``; the
+modules are imported only when a codec is used (numcodecs costs ~0.2 s to import).
 """
 
 from __future__ import annotations

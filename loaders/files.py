@@ -1,6 +1,5 @@
 """Files as the dataset contract needs them: atomic replacement with the process umask's mode, and
-content
-hashes and stored sizes of a shard (a file, or a folder such as a zarr store)."""
+content hashes and stored sizes of a shard (a file, or a folder such as a zarr store)."""
 
 from __future__ import annotations
 

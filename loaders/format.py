@@ -1,8 +1,11 @@
 """The on-disk contract between the pipeline (writer) and the loader (reader).
 
-This is the only module that knows key names inside a shard and the layout of ``index.json``.
-A dataset is a folder ``OUT/`` holding ``index.json`` (the commit point) and ``shards/*``.
-Every shard stores the same *logical columns* whatever its encoding (zarr store or tar):
+This is the only module that knows key names inside a shard and the layout of ``index.json`` (the
+value types the index is made of, ``FieldSpec``, ``ShardEntry`` and ``ConditionsRef``, live in
+``loaders.schema`` and are re-exported here; what a reader does with the index's digest is
+``loaders.indexcheck``). A dataset is a folder ``OUT/`` holding ``index.json`` (the commit point)
+and ``shards/*``. Every shard stores the same *logical columns* whatever its encoding (zarr store
+or tar):
 
 * record fields, one entry per record, of three kinds:
   ``dense``  -> one array ``[n, *shape]``;
@@ -14,17 +17,15 @@ Every shard stores the same *logical columns* whatever its encoding (zarr store 
 ``sentences/pert|ctrl
   [S,L]``, spike ``clips [C,L]``); which tables a dataset has is listed in ``index.json``.
 
-Adding a modality adds fields of these layouts and tables, never a new format version. Two versions
-exist:
-``SHARD_VERSION`` (the layout inside a shard) and ``INDEX_VERSION`` (index.json).
+Adding a modality adds fields of these layouts and tables, never a new format version. Two
+versions exist: ``SHARD_VERSION`` (the layout inside a shard) and ``INDEX_VERSION`` (index.json).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,20 @@ from loaders.fieldcodecs import get_field_codec
 from loaders.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
 from loaders.plugins import format_keys, load_loader_modalities, load_plugin
 from loaders.registry import Registry
+from loaders.schema import (  # noqa: F401 (the value types of this contract: fmt.FieldSpec, ...)
+    LAYOUTS,
+    ConditionsRef,
+    FieldSpec,
+    ShardEntry,
+    column_codecs,
+    csr_keys,
+    ragged_keys,
+    shard_keys,
+)
 
 FORMAT_NAME = "shardsmith"
 # index version -> the upgrade of that version's document to the current layout. An old version
-# holds one
-# modality's names (version 1 predates kinds), so that modality registers its upgrade.
+# holds one modality's names (version 1 predates kinds), so that modality registers its upgrade.
 INDEX_UPGRADES: Registry[Callable[[Mapping[str, Any]], dict[str, Any]]] = Registry(
     "index upgrade from version", discover=load_loader_modalities, error=FormatError
 )
@@ -53,11 +63,6 @@ PLAIN_INDEX_VERSION = 2  # the version of an index whose fields name no codec
 INDEX_FILE = "index.json"
 SHARDS_DIR = "shards"
 ENCODINGS = ("zarr", "tar")
-LAYOUTS = (
-    "dense",
-    "csr",
-    "ragged",
-)  # how a record field is stored (never called "kind": a dataset has a kind)
 SPLITS = ("train", "val", "test")
 
 # Column names every kind may use.
@@ -66,210 +71,21 @@ SAMPLE_ID = (
 )
 # bool: False for a record duplicated into this shard (e.g. a control for pairing): not
 PRIMARY = "primary"
-# counted in epochs; a dataset without this field counts every record as primary
-# A kind's own column and table names are declared by its modality (its loader package's
-# ``FORMAT_KEYS``, e.g. ``X``, ``PAIRS``); this module answers them by name too (``fmt.X``: see
-# ``__getattr__`` below).
-# The condition table (``Index.conditions``) is the format's:
+# counted in epochs; a dataset without this field counts every record as primary A kind's own column
+# and table names are declared by its modality (its loader package's ``FORMAT_KEYS``, e.g. ``X``,
+# ``PAIRS``); this module answers them by name too (``fmt.X``: see ``__getattr__`` below). The
+# condition table (``Index.conditions``) is the format's:
 CONDITION_VECTORS = "vectors"  # the condition table file: float32 [C, D]
 CONDITION_CODES = "codes"  # and the obs codes each condition row stands for
 
 
 @dataclass(frozen=True)
-class FieldSpec:
-    """One record field: ``layout`` says how it is stored, ``shape`` the shape of one record's value
-    (for
-    ``ragged``: of one list element; for ``csr``: ``(n_cols,)``). ``bound``: integer values must lie
-    in
-    ``[0, bound)`` (codes into a vocabulary or table of that many rows), checked wherever a shard is
-    read."""
-
-    name: str
-    layout: str
-    dtype: str
-    shape: tuple[int, ...] = ()
-    bound: int | None = None
-    codec: Mapping[str, Any] | None = (
-        None  # this field's own codec (loaders.fieldcodecs), else the dataset's
-    )
-
-    def __post_init__(self) -> None:
-        if (
-            self.codec is not None
-        ):  # stored as sorted items: the spec stays hashable and compares by value
-            if self.layout != "dense":
-                raise FormatError(f"field {self.name!r}: only dense fields take a codec")
-            if not isinstance(self.codec, Mapping) or not isinstance(self.codec.get("id"), str):
-                raise FormatError(
-                    f'field {self.name!r}: codec must be an object with an "id", got {self.codec!r}'
-                )
-            object.__setattr__(self, "codec", _FrozenConfig(self.codec))
-        if self.layout not in LAYOUTS:
-            raise FormatError(
-                f"field {self.name!r}: unknown layout {self.layout!r} (expected one of {LAYOUTS})"
-            )
-        if self.layout == "csr" and len(self.shape) != 1:
-            raise FormatError(f"field {self.name!r}: a csr field has shape (n_cols,)")
-
-    def keys(self) -> tuple[str, ...]:
-        """The flat column keys of this field in a shard (pointers first)."""
-        if self.layout == "dense":
-            return (self.name,)
-        if self.layout == "csr":
-            return csr_keys(self.name)
-        return ragged_keys(self.name)
-
-    @property
-    def pointer(self) -> str | None:
-        """The key of the row-pointer column (csr, ragged), else None."""
-        return None if self.layout == "dense" else self.keys()[0]
-
-    @property
-    def payload(self) -> str:
-        """The key of the column holding the values (``data`` for csr, ``values`` for ragged)."""
-        return self.keys()[-1]
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "name": self.name,
-            "layout": self.layout,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-        }
-        if self.bound is not None:
-            d["bound"] = int(self.bound)
-        if self.codec is not None:
-            d["codec"] = dict(self.codec)
-        return d
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> FieldSpec:
-        layout = d["layout"] if "layout" in d else d["kind"]  # index v1 said "kind"
-        bound = d.get("bound")
-        return FieldSpec(
-            str(d["name"]),
-            str(layout),
-            str(d["dtype"]),
-            tuple(int(s) for s in d["shape"]),
-            None if bound is None else int(bound),
-            d.get("codec"),
-        )
-
-
-class _FrozenConfig(dict):  # type: ignore[type-arg]
-    """A codec config that hashes (FieldSpec is frozen and hashable); JSON-serialises as the dict it
-    is."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(json.dumps(self, sort_keys=True, default=str))
-
-
-def column_codecs(fields: Iterable[FieldSpec]) -> dict[str, dict[str, Any]]:
-    """Column key -> its field's own codec config, for the fields that name one."""
-    return {f.name: dict(f.codec) for f in fields if f.codec is not None}
-
-
-def csr_keys(name: str) -> tuple[str, str, str]:
-    """``(indptr, indices, data)`` keys of a csr field."""
-    return (f"{name}/indptr", f"{name}/indices", f"{name}/data")
-
-
-def ragged_keys(name: str) -> tuple[str, str]:
-    """``(offsets, values)`` keys of a ragged field."""
-    return (f"{name}/offsets", f"{name}/values")
-
-
-def shard_keys(fields: Iterable[FieldSpec], tables: Iterable[str] = ()) -> list[str]:
-    """Every flat key a shard with these fields and tables holds, in a fixed order."""
-    return [k for f in fields for k in f.keys()] + list(tables)
-
-
-@dataclass(frozen=True)
-class ShardEntry:
-    """One shard as the index describes it. ``units`` maps each sample type the dataset serves to
-    the number
-    of its units in this shard (what an epoch of that sample type iterates)."""
-
-    file: str
-    split: str
-    records: int  # rows stored (duplicated records included)
-    units: Mapping[str, int]
-    bytes: int  # on disk
-    raw_bytes: int  # uncompressed payload
-    sha256: str
-    plan_key: str
-    source: int = -1  # manifest source ordinal whose rows it holds (-1 if mixed or not applicable)
-    part: int = 0  # shard number within its (source, split)
-
-    def units_of(self, sample: str) -> int:
-        try:
-            return int(self.units[sample])
-        except KeyError:
-            raise FormatError(
-                f"shard {self.file}: index.json counts no units of sample type {sample!r} "
-                f"(it counts {sorted(self.units)})"
-            ) from None
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["units"] = {k: int(v) for k, v in sorted(self.units.items())}
-        return d
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> ShardEntry:
-        return ShardEntry(
-            file=str(d["file"]),
-            split=str(d["split"]),
-            records=int(d["records"]),
-            units={str(k): int(v) for k, v in dict(d["units"]).items()},
-            bytes=int(d["bytes"]),
-            raw_bytes=int(d["raw_bytes"]),
-            sha256=str(d["sha256"]),
-            plan_key=str(d["plan_key"]),
-            source=int(d.get("source", -1)),
-            part=int(d.get("part", 0)),
-        )
-
-
-@dataclass(frozen=True)
-class ConditionsRef:
-    """The condition table: a file beside index.json holding ``vectors`` [rows, dim] (and
-    ``codes``)."""
-
-    file: str
-    rows: int
-    dim: int
-    sha256: str = ""
-    bytes: int = 0
-    segments: list[Any] = field(
-        default_factory=list
-    )  # which obs field fills which columns of a vector
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> ConditionsRef:
-        rows = d["rows"] if "rows" in d else d["n"]  # index v1 said "n"
-        return ConditionsRef(
-            file=str(d["file"]),
-            rows=int(rows),
-            dim=int(d.get("dim", 0)),
-            sha256=str(d.get("sha256", "")),
-            bytes=int(d.get("bytes", 0)),
-            segments=list(d.get("segments", [])),
-        )
-
-
-@dataclass(frozen=True)
 class Generation:
     """A committed generation of a dataset, as the next one's index remembers it
-    (``Index.previous``): its
-    number, the sha256 of its index.json bytes, and the files it named (shard names inside
-    ``shards/``, the
-    condition table beside index.json). A rebuild keeps these files, so a reader that opened that
-    index keeps
-    working until the generation after next is committed."""
+    (``Index.previous``): its number, the sha256 of its index.json bytes, and the files it named
+    (shard names inside ``shards/``, the condition table beside index.json). A rebuild keeps
+    these files, so a reader that opened that index keeps working until the generation after next
+    is committed."""
 
     generation: int
     index_sha256: str
@@ -300,13 +116,10 @@ class Generation:
 class Index:
     """`index.json`, parsed and checked: the typed form of everything the format defines.
 
-    ``sections`` holds each kind's own settings (``sections[kind]``: e.g. pairing and split settings
-    for
-    perturbation, resolution and packing for spike); the format stores them, their kind defines
-    them.
-    ``stats`` are the build's counts (records dropped and why, fallbacks taken): reported, never
-    relied on
-    for reading."""
+    ``sections`` holds each kind's own settings (``sections[kind]``: e.g. pairing and split
+    settings for perturbation, resolution and packing for spike); the format stores them, their
+    kind defines them. ``stats`` are the build's counts (records dropped and why, fallbacks
+    taken): reported, never relied on for reading."""
 
     root: Path
     name: str
@@ -331,12 +144,10 @@ class Index:
         None  # records the plan placed (each primary exactly once), for verify
     )
     # Generations (docs/FORMAT.md, "Generations"): 1 for a first build, +1 per commit into the same
-    # folder; 0 in
-    # an index written before generations existed. ``previous``: the generation this one replaced,
-    # whose files
-    # are kept until the next commit. ``retired``: files (relative to the folder) this commit
-    # deleted, or
-    # whose deletion a later build or `shardsmith gc` finishes if it was interrupted.
+    # folder; 0 in an index written before generations existed. ``previous``: the generation this
+    # one replaced, whose files are kept until the next commit. ``retired``: files (relative to the
+    # folder) this commit deleted, or whose deletion a later build or `shardsmith gc` finishes if it
+    # was interrupted.
     generation: int = 0
     previous: Generation | None = None
     retired: list[str] = field(default_factory=list)
@@ -417,7 +228,8 @@ class Index:
 # The index's own content, which no shard hash covers: labels of the codes, var_names (in the kind's
 # section), the condition table reference, the shard list with each shard's counts, and the number
 # of records the plan placed. A digest of each is stored at build; `verify` recomputes them, and so
-# does a ShardDataset at open (an entry removed or labels swapped would be served without an error).
+# does a ShardDataset at open (an entry removed or labels swapped would be served without an error):
+# loaders.indexcheck.
 DIGEST_KEYS = (
     "conditions",
     "control_labels",
@@ -440,65 +252,6 @@ def index_digest(doc: Mapping[str, Any]) -> dict[str, str]:
         ).hexdigest()
         for k in DIGEST_KEYS
     }
-
-
-def digest_mismatch(index: Index) -> list[str] | None:
-    """The DIGEST_KEYS whose content in index.json differs from the digest stored at build ([]:
-    none), or None when the index stores no digest. Version 1 predates digests: [] (nothing to
-    check). A key of the first digest missing from a stored digest counts as differing (an edit);
-    a later key is checked where the digest has it (an index built before it was added)."""
-    if index.raw.get("version") == 1:
-        return []
-    stored = index.raw.get("digest")
-    if not isinstance(stored, dict):
-        return None
-    now = index_digest(index.raw)
-    return [
-        key
-        for key in DIGEST_KEYS
-        if (key in stored or key in FIRST_DIGEST_KEYS) and stored.get(key) != now[key]
-    ]
-
-
-def digest_problems(index: Index) -> list[str]:
-    """``verify``'s messages for :func:`digest_mismatch`: one per differing key, naming
-    index.json; one when there is no digest at all."""
-    path = index_path(index.root)
-    keys = digest_mismatch(index)
-    if keys is None:
-        return [
-            f"{path}: no content digest (edited, or written by an older shardsmith): "
-            "rebuild the dataset"
-        ]
-    return [
-        f"{path}: {key!r} differs from the digest stored at build (edited after the build?)"
-        for key in keys
-    ]
-
-
-def check_index_digest(index: Index) -> None:
-    """Refuse, at open, an index whose own content does not match its digest: a shard entry
-    removed serves part of a split, swapped vocabulary labels serve codes under the wrong names,
-    and no shard's hash shows either. Costs one sha256 over the index's JSON (a few ms: measured in
-    docs/LOADER.md), so a reader checks what ``verify`` checks about the index itself. An index
-    with no digest at all is read with a RuntimeWarning: a shardsmith before the digest wrote none,
-    and refusing would strand its datasets (``verify`` reports it)."""
-    path = index_path(index.root)
-    keys = digest_mismatch(index)
-    if keys is None:
-        warnings.warn(
-            f"{path}: no content digest (edited, or written by an older shardsmith): its shard "
-            "list, counts and vocabularies are read unchecked; rebuild the dataset to add one",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    elif keys:
-        raise FormatError(
-            f"{path}: {', '.join(map(repr, keys))} differ(s) from the digest stored at build: "
-            "index.json was edited after the build (a shard entry removed, labels changed...), "
-            "so its data would be served wrong; rebuild the dataset, or run "
-            f"`shardsmith verify {index.root}` to list what differs"
-        )
 
 
 def index_path(root: str | Path) -> Path:
@@ -524,10 +277,9 @@ def index_sha256(data: bytes) -> str:
 
 def read_index(root: str | Path, data: bytes | None = None) -> Index:
     """The index of ``root``: read now, or parsed from ``data`` (index.json's bytes as read earlier,
-    so that every
-    process of one loader sees the same generation even after a rebuild replaced the file). Imports
-    the
-    read-side plug-in modules it names (``plugins``); a missing one is a ``PluginError``."""
+    so that every process of one loader sees the same generation even after a rebuild replaced
+    the file). Imports the read-side plug-in modules it names (``plugins``); a missing one is a
+    ``PluginError``."""
     path = index_path(root)
     try:
         raw = json.loads(read_index_bytes(root) if data is None else data)
@@ -619,10 +371,9 @@ def write_index(index: Index) -> Path:
 
 
 def __getattr__(name: str) -> Any:
-    """A column or table name an installed modality declares (its loader module's
-    ``FORMAT_KEYS``), under the name this module gave it before it moved there (``fmt.X``); the
-    modality modules are imported on first use (each registers lazily: no op or sample-type module
-    is imported)."""
+    """A column or table name an installed modality declares (its loader module's ``FORMAT_KEYS``),
+    under the name this module gave it before it moved there (``fmt.X``); the modality modules
+    are imported on first use (each registers lazily: no op or sample-type module is imported)."""
     if name.isupper():
         keys = format_keys()
         if name in keys:

@@ -4,8 +4,8 @@ sample type.
 A batch's rows may come from one arena (the common case) or from several (a batch straddling two
 windows):
 :class:`Rows` gathers from each arena its share with one vectorised call per field and puts the
-results
-back in batch order. No Python loop over rows or units (except one over long ragged lists: see
+results back in batch order. No Python loop over rows or units (except one over long ragged
+lists: see
 :func:`ragged_rows`). No torch here (the decoder process and DataLoader workers import this).
 """
 
@@ -59,13 +59,11 @@ def ragged_rows(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets int64 [m+1], values)`` of ``rows`` of a ragged column, in order.
 
-    Short lists (spikes of a clip, tokens): one int64 index per element and one ``take``. Long lists
-    (a CT
-    volume's 500k points): one slice copy per list, the only loop over rows in this module, taken
-    when the
-    lists average ``SLICE_MIN_MEAN`` elements or more, so it is < 1% of the copying (4 lists of
-    500k: 25x
-    faster than the index, which costs 3 passes of 8 bytes per element)."""
+    Short lists (spikes of a clip, tokens): one int64 index per element and one ``take``. Long
+    lists (a CT volume's 500k points): one slice copy per list, the only loop over rows in this
+    module, taken when the lists average ``SLICE_MIN_MEAN`` elements or more, so it is < 1% of
+    the copying (4 lists of 500k: 25x faster than the index, which costs 3 passes of 8 bytes per
+    element)."""
     r = np.asarray(rows, np.int64).reshape(-1)
     starts = offsets[r]
     lengths = offsets[r + 1] - starts
@@ -137,9 +135,8 @@ class Rows:
 
     def ints(self, names: Sequence[str]) -> np.ndarray:
         """int64 ``[len(names), m]``: 1-D integer dense fields (codes, ids) of the rows in ONE
-        gather; row
-        ``i`` is field ``names[i]`` as int64 (what embeddings and losses index with). Prefer it to
-        one
+        gather; row ``i`` is field ``names[i]`` as int64 (what embeddings and losses index with).
+        Prefer it to one
         :meth:`take` + cast per field on a hot path."""
         key = tuple(names)
         if self.group is None:

@@ -12,12 +12,10 @@ checked (no second read, no window between check and use). sha256 runs at ~1.6 G
 first read and again only when a file of it changed identity (inode, size, mtime, ctime); the chunk
 count and the file listing are checked on every read. Measured against the loader in BENCHMARKS.md.
 
-A shard that is missing or does not match is either corruption or a rebuild: when ``index.json`` on
-disk is no
-longer the one this loader opened, the error says "dataset rebuilt since this loader opened it;
-reopen"
-(:class:`DatasetRebuilt`, never skipped); otherwise it is corruption, raised or skipped per
-``on_corrupt``.
+A shard that is missing or does not match is either corruption or a rebuild: when ``index.json``
+on disk is no longer the one this loader opened, the error says "dataset rebuilt since this
+loader opened it; reopen" (:class:`DatasetRebuilt`, never skipped); otherwise it is corruption,
+raised or skipped per ``on_corrupt``.
 """
 
 from __future__ import annotations
@@ -30,8 +28,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loaders.engine.forksafe import fork_safe_lock
-from loaders.format import FieldSpec, FormatError, index_sha256, read_index_bytes
-from loaders.shardio import Column, import_zarr, open_zarr_columns, read_tar_shard
+from loaders.format import FormatError, index_sha256, read_index_bytes
+from loaders.schema import FieldSpec
+from loaders.shardio import Column, import_zarr, open_zarr_columns
+from loaders.tarshard import read_tar_shard
 
 ON_CORRUPT = (
     "raise",
@@ -83,22 +83,19 @@ def _files(path: Path) -> list[Path]:
 
 
 # Shards whose bytes hashed right in this process, with the (name, inode, size, mtime, ctime) of
-# every file at
-# that time: while nothing of that changes, a re-read (every epoch) skips the hash. Any write,
-# rename, deletion
-# or addition through the filesystem changes it (ctime cannot be set from user space), so only
-# silent media
-# corruption after the first check goes unseen; ``verify="always"`` hashes every read.
+# every file at that time: while nothing of that changes, a re-read (every epoch) skips the hash.
+# Any write, rename, deletion or addition through the filesystem changes it (ctime cannot be set
+# from user space), so only silent media corruption after the first check goes unseen;
+# ``verify="always"`` hashes every read.
 _VERIFIED: dict[str, tuple[tuple[tuple[object, ...], ...], str]] = {}
 _VERIFIED_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
 
 
 def read_checked(path: Path, sha256: str | None, always: bool = False) -> dict[str, bytes]:
     """Every file of a shard (a zarr folder: relative path -> bytes; a single file: ``{"":
-    bytes}``), its sha256
-    checked against ``sha256`` unless that is None or empty (an index that records none): on the
-    first read in
-    this process, whenever a file's identity changed since, or always (``always``)."""
+    bytes}``), its sha256 checked against ``sha256`` unless that is None or empty (an index that
+    records none): on the first read in this process, whenever a file's identity changed since,
+    or always (``always``)."""
     if not path.exists():
         raise FormatError(f"{path}: shard is missing")
     out: dict[str, bytes] = {}

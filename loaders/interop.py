@@ -2,10 +2,9 @@
 (genes), the splits, the condition table, and the names of the records a batch came from (a
 single-cell dataset's cell barcodes: the field its sample types name as ``record_names``).
 
-Why a module of its own: these read ``index.json`` and, for barcodes, one field of the shards; the
-training
-path (:mod:`loaders.dataset`) never reads them, so a dataset costs nothing for them until they are
-asked for.
+Why a module of its own: these read ``index.json`` and, for barcodes, one field of the shards;
+the training path (:mod:`loaders.dataset`) never reads them, so a dataset costs nothing for them
+until they are asked for.
 """
 
 from __future__ import annotations
@@ -151,8 +150,7 @@ class DatasetInfo:
     @property
     def vectors(self) -> np.ndarray | None:
         """The condition table, float32 [conditions, condition_dim] (``batch["cond"]`` is its rows
-        at
-        ``batch["cond_id"]``); None when the dataset has none. A property, loaded once per
+        at ``batch["cond_id"]``); None when the dataset has none. A property, loaded once per
         process."""
         get = getattr(self.sample_type, "vectors", None)
         return get() if get is not None else None

@@ -1,20 +1,15 @@
 """CSR row gather and densify: scipy's own C++ kernels, or the public scipy API when they are
 unusable.
 
-``x[rows]`` and ``toarray()`` spend ~150 of ~420 us per 256-row batch validating indices in Python;
-the
-kernels behind them (``scipy.sparse._sparsetools.csr_row_index`` / ``csr_todense``) do the work
-alone and
-write into caller buffers. ``_sparsetools`` is private, so it is checked once against the public API
-on
-import and ignored if it moved or disagrees; then the same functions run through ``scipy.sparse``
-(slower,
-allocating, same results). Our rows are in range by construction (every shard is validated before
-use).
+``x[rows]`` and ``toarray()`` spend ~150 of ~420 us per 256-row batch validating indices in
+Python; the kernels behind them (``scipy.sparse._sparsetools.csr_row_index`` / ``csr_todense``)
+do the work alone and write into caller buffers. ``_sparsetools`` is private, so it is checked
+once against the public API on import and ignored if it moved or disagrees; then the same
+functions run through ``scipy.sparse`` (slower, allocating, same results). Our rows are in range
+by construction (every shard is validated before use).
 
 This is the only module that touches those kernels; the loader's batch gathers and the pipeline's
-pack use
-it. ``use_fallback(True)`` forces the public path (the test suite runs both ways).
+pack use it. ``use_fallback(True)`` forces the public path (the test suite runs both ways).
 """
 
 from __future__ import annotations
@@ -73,8 +68,8 @@ def row_gather(
     n_cols: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows ``rows`` of the CSR ``(indptr, indices, data)``, in order: ``(crow, indices, data)``
-    with ``crow``
-    in ``indptr``'s dtype. ``out_*`` (exactly the right length) receive the entries when given."""
+    with ``crow`` in ``indptr``'s dtype. ``out_*`` (exactly the right length) receive the entries
+    when given."""
     r = np.asarray(rows).astype(indptr.dtype, copy=False).reshape(-1)
     crow = np.empty(r.size + 1, indptr.dtype)
     crow[0] = 0
@@ -99,12 +94,9 @@ def row_gather(
 
 def flat_positions(crow: np.ndarray, indices: np.ndarray, n_cols: int) -> np.ndarray:
     """int64 ``row * n_cols + col`` of every entry of CSR rows: where each value lands in the
-    flattened dense
-    batch. Made on the host (~45 us for 51k entries, in a DataLoader worker) so that a device
-    densifies with
-    two kernels (zero, scatter) instead of rebuilding row ids from ``crow`` (~10 launches, ~0.3 ms
-    of the
-    training thread a batch on an H100 node)."""
+    flattened dense batch. Made on the host (~45 us for 51k entries, in a DataLoader worker) so
+    that a device densifies with two kernels (zero, scatter) instead of rebuilding row ids from
+    ``crow`` (~10 launches, ~0.3 ms of the training thread a batch on an H100 node)."""
     rows = np.arange(crow.size - 1, dtype=np.int64)
     rows *= n_cols
     pos = np.repeat(rows, np.diff(crow))
@@ -126,12 +118,10 @@ def densify(
     zeroed: bool = True,
 ) -> np.ndarray:
     """Dense float32 ``[m, n_cols]`` of CSR rows; into ``out`` (float32) when given. Without ``out``
-    the result
-    is calloc'ed: fresh zero pages, no memset. ``zeroed=False``: ``out`` holds old bytes (a reused
-    ring slot);
-    it is zeroed a block of rows at a time, each block filled while still in cache (a separate
-    memset of the
-    whole batch first went to DRAM and back: 2.3x the densify's own time in a DataLoader worker)."""
+    the result is calloc'ed: fresh zero pages, no memset. ``zeroed=False``: ``out`` holds old
+    bytes (a reused ring slot); it is zeroed a block of rows at a time, each block filled while
+    still in cache (a separate memset of the whole batch first went to DRAM and back: 2.3x the
+    densify's own time in a DataLoader worker)."""
     m = crow.size - 1
     vals = data if data.dtype == np.float32 else data.astype(np.float32)
     dense = np.zeros((m, n_cols), np.float32) if out is None else out.reshape(m, n_cols)

@@ -1,6 +1,5 @@
 """``ShardDataModule``: a Lightning ``LightningDataModule`` over :class:`~loaders.ShardLoader`
-(extra
-``lightning``: ``pip install -e ".[lightning]"``).
+(extra ``lightning``: ``pip install -e ".[lightning]"``).
 
 What it wires, which a plain ``DataLoader`` in Lightning would get wrong:
 
@@ -46,8 +45,7 @@ def _lightning() -> Any:
 
 class _EpochLoader:
     """What ``*_dataloader()`` returns: a ShardLoader whose every iteration first sets the trainer's
-    epoch
-    (and applies a pending resume state of that epoch)."""
+    epoch (and applies a pending resume state of that epoch)."""
 
     def __init__(self, module: Any, split: str) -> None:
         self.module, self.split = module, split
@@ -77,10 +75,9 @@ def _make_class() -> type:
     class ShardDataModule(pl.LightningDataModule):  # type: ignore[misc, name-defined]
         """Train / val / test loaders of one dataset folder. ``dataset_options`` go to every
         :class:`~loaders.ShardDataset` (``sample``, ``batch_size``, ``seed``, sample-type
-        options...),
-        ``loader_options`` to every :class:`~loaders.ShardLoader` (``num_workers``, ``device``...).
-        Train
-        batches are shuffled, val/test ones are not. Splits the dataset lacks get no loader."""
+        options...), ``loader_options`` to every :class:`~loaders.ShardLoader` (``num_workers``,
+        ``device``...). Train batches are shuffled, val/test ones are not. Splits the dataset
+        lacks get no loader."""
 
         def __init__(
             self,

@@ -40,8 +40,8 @@ from loaders.resume import STATE_VERSION, check_state
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LoaderTimeout", "ShardLoader"]
 
-# The longest a trainer waits for a worker's batch unless told otherwise: far above any batch's
-# time (a window's decode is ~0.3 s here, a worker's start a few seconds), far below "for good".
+# The longest a trainer waits for a worker's batch unless told otherwise: far above any batch's time
+# (a window's decode is ~0.3 s here, a worker's start a few seconds), far below "for good".
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -115,9 +115,8 @@ class ShardLoader:
                 f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1"
             )
         # ring slots: the items a worker may have out at once: its prefetched ones, the one being
-        # unpacked, the one
-        # whose batch the trainer holds, the pin thread's, and those the device feeder stages;
-        # beyond, fresh segments
+        # unpacked, the one whose batch the trainer holds, the pin thread's, and those the device
+        # feeder stages; beyond, fresh segments
         dataset.shipping = (
             RunShipping(
                 int(worker_batches),
@@ -183,9 +182,8 @@ class ShardLoader:
         if start >= len(self):
             return
         # one process: the dataset's own batches (torch's single-process iterator adds a
-        # default_convert walk, a
-        # profiler record and a pin per tensor per batch; the device feeder stages and pins what it
-        # needs)
+        # default_convert walk, a profiler record and a pin per tensor per batch; the device feeder
+        # stages and pins what it needs)
         direct = self._loader.num_workers == 0
         if self._loader.num_workers > 0:
             # workers map the windows this process's decoder decodes once

@@ -34,9 +34,8 @@ TORCH_OPS: Registry[Any] = Registry(
 
 def register_op(name: str, torch_module: str | None = None) -> Callable[[NumpyFinish], NumpyFinish]:
     """Register the numpy finisher of op ``name``. Its torch finisher is registered with
-    ``loaders.device.register_torch_op`` in ``torch_module``, which the device layer imports when it
-    first
-    meets the op (so this module, and the decoder process, never import torch)."""
+    ``loaders.device.register_torch_op`` in ``torch_module``, which the device layer imports when
+    it first meets the op (so this module, and the decoder process, never import torch)."""
 
     def deco(fn: NumpyFinish) -> NumpyFinish:
         OPS.register(name, fn)

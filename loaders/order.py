@@ -58,9 +58,8 @@ def window_bounds(
     counts: np.ndarray | list[int], seed: int, epoch: int, window: int, shuffle: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(shard_order, window_starts)``: window ``w`` holds shards
-    ``shard_order[w*window:(w+1)*window]``
-    and global positions ``[window_starts[w], window_starts[w+1])``; ``window_starts[-1]`` is the
-    total.
+    ``shard_order[w*window:(w+1)*window]`` and global positions ``[window_starts[w],
+    window_starts[w+1])``; ``window_starts[-1]`` is the total.
 
     ``shuffle=False`` keeps shards in index order (same windows, used only for decode grouping).
     """
@@ -225,11 +224,10 @@ def worker_runs(
     """The runs of batches worker ``worker`` of ``num_workers`` ships (0 workers: the main process
     does all).
 
-    From ``start`` on, batches are cut into runs of ``group`` and dealt round-robin from worker 0:
-    worker ``w``
-    takes runs ``w, w + W, ...``. The DataLoader asks workers in that same order, so merging their
-    items back
-    reproduces the rank's batch sequence from ``start`` on, for any ``W`` and ``group``.
+    From ``start`` on, batches are cut into runs of ``group`` and dealt round-robin from worker
+    0: worker ``w`` takes runs ``w, w + W, ...``. The DataLoader asks workers in that same order,
+    so merging their items back reproduces the rank's batch sequence from ``start`` on, for any
+    ``W`` and ``group``.
     """
     w_total, group, start = max(1, num_workers), max(1, int(group)), max(0, int(start))
     if not 0 <= worker < w_total:

@@ -54,8 +54,8 @@ class Deferred(ABC):
 
     def finish(self, out: np.ndarray | None = None, zeroed: bool = True) -> np.ndarray:
         """The finished value in numpy (into ``out``, a flat buffer of the right size, if given;
-        finishers take
-        it zero-filled: ``zeroed=False`` says it holds old bytes, and it is zeroed first)."""
+        finishers take it zero-filled: ``zeroed=False`` says it holds old bytes, and it is zeroed
+        first)."""
         if out is not None and not zeroed:
             out.fill(0)
         return get_op(self.op)(self.parts(), self.meta(), out)

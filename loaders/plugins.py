@@ -1,15 +1,13 @@
 """Finding modalities: the ``shardsmith.modalities`` entry-point group and the modules a dataset
 names.
 
-A modality is a *loader module* (torch-free, never imports ``pipeline``) that registers its sample
-types,
-deferred ops and field codecs on import, and may name its *build module* in ``BUILD_MODULE`` (kinds,
-sources, demo writers, commands). Built-ins and installed plug-ins are entry points
-(``pyproject.toml``:
-``[project.entry-points."shardsmith.modalities"]``, the way numcodecs finds codecs); a manifest's
-``[dataset] plugins`` and the ``plugins`` an ``index.json`` records are loader modules too. Readers
-import
-loader modules only; the pipeline also imports each ``BUILD_MODULE``.
+A modality is a *loader module* (torch-free, never imports ``pipeline``) that registers its
+sample types, deferred ops and field codecs on import, and may name its *build module* in
+``BUILD_MODULE`` (kinds, sources, demo writers, commands). Built-ins and installed plug-ins are
+entry points (``pyproject.toml``: ``[project.entry-points."shardsmith.modalities"]``, the way
+numcodecs finds codecs); a manifest's ``[dataset] plugins`` and the ``plugins`` an ``index.json``
+records are loader modules too. Readers import loader modules only; the pipeline also imports
+each ``BUILD_MODULE``.
 """
 
 from __future__ import annotations
@@ -34,9 +32,8 @@ class PluginError(ImportError):
 def modality_modules() -> tuple[tuple[str, str], ...]:
     """(name, loader module) of every installed modality, in name order: the entry points, and the
     subpackages of ``loaders.modalities`` (the built-ins), so that a checkout used through
-    ``PYTHONPATH``
-    without ``pip install`` (no entry-point metadata: a GPU node, a cluster's shared folder) finds
-    them too."""
+    ``PYTHONPATH`` without ``pip install`` (no entry-point metadata: a GPU node, a cluster's
+    shared folder) finds them too."""
     found = {ep.name: ep.value.split(":")[0] for ep in entry_points(group=GROUP)}
     builtin = importlib.import_module(f"{__package__}.modalities")
     for info in pkgutil.iter_modules(builtin.__path__):
@@ -47,9 +44,8 @@ def modality_modules() -> tuple[tuple[str, str], ...]:
 
 def load_plugin(module: str, build: bool = False, needed_by: str = "") -> ModuleType:
     """Import a loader module (and, with ``build``, its ``BUILD_MODULE``). A module that is missing
-    itself, or a name that is no module name (``../evil``), is a :class:`PluginError` naming it and
-    the fix;
-    an error inside the module propagates unchanged."""
+    itself, or a name that is no module name (``../evil``), is a :class:`PluginError` naming it
+    and the fix; an error inside the module propagates unchanged."""
     if not isinstance(module, str) or not MODULE_NAME.fullmatch(module):
         raise PluginError(
             f"{module!r} is not a Python module name (dotted identifiers, e.g. 'pointclouds' or "

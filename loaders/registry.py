@@ -1,15 +1,12 @@
 """One registry helper for every plug-in point (kinds, sources, writers, readers, backends,
-commands, field
-codecs, sample types, deferred ops, demo writers): ``register`` / ``get`` / a typed "unknown X"
-error.
+commands, field codecs, sample types, deferred ops, demo writers): ``register`` / ``get`` / a
+typed "unknown X" error.
 
 Why one class: ten hand-rolled dicts each had their own error text and their own way of importing
-built-ins.
-A registry here holds objects, or *lazy* entries (a module that registers the name when imported, so
-a CT
-kind's scipy.ndimage is paid only by CT builds), and may call a ``discover`` hook on a miss: the
-modality
-entry points (:mod:`loaders.plugins`). Modelled on numcodecs' ``register_codec`` / ``get_codec``.
+built-ins. A registry here holds objects, or *lazy* entries (a module that registers the name
+when imported, so a CT kind's scipy.ndimage is paid only by CT builds), and may call a
+``discover`` hook on a miss: the modality entry points (:mod:`loaders.plugins`). Modelled on
+numcodecs' ``register_codec`` / ``get_codec``.
 """
 
 from __future__ import annotations

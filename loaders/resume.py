@@ -1,15 +1,11 @@
 """Resume states: what ``ShardLoader.state_dict()`` writes and ``load_state_dict()`` accepts.
 
-A state is plain JSON (ints, strings, bools, the sample type's config) stored next to a checkpoint,
-so it is
-checked like any input: every field's type exactly (``batches_done="3"`` or ``True`` is refused
-naming the
-field, never coerced), every setting that decides the sample order equal to this loader's, and the
-dataset's
-``fingerprint`` (the split's shards by content hash and unit counts, ``WindowReader.fingerprint``)
-equal, so a
-state saved on another dataset, or another build of this one, with the same unit count is refused
-too.
+A state is plain JSON (ints, strings, bools, the sample type's config) stored next to a
+checkpoint, so it is checked like any input: every field's type exactly (``batches_done="3"`` or
+``True`` is refused naming the field, never coerced), every setting that decides the sample order
+equal to this loader's, and the dataset's ``fingerprint`` (the split's shards by content hash and
+unit counts, ``WindowReader.fingerprint``) equal, so a state saved on another dataset, or another
+build of this one, with the same unit count is refused too.
 """
 
 from __future__ import annotations
@@ -88,8 +84,7 @@ def check_types(state: Any) -> None:
 
 def check_state(state: Any, mine: Mapping[str, Any]) -> int:
     """The batches already done in ``state``, after checking it belongs to the same order as
-    ``mine``
-    (this loader's own ``state_dict()``); raises ValueError naming the field otherwise."""
+    ``mine`` (this loader's own ``state_dict()``); raises ValueError naming the field otherwise."""
     check_types(state)
     if state["world_size"] != mine["world_size"]:
         raise ValueError(

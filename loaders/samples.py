@@ -15,13 +15,10 @@ row, a pair
 function per
   field layout (dense, csr, ragged) shared by every sample type (``loaders.gather``).
 
-Load-time options (``num_bins=5``, ``crop=(256, 256)``...) are keyword arguments of the constructor,
-validated
-there; :meth:`get_config` / :func:`from_config` round-trip them through JSON (the decoder process
-rebuilds the
-same sample type from that config; nothing is pickled). A plug-in defined outside this package is
-found by
-its module name, which the config carries.
+Load-time options (``num_bins=5``, ``crop=(256, 256)``...) are keyword arguments of the
+constructor, validated there; :meth:`get_config` / :func:`from_config` round-trip them through
+JSON (the decoder process rebuilds the same sample type from that config; nothing is pickled). A
+plug-in defined outside this package is found by its module name, which the config carries.
 
 Options that only change the form a batch's deferred items are delivered in (dense values or their
 parts, say) are listed in :attr:`SampleType.delivery_options`: they do not decide which units form
@@ -42,9 +39,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from loaders.format import Index, ShardEntry
+from loaders.format import Index
 from loaders.plugins import load_loader_modalities, load_plugin
 from loaders.registry import Registry
+from loaders.schema import ShardEntry
 
 if TYPE_CHECKING:
     from loaders.gather import BatchRows
@@ -55,8 +53,7 @@ class SampleType(ABC):
     """One way of iterating a dataset. Subclasses set :attr:`name` (and :attr:`tables`), and
     implement
     :meth:`fields`, :meth:`units` and :meth:`assemble`. Instances are cheap and hold only JSON-able
-    options
-    plus what :meth:`bind` derives from the index."""
+    options plus what :meth:`bind` derives from the index."""
 
     name: ClassVar[str]
     tables: ClassVar[
@@ -123,9 +120,9 @@ class SampleType(ABC):
         paths)."""
 
     def field_bounds(self, index: Index) -> dict[str, int]:
-        """Exclusive upper bounds of integer fields it reads beyond each field's own ``bound``
-        (e.g. codes into a vocabulary of the index: a code past it would be served without a
-        label). Checked wherever a shard is read, whatever ``index.json`` says."""
+        """Exclusive upper bounds of integer fields it reads beyond each field's own ``bound`` (e.g.
+        codes into a vocabulary of the index: a code past it would be served without a label).
+        Checked wherever a shard is read, whatever ``index.json`` says."""
         return {}
 
     # -- a shard
@@ -133,13 +130,11 @@ class SampleType(ABC):
     @abstractmethod
     def units(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
         """Local rows of this shard's units, int64 ``[U, width]``, in unit order (``columns``: the
-        shard's
-        columns as stored; at least the fields and tables this type reads)."""
+        shard's columns as stored; at least the fields and tables this type reads)."""
 
     def check_columns(self, columns: Mapping[str, np.ndarray], name: str) -> None:  # noqa: B027 - optional hook
         """Checks beyond the schema's (``validate_columns``) before a shard is served; raise
-        FormatError
-        naming ``name`` (the shard)."""
+        FormatError naming ``name`` (the shard)."""
 
     def unit_costs(self, entries: Sequence[ShardEntry]) -> list[np.ndarray]:
         """With a :attr:`budget`: each unit's cost, per shard, from ``index.json`` alone (e.g. a
@@ -155,8 +150,8 @@ class SampleType(ABC):
     @abstractmethod
     def assemble(self, batch: BatchRows) -> Payload:
         """The batch of ``batch.units`` (arena rows ``[b, width]``, in batch order): gather each
-        field with the
-        layout's gather function and return numpy arrays plus deferred (device-finishable) parts."""
+        field with the layout's gather function and return numpy arrays plus deferred
+        (device-finishable) parts."""
 
 
 # -- per-unit randomness ----------------------------------------------------------------------
@@ -184,10 +179,9 @@ def unit_hash(seed: int, epoch: int, ids: np.ndarray) -> np.ndarray:
 
 
 def unit_draws(seed: int, epoch: int, ids: np.ndarray, count: int) -> np.ndarray:
-    """uint64 ``[len(ids), count]``: ``count`` independent draws per unit, the splitmix64
-    sequence started at its :func:`unit_hash` (draw ``k`` of a unit never depends on ``count``).
-    ``draws % n`` is an integer in ``[0, n)`` (bias below ``n / 2**64``); ``draws >> 63`` a fair
-    bit."""
+    """uint64 ``[len(ids), count]``: ``count`` independent draws per unit, the splitmix64 sequence
+    started at its :func:`unit_hash` (draw ``k`` of a unit never depends on ``count``). ``draws %
+    n`` is an integer in ``[0, n)`` (bias below ``n / 2**64``); ``draws >> 63`` a fair bit."""
     h = unit_hash(seed, epoch, np.asarray(ids).reshape(-1))
     with np.errstate(over="ignore"):
         steps = np.arange(count, dtype=np.uint64) * _GAMMA
@@ -242,8 +236,7 @@ def check_sample_type(sample: SampleType, index: Index) -> None:
 
 def from_config(config: Mapping[str, Any] | str) -> SampleType:
     """Rebuild a sample type from :meth:`SampleType.get_config` (importing its module if it is a
-    plug-in);
-    a bare name means the type with its default options."""
+    plug-in); a bare name means the type with its default options."""
     config = {"name": config} if isinstance(config, str) else dict(config)
     name, module = str(config.pop("name")), config.pop("module", None)
     if name not in SAMPLE_TYPES and module:

@@ -145,8 +145,7 @@ class SampleTypeTests:
 
 
 def in_modules(module: str, prefixes: Iterable[str]) -> bool:
-    """Whether ``module`` is one of ``prefixes`` or inside one (``a.b`` is in ``a``; ``ab`` is
-    not)."""
+    """Whether ``module`` is one of ``prefixes`` or inside one (``a.b`` is in ``a``; ``ab`` is not)."""
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
@@ -166,8 +165,8 @@ def modality_module_names(build: bool = False) -> list[str]:
 def uncovered_sample_types(
     covered: Iterable[str], prefixes: Iterable[str] = ("loaders",)
 ) -> list[str]:
-    """Registered sample types defined in ``prefixes`` or in an installed modality's module that
-    are not among ``covered`` (names with a :class:`SampleTypeTests` subclass)."""
+    """Registered sample types defined in ``prefixes`` or in an installed modality's module that are
+    not among ``covered`` (names with a :class:`SampleTypeTests` subclass)."""
     where = (*prefixes, *modality_module_names())
     ours = {n for n, c in SAMPLE_TYPES.load_all().items() if in_modules(c.__module__, where)}
     return sorted(ours - set(covered))

@@ -1,7 +1,6 @@
 """Where the build's tasks run (`--backend`): a registry of executors, each running a list of tasks
-and
-returning their results in task order, whatever order they finish in (so outputs never depend on
-it).
+and returning their results in task order, whatever order they finish in (so outputs never depend
+on it).
 
 * ``threading`` (default) and ``loky`` go through joblib: threads share the plan in memory; loky
 processes
@@ -104,8 +103,8 @@ class Backend(ABC):
 
 def _pickled_size(d: Descriptor) -> int:
     """The bytes a cluster is sent for one task: measured with cloudpickle, the serializer dask and
-    ray use
-    for tasks (installed with either extra). Only ever dumps; nothing here loads a pickle."""
+    ray use for tasks (installed with either extra). Only ever dumps; nothing here loads a
+    pickle."""
     import cloudpickle  # optional: only remote backends ship pickled tasks
 
     return len(cloudpickle.dumps(d))

@@ -1,17 +1,19 @@
 """The staged build: scan -> plan -> scatter -> pack -> commit. index.json is written last (the
-commit point);
-until then the previous dataset in OUT stays intact and readable, whatever fails and whenever.
+commit point); until then the previous dataset in OUT stays intact and readable, whatever fails
+and whenever.
 
 A rebuild whose inputs are unchanged (see `unchanged`) stops after a few stat calls; the heavy
-modules
-(anndata through the sources, scipy, joblib) are imported only once there is work to do.
+modules (anndata through the sources, scipy, joblib) are imported only once there is work to do.
+
+The commit step (shards made durable, the index assembled and written, retired files removed) is
+:mod:`pipeline.commit`; the refusals of input that would commit a wrong dataset are
+:mod:`pipeline.refusals`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -27,23 +29,23 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.plugins import PluginError
-from pipeline import __version__, generations
+from pipeline import generations
 from pipeline.backends import get_backend
+from pipeline.commit import commit
 from pipeline.dryrun import drop_columns, nothing_to_do, plan_difference
-from pipeline.errors import NothingKeptError, OutputError
 from pipeline.events import EventLog
-from pipeline.incremental import code_digest, known_sources, read_record, save_inputs, unchanged
+from pipeline.incremental import code_digest, known_sources, read_record, unchanged
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.memory import release_freed_memory, trim_heap
 from pipeline.model import Kind, KindPlan, PackConfig, PackResult, PlanContext, ShardPlan, get_kind
 from pipeline.paths import shard_inside
+from pipeline.refusals import check_kept, check_same_dataset
 from pipeline.resume import adopt_finished
-from pipeline.shardfile import make_durable, shard_suffix, write_columns
+from pipeline.shardfile import shard_suffix, write_columns
 from pipeline.writers import Codec
 
 if TYPE_CHECKING:
     from pipeline.dryrun import PlanDifference
-    from pipeline.model import ScannedSource
 
 log = logging.getLogger(__name__)
 BACKENDS = ("threading", "loky", "dask", "ray")
@@ -78,10 +80,9 @@ def previous_index(out: Path) -> fmt.Index | None:
 
 def park_tables(spill: Path, reused: set[str], names: tuple[str, ...], shard: ShardPlan) -> None:
     """Keep the plan's memory small: a new shard's big planned columns (``names``: the kind's
-    ``parked``; a
-    name ending in "/" stands for every column under it) wait in the spill folder as .npy files (its
-    pack
-    task loads them and lets them go); a reused shard's columns are not needed at all."""
+    ``parked``; a name ending in "/" stands for every column under it) wait in the spill folder
+    as .npy files (its pack task loads them and lets them go); a reused shard's columns are not
+    needed at all."""
     if shard.key in reused:
         shard.columns.clear()
         return
@@ -131,15 +132,6 @@ def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig, name: str) -> f
     )
 
 
-def _source_doc(s: ScannedSource) -> dict[str, Any]:
-    doc: dict[str, Any] = {**s.fingerprint.to_json(), "ordinal": s.ordinal, "type": s.spec.type}
-    rows = getattr(s.meta, "n_rows", None)
-    doc["rows"] = int(rows) if rows is not None else len(s.meta)
-    if getattr(s.meta, "n_rows", None) is not None:
-        doc["matrix"] = s.spec.matrix
-    return doc
-
-
 def build(
     manifest_path: str | Path,
     out: str | Path | None = None,
@@ -157,19 +149,16 @@ def build(
     (pipeline.kinds).
 
     `backend` defaults to threads: the heavy work (HDF5 reads, row gathers, compression, hashing,
-    file I/O)
-    runs in C without the GIL, while each loky process would first import the whole stack (~2-3 s)
-    and
-    hold its own copy of its tasks' plan. `dry_run`: scan and plan, report the difference
-    (`BuildResult.difference`), write and delete nothing. `events`: a JSON-lines log
+    file I/O) runs in C without the GIL, while each loky process would first import the whole
+    stack (~2-3 s) and hold its own copy of its tasks' plan. `dry_run`: scan and plan, report the
+    difference (`BuildResult.difference`), write and delete nothing. `events`: a JSON-lines log
     (pipeline.events).
 
-    One writer per OUT (`pipeline.generations.writing`): another build holding it -> `LockHeldError`
-    at once,
-    or after `wait` seconds; an OUT holding files that are not ours -> `OutputError`, nothing
-    touched. An OUT holding another dataset (another name or kind) -> `OutputError` unless
-    `replace` (`check_same_dataset`). A build that keeps no record -> `NothingKeptError`, nothing
-    committed."""
+    One writer per OUT (`pipeline.generations.writing`): another build holding it ->
+    `LockHeldError` at once, or after `wait` seconds; an OUT holding files that are not ours ->
+    `OutputError`, nothing touched. An OUT holding another dataset (another name or kind) ->
+    `OutputError` unless `replace` (`check_same_dataset`). A build that keeps no record ->
+    `NothingKeptError`, nothing committed."""
     t0 = time.perf_counter()
     ev = events if events is not None else EventLog()
     manifest = load_manifest(manifest_path)
@@ -199,70 +188,6 @@ def build(
         return _build_locked(*args)
     with generations.writing(out, wait):
         return _build_locked(*args)
-
-
-def check_same_dataset(
-    out: Path, prev: fmt.Index | None, manifest: Manifest, replace: bool
-) -> None:
-    """Refuse to build one dataset over another: a manifest of another name or kind pointed at an
-    existing dataset's folder (a copied command line, a wrong --out) would retire all of its
-    shards and report success. ``replace`` (``--replace``) says it is meant. An index this build
-    cannot read (a plug-in the manifest no longer names) is compared by its raw name and kind."""
-    if replace:
-        return
-    if prev is not None:
-        held = (prev.name, prev.kind)
-    else:
-        try:
-            doc = json.loads(fmt.index_path(out).read_bytes())
-        except (OSError, ValueError):
-            return  # no index: nothing to replace
-        if not isinstance(doc, dict):
-            return
-        held = (str(doc.get("name")), str(doc.get("kind")))
-    if held == (manifest.name, manifest.kind):
-        return
-    raise OutputError(
-        f"--out {out} holds dataset {held[0]!r} (kind {held[1]}), and {manifest.path} builds "
-        f"dataset {manifest.name!r} (kind {manifest.kind}): a build there would replace it. "
-        f"Pass another --out (e.g. shards/{manifest.name}), or --replace to replace it "
-        "(nothing was changed)"
-    )
-
-
-def check_kept(
-    manifest: Manifest,
-    out: Path,
-    prev: fmt.Index | None,
-    reused: dict[int, fmt.ShardEntry],
-    results: list[PackResult],
-) -> None:
-    """Refuse to commit a dataset without a record: every record skipped (a CT volume normalised to
-    [0, 1], spike ``frames`` larger than the files hold) or none found. Committed, it would replace
-    a good dataset with an empty one and exit 0, so it is bad input, naming the skip reasons as
-    the index would have counted them."""
-    kept = sum(e.records for e in reused.values()) + sum(r.entry.records for r in results)
-    if kept:
-        return
-    skipped: dict[str, int] = {}
-    for r in results:
-        for reason, n in r.skipped.items():
-            skipped[reason] = skipped.get(reason, 0) + int(n)
-    what = (
-        f"all {sum(skipped.values())} records were skipped: "
-        + "; ".join(f"{n} x {reason!r}" for reason, n in sorted(skipped.items()))
-        if skipped
-        else "the sources hold no records"
-    )
-    left = (
-        f"the dataset {prev.name!r} in {out} is untouched"
-        if prev is not None
-        else f"{out} holds no dataset"
-    )
-    raise NothingKeptError(
-        f"{manifest.path}: the build kept no record ({what}): nothing was committed and {left}. "
-        "Fix the sources or the manifest settings the reasons name (the log names each record)"
-    )
 
 
 def _build_locked(
@@ -440,57 +365,10 @@ def _build_locked(
             hasher.shutdown(wait=True, cancel_futures=True)
         if started:
             executor.close()
-    entries.update({r.number: r.entry for r in results})
-    shard_entries = [entries[i] for i in range(len(plan.shards))]
-    side = [conditions.file] if conditions is not None else []
-    make_durable(
-        out, [out / fmt.SHARDS_DIR / shard_entries[i].file for i in todo] + [out / f for f in side]
+    committed = commit(
+        out, manifest, kind, plan, scanned, prev, entries, results, todo, conditions, cfg, journal
     )
-    t_pack = time.perf_counter()
-    stats, section = record_outcomes(plan, prev, shard_entries, results, kind.name)
-    index = fmt.Index(
-        root=out,
-        name=manifest.name,
-        kind=manifest.kind,
-        encoding=manifest.format,
-        fields=list(plan.fields),
-        tables=list(plan.tables),
-        shards=shard_entries,
-        samples=list(kind.samples),
-        vocabularies=plan.vocabularies,
-        obs_fields=plan.obs_fields,
-        control_labels=plan.control_labels,
-        conditions=conditions,
-        codec=cfg.codec.to_json() if manifest.format == "zarr" else {"name": "none", "level": 0},
-        sources=[_source_doc(s) for s in scanned],
-        stats=stats,
-        provenance={
-            "manifest": str(manifest.path),
-            "manifest_sha256": manifest.sha256,
-            "seed": manifest.seed,
-            "shardsmith": __version__,
-            "format_version": fmt.INDEX_VERSION,
-        },
-        sections={kind.name: section},
-        plugins=list(manifest.plugins),
-        primary_records=plan.primary_records
-        if plan.primary_records is not None
-        else int(sum(e.records for e in shard_entries)),
-    )
-    index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))
-    before = fmt.index_path(out).read_bytes() if prev is not None else b""
-    try:
-        fmt.write_index(index)  # the commit
-    except BaseException as e:
-        generations.failed(out, prev, journal, e)
-        raise
-    try:
-        save_inputs(out, manifest, kind, scanned, plan)
-    except OSError as e:  # a cache: the next build then plans everything
-        log.warning("%s: could not record the build's inputs (%s): the next build re-plans", out, e)
-    removed = generations.after_commit(out, index.retired)
-    t_end = time.perf_counter()
-    written = [shard_entries[i].file for i in todo]
+    shard_entries, written, removed = committed.index.shards, committed.written, committed.removed
     log.info(
         "committed %s: %d shards (%d written, %d reused, %d stale removed)",
         out,
@@ -508,86 +386,22 @@ def _build_locked(
     )
     return BuildResult(
         out,
-        index.to_json(),
+        committed.index.to_json(),
         written,
-        [e.file for i, e in enumerate(shard_entries) if i not in set(todo)],
+        committed.reused,
         {
             "scan": t_scan - t0,
             "plan": t_plan - t_scan,
             "scatter": t_scatter - t_plan,
-            "pack": t_pack - t_scatter,
-            "commit": t_end - t_pack,
-            "total": t_end - t0,
+            "pack": committed.durable_at - t_scatter,
+            "commit": committed.done_at - committed.durable_at,
+            "total": committed.done_at - t0,
         },
         removed=removed,
-        changed=bool(written or removed) or fmt.index_path(out).read_bytes() != before,
+        changed=committed.changed,
     )
 
 
 def _shard_events(ev: EventLog, shards: list[ShardPlan], results: list[PackResult]) -> None:
     for r in results:
         ev.emit("shard", file=r.entry.file, records=r.entry.records, bytes=r.entry.bytes)
-
-
-def record_outcomes(
-    plan: KindPlan,
-    prev: fmt.Index | None,
-    entries: list[fmt.ShardEntry],
-    results: list[PackResult],
-    kind: str,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The index's stats and kind section, with what pack tasks reported per shard: records skipped
-    (by
-    reason: nothing is lost silently) and per-record metadata. Reused shards keep what the previous
-    index said of them."""
-    fresh = {entries[r.number].file: r for r in results}
-    old_skips = (prev.stats.get("skipped_by_shard") if prev is not None else None) or {}
-    old_records = ((prev.section(kind) if prev is not None else {}).get("records")) or {}
-    skipped_by_shard: dict[str, dict[str, int]] = {}
-    records: dict[str, Any] = {}
-    for e in entries:
-        r = fresh.get(e.file)
-        skips = r.skipped if r is not None else old_skips.get(e.file, {})
-        if skips:
-            skipped_by_shard[e.file] = dict(skips)
-        meta = r.records if r is not None else old_records.get(e.file)
-        if meta is not None:
-            records[e.file] = meta
-    stats, section = dict(plan.stats), dict(plan.section)
-    if skipped_by_shard:
-        totals: dict[str, int] = {}
-        for skips in skipped_by_shard.values():
-            for reason, n in skips.items():
-                totals[reason] = totals.get(reason, 0) + int(n)
-        stats["skipped"], stats["skipped_by_shard"] = totals, skipped_by_shard
-    if records:
-        section["records"] = records
-    stats.update(_counts(entries, fresh, prev))
-    return stats, section
-
-
-def _counts(
-    entries: list[fmt.ShardEntry], fresh: dict[str, PackResult], prev: fmt.Index | None
-) -> dict[str, Any]:
-    """Totals of what pack tasks changed to keep values exact (e.g. ``duplicate_entries_summed``),
-    with the
-    per-shard counts (``counts_by_shard``) that let a reused shard keep its share in later
-    builds."""
-    old = (prev.stats.get("counts_by_shard") if prev is not None else None) or {}
-    by_shard = {
-        e.file: dict(fresh[e.file].counts if e.file in fresh else old.get(e.file, {}))
-        for e in entries
-    }
-    by_shard = {f: c for f, c in by_shard.items() if c}
-    totals: dict[str, Any] = {}
-    for c in by_shard.values():
-        for name, n in c.items():
-            totals[name] = totals.get(name, 0) + int(n)
-    for name, n in totals.items():
-        log.warning(
-            "%s: %d in %d shard(s) (see index.json stats.counts_by_shard)",
-            name.replace("_", " "),
-            n,
-            sum(name in c for c in by_shard.values()),
-        )
-    return {**totals, "counts_by_shard": by_shard} if by_shard else {}

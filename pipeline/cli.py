@@ -1,11 +1,10 @@
 """`shardsmith <command>` (also `python -m pipeline ...`): global options, logging, exit codes, and
-quiet
-exits on a closed pipe. The subcommands themselves live in :mod:`pipeline.commands` (a registry).
+quiet exits on a closed pipe. The subcommands themselves live in :mod:`pipeline.commands` (a
+registry).
 
 Exit codes: those of :mod:`pipeline.errors` (0 ok, 1 crash, 2 bad input, 3 lock held; ``verify``
-exits 1 when
-it finds problems), and 141 (the shell's status for SIGPIPE) when the reader of our output went away
-(`... | head`).
+exits 1 when it finds problems), and 141 (the shell's status for SIGPIPE) when the reader of our
+output went away (`... | head`).
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGP
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     """-v/-q on the main parser and on every subcommand, so they work before or after the command
-    name.
-    On the subcommands the default is SUPPRESS: an absent flag there must not reset one given
-    before."""
+    name. On the subcommands the default is SUPPRESS: an absent flag there must not reset one
+    given before."""
     kw = {"default": argparse.SUPPRESS} if suppress else {"default": False}
     parser.add_argument(
         "-v",
@@ -89,8 +87,7 @@ def configure_logging(verbose: bool, quiet: bool) -> None:
 
 def _silence_stdout() -> None:
     """The reader closed the pipe: point stdout at /dev/null so that the interpreter's final flush
-    does not
-    print a second BrokenPipeError (the recipe of Python's `signal` documentation)."""
+    does not print a second BrokenPipeError (the recipe of Python's `signal` documentation)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

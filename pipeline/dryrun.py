@@ -2,14 +2,11 @@
 alone.
 
 Why: before a nightly job rewrites a large dataset, an operator (or the job itself) wants to know
-how much
-it will write, keep and delete. The dry run scans the sources (metadata, and content hashes of new
-files:
-the plan keys need them) and plans; it writes nothing, not even the spill folder or the output
-folder, and
-deletes nothing. Shards to write are sized from the scan's per-row entry counts (raw bytes; stored
-bytes
-estimated with the previous index's compression ratio when there is one).
+how much it will write, keep and delete. The dry run scans the sources (metadata, and content
+hashes of new files: the plan keys need them) and plans; it writes nothing, not even the spill
+folder or the output folder, and deletes nothing. Shards to write are sized from the scan's
+per-row entry counts (raw bytes; stored bytes estimated with the previous index's compression
+ratio when there is one).
 """
 
 from __future__ import annotations
@@ -83,8 +80,7 @@ def _mb(n: int) -> str:
 
 def raw_estimate(shard: ShardPlan, scanned: Sequence[ScannedSource]) -> int:
     """Uncompressed bytes of a matrix shard from the scan's per-row entry counts (8 bytes per stored
-    entry
-    plus the row pointer); 0 for kinds whose scan has no such counts."""
+    entry plus the row pointer); 0 for kinds whose scan has no such counts."""
     meta = scanned[shard.source].meta if 0 <= shard.source < len(scanned) else None
     row_nnz = getattr(meta, "row_nnz", None)
     if row_nnz is None or shard.rows.size == 0:
@@ -102,10 +98,8 @@ def plan_difference(
     retired: Sequence[str] = (),
 ) -> PlanDifference:
     """Compare the plan with OUT: reused shards keep their entry; every other planned shard is
-    written; the
-    shards the commit would retire (``retired``: `pipeline.generations.next_generation`; the
-    previous
-    generation's are kept) are deleted."""
+    written; the shards the commit would retire (``retired``:
+    `pipeline.generations.next_generation`; the previous generation's are kept) are deleted."""
     diff = PlanDifference()
     ratio = None
     if prev is not None and prev.shards:

@@ -1,6 +1,5 @@
 """Errors that name the file (or manifest key) and the problem, so a nightly log says what to fix;
-and the
-exit codes every `shardsmith` command shares (a nightly job branches on them)."""
+and the exit codes every `shardsmith` command shares (a nightly job branches on them)."""
 
 from __future__ import annotations
 
@@ -65,9 +64,8 @@ class LockHeldError(ShardsmithError):
 
 class OutputError(ShardsmithError):
     """The output folder cannot be used: it holds files that are not ours (bad input), or writing to
-    it failed
-    (disk full: EXIT_CRASH; read-only: bad input). Nothing was committed: the previous dataset is
-    intact."""
+    it failed (disk full: EXIT_CRASH; read-only: bad input). Nothing was committed: the previous
+    dataset is intact."""
 
     def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
         super().__init__(message)

@@ -2,13 +2,10 @@
 FILE`).
 
 Why: a nightly scheduler must tell "rebuilt" from "nothing to do" from "failed" without parsing
-prose, and
-a person reading last night's log wants the same facts (which shards were written, how long each
-stage took,
-what went wrong). Every object has ``event`` and ``t`` (seconds since the build started); the last
-one of a
-run is always ``summary`` (also printed as the CLI's last stdout line), with ``changed`` and
-``exit_code``.
+prose, and a person reading last night's log wants the same facts (which shards were written, how
+long each stage took, what went wrong). Every object has ``event`` and ``t`` (seconds since the
+build started); the last one of a run is always ``summary`` (also printed as the CLI's last
+stdout line), with ``changed`` and ``exit_code``.
 
 Events (fields beyond ``event``/``t``):
 
@@ -107,12 +104,9 @@ class Report:
 @contextmanager
 def reported(log_json: str | None, out: Path | None) -> Iterator[Report]:
     """Run a build inside: its warnings become events; at the end, success or not, the ``summary``
-    event is
-    logged and printed as the last line of stdout (one JSON object). An exception is logged as an
-    ``error``
-    event with its exit code (``exit_code`` attribute, else 2 for bad input, else 1) and raised
-    again, so the
-    CLI prints it and exits with that code."""
+    event is logged and printed as the last line of stdout (one JSON object). An exception is
+    logged as an ``error`` event with its exit code (``exit_code`` attribute, else 2 for bad
+    input, else 1) and raised again, so the CLI prints it and exits with that code."""
 
     report = Report(EventLog(log_json))
     try:

@@ -1,6 +1,5 @@
 """Optional extras (pyproject ``[project.optional-dependencies]``): checked before any work, named
-with the
-install command that works from a checkout (shardsmith is not on a package index, so
+with the install command that works from a checkout (shardsmith is not on a package index, so
 ``pip install shardsmith[dask]`` cannot)."""
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """`shardsmith gc DIR`: remove from a dataset folder what no live generation names.
 
-What goes: files the index retired whose deletion was interrupted, files of builds that died before
-their
-commit (named by their journals), their spill folders and temporary files. What stays: the committed
-generation's files and the previous generation's (a reader may still be using them;
-``drop_previous``
-removes those too, and such a reader then gets the "dataset rebuilt" error), and every file
-shardsmith did
-not write. Holds the folder's lock like a build, so it never deletes what a running build is
-writing.
+What goes: files the index retired whose deletion was interrupted, files of builds that died
+before their commit (named by their journals), their spill folders and temporary files. What
+stays: the committed generation's files and the previous generation's (a reader may still be
+using them; ``drop_previous`` removes those too, and such a reader then gets the "dataset
+rebuilt" error), and every file shardsmith did not write. Holds the folder's lock like a build,
+so it never deletes what a running build is writing.
 """
 
 from __future__ import annotations

@@ -1,29 +1,22 @@
 """Which files in an output folder are ours, which a reader may still use, and which may go.
 
 A build deletes only files that shardsmith itself named: those a committed index named (shards,
-condition
-tables), those a build announced in its journal before writing them, and its own temporary files
-(`.spill-<pid>/`, `.tmp-<name>-<pid>`, `.index.json.*.tmp`). Anything else in the folder is never
-touched,
-and a folder without an index that holds anything else is refused (`check_owned`), so `--out .` in a
-repository cannot wipe `./shards/*`.
+condition tables), those a build announced in its journal before writing them, and its own
+temporary files (`.spill-<pid>/`, `.tmp-<name>-<pid>`, `.index.json.*.tmp`). Anything else in the
+folder is never touched, and a folder without an index that holds anything else is refused
+(`check_owned`), so `--out .` in a repository cannot wipe `./shards/*`.
 
 Generations: shards are immutable and content-named (their name holds the plan key, a digest of
-everything
-that decides their bytes; an existing file is never rewritten). Commit N+1 keeps generation N's
-files
-(`Index.previous`) and retires generation N-1's files that neither names: a reader that opened
-generation N
-keeps working until N+2 is committed. The retired list is written into the index before anything is
-deleted,
-so a kill during cleanup leaves a list that the next build (even an up-to-date one) or `shardsmith
-gc` finishes.
+everything that decides their bytes; an existing file is never rewritten). Commit N+1 keeps
+generation N's files (`Index.previous`) and retires generation N-1's files that neither names: a
+reader that opened generation N keeps working until N+2 is committed. The retired list is written
+into the index before anything is deleted, so a kill during cleanup leaves a list that the next
+build (even an up-to-date one) or `shardsmith gc` finishes.
 
-Journal: before writing any shard, a build writes ``.build-<pid>.journal`` naming every file it is
-about to
-create. A build killed with ``kill -9`` leaves the journal; the next build under the lock (or gc)
-knows these
-files are ours: it reuses them if its plan names them, and deletes the rest.
+Journal: before writing any shard, a build writes ``.build-<pid>.journal`` naming every file it
+is about to create. A build killed with ``kill -9`` leaves the journal; the next build under the
+lock (or gc) knows these files are ours: it reuses them if its plan names them, and deletes the
+rest.
 """
 
 from __future__ import annotations
@@ -120,9 +113,8 @@ def live(index: fmt.Index | None) -> set[str]:
 
 def _is_our_index(path: Path) -> bool:
     """Whether index.json is a shardsmith index (of any version). Our writer's spelling is found
-    without
-    parsing (an index with large vocabularies takes tens of ms to parse, on every build); else
-    parse."""
+    without parsing (an index with large vocabularies takes tens of ms to parse, on every build);
+    else parse."""
     try:
         data = path.read_bytes()
         if f'"format": "{fmt.FORMAT_NAME}"'.encode() in data:
@@ -135,8 +127,7 @@ def _is_our_index(path: Path) -> bool:
 
 def _temp_of(name: str, prefix: str, owned: set[str]) -> bool:
     """A half-written file of ours: the temp name of a file we own, or of one named the way we name
-    shards
-    and condition tables (left by a build from before journals existed)."""
+    shards and condition tables (left by a build from before journals existed)."""
     m = TMP_RE.fullmatch(name)
     return bool(m) and (
         prefix + m.group("target") in owned or OUR_NAME_RE.fullmatch(m.group("target")) is not None
@@ -145,8 +136,7 @@ def _temp_of(name: str, prefix: str, owned: set[str]) -> bool:
 
 def check_owned(out: Path) -> None:
     """Refuse an output folder that holds anything but a shardsmith dataset or what our builds left
-    there.
-    Reads only: a refused folder is not touched."""
+    there. Reads only: a refused folder is not touched."""
     if not out.exists():
         return
     if not out.is_dir():
@@ -200,8 +190,7 @@ def check_owned(out: Path) -> None:
 
 def remove(out: Path, rel: str) -> bool:
     """Delete one of our files or folders (relative to ``out``); True if something was removed. A
-    name
-    that leads outside ``out`` is refused here too, whoever asks."""
+    name that leads outside ``out`` is refused here too, whoever asks."""
     if not inside(out, rel):
         log.warning("%s: refusing to delete %r, which is not inside the dataset folder", out, rel)
         return False
@@ -221,8 +210,7 @@ def remove(out: Path, rel: str) -> bool:
 
 def temporaries(out: Path, owned: set[str]) -> list[str]:
     """Temporary files and folders of builds that are not running (the caller holds the lock): spill
-    folders,
-    half-written shards or tables of a file we own, atomic-write temp files."""
+    folders, half-written shards or tables of a file we own, atomic-write temp files."""
     found = [
         p.name
         for p in out.iterdir()
@@ -239,10 +227,9 @@ def temporaries(out: Path, owned: set[str]) -> list[str]:
 
 def sweep(out: Path, index: fmt.Index | None, dead_builds: bool = True) -> list[str]:
     """Remove what no live generation names (the caller holds the lock): temporaries, the index's
-    retired
-    files and, with ``dead_builds``, the files journaled by builds that died, and their journals. A
-    starting
-    build passes False: it may reuse those files by name, and retires the rest at its commit."""
+    retired files and, with ``dead_builds``, the files journaled by builds that died, and their
+    journals. A starting build passes False: it may reuse those files by name, and retires the
+    rest at its commit."""
     keep = live(index)
     journal = journaled(out)
     retired = ours_only(
@@ -265,12 +252,9 @@ def next_generation(
     out: Path, prev: fmt.Index | None, new_files: Iterable[str]
 ) -> dict[str, object]:
     """The new index's generation fields: its number, the generation it keeps (``previous``) and the
-    files it
-    retires (every file we know is ours that neither names and that still exists). ``previous`` is
-    the
-    committed generation, unless that names exactly the new files (a rebuild that changed no shard,
-    e.g.
-    after a ``touch``): then the older one stays protected instead."""
+    files it retires (every file we know is ours that neither names and that still exists).
+    ``previous`` is the committed generation, unless that names exactly the new files (a rebuild
+    that changed no shard, e.g. after a ``touch``): then the older one stays protected instead."""
     new_files = set(new_files)
     if prev is not None and set(prev.files()) == new_files:
         previous = _inside_only(out, prev.previous)
@@ -313,9 +297,8 @@ def _inside_only(out: Path, gen: fmt.Generation | None) -> fmt.Generation | None
 
 def after_commit(out: Path, retired: Iterable[str]) -> int:
     """Delete what the committed index retired, then every journal (all their files are now either
-    named by
-    a live generation or retired). Interrupted: the index still lists them; the next build or gc
-    finishes."""
+    named by a live generation or retired). Interrupted: the index still lists them; the next
+    build or gc finishes."""
     removed = sum(remove(out, f) for f in retired)
     for p in journals(out):
         p.unlink(missing_ok=True)
@@ -325,12 +308,10 @@ def after_commit(out: Path, retired: Iterable[str]) -> int:
 def failed(out: Path, prev: fmt.Index | None, journal: Path | None, error: BaseException) -> None:
     """A build failed before its commit. Out of space (or read-only), or it kept no record (a rerun
     of the same input would write the same empty shards: nothing to adopt): delete the files it
-    journaled that no
-    live generation names, then its journal, so the disk gets its space back. Otherwise keep its
-    finished
-    shards and their journal: the rerun adopts them (`pipeline.resume`), or the next commit or gc
-    retires
-    them. Killed (no chance to run this): the journal stays, with the same effect."""
+    journaled that no live generation names, then its journal, so the disk gets its space back.
+    Otherwise keep its finished shards and their journal: the rerun adopts them
+    (`pipeline.resume`), or the next commit or gc retires them. Killed (no chance to run this):
+    the journal stays, with the same effect."""
     if journal is None or not journal.exists():
         return
     keep = live(prev)
@@ -362,9 +343,8 @@ def _fails_the_output(out: Path, e: OSError) -> bool:
 @contextmanager
 def writing(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]:
     """The one way to write into an output folder: refuse a folder that is not ours (before touching
-    it),
-    create it, hold its lock (`pipeline.lock`), and turn a full disk or read-only folder into a
-    clear error."""
+    it), create it, hold its lock (`pipeline.lock`), and turn a full disk or read-only folder
+    into a clear error."""
     check_owned(out)
     created = not out.exists()
     try:
@@ -387,12 +367,10 @@ def writing(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]
 
 def _drop_if_bare(out: Path, created: bool) -> None:
     """A first build failed before anything worth keeping (bad input, typically): leave ``out`` as
-    it found
-    it (no folder if it made it, else an empty one). Only an empty ``shards/`` and our lock file go;
-    anything
-    else (finished shards a rerun adopts, their journal) stays, and so does the folder. Unlinking
-    the lock while holding it is safe: `exclusive`
-    re-checks, after locking, that the path still names the file it locked."""
+    it found it (no folder if it made it, else an empty one). Only an empty ``shards/`` and our
+    lock file go; anything else (finished shards a rerun adopts, their journal) stays, and so
+    does the folder. Unlinking the lock while holding it is safe: `exclusive` re-checks, after
+    locking, that the path still names the file it locked."""
     if fmt.index_path(out).exists():
         return
     try:

@@ -1,11 +1,9 @@
 """What makes a rebuild cheap: a record, next to index.json, of what produced it.
 
-`OUT/.build-inputs.json` holds the digest of all inputs of the committed build and, per source, the
-key of
-everything that source's shards depend on (`pipeline.modalities.perturbation.plan.source_key`) with
-its pairing stats. It names
-the sha256 of the index it belongs to, so a record left by an older or interrupted build is never
-trusted;
+`OUT/.build-inputs.json` holds the digest of all inputs of the committed build and, per source,
+the key of everything that source's shards depend on
+(`pipeline.modalities.perturbation.plan.source_key`) with its pairing stats. It names the sha256
+of the index it belongs to, so a record left by an older or interrupted build is never trusted;
 it is a cache, never required: without it the build simply plans everything.
 
 * no change (`unchanged`): every source has the size and mtime recorded with its sha256 in the index
@@ -52,14 +50,18 @@ INPUTS_FILE = ".build-inputs.json"
 @cache
 def code_digest() -> str:
     """The pipeline's own code, the format module and the libraries that decide shard bytes: a
-    rebuild with
-    other code must not be taken for a no-change rebuild, whatever the version string says."""
+    rebuild with other code must not be taken for a no-change rebuild, whatever the version
+    string says."""
 
     h = hashlib.sha256()
     root, read_side = Path(__file__).parent, Path(loaders.format.__file__).parent
-    # read-side modules that decide stored bytes: the format, the readers, the field codecs, and the
-    # modalities' own packing and codecs (e.g. a pixel-major spike window)
-    decides = [read_side / f for f in ("format.py", "shardio.py", "fieldcodecs.py")]
+    # read-side modules that decide stored bytes: the format (and the value types of its index), the
+    # readers, the field codecs, and the modalities' own packing and codecs (e.g. a pixel-major spike
+    # window)
+    decides = [
+        read_side / f
+        for f in ("format.py", "schema.py", "shardio.py", "tarshard.py", "fieldcodecs.py")
+    ]
     for p in [
         *sorted(root.rglob("*.py")),
         *decides,
@@ -82,10 +84,8 @@ def code_digest() -> str:
 
 def inputs_digest(manifest: Manifest, kind: Kind, sources: Sequence[tuple[str, str]]) -> str:
     """Everything a build's output depends on: manifest bytes and path, each source's (path, sha256)
-    in
-    manifest order, the kind's other input files' bytes (e.g. a perturbation feature table), the
-    plug-in
-    modules' code, and the code (`code_digest`)."""
+    in manifest order, the kind's other input files' bytes (e.g. a perturbation feature table),
+    the plug-in modules' code, and the code (`code_digest`)."""
     extra = [hashlib.sha256(p.read_bytes()).hexdigest() for p in kind.input_files(manifest)]
     doc = {
         "manifest": [str(manifest.path), manifest.sha256],
@@ -137,9 +137,8 @@ def unchanged(
     manifest: Manifest, kind: Kind, out: Path, prev: fmt.Index, saved: Mapping[str, Any]
 ) -> bool:
     """True when rebuilding would reproduce the committed dataset byte for byte, so there is nothing
-    to do:
-    sizes and mtimes as recorded (so are the sha256s), the same inputs digest, every named file
-    present."""
+    to do: sizes and mtimes as recorded (so are the sha256s), the same inputs digest, every named
+    file present."""
     if not saved:
         return False
     try:
@@ -168,8 +167,7 @@ def known_sources(
     out: Path, prev: fmt.Index, saved: Mapping[str, Any]
 ) -> dict[str, tuple[list[ShardPlan], dict[str, int]]]:
     """Source key -> (that source's shards in the committed index, as stubs; its planning stats),
-    for the
-    sources whose shard files all exist."""
+    for the sources whose shard files all exist."""
 
     by_source: dict[int, list[fmt.ShardEntry]] = {}
     for s in prev.shards:

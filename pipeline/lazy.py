@@ -1,18 +1,13 @@
 """Modules imported on first attribute access.
 
 Why: the registries (sources, kinds) import every plug-in module to read its declarations (a
-source's
-``type``, ``kinds`` and ``suffixes``) as soon as a manifest is parsed, and a no-change rebuild stops
-right
-after that (a few stat calls). A source module's reading libraries (h5py, pandas, scipy) therefore
-must not
-load when the module is imported, only when the source first reads: ``h5py = LazyModule("h5py")`` at
-module
-level (under ``if not TYPE_CHECKING``) keeps the code as written (``h5py.File(...)``,
-``isinstance(x,
-h5py.Group)``) while the import happens on first use. Nothing is put in ``sys.modules`` until then,
-so other
-modules importing the library the ordinary way are not affected.
+source's ``type``, ``kinds`` and ``suffixes``) as soon as a manifest is parsed, and a no-change
+rebuild stops right after that (a few stat calls). A source module's reading libraries (h5py,
+pandas, scipy) therefore must not load when the module is imported, only when the source first
+reads: ``h5py = LazyModule("h5py")`` at module level (under ``if not TYPE_CHECKING``) keeps the
+code as written (``h5py.File(...)``, ``isinstance(x, h5py.Group)``) while the import happens on
+first use. Nothing is put in ``sys.modules`` until then, so other modules importing the library
+the ordinary way are not affected.
 """
 
 from __future__ import annotations

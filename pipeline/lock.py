@@ -1,20 +1,13 @@
 """One writer per output folder: an exclusive `flock` on ``OUT/.shardsmith.lock``, held by `build`
-and `gc`
-for their whole run.
+and `gc` for their whole run.
 
 Why flock: the kernel releases it when the holder dies (``kill -9`` included), so a crashed build
-never leaves
-a lock someone must remove by hand, and there is no stale-pid guessing. The holder writes its pid,
-host and
-start time into the file, so a refused build can say who holds it; that text is only a message: the
-lock
-itself is the truth (a file left with text after a crash is not a held lock). On Linux NFSv4, flock
-is
-forwarded to the server; on file systems without locking support the build fails with the errno
-instead of
-running unprotected. Readers (loaders, verify, inspect) never take the lock: they rely on
-generations
-(`pipeline.generations`).
+never leaves a lock someone must remove by hand, and there is no stale-pid guessing. The holder
+writes its pid, host and start time into the file, so a refused build can say who holds it; that
+text is only a message: the lock itself is the truth (a file left with text after a crash is not
+a held lock). On Linux NFSv4, flock is forwarded to the server; on file systems without locking
+support the build fails with the errno instead of running unprotected. Readers (loaders, verify,
+inspect) never take the lock: they rely on generations (`pipeline.generations`).
 """
 
 from __future__ import annotations
@@ -37,9 +30,8 @@ POLL_S = 0.1  # how often a waiting build retries
 
 def output_error(out: Path, e: OSError, doing: str) -> OutputError:
     """A clear error for a failed write into ``out``: the folder, what was being done, the errno by
-    name.
-    Read-only or forbidden folders are bad input (exit 2); a full disk or quota is the environment
-    (exit 1)."""
+    name. Read-only or forbidden folders are bad input (exit 2); a full disk or quota is the
+    environment (exit 1)."""
     name = errno.errorcode.get(e.errno or 0, "?")
     where = f" ({e.filename})" if e.filename else ""
     code = EXIT_BAD_INPUT if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else EXIT_CRASH
@@ -73,8 +65,7 @@ def holder(out: Path) -> str:
 @contextmanager
 def exclusive(out: Path, wait: float = 0.0, what: str = "build") -> Iterator[None]:
     """Hold the exclusive lock on ``out`` (which must exist) for the ``with`` block. Another holder:
-    raise
-    `LockHeldError` at once, or after retrying for ``wait`` seconds."""
+    raise `LockHeldError` at once, or after retrying for ``wait`` seconds."""
     path = out / LOCK_FILE
     deadline = time.monotonic() + max(0.0, wait)
     fd = _open(out, path)

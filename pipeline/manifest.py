@@ -1,15 +1,11 @@
 """TOML manifests: what to read, which kind of dataset to build, how to pack. Every error names the
-file and
-the key.
+file and the key.
 
 The generic part is ``[dataset]`` and ``[[sources]]``; every other top-level table belongs to the
-dataset
-kind (``pipeline.model.Kind``), which parses and validates it. Source types come from the source
-registry
-(``pipeline.source``): a missing ``type`` is inferred from the file suffix among the types feeding
-the kind.
-``[dataset] plugins`` lists modules imported first, so user-defined kinds, sources and sample types
-register.
+dataset kind (``pipeline.model.Kind``), which parses and validates it. Source types come from the
+source registry (``pipeline.source``): a missing ``type`` is inferred from the file suffix among
+the types feeding the kind. ``[dataset] plugins`` lists modules imported first, so user-defined
+kinds, sources and sample types register.
 """
 
 from __future__ import annotations
@@ -42,8 +38,7 @@ GLOB_PROGRESS_S = 5.0
 # since such a walk takes minutes to hours and nearly always means a path missing its folder.
 ALLOW_ROOT_GLOB = "allow_root_glob"
 # A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a
-# typo
-# (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
+# typo (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
 MIN_SHARD_MB = 1e-4
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DATASET_KEYS = {
@@ -301,8 +296,8 @@ def _glob_root(full: str) -> str | None:
 
 
 def _glob(full: str, what: str) -> list[str]:
-    """The sorted matches of ``full``, logging every GLOB_PROGRESS_S how many so far and, when
-    done, how many in all (INFO). The walk runs in a thread so that progress is told even while it
+    """The sorted matches of ``full``, logging every GLOB_PROGRESS_S how many so far and, when done,
+    how many in all (INFO). The walk runs in a thread so that progress is told even while it
     matches nothing (a walk over a large tree that finds no file is silent inside ``glob``)."""
     found: list[str] = []
     failed: list[BaseException] = []
@@ -334,9 +329,8 @@ def _glob(full: str, what: str) -> list[str]:
 
 def _through_a_link_cycle(match: Path) -> bool:
     """Whether a glob match reached its file through a folder link pointing at one of its own
-    ancestors
-    (``src/sub/up -> ..``): ``glob`` follows such links until the path is too long, one copy per
-    level."""
+    ancestors (``src/sub/up -> ..``): ``glob`` follows such links until the path is too long, one
+    copy per level."""
     parts = match.absolute().parts
     for n in range(2, len(parts)):
         folder = Path(*parts[:n])

@@ -1,7 +1,6 @@
 """Handing freed memory back to the OS (glibc), so the build's peak RSS follows what it holds, not
-what it
-held once: the plan's temporaries before the pack, each pack task's buffers after it. No-ops off
-glibc."""
+what it held once: the plan's temporaries before the pack, each pack task's buffers after it.
+No-ops off glibc."""
 
 from __future__ import annotations
 
@@ -27,14 +26,10 @@ def release_freed_memory() -> None:
     """Make glibc return big freed blocks to the OS at once (a fixed 1 MiB mmap threshold).
 
     By default glibc raises its mmap threshold to the largest block freed so far (up to 32 MiB),
-    after
-    which chunk-sized numpy temporaries are carved from per-thread heaps that are rarely trimmed:
-    peak RSS
-    then grows with every task a thread runs (+150 MiB at 400k cells, --jobs 2). The price is a
-    fresh
-    mmap per big temporary, hence the pack's reused buffers
-    (`pipeline.modalities.perturbation.spill.Scratch`), and the plan runs
-    before this is set.
+    after which chunk-sized numpy temporaries are carved from per-thread heaps that are rarely
+    trimmed: peak RSS then grows with every task a thread runs (+150 MiB at 400k cells, --jobs
+    2). The price is a fresh mmap per big temporary, hence the pack's reused buffers
+    (`pipeline.modalities.perturbation.spill.Scratch`), and the plan runs before this is set.
     """
     libc = _libc()
     if libc is not None:
@@ -47,12 +42,10 @@ def trim_heap() -> None:
     task.
 
     Blocks under the mmap threshold (HDF5's and the codecs' buffers, small arrays) fragment the
-    per-thread
-    arenas; nothing hands their free pages back but malloc_trim, so without it a build's RSS crept
-    up with
-    the number of tasks it ran: +86 MiB by the end of a 2M-cell build (56 read and 56 pack tasks),
-    all of
-    it free (benchmarks/ANALYSIS.md, 4b). A trim costs well under a millisecond per task here.
+    per-thread arenas; nothing hands their free pages back but malloc_trim, so without it a
+    build's RSS crept up with the number of tasks it ran: +86 MiB by the end of a 2M-cell build
+    (56 read and 56 pack tasks), all of it free (benchmarks/ANALYSIS.md, 4b). A trim costs well
+    under a millisecond per task here.
     """
     libc = _libc()
     if libc is not None:

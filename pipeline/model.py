@@ -1,16 +1,12 @@
 """Dataset kinds: what a manifest's ``kind`` selects, and the contract ``build`` works through.
 
 A kind owns its manifest sections (parsed and validated by :meth:`Kind.parse`, errors naming the
-key), its
-record schema (``FieldSpec`` s and shard tables, with ``bound`` s for codes), the sample types its
-shards serve
-(their units are counted at pack time with ``loaders.samples``), its scan and planner (which records
-go to
-which shard and split, side tables), how its shards are packed, what it adds to ``index.json``, its
-extra
-``verify`` checks and what ``inspect`` says. ``build``, ``verify``, ``incremental`` and ``inspect``
-only call
-these methods and read the typed :class:`KindPlan`; they never name a kind's columns.
+key), its record schema (``FieldSpec`` s and shard tables, with ``bound`` s for codes), the
+sample types its shards serve (their units are counted at pack time with ``loaders.samples``),
+its scan and planner (which records go to which shard and split, side tables), how its shards are
+packed, what it adds to ``index.json``, its extra ``verify`` checks and what ``inspect`` says.
+``build``, ``verify``, ``incremental`` and ``inspect`` only call these methods and read the typed
+:class:`KindPlan`; they never name a kind's columns.
 
 Registry in the style of numcodecs: :func:`register_kind` / :func:`get_kind`.
 """
@@ -67,10 +63,8 @@ class Manifest:
 @dataclass
 class ShardPlan:
     """One shard to write: its split, its source (-1 if mixed), its number within (source, split),
-    the rows or
-    records it holds in shard order, and the columns the planner already made (a column may be
-    parked in a
-    ``.npy`` file between planning and packing)."""
+    the rows or records it holds in shard order, and the columns the planner already made (a
+    column may be parked in a ``.npy`` file between planning and packing)."""
 
     split: str
     source: int
@@ -93,11 +87,9 @@ class ShardPlan:
 @dataclass
 class PackResult:
     """What one pack task reports for one shard: its entry, records it skipped (reason -> count),
-    the
-    kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``) and
-    counts of
-    values it changed to keep them exact (name -> count, summed into the index stats under that
-    name)."""
+    the kind's per-record metadata (JSON-able, stored under ``sections[kind]["records"][file]``)
+    and counts of values it changed to keep them exact (name -> count, summed into the index
+    stats under that name)."""
 
     number: int
     entry: fmt.ShardEntry
@@ -139,8 +131,7 @@ class KindPlan:
 @dataclass
 class PlanContext:
     """What the build hands the planner: where big tables may be parked, which shards can be reused,
-    what an
-    earlier build planned per source (``known``), and the code digest (``salt``)."""
+    what an earlier build planned per source (``known``), and the code digest (``salt``)."""
 
     park: Callable[[ShardPlan], None] | None = None
     known: Mapping[str, tuple[list[ShardPlan], dict[str, int]]] | None = None
@@ -172,8 +163,7 @@ class Kind(ABC):
 
     def pack_options(self, manifest: Manifest) -> Any:
         """The kind's own pack settings (``PackConfig.options``), read when the build starts;
-        JSON-able or a
-        frozen dataclass (remote backends ship it to their workers)."""
+        JSON-able or a frozen dataclass (remote backends ship it to their workers)."""
         return None
 
     def input_files(self, manifest: Manifest) -> list[Path]:
@@ -223,9 +213,8 @@ class Kind(ABC):
 
     def warnings(self, index: fmt.Index) -> list[str]:
         """Weak spots of a built dataset, each a sentence with its count (build summary,
-        ``inspect``, and the
-        ``warnings`` list of ``inspect --json``). Derived from ``index.stats``, so older indexes
-        work too."""
+        ``inspect``, and the ``warnings`` list of ``inspect --json``). Derived from
+        ``index.stats``, so older indexes work too."""
         return []
 
 
@@ -242,8 +231,7 @@ def register_kind(cls: type[Kind]) -> type[Kind]:
 
 def get_kind(name: str) -> Kind:
     """The registered kind ``name``. A modality registers its kind lazily (its module is imported on
-    the
-    first lookup), so a perturbation build never pays for CT's scipy.ndimage."""
+    the first lookup), so a perturbation build never pays for CT's scipy.ndimage."""
     return KINDS.get(name)
 
 
@@ -299,13 +287,10 @@ class PackConfig:
     tables: tuple[str, ...] = ()  # the schema's shard tables
     samples: tuple[str, ...] = ()  # sample types whose units each shard entry counts
     # local backends: a task deletes the spill files it has consumed. Files deleted before the
-    # kernel writes
-    # them back never reach the disk: a 2M-cell build's ~4 GB of spill and parked columns crossed
-    # the dirty
-    # page limits, and writeback and write throttling made spill I/O grow ~2.5x for 2x the cells. A
-    # cluster
-    # backend reruns a lost worker's tasks, which need their files: the build's end removes them
-    # there.
+    # kernel writes them back never reach the disk: a 2M-cell build's ~4 GB of spill and parked
+    # columns crossed the dirty page limits, and writeback and write throttling made spill I/O grow
+    # ~2.5x for 2x the cells. A cluster backend reruns a lost worker's tasks, which need their
+    # files: the build's end removes them there.
     drop_spill: bool = False
     # the build's parallelism: with 2 sources a job or more, a source is one task (pack_tasks)
     jobs: int = 1

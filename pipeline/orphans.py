@@ -1,16 +1,12 @@
 """Worker processes must not outlive a killed build.
 
-A loky worker blocked on its task queue does not notice that the build that started it died (`kill
--9`,
-an OOM kill): it stayed for minutes, holding memory and open files in OUT (issue 13, case 6). Each
-task
-for a worker process is therefore wrapped (`watched`): the first one a worker runs starts a daemon
-thread
-that polls the worker's parent pid once a second and ends the worker when it is no longer the
-build's (the
-orphan was re-parented). No signal setup is needed (PR_SET_PDEATHSIG follows the creating *thread*,
-which in
-loky is not the main one), and a task run in the build's own process starts no watcher.
+A loky worker blocked on its task queue does not notice that the build that started it died
+(`kill -9`, an OOM kill): it stayed for minutes, holding memory and open files in OUT (issue 13,
+case 6). Each task for a worker process is therefore wrapped (`watched`): the first one a worker
+runs starts a daemon thread that polls the worker's parent pid once a second and ends the worker
+when it is no longer the build's (the orphan was re-parented). No signal setup is needed
+(PR_SET_PDEATHSIG follows the creating *thread*, which in loky is not the main one), and a task
+run in the build's own process starts no watcher.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """One shard's record columns, filled record by record from a record kind's ``read_record`` values.
 
 Why a class of its own: the layouts (``loaders.format.LAYOUTS``) decide how a record's value is
-stored, and
-that is the same for every record kind: a dense field is one ``shape`` array per record, stacked
-(filled in
-place into one preallocated array, so a shard's dense bytes are held once, not once per record plus
-once
-stacked); a ragged field is a ``[k, *shape]`` list per record, stored as offsets + values; a csr
-field is
-one sparse row of ``shape[0]`` columns per record (given as a 1-d dense row, as ``(indices,
-values)``, or as
-a 1-row scipy sparse matrix), stored as indptr (int64) + indices (int32) + data. A value of the
-wrong shape
-is an error naming the record and the field, never a bare numpy broadcast error.
+stored, and that is the same for every record kind: a dense field is one ``shape`` array per
+record, stacked (filled in place into one preallocated array, so a shard's dense bytes are held
+once, not once per record plus once stacked); a ragged field is a ``[k, *shape]`` list per
+record, stored as offsets + values; a csr field is one sparse row of ``shape[0]`` columns per
+record (given as a 1-d dense row, as ``(indices, values)``, or as a 1-row scipy sparse matrix),
+stored as indptr (int64) + indices (int32) + data. A value of the wrong shape is an error naming
+the record and the field, never a bare numpy broadcast error.
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ class RecordColumns:
 
     def add(self, sample_id: int, values: Mapping[str, Any], path: str | Path, where: str) -> None:
         """One record's values by field name; a missing or misshapen value is a SourceError naming
-        the
-        source file (``path``) and the record (``where``)."""
+        the source file (``path``) and the record (``where``)."""
         row = len(self.ids)
         converted: dict[str, tuple[np.ndarray, ...]] = {}
         for f in (

@@ -16,14 +16,11 @@ records,
   e.g. spike clips) and :meth:`RecordKind.section` (settings stored in ``index.json``).
 
 Splits: a record's ``split`` when its source layout says so (a ``train/`` folder), else drawn per
-*group*
-from a stable hash of (seed, group) and the kind's fractions, so the records of one group (a
-sequence, a
-patient) never cross splits. Shards hold records of one split, groups kept together and in order,
-cut at
-about ``shard_size_mb`` (at a group boundary unless one group alone is bigger). One pack task per
-shard reads
-its records one by one (memory: one shard), so any ``--jobs`` and backend give the same bytes.
+*group* from a stable hash of (seed, group) and the kind's fractions, so the records of one group
+(a sequence, a patient) never cross splits. Shards hold records of one split, groups kept
+together and in order, cut at about ``shard_size_mb`` (at a group boundary unless one group alone
+is bigger). One pack task per shard reads its records one by one (memory: one shard), so any
+``--jobs`` and backend give the same bytes.
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ class RecordKind(Kind):
         self, manifest: Manifest, spec: SourceSpec, record: Record
     ) -> tuple[dict[str, np.ndarray], Any]:
         """One record's values by field name (dense: ``shape``; ragged: ``[k, *shape]``) and its
-        JSON-able
-        metadata; ``raise SkipRecord(reason)`` to leave it out (counted)."""
+        JSON-able metadata; ``raise SkipRecord(reason)`` to leave it out (counted)."""
 
     def tables(self, manifest: Manifest) -> tuple[str, ...]:
         return ()
@@ -120,8 +116,7 @@ class RecordKind(Kind):
 
     def describe(self, index: fmt.Index) -> dict[str, Any]:
         """What ``inspect`` says of any record kind: records found by the scan and groups per split
-        (the
-        splits' independence at a glance); subclasses add their own facts."""
+        (the splits' independence at a glance); subclasses add their own facts."""
         return {
             "records scanned": index.stats.get("records"),
             "groups per split": index.stats.get("groups_per_split"),
@@ -225,14 +220,11 @@ class RecordKind(Kind):
         code: Sequence[str],
     ) -> str:
         """Everything a shard's bytes depend on: format, encoding, codec, the kind's settings (the
-        manifest's
-        sections of this kind), the schema, each record's source content and identity, and the code:
-        the
-        values come from ``read_record`` at pack time, so unlike a perturbation shard (whose planned
-        columns
-        are hashed) only the code can vouch for them: ``code`` holds the pipeline's code digest and
-        that of
-        the plug-in modules (the kind's own module when it lives outside the pipeline)."""
+        manifest's sections of this kind), the schema, each record's source content and identity,
+        and the code: the values come from ``read_record`` at pack time, so unlike a perturbation
+        shard (whose planned columns are hashed) only the code can vouch for them: ``code`` holds
+        the pipeline's code digest and that of the plug-in modules (the kind's own module when it
+        lives outside the pipeline)."""
         h = hashlib.sha256()
         doc = {
             "format": fmt.SHARD_VERSION,
@@ -288,8 +280,8 @@ class RecordKind(Kind):
         cfg: PackConfig,
     ) -> list[PackResult]:
         """Read the shard's records one at a time into its columns (memory: about one shard),
-        skipping
-        (and counting) those ``read_record`` refuses, then validate, write, hash and count units."""
+        skipping (and counting) those ``read_record`` refuses, then validate, write, hash and
+        count units."""
 
         columns = RecordColumns(cfg.fields, shard.n)
         kept: list[Record] = []

@@ -1,20 +1,15 @@
 """Resuming a build that failed: shards it finished are adopted, not rebuilt.
 
-Why: a build on a cluster can die late (a lost node, a killed job, a full disk) after writing most
-of its
-shards. Each shard is written under a temporary name and renamed (``pipeline.shardfile``), and its
-name
-carries its plan key, so a file under its final name is a complete shard of exactly that plan. The
-next
-build of the same manifest reads such a shard back (its columns give the index entry: records,
-units,
-bytes, hash) instead of reading its source rows again, so only the missing shards cost source reads
-and
-compression. A file that cannot be read back is removed and rebuilt.
+Why: a build on a cluster can die late (a lost node, a killed job, a full disk) after writing
+most of its shards. Each shard is written under a temporary name and renamed
+(``pipeline.shardfile``), and its name carries its plan key, so a file under its final name is a
+complete shard of exactly that plan. The next build of the same manifest reads such a shard back
+(its columns give the index entry: records, units, bytes, hash) instead of reading its source
+rows again, so only the missing shards cost source reads and compression. A file that cannot be
+read back is removed and rebuilt.
 
-Only kinds whose pack results are the index entry alone can be adopted (``Kind.resumable``): record
-kinds
-also report skipped records and per-record metadata that only their pack task knows.
+Only kinds whose pack results are the index entry alone can be adopted (``Kind.resumable``):
+record kinds also report skipped records and per-record metadata that only their pack task knows.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Writing one shard file, for every kind: validate against the schema, write atomically (temp name,
-hash,
-rename), count the units of each sample type the dataset serves, make the index entry. And making
-new files
-durable before the index that names them is committed."""
+hash, rename), count the units of each sample type the dataset serves, make the index entry. And
+making new files durable before the index that names them is committed."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ def write_columns(
     columns: Mapping[str, Any], final: Path, cfg: PackConfig, tables: Sequence[str] = ()
 ) -> tuple[str, int]:
     """Write atomically (temp name, hash, rename); returns (sha256, stored bytes). The build makes
-    the new
-    files durable (make_durable) before it commits the index that names them."""
+    the new files durable (make_durable) before it commits the index that names them."""
     if (
         final.exists()
     ):  # same name = same plan key = same bytes (a crash after rename, before commit)
@@ -55,8 +52,7 @@ def shard_suffix(cfg: PackConfig) -> str:
 
 def finish_shard(columns: Mapping[str, Any], shard: ShardPlan, cfg: PackConfig) -> fmt.ShardEntry:
     """Validate ``columns`` against the schema, write them as ``shard``'s file and return its index
-    entry
-    (records, and units per sample type counted by the sample types themselves)."""
+    entry (records, and units per sample type counted by the sample types themselves)."""
     n = validate_columns(columns, cfg.fields, cfg.tables, name=shard.file)
     final = cfg.out / fmt.SHARDS_DIR / (shard.file + shard_suffix(cfg))
     digest, stored = write_columns(columns, final, cfg, cfg.tables)
@@ -105,10 +101,9 @@ def fsync_tree(path: Path) -> None:
 def make_durable(folder: Path, written: list[Path]) -> None:
     """Flush new shards to disk before the index may point at them.
 
-    One syncfs(2) of the output's file system costs about as much as a single fsync; fsyncing each
-    of the
-    ~30 files of every zarr shard cost 0.1-0.3 s per shard here. Falls back to per-file fsync off
-    Linux.
+    One syncfs(2) of the output's file system costs about as much as a single fsync; fsyncing
+    each of the ~30 files of every zarr shard cost 0.1-0.3 s per shard here. Falls back to
+    per-file fsync off Linux.
     """
     try:
         import ctypes  # only where the platform has the call

@@ -1,9 +1,8 @@
 """Input file types (``[[sources]] type``): the tiny base every source implements, and their
 registry.
 
-A modality registers its source types (lazily: its module is imported on first use); a manifest that
-names
-no type gets the one source type of its kind claiming the file's suffix."""
+A modality registers its source types (lazily: its module is imported on first use); a manifest
+that names no type gets the one source type of its kind claiming the file's suffix."""
 
 from __future__ import annotations
 
@@ -20,15 +19,12 @@ class Source(ABC):
     block.
 
     A source class declares what the registry needs to pick it without copied lists: its ``type``
-    (the
-    manifest's ``[[sources]] type``), the dataset ``kinds`` it feeds, the file ``suffixes`` it
-    claims (a
-    manifest that names no type gets the one source type of its kind claiming the file's suffix),
-    the extra
-    ``[[sources]]`` keys it accepts (``options``) and the record fields it produces (``produces``,
-    for docs and
-    error messages). How records are read is the business of the interface its kinds use
-    (:class:`MatrixSource` for perturbation; a record kind defines its own).
+    (the manifest's ``[[sources]] type``), the dataset ``kinds`` it feeds, the file ``suffixes``
+    it claims (a manifest that names no type gets the one source type of its kind claiming the
+    file's suffix), the extra ``[[sources]]`` keys it accepts (``options``) and the record fields
+    it produces (``produces``, for docs and error messages). How records are read is the business
+    of the interface its kinds use (:class:`MatrixSource` for perturbation; a record kind defines
+    its own).
     """
 
     type: ClassVar[str]

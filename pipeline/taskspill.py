@@ -1,17 +1,12 @@
 """Task descriptors for remote backends (dask, ray): a task's arguments with every array replaced by
-a
-reference to a plain .npy file in the build's spill folder.
+a reference to a plain .npy file in the build's spill folder.
 
-Why: the pack tasks are ``functools.partial`` objects over the plan's per-shard arrays (source rows,
-planned
-columns, routed row ranges). Shipped as they are, each task would push megabytes through the
-scheduler (and
-joblib's dask backend scatters every argument over 1 kB). Written once to the spill folder, which
-lives in
-OUT on the filesystem every worker shares anyway, a task is a few kB: a function, paths, row ranges
-and
-settings. Files are loaded with ``allow_pickle=False``; nothing the build reads back is ever
-unpickled.
+Why: the pack tasks are ``functools.partial`` objects over the plan's per-shard arrays (source
+rows, planned columns, routed row ranges). Shipped as they are, each task would push megabytes
+through the scheduler (and joblib's dask backend scatters every argument over 1 kB). Written once
+to the spill folder, which lives in OUT on the filesystem every worker shares anyway, a task is a
+few kB: a function, paths, row ranges and settings. Files are loaded with ``allow_pickle=False``;
+nothing the build reads back is ever unpickled.
 """
 
 from __future__ import annotations
@@ -46,8 +41,7 @@ class ArrayRef:
 @dataclasses.dataclass(frozen=True)
 class Descriptor:
     """What a remote worker receives: a module-level function (or a registered kind's method) and
-    its
-    arguments, with arrays replaced by ArrayRefs."""
+    its arguments, with arrays replaced by ArrayRefs."""
 
     func: Callable[..., Any]
     args: tuple[Any, ...]
@@ -64,9 +58,8 @@ def _walk(
     obj: Any, leaf: Callable[[Any], Any], seen: Callable[[Any], None] = lambda o: None
 ) -> Any:
     """`obj` with `leaf` applied to every value inside its tuples, lists, dicts and dataclass fields
-    (copies
-    where something changed; the original is never modified). `seen` is shown every dataclass
-    met."""
+    (copies where something changed; the original is never modified). `seen` is shown every
+    dataclass met."""
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
         return tuple(_walk(a, leaf, seen) for a in obj)
     if isinstance(obj, list):

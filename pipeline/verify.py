@@ -1,11 +1,9 @@
 """Stage 5: verify a committed dataset: hashes, schema, bounds, counts and references. `inspect`
 summarises it.
 
-Everything here works from the index's schema: the fields and tables it declares, the unit counts of
-the
-sample types it lists, the `bound` of every code field. The dataset's kind adds its own referential
-checks
-(`Kind.check_shard`) when it is registered in this process.
+Everything here works from the index's schema: the fields and tables it declares, the unit counts
+of the sample types it lists, the `bound` of every code field. The dataset's kind adds its own
+referential checks (`Kind.check_shard`) when it is registered in this process.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.columns import validate_columns
+from loaders.indexcheck import digest_problems
 from loaders.plugins import PluginError
 from loaders.shardio import read_shard
 from pipeline.model import get_kind, open_index
@@ -40,7 +39,7 @@ def verify(root: str | Path, check_hashes: bool = True) -> list[str]:
         index = open_index(root)  # with the plug-ins it names: a fresh process checks it all
     except (fmt.FormatError, PluginError) as e:
         return [str(e)]
-    problems += fmt.digest_problems(index)  # the check a ShardDataset makes at open
+    problems += digest_problems(index)  # the check a ShardDataset makes at open
     kind = _kind(index)
     if kind is None:
         problems.append(

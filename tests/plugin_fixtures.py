@@ -1,7 +1,7 @@
-"""The shared helpers of the tests that build no dataset, as fixtures: processes of this checkout,
-loader batches, the independent CT reference. A pytest plug-in, registered by tests/conftest.py
-(``pytest_plugins``, next to the dataset builders): tests take these as fixtures and never import
-this module.
+"""The shared helpers of the tests that build no perturbation dataset, as fixtures: processes of
+this checkout, loader batches, the independent CT reference, the CT tests' manifests and builds
+(``ct``, ``ct_npy``). A pytest plug-in, registered by tests/conftest.py (``pytest_plugins``, next
+to the dataset builders): tests take these as fixtures and never import this module.
 """
 
 from __future__ import annotations
@@ -295,3 +295,62 @@ def ct() -> Any:
     """The CT-format tests' helpers: ``ct.manifest(root, sources, ...)``, ``ct.served(root)``,
     ``ct.cli_build(manifest, out)``."""
     return SimpleNamespace(manifest=manifest, served=served, cli_build=cli_build)
+
+
+# -- CT from .npy volumes (tests/test_ct_pipeline*.py) ------------------------------------------
+CT_NPY_MANIFEST = """
+[dataset]
+name = "ct-test"
+kind = "ct"
+format = "{fmt}"
+seed = 5
+shard_size_mb = 0.05
+
+[[sources]]
+path = "{path}"                # no type: "npy" is inferred from the suffix among kind ct's sources
+
+[ct]
+max_points = {max_points}
+{extra}
+
+[split]
+{split}
+"""
+NO_HOLDOUT = "val_fraction = 0.0\ntest_fraction = 0.0"
+
+
+def npy_manifest(
+    fmt_: str = "zarr",
+    max_points: int = 0,
+    extra: str = "",
+    split: str = NO_HOLDOUT,
+    path: str = "vols/*.npy",
+) -> str:
+    return CT_NPY_MANIFEST.format(
+        fmt=fmt_, max_points=max_points, extra=extra, split=split, path=path
+    )
+
+
+def npy_make(
+    root: Path,
+    fmt_: str = "zarr",
+    max_points: int = 0,
+    extra: str = "",
+    jobs: int = 2,
+    out: str = "out",
+    path: str = "vols/*.npy",
+) -> Path:
+    from pipeline.build import build
+
+    (root / "m.toml").write_text(npy_manifest(fmt_, max_points, extra, path=path))
+    build(root / "m.toml", root / out, jobs=jobs, progress=False)
+    return root / out
+
+
+@pytest.fixture(scope="session")
+def ct_npy() -> Any:
+    """The CT .npy pipeline tests' helpers: ``ct_npy.manifest(fmt_, max_points, extra, split,
+    path)`` -> the manifest's text (``split``: ``ct_npy.NO_HOLDOUT`` unless given);
+    ``ct_npy.make(root, fmt_, max_points, extra, jobs, out, path)`` writes it to root/m.toml and
+    builds it into root/<out>."""
+    return SimpleNamespace(manifest=npy_manifest, make=npy_make, NO_HOLDOUT=NO_HOLDOUT)

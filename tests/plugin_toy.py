@@ -1,15 +1,11 @@
 """A modality defined only in the tests: a source type, a dataset kind and a sample type, registered
-through
-the public registries with no change to library code (docs/EXTENDING.md walks through the same three
-pieces).
+through the public registries with no change to library code (docs/EXTENDING.md walks through the
+same three pieces).
 
 A ``.toy`` file is JSON: ``{"records": [{"group": str, "vec": [4 floats], "tokens": [ints < 50],
-"skip": bool}]}``.
-Each record becomes a fixed-shape dense ``vec`` float32 [4] plus a ragged ``tokens`` int32 list
-(codes into a
-vocabulary of 50, declared as the field's ``bound``); no pairs or other tables. ``[toy] ragged =
-false`` gives a
-dataset of dense fields only.
+"skip": bool}]}``. Each record becomes a fixed-shape dense ``vec`` float32 [4] plus a ragged
+``tokens`` int32 list (codes into a vocabulary of 50, declared as the field's ``bound``); no
+pairs or other tables. ``[toy] ragged = false`` gives a dataset of dense fields only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Write docs/RELIABILITY.md from the hostile-case registry (tests/hostile): ``python -m
 tests.reliability_table``.
 
-``--check`` exits 1 (printing a diff) when the file on disk differs from the generated text, instead
-of
-writing it. How to add a case: see the docstring of ``tests/hostile/__init__.py``.
+``--check`` exits 1 (printing a diff) when the file on disk differs from the generated text,
+instead of writing it. How to add a case: see the docstring of ``tests/hostile/__init__.py``.
 """
 
 from __future__ import annotations

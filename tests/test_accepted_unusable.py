@@ -1,8 +1,7 @@
 """Inputs that used to build (exit 0) into datasets nobody can use are refused at build, naming the
-key or
-the file: spike ``frames = "all"`` with a ``num_bins`` that does not divide the stored frames (the
-same
-mistake as ``frames = 40`` with ``num_bins = 7``, which was already refused), and a 0-gene matrix.
+key or the file: spike ``frames = "all"`` with a ``num_bins`` that does not divide the stored
+frames (the same mistake as ``frames = 40`` with ``num_bins = 7``, which was already refused),
+and a 0-gene matrix.
 """
 
 from __future__ import annotations

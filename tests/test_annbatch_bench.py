@@ -1,10 +1,8 @@
 """The optional annbatch baseline (benchmarks/annbatch_bench.py, annbatch_worker.py): finding a
-Python >= 3.12,
-the skip record when there is none, the worker script loading under our interpreter without
-annbatch, the
-shared timing loop, and BENCHMARKS.md rendering both the skip note and a measured row. The measured
-path
-itself needs a 3.12 interpreter and an index to install from; these tests run without either."""
+Python >= 3.12, the skip record when there is none, the worker script loading under our
+interpreter without annbatch, the shared timing loop, and BENCHMARKS.md rendering both the skip
+note and a measured row. The measured path itself needs a 3.12 interpreter and an index to
+install from; these tests run without either."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ SKIP_LINE = (
 
 def fake_python(path: Path, version: str) -> str:
     """An executable that answers the version probe like a Python of ``version`` ("3 11 9") and
-    fails
-    anything else (a pip install, a venv)."""
+    fails anything else (a pip install, a venv)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo {version}; exit 0; fi\nexit 3\n')
     path.chmod(0o755)

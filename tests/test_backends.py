@@ -1,8 +1,7 @@
 """Cluster backends build the same bytes as threads: a dask LocalCluster (2 worker processes on
-127.0.0.1)
-and a local ray; tasks are sent paths and row ranges, not arrays; a worker lost mid-build costs only
-its
-running task; a rerun after a failed build writes only the shards that are missing."""
+127.0.0.1) and a local ray; tasks are sent paths and row ranges, not arrays; a worker lost
+mid-build costs only its running task; a rerun after a failed build writes only the shards that
+are missing."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def reference(
     write_manifest: Callable[..., Any],
 ) -> tuple[Path, Path]:
     """Two small sources, the spill path forced (several row-range read tasks per source, then pack
-    tasks),
-    built with the default backend."""
+    tasks), built with the default backend."""
     root = tmp_path_factory.mktemp("backends")
     build_dataset(root, "sources", sources=2, cells=300)
     manifest = write_manifest(root / "m.toml")
@@ -118,9 +116,8 @@ def test_dask_local_cluster_builds_the_same_bytes_though_a_worker_dies(
     reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No --scheduler: a LocalCluster of 2 worker processes. One worker dies as it starts the first
-    pack
-    task; the cluster reruns that task elsewhere and the build still gives the default backend's
-    bytes."""
+    pack task; the cluster reruns that task elsewhere and the build still gives the default
+    backend's bytes."""
     kill_once = tmp_path / "killed"
     real_start = pipeline.backends.DaskBackend.start
 
@@ -145,10 +142,8 @@ def test_rerun_after_a_failed_build_writes_only_missing_shards(
     shard_files: Callable[..., Any],
 ) -> None:
     """Every attempt of one pack task kills its worker: the build fails (nothing committed) after
-    the
-    other shards are written. The rerun (no more killing) writes only the missing shard and reads
-    nothing
-    for the others."""
+    the other shards are written. The rerun (no more killing) writes only the missing shard and
+    reads nothing for the others."""
     manifest, ref = reference
     out = tmp_path / "out"
     target = sorted(e.file for e in fmt.read_index(ref).shards)[0]
@@ -185,8 +180,7 @@ def test_rerun_after_a_failed_build_writes_only_missing_shards(
 
 class _Killer(WorkerPlugin):  # type: ignore[misc]
     """A dask worker plugin: a worker starting a pack task whose key contains `match` exits at once
-    (a lost
-    worker); with a `marker` file only the first time, else at every attempt."""
+    (a lost worker); with a `marker` file only the first time, else at every attempt."""
 
     def __init__(self, match: str, marker: str | None = None) -> None:
         self.match, self.marker = match, marker

@@ -107,8 +107,7 @@ def test_harness_tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert res["config"]["mode"].startswith("quick")
 
     # Baselines may fail on a machine without them (reported as a note); our own loader and builds
-    # must work:
-    # a loader or a build that raises fails this test.
+    # must work: a loader or a build that raises fails this test.
     loader = res["loader"]["results"]
     methods = {r["method"] for r in loader}
     assert {"scipy in-memory gather+densify", "h5py CSR row gather", "anndata backed"} <= methods

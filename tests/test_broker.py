@@ -1,7 +1,6 @@
 """Workers share one decode: each window decoded once per rank whatever num_workers, mapped
-read-only by the
-workers, the same batches as num_workers=0, nothing left in /dev/shm, a dead worker's holds
-dropped."""
+read-only by the workers, the same batches as num_workers=0, nothing left in /dev/shm, a dead
+worker's holds dropped."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def fx(build_dataset: Helper, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def shm() -> set[str]:
     """What this loader (or torch's batch transport, or Python's shared_memory) could leave in
-    /dev/shm;
-    other programs' files (other test runs on the machine) are not ours to judge."""
+    /dev/shm; other programs' files (other test runs on the machine) are not ours to judge."""
     names = os.listdir("/dev/shm") if Path("/dev/shm").is_dir() else []
     return {n for n in names if "shardsmith" in n or n.startswith(("torch_", "psm_"))}
 

@@ -1,6 +1,6 @@
 """A cell-load experiment TOML reproduced cell by cell: every cell's split checked against
-cell-load's rules
-(ArcInstitute/cell-load, PerturbationDataModule._process_celltype / _split_fewshot_celltype):
+cell-load's rules (ArcInstitute/cell-load, PerturbationDataModule._process_celltype /
+_split_fewshot_celltype):
 
 * zeroshot "dataset.celltype" = split: perturbed cells -> split, control cells -> train;
 * fewshot "dataset.celltype": listed perturbations -> val/test (test if in both), others -> train

@@ -1,6 +1,5 @@
 """The CLI guides: help on every argument, -v/-q anywhere, only our debug logs, vocabularies in
-`inspect`,
-quiet exits on a closed pipe, `--version`."""
+`inspect`, quiet exits on a closed pipe, `--version`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""benchmarks/ct_bench.py runs end to end at tiny sizes and reports every figure (no timing
-asserted)."""
+"""benchmarks/ct_bench.py (with ct_data.py and ct_measure.py) runs end to end at tiny sizes and
+reports every figure (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import ct_bench
+from benchmarks import ct_bench, ct_data, ct_measure
 
 
 def test_ct_bench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,31 +36,31 @@ def test_ct_bench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_parity_fails_when_the_methods_disagree(tmp_path: Path) -> None:
-    vols = ct_bench.corpus(tmp_path / "data", (48, 40, 16), 2)
-    m = ct_bench.write_manifest(
+    vols = ct_data.corpus(tmp_path / "data", (48, 40, 16), 2)
+    m = ct_data.write_manifest(
         tmp_path / "m.toml", str(vols[0].parent / "*.npy"), "x", "zarr", 100_000, 0
     )
-    ct_bench.build(m, tmp_path / "out", 1)
-    cache = ct_bench.write_npz_cache(vols, tmp_path / "npz", 100_000)
-    assert ct_bench.check_parity(cache, tmp_path / "out") == {"volumes": 2, "compared_exactly": 2}
-    z = ct_bench.npz_item(cache[1], with_kept=True)
+    ct_measure.build(m, tmp_path / "out", 1)
+    cache = ct_data.write_npz_cache(vols, tmp_path / "npz", 100_000)
+    assert ct_data.check_parity(cache, tmp_path / "out") == {"volumes": 2, "compared_exactly": 2}
+    z = ct_data.npz_item(cache[1], with_kept=True)
     z["hu"] = z["hu"].copy()
     z["hu"][0] += 1  # one feature value off
     np.savez_compressed(cache[1], **z)
     with pytest.raises(
         RuntimeError, match="chest_001.npy: shards and per-item give different points"
     ):
-        ct_bench.check_parity(cache, tmp_path / "out")
+        ct_data.check_parity(cache, tmp_path / "out")
     np.savez_compressed(cache[1], **{**z, "kept": z["kept"] + 1})
     with pytest.raises(RuntimeError, match="chest_001.npy: per-item keeps"):
-        ct_bench.check_parity(cache, tmp_path / "out")
+        ct_data.check_parity(cache, tmp_path / "out")
 
 
 def test_a_failing_build_fails_the_bench(tmp_path: Path) -> None:
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "broken.npy").write_bytes(b"not a volume")
-    m = ct_bench.write_manifest(
+    m = ct_data.write_manifest(
         tmp_path / "m.toml", str(tmp_path / "v" / "*.npy"), "x", "zarr", 1000, 0
     )
     with pytest.raises(RuntimeError, match="broken.npy"):
-        ct_bench.build(m, tmp_path / "out", 1)
+        ct_measure.build(m, tmp_path / "out", 1)

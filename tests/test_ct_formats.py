@@ -258,8 +258,8 @@ def test_an_nhdr_data_file_change_is_seen_by_the_no_change_check(
 
 
 def test_nifti_example_manifest_builds(tmp_path: Path, chest: np.ndarray) -> None:
-    """data_manifests/examples/ct_nifti.toml, pointed at two NIfTI volumes: orientation RAS and 1
-    mm isotropic voxels, geometry in the index."""
+    """data_manifests/examples/ct_nifti.toml, pointed at two NIfTI volumes: orientation RAS and 1 mm
+    isotropic voxels, geometry in the index."""
     text = (REPO / "data_manifests" / "examples" / "ct_nifti.toml").read_text()
     assert 'path = "/data/msd_lung/imagesTr/*.nii.gz"' in text
     (tmp_path / "imagesTr").mkdir()

@@ -1,14 +1,12 @@
 """CT end to end: .npy volumes -> build (zarr, tar) -> ShardDataset(sample="ct") equals the
-independent
-reference; skips counted; subsample deterministic; budget batches; crops/flips; bad input;
-conformance."""
+independent reference; skips counted; subsample deterministic; budget batches; crops/flips; a
+folder source and verify's check; conformance. Bad input, manifest errors, split groups and the
+shipped manifests: tests/test_ct_pipeline_inputs.py. The manifest and build helpers are the
+``ct_npy`` fixture (tests/plugin_fixtures.py)."""
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
@@ -19,44 +17,12 @@ import pytest
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
 from loaders.testing import SampleTypeTests
-from pipeline.build import build
-from pipeline.errors import ManifestError, SourceError
 from pipeline.manifest import load_manifest
 from pipeline.modalities.ct.demo import write_ct_demo
 from pipeline.model import get_kind
 from pipeline.verify import format_summary, summary, verify
 
-REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 120
-MANIFEST = """
-[dataset]
-name = "ct-test"
-kind = "ct"
-format = "{fmt}"
-seed = 5
-shard_size_mb = 0.05
-
-[[sources]]
-path = "{path}"                # no type: "npy" is inferred from the suffix among kind ct's sources
-
-[ct]
-max_points = {max_points}
-{extra}
-
-[split]
-{split}
-"""
-NO_HOLDOUT = "val_fraction = 0.0\ntest_fraction = 0.0"
-
-
-def manifest(
-    fmt_: str = "zarr",
-    max_points: int = 0,
-    extra: str = "",
-    split: str = NO_HOLDOUT,
-    path: str = "vols/*.npy",
-) -> str:
-    return MANIFEST.format(fmt=fmt_, max_points=max_points, extra=extra, split=split, path=path)
 
 
 def write_sources(root: Path) -> list[Path]:
@@ -78,20 +44,6 @@ def write_sources(root: Path) -> list[Path]:
     return sorted(d.glob("*.npy"))
 
 
-def make(
-    root: Path,
-    fmt_: str = "zarr",
-    max_points: int = 0,
-    extra: str = "",
-    jobs: int = 2,
-    out: str = "out",
-    path: str = "vols/*.npy",
-) -> Path:
-    (root / "m.toml").write_text(manifest(fmt_, max_points, extra, path=path))
-    build(root / "m.toml", root / out, jobs=jobs, progress=False)
-    return root / out
-
-
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
     root = tmp_path_factory.mktemp("ct-src")
@@ -99,9 +51,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]
 
 
 @pytest.fixture(scope="module", params=["zarr", "tar"])
-def built(request: pytest.FixtureRequest, sources: tuple[Path, list[Path]]) -> Path:
+def built(request: pytest.FixtureRequest, sources: tuple[Path, list[Path]], ct_npy: Any) -> Path:
     root, _ = sources
-    return make(root, request.param, out=f"out-{request.param}")
+    return ct_npy.make(root, request.param, out=f"out-{request.param}")
 
 
 def volumes(batches: list[dict[str, Any]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -194,12 +146,12 @@ def fmt_read(index: fmt.Index, entry: fmt.ShardEntry) -> dict[str, np.ndarray]:
 
 
 def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(
-    sources: tuple[Path, list[Path]], reference_points: Callable[..., Any]
+    sources: tuple[Path, list[Path]], reference_points: Callable[..., Any], ct_npy: Any
 ) -> None:
     root, paths = sources
-    a = make(root, "zarr", max_points=3000, jobs=1, out="cap-a")
-    b = make(root, "zarr", max_points=3000, jobs=2, out="cap-b")
-    t = make(root, "tar", max_points=3000, jobs=2, out="cap-t")
+    a = ct_npy.make(root, "zarr", max_points=3000, jobs=1, out="cap-a")
+    b = ct_npy.make(root, "zarr", max_points=3000, jobs=2, out="cap-b")
+    t = ct_npy.make(root, "tar", max_points=3000, jobs=2, out="cap-t")
     ia, ib = fmt.read_index(a), fmt.read_index(b)
     assert [s.sha256 for s in ia.shards] == [s.sha256 for s in ib.shards]  # byte-identical shards
     ds = lambda r: ShardDataset(r, sample="ct", batch_size=3, shuffle=False, features=["hu"])  # noqa: E731
@@ -265,10 +217,9 @@ def test_budget_batches_through_the_dataset(built: Path) -> None:
 
 def test_budget_plan_follows_the_served_order(built: Path) -> None:
     """The plan is made from index.json's point counts in the epoch's shuffled order; the batches
-    served must
-    be that order, cut greedily (world 1: no splits), with the real points of every batch within the
-    budget.
-    A plan made from another order or epoch than the one served would break one of these."""
+    served must be that order, cut greedily (world 1: no splits), with the real points of every
+    batch within the budget. A plan made from another order or epoch than the one served would
+    break one of these."""
     index = fmt.read_index(built)
     points_of = {
         r["file"]: r["points"] for rs in index.section("ct")["records"].values() for r in rs
@@ -332,79 +283,9 @@ def test_crop_flip_and_torchsparse_layout(built: Path, workers: int) -> None:
     assert sum(len(v[0]) for v in cropped.values()) < sum(len(v[0]) for v in uncropped.values())
 
 
-BAD = {
-    "object": (
-        lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True),
-        "Python objects",
-    ),
-    "flat": (lambda p: np.save(p, np.zeros((8, 8), np.int16)), "expected a 3-D volume"),
-    "cut": (lambda p: p.write_bytes(_npy_bytes()[:-7]), "truncated .npy"),
-    "nan": (lambda p: np.save(p, _nan_volume()), "non-finite value"),
-}
-
-
-def _npy_bytes() -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    np.save(buf, np.zeros((8, 8, 8), np.int16))
-    return buf.getvalue()
-
-
-def _nan_volume() -> np.ndarray:
-    v = np.full((16, 16, 8), 40.0, np.float32)
-    v[3, 4, 5] = np.nan
-    return v
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_volumes_are_clear_errors_naming_the_file(tmp_path: Path, case: str) -> None:
-    write, msg = BAD[case]
-    (tmp_path / "vols").mkdir()
-    np.save(tmp_path / "vols" / "good.npy", np.full((16, 16, 8), 40, np.int16))
-    write(tmp_path / "vols" / f"bad_{case}.npy")
-    (tmp_path / "m.toml").write_text(manifest(extra="min_points = 0"))
-    with pytest.raises(SourceError, match=rf"bad_{case}\.npy: .*{msg}"):
-        build(tmp_path / "m.toml", tmp_path / "out", jobs=2, progress=False)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "build",
-            str(tmp_path / "m.toml"),
-            "--out",
-            str(tmp_path / "out2"),
-            "--no-progress",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert r.returncode == 2 and f"bad_{case}.npy" in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "out" / "index.json").exists()
-
-
-def test_manifest_errors_name_the_key(tmp_path: Path) -> None:
-    (tmp_path / "vols").mkdir()
-    np.save(tmp_path / "vols" / "v.npy", np.zeros((4, 4, 4), np.int16))
-    for extra, split, key in (
-        ('window = "liver"', NO_HOLDOUT, "ct.window"),
-        ("band = [1, 2, 3]", NO_HOLDOUT, "ct.band"),
-        ("colour = 1", NO_HOLDOUT, "ct.colour"),
-        ("", 'group = "patient"', "split.group"),
-        ("", "val_fraction = 0.8\ntest_fraction = 0.5", "split.test_fraction"),
-        ("", "val_fraction = -0.1", "split.val_fraction"),
-    ):
-        (tmp_path / "m.toml").write_text(manifest(extra=extra, split=split))
-        with pytest.raises(ManifestError, match=r"\[" + re.escape(key) + r"\]"):
-            load_manifest(tmp_path / "m.toml")
-
-
-def test_folder_source_and_verify_check(tmp_path: Path) -> None:
+def test_folder_source_and_verify_check(tmp_path: Path, ct_npy: Any) -> None:
     write_ct_demo(tmp_path)
-    out = make(
+    out = ct_npy.make(
         tmp_path, path='ct"\ntype = "npy'
     )  # a folder (type given) stands for its .npy files, sorted
     m = load_manifest(tmp_path / "m.toml")
@@ -438,10 +319,10 @@ def test_folder_source_and_verify_check(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def conformance_tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def conformance_tar(tmp_path_factory: pytest.TempPathFactory, ct_npy: Any) -> Path:
     root = tmp_path_factory.mktemp("ct-conf")
     write_sources(root)
-    return make(root, "tar", extra="min_points = 10")
+    return ct_npy.make(root, "tar", extra="min_points = 10")
 
 
 class TestCt(SampleTypeTests):
@@ -468,91 +349,3 @@ class TestCtAugmented(SampleTypeTests):
 
     def unit_keys(self, batch: dict[str, Any]) -> list[Hashable]:
         return batch["sample_id"].tolist()
-
-
-def test_shipped_manifests_build(tmp_path: Path) -> None:
-    """data_manifests/demo_ct.toml over `write_ct_demo` (as `make shards` runs it), and the folder
-    example with
-    its path pointed at a patient-folder layout: every key in them is valid and they build and
-    verify."""
-    (tmp_path / "data_manifests").mkdir()
-    shutil.copy(
-        REPO / "data_manifests" / "demo_ct.toml", tmp_path / "data_manifests" / "demo_ct.toml"
-    )
-    write_ct_demo(tmp_path / "data" / "demo")
-    for f in ("zarr", "tar"):
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pipeline",
-                "build",
-                str(tmp_path / "data_manifests" / "demo_ct.toml"),
-                "--out",
-                str(tmp_path / f"demo-{f}"),
-                "--format",
-                f,
-                "--no-progress",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        assert r.returncode == 0, r.stderr
-        assert verify(tmp_path / f"demo-{f}") == []
-        details = summary(tmp_path / f"demo-{f}")["details"]  # 4 .npy, one NIfTI, NRRD, DICOM
-        assert details["volumes"] == 7
-        assert details["formats"] == {"npy": 4, "nifti": 1, "nrrd": 1, "dicom": 1}
-    example = (REPO / "data_manifests" / "examples" / "ct_folder.toml").read_text()
-    assert 'path = "/data/chest_ct/*/*.npy"' in example
-    for i, p in enumerate(sorted((tmp_path / "data" / "demo" / "ct").glob("*.npy"))):
-        (tmp_path / "chest" / f"patient_{i // 2}").mkdir(parents=True, exist_ok=True)
-        shutil.copy(p, tmp_path / "chest" / f"patient_{i // 2}" / p.name)
-    (tmp_path / "ex.toml").write_text(example.replace("/data/chest_ct", str(tmp_path / "chest")))
-    m = load_manifest(tmp_path / "ex.toml")
-    assert (
-        len(m.sources) == 4 and m.config.group == "folder" and m.config.settings.resolution == 256
-    )
-    out = build(tmp_path / "ex.toml", tmp_path / "ex-out", jobs=2, progress=False).out
-    index = fmt.read_index(out)
-    split_of = {
-        r["file"]: e.split for e in index.shards for r in index.section("ct")["records"][e.file]
-    }
-    assert (
-        split_of["chest_000.npy"] == split_of["chest_001.npy"]
-        and split_of["chest_002.npy"] == split_of["chest_003.npy"]
-    )  # group = "folder": a patient's scans share a split
-    assert all(r["shape"][0] == 256 for rs in index.section("ct")["records"].values() for r in rs)
-
-
-def test_split_groups_by_folder(tmp_path: Path) -> None:
-    from pipeline.model import PlanContext
-
-    vol = np.full((8, 8, 4), 40, np.int16)
-    for p in range(8):
-        for s in range(2):
-            (tmp_path / "pts" / f"p{p}").mkdir(parents=True, exist_ok=True)
-            np.save(tmp_path / "pts" / f"p{p}" / f"scan{s}.npy", vol)
-
-    def splits(group: str, seed: int) -> dict[str, set[str]]:
-        text = manifest(
-            split=f'val_fraction = 0.0\ntest_fraction = 0.5\ngroup = "{group}"', path="pts/*/*.npy"
-        )
-        (tmp_path / "m.toml").write_text(text.replace("seed = 5", f"seed = {seed}"))
-        m = load_manifest(tmp_path / "m.toml")
-        kind = get_kind("ct")
-        plan = kind.plan(m, kind.scan(m, None, None), PlanContext())
-        out: dict[str, set[str]] = {}
-        for sh in plan.shards:
-            for k in sh.rows.tolist():
-                out.setdefault(m.sources[k].path.parent.name, set()).add(sh.split)
-        return out
-
-    for seed in range(3):
-        by_patient = splits("folder", seed)
-        assert all(len(v) == 1 for v in by_patient.values())
-        assert {s for v in by_patient.values() for s in v} == {"train", "test"}
-    assert any(
-        len(v) == 2 for seed in range(3) for v in splits("file", seed).values()
-    )  # files alone do split

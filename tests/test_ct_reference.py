@@ -1,12 +1,11 @@
 """The independent CT reference: what a record must hold, written the obvious whole-volume way (the
 ``reference_points`` and ``reference_body`` fixtures, tests/plugin_fixtures.py).
 
-No slabs, no shared label buffer, no lookup table: threshold, ``ndimage.label``, largest component
-by
-``bincount``, ``binary_fill_holes`` on every axial slice in a Python loop, ``np.argwhere``. The CT
-tests
-compare the pipeline and the loader against ``reference_points``; the tests in this file pin the
-reference itself to hand-made volumes, so a bug shared by both cannot hide.
+No slabs, no shared label buffer, no lookup table: threshold, ``ndimage.label``, largest
+component by ``bincount``, ``binary_fill_holes`` on every axial slice in a Python loop,
+``np.argwhere``. The CT tests compare the pipeline and the loader against ``reference_points``;
+the tests in this file pin the reference itself to hand-made volumes, so a bug shared by both
+cannot hide.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ import numpy as np
 
 def _ring_volume() -> np.ndarray:
     """8 x 8 x 3: a square body ring (0 HU) with an air hole (-900) in every slice, air (-1000)
-    outside,
-    plus a separate 1-voxel speck of tissue in a corner (not the largest component)."""
+    outside, plus a separate 1-voxel speck of tissue in a corner (not the largest component)."""
     v = np.full((8, 8, 3), -1000, dtype=np.int16)
     v[1:7, 1:7, :] = 0
     v[3:5, 3:5, :] = -900

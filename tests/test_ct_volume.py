@@ -241,9 +241,8 @@ def test_resample_matches_torch_trilinear(
 
 def test_memory_bound(tmp_path: Path) -> None:
     """Working set <= 1.5 x the volume's int16 bytes + 24 MiB of slab temporaries + 10 bytes a
-    stored point
-    (docs/CT.md): the bool mask (0.5 x) and uint16 labels (1 x) span the volume, nothing else
-    does."""
+    stored point (docs/CT.md): the bool mask (0.5 x) and uint16 labels (1 x) span the volume,
+    nothing else does."""
     shape = (384, 384, 128)
     p = write_large_chest(tmp_path / "m.npy", shape, 2)
     tracemalloc.start()

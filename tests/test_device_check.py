@@ -1,6 +1,5 @@
 """benchmarks/device_check.py without a GPU: every GPU part says "not measured" (never a CPU figure
-passed off as
-a GPU one) and the results file is written."""
+passed off as a GPU one) and the results file is written."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The device path (staging, side stream, finish on the device, hand-over) run on the CPU: the same
-functions
-as on CUDA minus the CUDA calls (loaders.device.Backend), batches equal to the host path's
-exactly."""
+functions as on CUDA minus the CUDA calls (loaders.device.Backend), batches equal to the host
+path's exactly."""
 
 from __future__ import annotations
 
@@ -87,9 +86,8 @@ def test_device_cpu_runs_the_device_path_and_equals_the_host_path(
 
 def test_torch_views_equal_the_host_views_of_a_shipped_buffer() -> None:
     """On a device a shipped buffer is cut with one typed view per dtype and one as_strided per
-    field
-    (loaders.device.TorchViews); run here on a CPU tensor, every field equals the numpy path's
-    view."""
+    field (loaders.device.TorchViews); run here on a CPU tensor, every field equals the numpy
+    path's view."""
     from loaders.collate import to_shared
     from loaders.modalities.perturbation.ops import Gathered
     from loaders.payload import Payload

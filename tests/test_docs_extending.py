@@ -53,9 +53,8 @@ def _env(*folders: Path) -> dict[str, str]:
 
 
 def _argv(command: str) -> list[str]:
-    """A documented command line with this interpreter: `shardsmith` is the installed console
-    script when there is one (it does not put the working folder on sys.path, as `python -m`
-    would)."""
+    """A documented command line with this interpreter: `shardsmith` is the installed console script
+    when there is one (it does not put the working folder on sys.path, as `python -m` would)."""
     args = shlex.split(command)
     script = Path(sys.executable).with_name("shardsmith")
     if args[0] == "shardsmith":
@@ -172,8 +171,8 @@ def test_each_documented_command_succeeds_in_a_fresh_process(
 def test_a_missing_plugin_is_a_clear_error(
     walkthrough: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where the plug-in is not importable, every reader says which module is missing and how to
-    get it: the CLI with a non-zero exit and no traceback, ShardDataset with a PluginError."""
+    """Where the plug-in is not importable, every reader says which module is missing and how to get
+    it: the CLI with a non-zero exit and no traceback, ShardDataset with a PluginError."""
     from loaders import ShardDataset
     from loaders.plugins import PluginError
 

@@ -1,13 +1,11 @@
 """Every ```python and ```bash block of README.md and docs/*.md runs as written.
 
-How: in a scratch folder holding a copy of data_manifests/, a ``.venv/bin`` whose ``shardsmith`` and
-``python``
-are this interpreter with this checkout on PYTHONPATH, the bash blocks of README.md run first (they
-write the
-demo sources and build the demo shards the other snippets read), then every doc's blocks in order:
-bash with ``bash -e``; python in one namespace per doc, except a block opening with a docstring
-``'''python NAME.py ARGS ...'''`` (with double quotes), which is a script: written to NAME.py and
-run with ARGS.
+How: in a scratch folder holding a copy of data_manifests/, a ``.venv/bin`` whose ``shardsmith``
+and ``python`` are this interpreter with this checkout on PYTHONPATH, the bash blocks of
+README.md run first (they write the demo sources and build the demo shards the other snippets
+read), then every doc's blocks in order: bash with ``bash -e``; python in one namespace per doc,
+except a block opening with a docstring ``'''python NAME.py ARGS ...'''`` (with double quotes),
+which is a script: written to NAME.py and run with ARGS.
 
 README.md's python blocks run apart from that
 (``test_readme_python_runs_on_what_make_shards_built``): each block alone (a reader copies one
@@ -15,11 +13,9 @@ block, not the page) in a folder where the Makefile's own ``shards`` recipe ran 
 interpreter as its python and no install step), for the demo manifests the blocks read: what a new
 user has after the README's two set-up commands.
 
-A block that cannot run here (it needs a GPU, a cluster, a download) says so where a reader sees it,
-on the
-line right above it: ``*(Not run by the docs test: REASON.)*``. A doc whose blocks only run together
-with
-files the test must write first has its own test, listed in OWN_TEST.
+A block that cannot run here (it needs a GPU, a cluster, a download) says so where a reader sees
+it, on the line right above it: ``*(Not run by the docs test: REASON.)*``. A doc whose blocks
+only run together with files the test must write first has its own test, listed in OWN_TEST.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 unchanged.
 
 The logical contract (loaders.format) is what the loader sees, so each encoding must give back
-exactly the
-columns it was given, byte-identical files for equal columns, and a FormatError naming the file for
-anything
-missing or damaged.
+exactly the columns it was given, byte-identical files for equal columns, and a FormatError
+naming the file for anything missing or damaged.
 """
 
 from __future__ import annotations

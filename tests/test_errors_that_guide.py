@@ -1,6 +1,5 @@
 """Errors that name the fix instead of misleading: a wrong source type reads as a wrong type (not
-"the
-file's obs columns: none"), a wrong-case control label is named among the labels the error
+"the file's obs columns: none"), a wrong-case control label is named among the labels the error
 lists, `verify` on a path that holds no dataset is bad input (exit 2, not 1: the code for a
 damaged dataset), and a numeric obs column listed as a one-hot covariate is refused, pointing to
 ``numeric_covariates`` (it made one condition per value)."""

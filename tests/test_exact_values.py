@@ -1,7 +1,6 @@
 """Values are stored exactly or refused (cases: tests/hostile/values.py, point 5): duplicate column
-indices
-summed once at build time, integers float32 cannot hold refused, unnamed gene spaces never merged
-silently."""
+indices summed once at build time, integers float32 cannot hold refused, unnamed gene spaces
+never merged silently."""
 
 from __future__ import annotations
 

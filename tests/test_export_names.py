@@ -1,6 +1,6 @@
-"""`shardsmith export` of sources that share cell names (issue 25, item 16): two files of one
-screen often number their cells alike, and an AnnData with repeated obs_names warns on every read
-and breaks joins on them. Names are made unique by anndata's own rule (``-1``, ``-2``...), the
+"""`shardsmith export` of sources that share cell names (issue 25, item 16): two files of one screen
+often number their cells alike, and an AnnData with repeated obs_names warns on every read and
+breaks joins on them. Names are made unique by anndata's own rule (``-1``, ``-2``...), the
 sources' names kept in ``obs["original_obs_name"]``."""
 
 from __future__ import annotations

@@ -48,13 +48,12 @@ def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> No
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one() -> None:
     """Seen in CI: a DataLoader forked its workers while a thread of the training process held the
-    .npy header
-    lock; both workers' decode threads then waited on it forever."""
+    .npy header lock; both workers' decode threads then waited on it forever."""
     import io
 
     import numpy as np
 
-    from loaders import shardio
+    from loaders import tarshard
 
     buf = io.BytesIO()
     np.save(buf, np.arange(3))
@@ -63,24 +62,22 @@ def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one
     def parse() -> None:
         fh = io.BytesIO(head)
         version = np.lib.format.read_magic(fh)
-        assert shardio.read_npy_header(fh, version)[0] == (3,)
+        assert tarshard.read_npy_header(fh, version)[0] == (3,)
 
-    with shardio.NPY_HEADER_LOCK:  # as a decode thread of the parent does at the moment of the fork
+    # as a decode thread of the parent does at the moment of the fork
+    with tarshard.NPY_HEADER_LOCK:
         _child_finishes(parse)
 
 
 def test_an_exception_while_entering_the_lock_does_not_leave_it_held() -> None:
     """A signal handler can raise inside a Python-level ``__enter__``, after its ``acquire()``
-    (torch's SIGCHLD
-    check raises when a DataLoader worker dies): no ``__exit__`` runs, and with a wrapper class the
-    lock stayed
-    held forever (a ring receive hung in CI). The trace function raises at every return of a frame
-    of
-    loaders/engine/forksafe.py, as such a handler would; the module's locks have no such frame to
-    raise in."""
+    (torch's SIGCHLD check raises when a DataLoader worker dies): no ``__exit__`` runs, and with
+    a wrapper class the lock stayed held forever (a ring receive hung in CI). The trace function
+    raises at every return of a frame of loaders/engine/forksafe.py, as such a handler would; the
+    module's locks have no such frame to raise in."""
     import sys
 
-    from loaders import shardio
+    from loaders import tarshard
     from loaders.engine import forksafe, ring
 
     def tracer(frame: object, event: str, arg: object) -> object:
@@ -88,7 +85,7 @@ def test_an_exception_while_entering_the_lock_does_not_leave_it_held() -> None:
             raise RuntimeError("raised by a signal handler")
         return tracer
 
-    for lock in (forksafe.fork_safe_lock(), ring._LOCK, shardio.NPY_HEADER_LOCK):
+    for lock in (forksafe.fork_safe_lock(), ring._LOCK, tarshard.NPY_HEADER_LOCK):
         sys.settrace(tracer)
         try:
             with lock:

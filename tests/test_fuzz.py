@@ -1,6 +1,5 @@
 """Hypothesis against the validators: every fuzzed input is either accepted and round-trips exactly,
-or is
-refused with our error type (SourceError / ManifestError, exit 2), never another exception.
+or is refused with our error type (SourceError / ManifestError, exit 2), never another exception.
 
 * CSR blocks: (indptr, indices, values, dtypes, declared shape) written to an H5-CSR file and read
 back through
@@ -116,12 +115,10 @@ def _write(path: Path, block: dict[str, Any]) -> None:
 
 def _expected(block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """The dense matrix an accepted block stands for, and how far each value may be from it: entries
-    that
-    repeat a column are summed in float32, the stored type, so a cell of k entries may be off by the
-    rounding of k - 1 float32 additions, (k - 1) * 2**-24 * sum(|entries|) (16777216 + 1 is 16777216
-    in
-    float32); a cell of one entry is exact. Asserts the block was valid (else it was accepted
-    wrongly)."""
+    that repeat a column are summed in float32, the stored type, so a cell of k entries may be
+    off by the rounding of k - 1 float32 additions, (k - 1) * 2**-24 * sum(|entries|) (16777216 +
+    1 is 16777216 in float32); a cell of one entry is exact. Asserts the block was valid (else it
+    was accepted wrongly)."""
     indptr, indices, data = (np.asarray(block[k]) for k in ("indptr", "indices", "data"))
     n_rows, n_cols = block["shape"]
     assert (

@@ -1,6 +1,6 @@
 """loaders.gather: the per-layout gathers give what plain per-row Python indexing gives, for rows in
-one arena
-or spread over several (a batch straddling windows), on both branches of the ragged gather."""
+one arena or spread over several (a batch straddling windows), on both branches of the ragged
+gather."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Generations and leftovers (issue 13, "Generations" and case 6): a commit keeps the previous
-generation's
-shards, content-named shards are never rewritten, `kill -9` leftovers (spill folders, temp files,
-shards of
-an uncommitted build, an interrupted cleanup) are removed by the next build, even an up-to-date one,
-or by
-`shardsmith gc`; files that are not ours are never touched. Kills are real (SIGKILL in a
-subprocess)."""
+generation's shards, content-named shards are never rewritten, `kill -9` leftovers (spill
+folders, temp files, shards of an uncommitted build, an interrupted cleanup) are removed by the
+next build, even an up-to-date one, or by `shardsmith gc`; files that are not ours are never
+touched. Kills are real (SIGKILL in a subprocess)."""
 
 from __future__ import annotations
 
@@ -97,10 +94,8 @@ def test_a_loader_survives_one_real_rebuild_and_is_told_after_two(
     case: hostile.Case, tmp_path: Path, small_manifest: Callable[..., Any]
 ) -> None:
     """Both halves together, with real builds: a loader that opened generation 1 finishes its epoch
-    with
-    generation 1's cells after generation 2 is committed mid-epoch (its shards are kept), and gets
-    the
-    "rebuilt; reopen" error once generation 3 has deleted them."""
+    with generation 1's cells after generation 2 is committed mid-epoch (its shards are kept),
+    and gets the "rebuilt; reopen" error once generation 3 has deleted them."""
     from loaders import ShardDataset, ShardLoader
     from loaders.integrity import DatasetRebuilt
 
@@ -195,8 +190,8 @@ def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(
     small_manifest: Callable[..., Any],
 ) -> None:
     """Issue case 6: kill -9 during read/pack left OUT/.spill-<pid> and shards no index names, which
-    later
-    builds never removed. Now the next build, here an up-to-date one, removes exactly those."""
+    later builds never removed. Now the next build, here an up-to-date one, removes exactly
+    those."""
     out = tmp_path / "out"
     manifest = small_manifest(tmp_path, seed=0)
     build(manifest, out, jobs=1, progress=False)
@@ -221,9 +216,8 @@ def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(
     small_manifest: Callable[..., Any],
 ) -> None:
     """Issue case 6: a kill while the commit deletes retired shards left them forever. The index
-    lists what
-    it retires before deleting, so the next build, even with nothing to rebuild, deletes the
-    rest."""
+    lists what it retires before deleting, so the next build, even with nothing to rebuild,
+    deletes the rest."""
     out = tmp_path / "out"
     for seed in (0, 1):
         build(small_manifest(tmp_path, seed=seed), out, jobs=1, progress=False)
@@ -246,9 +240,8 @@ def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(
     small_manifest: Callable[..., Any],
 ) -> None:
     """A first build killed after some shards: the folder holds only our files (journaled), so it is
-    not
-    refused as foreign; the rebuild keeps the finished shards (same content-named files) and removes
-    the rest."""
+    not refused as foreign; the rebuild keeps the finished shards (same content-named files) and
+    removes the rest."""
     out = tmp_path / "out"
     manifest = small_manifest(tmp_path, seed=0)
     killed_build(manifest, out, "pipeline.shardfile:write_columns", 3)

@@ -1,13 +1,12 @@
 """Names read back from a journal or an index never delete anything outside the dataset folder.
 
 A journal or an index is a file in the dataset folder that anyone with write access can edit; a
-build and
-`shardsmith gc` delete the files they name. Before this guard, `gc` on a folder whose journal named
-``../outside/j1.txt`` removed it (and a whole outside folder), and a rebuild did the same for
-``retired``. ``test_names_read_back_never_reach_outside`` feeds traversal payloads through every
-name a build or gc reads back (journal, ``retired``, a shard's ``file``, the condition table's
-``file``, ``previous``) into a real dataset, then rebuilds and collects it: nothing outside is
-deleted or written, and the committed index names only files inside.
+build and `shardsmith gc` delete the files they name. Before this guard, `gc` on a folder whose
+journal named ``../outside/j1.txt`` removed it (and a whole outside folder), and a rebuild did
+the same for ``retired``. ``test_names_read_back_never_reach_outside`` feeds traversal payloads
+through every name a build or gc reads back (journal, ``retired``, a shard's ``file``, the
+condition table's ``file``, ``previous``) into a real dataset, then rebuilds and collects it:
+nothing outside is deleted or written, and the committed index names only files inside.
 """
 
 from __future__ import annotations
@@ -158,9 +157,9 @@ def _tamper(out: Path, place: str, rel: str, in_shards: str) -> None:
 def test_names_read_back_never_reach_outside(
     case: hostile.Case, payload: str, built_once: Path, tmp_path: Path
 ) -> None:
-    """Issue 25's deliverable: a rebuild (no-change shortcut, reuse, retire, commit) and
-    ``gc --drop-previous`` given a tampered name delete and write nothing outside the dataset,
-    and the index they commit names only files inside it."""
+    """Issue 25's deliverable: a rebuild (no-change shortcut, reuse, retire, commit) and ``gc
+    --drop-previous`` given a tampered name delete and write nothing outside the dataset, and the
+    index they commit names only files inside it."""
     root = tmp_path / "root"
     shutil.copytree(built_once, root, symlinks=True)
     out, outside = root / "ds", root / "outside"  # beside the dataset

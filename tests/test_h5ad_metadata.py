@@ -1,6 +1,6 @@
 """h5ad metadata read with h5py alone (pipeline.modalities.perturbation.h5ad.is_plain): the same
-codes and categories as
-anndata's reader for the encodings it takes, and no anndata import for a build's scan."""
+codes and categories as anndata's reader for the encodings it takes, and no anndata import for a
+build's scan."""
 
 from __future__ import annotations
 
@@ -23,12 +23,11 @@ SMALL = {
 
 def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:
     """The h5py-only reader of anndata's common encodings gives the codes and categories anndata's
-    own reader
-    gives, column by column; encodings it does not know still go through anndata."""
+    own reader gives, column by column; encodings it does not know still go through anndata."""
     import pandas as pd
 
     from pipeline.modalities.perturbation.h5ad import is_plain, read_elem
-    from pipeline.modalities.perturbation.h5csr import to_categorical
+    from pipeline.modalities.perturbation.h5columns import to_categorical
 
     adata = demo.make_perturb_adata(**SMALL)
     n = adata.n_obs
@@ -61,8 +60,8 @@ def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:
 
 def test_reading_an_h5ad_scan_does_not_import_anndata(tmp_path: Path) -> None:
     """anndata (with pandas' extras and dask.array) costs ~0.6 s to import: an incremental rebuild
-    that rescans
-    one changed source should not pay it for the encodings anndata writes by default."""
+    that rescans one changed source should not pay it for the encodings anndata writes by
+    default."""
     import json
     import subprocess
     import sys

@@ -1,6 +1,5 @@
 """What importing the loader pulls in: trainers import `loaders` without the pipeline's stack, and
-the
-decoder process (and everything it imports) never imports torch."""
+the decoder process (and everything it imports) never imports torch."""
 
 from __future__ import annotations
 

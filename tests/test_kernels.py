@@ -1,8 +1,6 @@
 """loaders.kernels: scipy's private CSR kernels and the public-API fallback give the same results,
-the
-fallback runs in the default suite (every test here and one loader test run both ways), and a broken
-scipy is
-a clear error."""
+the fallback runs in the default suite (every test here and one loader test run both ways), and a
+broken scipy is a clear error."""
 
 from __future__ import annotations
 
@@ -127,9 +125,8 @@ def test_loader_batches_are_equal_on_both_paths(
 
 def test_scattered_rows_finish_like_csr_rows_in_numpy_and_torch() -> None:
     """CSR rows shipped to a device as flat positions (loaders.payload.Scattered) densify to the
-    same batch as
-    the CSR parts, with the numpy finisher (also into a buffer holding old bytes) and the torch
-    one."""
+    same batch as the CSR parts, with the numpy finisher (also into a buffer holding old bytes)
+    and the torch one."""
     import torch
 
     from loaders.device import TORCH_OPS

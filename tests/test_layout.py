@@ -1,11 +1,11 @@
 """The house rules of the layout, checked from the code itself: no import cycles among product
-modules,
-generic modules that never name a modality, and each modality's files in its two folders.
+modules, generic modules that never name a modality, and each modality's files in its two
+folders.
 
-Why tests: the layout decays one convenient import at a time. The import graph counts every import
-statement (module level, in functions, under ``TYPE_CHECKING``): an import inside a function still
-ties two
-modules, it only hides the tie from the interpreter until that function runs.
+Why tests: the layout decays one convenient import at a time. The import graph counts every
+import statement (module level, in functions, under ``TYPE_CHECKING``): an import inside a
+function still ties two modules, it only hides the tie from the interpreter until that function
+runs.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ def product_modules(root: Path = ROOT) -> dict[str, Path]:
 
 def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
     """module -> the product modules its import statements name (``from a import b``: ``a.b`` when
-    that
-    is a module, else ``a``; relative imports resolved)."""
+    that is a module, else ``a``; relative imports resolved)."""
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]

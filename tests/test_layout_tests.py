@@ -34,9 +34,9 @@ def _resolve(name: str, level: int, package: str) -> str:
 
 
 def imported_tests_modules(source: str, package: str = PACKAGE) -> set[str]:
-    """Every module of the tests package that ``source`` (a module of it) imports, by absolute
-    name. A bare name that is a module of tests/ (``import conftest``, ``from test_x import y``,
-    with tests/ on sys.path) counts as that module."""
+    """Every module of the tests package that ``source`` (a module of it) imports, by absolute name.
+    A bare name that is a module of tests/ (``import conftest``, ``from test_x import y``, with
+    tests/ on sys.path) counts as that module."""
     local = {p.stem for p in TESTS.glob("*.py")} | {p.name for p in TESTS.iterdir() if p.is_dir()}
     found: set[str] = set()
 

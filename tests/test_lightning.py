@@ -1,7 +1,6 @@
 """loaders.lightning.ShardDataModule in a real Lightning Trainer on CPU: epochs reshuffle, every
-cell once per
-epoch, DDP ranks from the trainer, and a mid-epoch checkpoint resumes with exactly the remaining
-batches."""
+cell once per epoch, DDP ranks from the trainer, and a mid-epoch checkpoint resumes with exactly
+the remaining batches."""
 
 from __future__ import annotations
 

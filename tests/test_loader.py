@@ -400,8 +400,7 @@ def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
 @pytest.mark.parametrize("decode_process", [False, True])
 def test_window_of_the_whole_split_is_decoded_once(fx: Any, decode_process: bool) -> None:
     """window >= shards: every epoch is one window of the same shards; it is decoded once and
-    re-ordered per
-    epoch, with the same batches as decoding it every epoch."""
+    re-ordered per epoch, with the same batches as decoding it every epoch."""
 
     def run(ds: ShardDataset) -> tuple[list[np.ndarray], int]:
         calls: list[int] = []

@@ -1,8 +1,8 @@
 """Multi-rank loading under a real torch.distributed (gloo on 127.0.0.1) with DataLoader workers.
 
 Each rank runs a fake training loop that all-reduces once per batch: if ranks disagreed on the
-number of batches, one would block in the collective, so the parent enforces a deadline and
-fails the test instead of hanging.
+number of batches, one would block in the collective, so the parent enforces a deadline and fails
+the test instead of hanging.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
             )  # rank/world from dist
             assert (ds.rank, ds.world_size) == (rank, world)
             # ranks started by spawn default to spawning their workers too (re-importing torch every
-            # epoch);
-            # persistent workers start once for both epochs (and must follow set_epoch)
+            # epoch); persistent workers start once for both epochs (and must follow set_epoch)
             dl = ShardLoader(
                 ds,
                 num_workers=2,

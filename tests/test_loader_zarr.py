@@ -150,8 +150,7 @@ def test_each_window_is_decoded_once_per_epoch(
         dl.set_epoch(e)
         assert sum(1 for _ in dl) == len(dl)
     # 5 shards, windows of 2; with decode-ahead the epoch-1 first window was decoded during epoch 0
-    # (and
-    # adopted, not decoded again), and epoch 2's first window is being decoded now
+    # (and adopted, not decoded again), and epoch 2's first window is being decoded now
     ahead = (
         [
             (
@@ -175,8 +174,7 @@ def test_next_epoch_decoded_ahead_is_used_or_dropped(
     chunky: tuple[Path, Any], check_cells: Callable[..., None]
 ) -> None:
     """The speculative decode of the next epoch's first window serves that epoch; another epoch
-    drops it
-    (its batches are still exactly right), and the buffers go back to the pool."""
+    drops it (its batches are still exactly right), and the buffers go back to the pool."""
     root, truth = chunky
     dl = ShardLoader(ShardDataset(root, batch_size=16, window=2))
     dl.set_epoch(0)

@@ -1,7 +1,7 @@
 """Hostile or careless manifests are bad input with a clear error naming the key, never a traceback,
-and a
-file is never read twice: one file named by two entries, or reached again through a folder link that
-points back up the tree (``src/sub/up -> ..`` under a ``**`` glob), is refused or skipped.
+and a file is never read twice: one file named by two entries, or reached again through a folder
+link that points back up the tree (``src/sub/up -> ..`` under a ``**`` glob), is refused or
+skipped.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Nightly operation: --dry-run changes nothing and predicts the build; --log-json writes one JSON
-object per
-event; exit codes and the last stdout line (a JSON summary) tell a scheduler what happened; added,
-removed and
-changed sources rebuild only their own shards."""
+object per event; exit codes and the last stdout line (a JSON summary) tell a scheduler what
+happened; added, removed and changed sources rebuild only their own shards."""
 
 from __future__ import annotations
 

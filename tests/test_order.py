@@ -30,8 +30,7 @@ def rank_sequence(
     group: int = 1,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """The batches a rank sees, merging workers' items (runs of ``group`` batches) the way torch's
-    DataLoader
-    does (round-robin from worker 0, an item at a time)."""
+    DataLoader does (round-robin from worker 0, an item at a time)."""
     total = int(np.sum(counts))
     nb = order.num_batches(order.rank_size(total, world, pad), bs, drop_last)
     per_worker = [
@@ -295,8 +294,8 @@ def test_batch_segments_cover_exactly_the_batch_positions(
     counts: list[int], window: int, world: int, bs: int, pad: bool, epoch: int, data: st.DataObject
 ) -> None:
     """The dataset reads batch j as runs inside windows (loaders.engine.schedule): those runs,
-    mapped back to global
-    positions, are batch_positions(j), in order, and each run stays inside its window."""
+    mapped back to global positions, are batch_positions(j), in order, and each run stays inside
+    its window."""
     from loaders.engine.schedule import WindowSchedule, batch_segments
 
     total = int(np.sum(counts))

@@ -1,8 +1,6 @@
 """The output folder (issue 13, cases 1, 2, 9 and the full-disk bullet): one writer per --out, only
-our own
-files are deleted, index.json and shards get the umask's permissions, a failed write leaves the
-previous
-dataset intact. Concurrency is tested with real processes."""
+our own files are deleted, index.json and shards get the umask's permissions, a failed write
+leaves the previous dataset intact. Concurrency is tested with real processes."""
 
 from __future__ import annotations
 
@@ -93,9 +91,8 @@ def test_two_builds_with_different_manifests_never_mix(
     case: hostile.Case, tmp_path: Path, checkout: Any, small_manifest: Callable[..., Any]
 ) -> None:
     """Issue case 1: two real builds of different manifests into one --out, started together.
-    Whoever wins,
-    the committed index names only existing, intact shards; a loser exits 3 (or ran after the
-    winner)."""
+    Whoever wins, the committed index names only existing, intact shards; a loser exits 3 (or ran
+    after the winner)."""
     a, b = (
         small_manifest(tmp_path, seed=0, name="a.toml"),
         small_manifest(tmp_path, seed=1, name="b.toml"),
@@ -124,9 +121,8 @@ def test_a_folder_that_is_not_ours_is_refused_untouched(
     small_manifest: Callable[..., Any],
 ) -> None:
     """Issue case 2: a build into a folder holding anything but a dataset (or our leftovers) is
-    refused with
-    exit 2 and a message naming the folder and what it holds; not one file is added, changed or
-    removed."""
+    refused with exit 2 and a message naming the folder and what it holds; not one file is added,
+    changed or removed."""
     manifest, layout = small_manifest(tmp_path), dict(case.data)
     out = tmp_path / "X"
     for rel, text in layout.items():
@@ -146,8 +142,7 @@ def test_user_files_in_a_dataset_survive_rebuilds(
     case: hostile.Case, tmp_path: Path, small_manifest: Callable[..., Any]
 ) -> None:
     """Only files a committed index or a build's journal named are deleted: a user's note inside
-    shards/
-    survives rebuilds that retire every shard around it."""
+    shards/ survives rebuilds that retire every shard around it."""
     (tmp_path / "out").mkdir()
     build(small_manifest(tmp_path, seed=0), tmp_path / "out", jobs=1, progress=False)
     notes = [
@@ -212,7 +207,7 @@ def _fail_on(monkeypatch: pytest.MonkeyPatch, stage: str, err: int) -> None:
         monkeypatch.setattr(fmt, "atomic_write_bytes", atomic)
     elif stage == "durable":
         monkeypatch.setattr(pipeline.shardfile, "make_durable", lambda *a: raise_it("syncfs"))
-        monkeypatch.setattr("pipeline.build.make_durable", lambda *a: raise_it("syncfs"))
+        monkeypatch.setattr("pipeline.commit.make_durable", lambda *a: raise_it("syncfs"))
 
 
 @hostile.parametrize
@@ -226,9 +221,8 @@ def test_a_failed_write_keeps_the_previous_dataset(
     small_manifest: Callable[..., Any],
 ) -> None:
     """A full disk or read-only --out ends with a clear error naming --out and the errno; the
-    previous
-    dataset stays committed and intact, and the failed build's own files are removed (space given
-    back)."""
+    previous dataset stays committed and intact, and the failed build's own files are removed
+    (space given back)."""
     stage, err, code = case.data
     assert code in (EXIT_CRASH, EXIT_BAD_INPUT)
     out = tmp_path / "out"
@@ -320,10 +314,8 @@ def test_a_real_full_and_read_only_file_system(
     small_manifest: Callable[..., Any],
 ) -> None:
     """The same guarantees on a real tmpfs (in a private mount namespace: `unshare -rm`, so nothing
-    is left
-    mounted), where the platform allows it: shrunk after the first build to 1.5 times what it uses,
-    so the
-    second generation does not fit beside the first."""
+    is left mounted), where the platform allows it: shrunk after the first build to 1.5 times
+    what it uses, so the second generation does not fit beside the first."""
     import inspect
     import json
     import shutil
@@ -376,9 +368,8 @@ def test_a_failed_first_build_leaves_out_as_it_found_it(
     tmp_path: Path, existed: bool, small_manifest: Callable[..., Any]
 ) -> None:
     """Bad input found after the lock is taken (a missing obs column): no lock file, no empty
-    ``shards/``,
-    no folder the build made (issue 14: nothing left in --out by a build that failed before its
-    first commit)."""
+    ``shards/``, no folder the build made (issue 14: nothing left in --out by a build that failed
+    before its first commit)."""
     m = small_manifest(tmp_path)
     m.write_text(
         m.read_text().replace('perturbation = "perturbation"', 'perturbation = "no_such_column"', 1)
@@ -395,8 +386,8 @@ def test_a_failed_first_build_leaves_out_as_it_found_it(
 
 def test_a_waiter_never_locks_a_lock_file_its_holder_removed(tmp_path: Path) -> None:
     """A failed first build unlinks its lock file (and its folder) while holding it; a build that
-    was waiting
-    on that file must lock a new one at the path, or two writers could each hold 'the' lock."""
+    was waiting on that file must lock a new one at the path, or two writers could each hold
+    'the' lock."""
     import threading
 
     from pipeline.lock import exclusive

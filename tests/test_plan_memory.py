@@ -1,6 +1,5 @@
 """The plan's compact paths give what the straightforward ones give: the condition table counted in
-a
-presence table equals np.unique's (rows, order and inverse)."""
+a presence table equals np.unique's (rows, order and inverse)."""
 
 from __future__ import annotations
 
@@ -34,12 +33,9 @@ def test_the_plan_holds_a_few_compact_bytes_per_cell(
     tmp_path: Path, write_manifest: Callable[..., Any]
 ) -> None:
     """What planning holds for every cell of the dataset at once (its peak at millions of cells) is
-    kept in
-    the smallest types, and the barcodes are not kept at all; the planned shard columns are
-    unchanged:
-    int32 codes and condition ids, int64 sample ids (row + the rows of the sources before), the
-    source's
-    barcodes of the shard's rows."""
+    kept in the smallest types, and the barcodes are not kept at all; the planned shard columns
+    are unchanged: int32 codes and condition ids, int64 sample ids (row + the rows of the sources
+    before), the source's barcodes of the shard's rows."""
     import anndata as ad
 
     from pipeline.manifest import load_manifest
@@ -86,9 +82,8 @@ def test_the_plan_holds_a_few_compact_bytes_per_cell(
 
 def test_condition_vectors_are_made_after_the_plan_and_equal_the_blocks(tmp_path: Path) -> None:
     """The vectors (conditions x dimensions, growing with the dataset) are not held while sources
-    are planned:
-    made on first use, in place, equal to the per-field blocks concatenated (one-hot, features,
-    numeric)."""
+    are planned: made on first use, in place, equal to the per-field blocks concatenated
+    (one-hot, features, numeric)."""
     codes = {
         "perturbation": np.array([0, 1, 2, 2, 1], np.int8),
         "cell_type": np.array([1, 0, 1, 1, 0], np.int8),
@@ -121,8 +116,7 @@ def test_every_pack_task_hands_its_freed_memory_back(
     write_manifest: Callable[..., Any],
 ) -> None:
     """Read, pack and fused tasks each end with a heap trim (pipeline.memory.trim_heap): freed
-    blocks
-    otherwise stay resident, and the build's RSS crept up with the number of tasks it ran."""
+    blocks otherwise stay resident, and the build's RSS crept up with the number of tasks it ran."""
     import pipeline.modalities.perturbation.pack
     from pipeline.build import build
     from pipeline.events import EventLog
@@ -155,10 +149,9 @@ def test_local_pack_tasks_delete_their_spill_files_as_they_go(
     write_manifest: Callable[..., Any],
 ) -> None:
     """With threads, each pack task deletes the spill files it consumed (so their dirty pages never
-    reach the
-    disk), each read task its routed rows, each shard its parked columns; the shards are those of a
-    build
-    that keeps everything to the end (what cluster backends do: a rerun task needs its files)."""
+    reach the disk), each read task its routed rows, each shard its parked columns; the shards
+    are those of a build that keeps everything to the end (what cluster backends do: a rerun task
+    needs its files)."""
     import pipeline.modalities.perturbation.pack
     from pipeline.build import build
 
@@ -210,8 +203,7 @@ def test_whole_source_tasks_build_the_same_shards(
     write_manifest: Callable[..., Any],
 ) -> None:
     """With two spilled sources a job, a source is one task (read, then pack its shards): no phase-2
-    tasks,
-    and the same bytes as the two phases of row-range reads and per-shard packs."""
+    tasks, and the same bytes as the two phases of row-range reads and per-shard packs."""
     import pipeline.modalities.perturbation.pack
     from pipeline.build import build
     from pipeline.events import EventLog

@@ -2,8 +2,8 @@
 states.
 
 Every test here runs the hostile cases of ``tests/hostile/read.py`` (one row each in
-docs/RELIABILITY.md) on
-real builds (zarr and tar) of one small manifest (``built_zarr_tar``, tests/conftest.py).
+docs/RELIABILITY.md) on real builds (zarr and tar) of one small manifest (``built_zarr_tar``,
+tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """docs/RELIABILITY.md cannot drift: it is the generated text of the hostile-case registry, and
-every case in
-the registry names a test that exists and runs it (``@hostile.parametrize``)."""
+every case in the registry names a test that exists and runs it (``@hostile.parametrize``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The workers' ring of reused shared-memory slots (loaders/engine/ring.py): slots freed only when
-nothing views them,
-fallback when none is free or the cap is reached, and a real DataLoader whose held batches never
-change."""
+nothing views them, fallback when none is free or the cap is reached, and a real DataLoader whose
+held batches never change."""
 
 from __future__ import annotations
 

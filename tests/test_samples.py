@@ -154,8 +154,8 @@ def test_every_registered_sample_type_has_a_conformance_subclass() -> None:
 def test_the_check_covers_entry_point_plugins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sample type registered by an installed modality outside this repository (an entry point)
-    is held to the same rule: the check imports the entry points' modules and names the type."""
+    """A sample type registered by an installed modality outside this repository (an entry point) is
+    held to the same rule: the check imports the entry points' modules and names the type."""
     import loaders.plugins
 
     (tmp_path / "outside_plugin.py").write_text(

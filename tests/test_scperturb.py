@@ -1,9 +1,7 @@
 """Files laid out like real scPerturb releases, built with the shipped example manifests: standard
-obs keys
-(perturbation, celltype, nperts, perturbation_type, dose_value, time; no batch column), combinations
-written
-"A_B", numeric doses and times, GEARS' unseen-combination split and cell-load's zero-shot
-controls."""
+obs keys (perturbation, celltype, nperts, perturbation_type, dose_value, time; no batch column),
+combinations written "A_B", numeric doses and times, GEARS' unseen-combination split and
+cell-load's zero-shot controls."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The source checks: their cheap forms find what the full ones find (value checks on min/max and
-in steps), and validate_* on raw parts. (The scan checking barcodes without reading them is tested
-per source flavour in test_sources.py.)"""
+"""The source checks: their cheap forms find what the full ones find (value checks on min/max and in
+steps), and validate_* on raw parts. (The scan checking barcodes without reading them is tested
+per source flavour in test_sources_bad_input.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Spike-camera modality: .dat reading (bit-exact against an independent reference), the spike
-kind's shards,
-and the spike sample type's voxel grids, clips, crops and splits, on zarr and tar builds."""
+kind's shards, and the spike sample type's voxel grids, clips, crops and splits, on zarr and tar
+builds."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ MANIFESTS = Path(__file__).resolve().parent.parent / "data_manifests"
 
 def reference_bits(frames: np.ndarray) -> bytes:
     """An independent writer of the Vidar layout: for every pixel, set bit (p % 8) of byte p // 8 of
-    its frame,
-    where p = row * W + col counts rows from the bottom (frames are stored upside down)."""
+    its frame, where p = row * W + col counts rows from the bottom (frames are stored upside
+    down)."""
     t, h, w = frames.shape
     out = bytearray(t * h * w // 8)
     for f in range(t):

@@ -1,9 +1,7 @@
 """Spike modality corners that tests/test_spike.py leaves out: GoPro trees without train/test
-folders (splits
-drawn per sequence), one-byte-per-pixel files with a width that is not a multiple of 8 and ``frames
-= "all"``,
-images at a non-integer scale of the spikes, and the GPU benchmark's parity check (dry run on the
-CPU)."""
+folders (splits drawn per sequence), one-byte-per-pixel files with a width that is not a multiple
+of 8 and ``frames = "all"``, images at a non-integer scale of the spikes, and the GPU benchmark's
+parity check (dry run on the CPU)."""
 
 from __future__ import annotations
 
@@ -43,8 +41,7 @@ def _spikes(seed: int, frames: int = FRAMES, h: int = HEIGHT, w: int = WIDTH) ->
 
 def test_a_gopro_tree_without_split_folders_splits_by_sequence(tmp_path: Path) -> None:
     """No train/test folders: [split] fractions are drawn per sequence, so a sequence lies in one
-    split only
-    (and every record of it is there)."""
+    split only (and every record of it is there)."""
     tree = tmp_path / "GOPRO"
     for s in range(12):
         for f in range(3):
@@ -80,10 +77,8 @@ def test_a_gopro_tree_without_split_folders_splits_by_sequence(tmp_path: Path) -
 @pytest.mark.parametrize("fmt", ["zarr", "tar"])
 def test_bytes_packing_odd_width_and_all_frames(tmp_path: Path, fmt: str) -> None:
     """packing = "bytes", no flip, width 90 (stored bits padded to 12 bytes a row), frames = "all":
-    voxels
-    equal the frames binned, cropped anywhere (also across the padded last byte); a file with
-    another frame
-    count is a counted skip, not a wrong-shaped record."""
+    voxels equal the frames binned, cropped anywhere (also across the padded last byte); a file
+    with another frame count is a counted skip, not a wrong-shaped record."""
     h, w, t = 20, 90, 24
     data = tmp_path / "files"
     data.mkdir()
@@ -138,10 +133,8 @@ def test_bytes_packing_odd_width_and_all_frames(tmp_path: Path, fmt: str) -> Non
 @pytest.mark.parametrize("shape", [(375, 600), (625, 1000), (720, 1280), (500, 800)])
 def test_images_crop_inside_the_image_at_any_scale(shape: tuple[int, int]) -> None:
     """Images 1.5x / 2.5x / 2.88x / 2x the spike size: the scaled crop window lies inside the image
-    for every
-    offset the spike crop can take (rounding the offset and the size separately must not run past
-    the edge)
-    and starts where the spike crop starts, scaled."""
+    for every offset the spike crop can take (rounding the offset and the size separately must
+    not run past the edge) and starts where the spike crop starts, scaled."""
     sp = Spike(crop=(5, 7))
     sp.size = (250, 400)
     img = np.arange(3 * shape[0] * shape[1], dtype=np.uint32).reshape(1, 3, *shape)
@@ -192,8 +185,7 @@ def _cuda() -> bool:
 
 def test_clips_lost_where_a_shard_cuts_a_sequence_are_counted(tmp_path: Path) -> None:
     """Clips are a per-shard table: a sequence longer than a shard loses the clips across the cut.
-    They are
-    not lost silently: index.json stats say how many (and the build logs it)."""
+    They are not lost silently: index.json stats say how many (and the build logs it)."""
     tree = tmp_path / "GOPRO"
     for s in range(2):
         for f in range(5):

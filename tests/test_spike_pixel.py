@@ -1,11 +1,8 @@
 """Pixel-major spike windows (the default bit order): the voxel ops (numpy popcount / unpack and
-their torch
-twins, run on CPU tensors) and the loader over pixel-major and frame-major builds, zarr and tar,
-num_workers 0
-and 2, all equal to ``frames.reshape(bins, -1, H, W).sum(1)`` of the window, cropped; frames per bin
-a multiple
-of 8 (8, 16, 40: popcount) and not (9, 10, 12: unpack); old indexes without ``bit_order`` read
-frame-major."""
+their torch twins, run on CPU tensors) and the loader over pixel-major and frame-major builds,
+zarr and tar, num_workers 0 and 2, all equal to ``frames.reshape(bins, -1, H, W).sum(1)`` of the
+window, cropped; frames per bin a multiple of 8 (8, 16, 40: popcount) and not (9, 10, 12:
+unpack); old indexes without ``bit_order`` read frame-major."""
 
 from __future__ import annotations
 

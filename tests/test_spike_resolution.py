@@ -1,7 +1,6 @@
 """A spike manifest whose resolution the data contradicts builds with a warning that says so, and
-``inspect`` shows frames per file: a swapped height and width read every file without an error (the
-frame
-size is the same), so the summary must not show only the kept frames."""
+``inspect`` shows frames per file: a swapped height and width read every file without an error
+(the frame size is the same), so the summary must not show only the kept frames."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Spike modality, checked against issue 10 by a second reader: records that the clips table would
-leave
-unreachable (frame files without numbers, frame gaps, sequences shorter than a clip) are counted,
-``inspect``
-reports what every record kind reports, a bad byte stops a parallel build with the file and offset,
-grey images
-are stored ``[1, H, W]``, and the shards do not depend on ``--jobs``."""
+leave unreachable (frame files without numbers, frame gaps, sequences shorter than a clip) are
+counted, ``inspect`` reports what every record kind reports, a bad byte stops a parallel build
+with the file and offset, grey images are stored ``[1, H, W]``, and the shards do not depend on
+``--jobs``."""
 
 from __future__ import annotations
 
@@ -63,9 +61,8 @@ def _loaded(out: Path, split: str = "train") -> list[list[int]]:
 
 def test_frame_files_without_numbers_are_ordered_by_name_and_make_clips(tmp_path: Path) -> None:
     """``frame_a.dat, frame_b.dat, ...``: the frame number is the file's position in its sequence
-    (sorted by
-    name), so consecutive files make clips; they must not all get one number and silently form no
-    clip."""
+    (sorted by name), so consecutive files make clips; they must not all get one number and
+    silently form no clip."""
     _sequence(tmp_path / "tree" / "train" / "seqA", ["frame_a", "frame_b", "frame_c", "frame_d"])
     m = _manifest(
         tmp_path / "m.toml", str(tmp_path / "tree"), RES + 'layout = "gopro"\nclip_len = 2'
@@ -79,9 +76,8 @@ def test_records_no_clip_can_reach_are_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A frame gap (0 1 2 _ 4 5) and a one-frame sequence leave 3 of 6 records in no 3-frame clip:
-    the loader
-    can never give them, so the index says how many (nothing lost silently) and the build logs
-    it."""
+    the loader can never give them, so the index says how many (nothing lost silently) and the
+    build logs it."""
     _sequence(tmp_path / "tree" / "train" / "s1", [f"{f:06d}" for f in (0, 1, 2, 4, 5)])
     _sequence(tmp_path / "tree" / "train" / "s2", ["000000"])
     m = _manifest(
@@ -144,8 +140,8 @@ def test_shards_are_byte_identical_whatever_the_jobs(demo_builds: dict[int, Path
 
 def test_a_bad_byte_stops_a_parallel_build_naming_file_and_offset(tmp_path: Path) -> None:
     """packing = "bytes": a 7 inside the kept window, read in a pack worker (--jobs 2), is a
-    SourceError that
-    names the file and the byte's offset in it (not a bare traceback from the worker)."""
+    SourceError that names the file and the byte's offset in it (not a bare traceback from the
+    worker)."""
     (tmp_path / "d").mkdir()
     for k in range(3):
         a = _spikes(k)
@@ -206,9 +202,8 @@ def test_the_central_window_is_kept_and_a_short_file_is_a_counted_skip(
     tmp_path: Path, fmt: str
 ) -> None:
     """frames = 40 of streams of 50, 51 and 40 frames keeps frames [(T - 40) // 2, +40) of each (5,
-    5, 0), seen
-    through 40 one-frame bins; a 30-frame stream cannot give 40 and is a counted skip, not an
-    error."""
+    5, 0), seen through 40 one-frame bins; a 30-frame stream cannot give 40 and is a counted
+    skip, not an error."""
     (tmp_path / "d").mkdir()
     streams = {}
     for k, t in enumerate((50, 51, 40, 30)):
@@ -237,10 +232,9 @@ def test_unpaired_images_and_empty_sequences_are_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 10's bad input: a sequence with more images than spike files (a blur/sharp frame that
-    no .dat
-    pairs) and a sequence with images but an empty spike/ folder are counted in the index stats and
-    logged
-    (a spike file without its image is already a counted skip), never silently dropped."""
+    no .dat pairs) and a sequence with images but an empty spike/ folder are counted in the index
+    stats and logged (a spike file without its image is already a counted skip), never silently
+    dropped."""
     tree = tmp_path / "tree" / "train"
     for seq, n_dat, n_img in (("full", 3, 3), ("extra", 2, 4), ("empty", 0, 2)):
         _sequence(tree / seq, [f"{i:06d}" for i in range(n_dat)])

@@ -1,9 +1,7 @@
 """The ``shardsmith.spikebits`` codec (pixel-major spike bits + zstd) and per-field codecs in the
-format:
-bit-exact round trips on awkward windows, determinism, clear errors for corrupt streams, unknown
-codecs and
-bad configs, the index version gate, and builds with and without it giving the same loader
-batches."""
+format: bit-exact round trips on awkward windows, determinism, clear errors for corrupt streams,
+unknown codecs and bad configs, the index version gate, and builds with and without it giving the
+same loader batches."""
 
 from __future__ import annotations
 
@@ -133,8 +131,8 @@ def test_field_spec_codec_json_and_layout() -> None:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The demo spike tree built with the spikebits default (pixel-major + zstd; zarr, tar), with
-    the previous
-    default (spikebits-v1: frame-major, this codec; zarr, tar) and with codec = "dataset" (zarr)."""
+    the previous default (spikebits-v1: frame-major, this codec; zarr, tar) and with codec =
+    "dataset" (zarr)."""
     root = tmp_path_factory.mktemp("spikebits")
     write_spike_demo(root / "data" / "demo")
     (root / "m").mkdir()
@@ -296,8 +294,7 @@ def test_corrupt_codec_bytes_name_the_shard(
 
 def test_generator_noise_is_opt_in_and_does_what_it_says() -> None:
     """integrate_and_fire's noise options (the bench's noisy corpus): off by default, dark spikes at
-    the asked
-    rate where nothing fires, threshold jitter moves spikes but keeps the firing rate."""
+    the asked rate where nothing fires, threshold jitter moves spikes but keeps the firing rate."""
     light = scene(np.arange(64), 32, 48, 3)
     clean = integrate_and_fire(light, seed=4)
     acc, want = np.random.default_rng(4).uniform(0, 1, light.shape[1:]).astype(np.float32), []

@@ -1,7 +1,6 @@
 """Split options in the manifest (few-shot lists and fractions per cell type, controls kept in
-train) and the
-counted warnings a build reports (fallback matches, splits without pairs or sentences, short
-groups)."""
+train) and the counted warnings a build reports (fallback matches, splits without pairs or
+sentences, short groups)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Manifest values that used to be accepted silently or end in a traceback: each is now exit 2 with
-an error
-naming the manifest file, the key and the allowed values (cases: tests/hostile/values.py)."""
+an error naming the manifest file, the key and the allowed values (cases:
+tests/hostile/values.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The zarr writer's direct path (pipeline.writers.zarr_direct) writes zarr-python's bytes: every
-file of a
-shard equals what zarr-python writes for the same columns, for every codec, dtype, shape and
-chunking; a
-signature it cannot vouch for goes through zarr-python; a whole build is byte-identical either
-way."""
+file of a shard equals what zarr-python writes for the same columns, for every codec, dtype,
+shape and chunking; a signature it cannot vouch for goes through zarr-python; a whole build is
+byte-identical either way."""
 
 from __future__ import annotations
 

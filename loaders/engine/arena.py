@@ -1,6 +1,5 @@
 """Window arenas: one decoded window, every field's column for all its shards back to back (no
-torch: the
-decoder process imports this).
+torch: the decoder process imports this).
 
 An *arena* holds the columns a sample type reads, by field layout:
 
@@ -12,11 +11,10 @@ An *arena* holds the columns a sample type reads, by field layout:
 
 Decoding writes each shard straight into its slice (:meth:`loaders.shardio.Column.read_into`): no
 concatenation, no re-encoding; a batch then gathers rows with one vectorised call per field
-(:mod:`loaders.gather`). The big arrays are recycled by a :class:`BufferPool` (fresh memory costs a
-page
-fault per 4 KiB), or live in a shared slab filled by the decoder process
-(:mod:`loaders.engine.decoder`), which is
-why an arena is nothing but named arrays plus a JSON-able layout map.
+(:mod:`loaders.gather`). The big arrays are recycled by a :class:`BufferPool` (fresh memory costs
+a page fault per 4 KiB), or live in a shared slab filled by the decoder process
+(:mod:`loaders.engine.decoder`), which is why an arena is nothing but named arrays plus a
+JSON-able layout map.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from loaders.format import FieldSpec
+from loaders.schema import FieldSpec
 
 ALIGN = 64
 KEEP_BYTES = 1 << 20  # arrays at least this big go back to the pool on release
@@ -39,10 +37,9 @@ INDEX_ARRAYS = ("shards", "row_offsets", "unit_offsets", "units", "order", "unit
 class BufferPool:
     """Big 64-byte-aligned arrays recycled between windows (and epochs) of one process.
 
-    The owners are uint64 arrays: numpy points every view's ``base`` at the owner, and scipy copies
-    a
-    CSR component whose base has more than twice its number of *elements* (``_prune_array``), which
-    a float32 view of a uint8 owner always has."""
+    The owners are uint64 arrays: numpy points every view's ``base`` at the owner, and scipy
+    copies a CSR component whose base has more than twice its number of *elements*
+    (``_prune_array``), which a float32 view of a uint8 owner always has."""
 
     def __init__(self, keep: int = 12) -> None:
         self.keep, self.pid = keep, os.getpid()
@@ -184,10 +181,9 @@ class Arena:
 
     def stacked(self, names: tuple[str, ...]) -> np.ndarray:
         """int64 ``[len(names), R]``: the 1-D dense fields ``names`` side by side, built once per
-        window in
-        each process that asks. A batch then gets all of them with ONE ``take`` (per-field takes
-        plus int64
-        casts cost ~12 us of a ~110 us cells batch in Python overhead alone)."""
+        window in each process that asks. A batch then gets all of them with ONE ``take``
+        (per-field takes plus int64 casts cost ~12 us of a ~110 us cells batch in Python overhead
+        alone)."""
         got = self.stacks.get(names)
         if got is None:
             got = np.empty((len(names), self.n_rows), np.int64)
@@ -200,8 +196,8 @@ class Arena:
         self, per_shard: Sequence[np.ndarray], width: int, first_ids: Sequence[int]
     ) -> None:
         """Units of every shard (local rows ``[U_i, width]``), made arena rows; ``first_ids[i]``:
-        the stable id
-        of shard i's first unit (units are numbered through the split's shards in index order)."""
+        the stable id of shard i's first unit (units are numbered through the split's shards in
+        index order)."""
         parts = [
             np.asarray(u, np.int64).reshape(-1, width) + self.row_offsets[i]
             for i, u in enumerate(per_shard)
@@ -231,8 +227,8 @@ class Arena:
 
     def view(self, order: np.ndarray, on_release: Callable[[], None]) -> Arena:
         """The same decoded rows in another order (a window of the same shards in another epoch):
-        shares every
-        buffer; ``on_release`` runs instead of recycling them (the owner counts its views)."""
+        shares every buffer; ``on_release`` runs instead of recycling them (the owner counts its
+        views)."""
         return replace(self, order=order, on_release=on_release)
 
     def release(self, pool: BufferPool) -> None:

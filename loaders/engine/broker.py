@@ -1,25 +1,19 @@
 """Workers share one decode: the rank's decoder process decodes each window once; DataLoader workers
 map it.
 
-Why: workers take alternate batches (so the order does not depend on ``num_workers``), hence every
-worker
-needs every window of the rank. Decoding them in each worker multiplied decode CPU and window memory
-by W.
-Here the training process runs a :class:`Broker` (a thread and one per connected worker, no torch)
-in front
-of its :class:`~loaders.engine.decoder.Decoder`: a worker asks for ``(epoch, w)``; the first ask
-decodes it (in the
-decoder process, into a ``memfd`` slab), later asks get the same slab. The reply is a small JSON
-description
-plus the slab's file descriptor (``SCM_RIGHTS``); the worker maps it read-only and gathers from it.
+Why: workers take alternate batches (so the order does not depend on ``num_workers``), hence
+every worker needs every window of the rank. Decoding them in each worker multiplied decode CPU
+and window memory by W. Here the training process runs a :class:`Broker` (a thread and one per
+connected worker, no torch) in front of its :class:`~loaders.engine.decoder.Decoder`: a worker
+asks for ``(epoch, w)``; the first ask decodes it (in the decoder process, into a ``memfd``
+slab), later asks get the same slab. The reply is a small JSON description plus the slab's file
+descriptor (``SCM_RIGHTS``); the worker maps it read-only and gathers from it.
 
-Lifetime: a window is held while any worker holds it, then kept among the ``keep`` most recent ones
-(a
-worker a few batches behind asks for the window another one just let go) and finally its slab goes
-back to
-the decoder's pool. A worker that dies drops its holds (its socket closes). Memfds and the
-abstract-namespace
-socket leave nothing in /dev/shm or on disk, whatever kills whom.
+Lifetime: a window is held while any worker holds it, then kept among the ``keep`` most recent
+ones (a worker a few batches behind asks for the window another one just let go) and finally its
+slab goes back to the decoder's pool. A worker that dies drops its holds (its socket closes).
+Memfds and the abstract-namespace socket leave nothing in /dev/shm or on disk, whatever kills
+whom.
 """
 
 from __future__ import annotations
@@ -35,7 +29,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from loaders.engine.arena import Arena
-from loaders.engine.decoder import Decoder, DecoderError, Slab, _recv, _send, rebuild
+from loaders.engine.decoder import Decoder
+from loaders.engine.slab import DecoderError, Slab, rebuild, recv_message, send_message
 from loaders.format import FormatError
 from loaders.integrity import DatasetRebuilt
 
@@ -122,7 +117,7 @@ class Broker:
         held: list[Key] = []
         try:
             while True:
-                msg = _recv(conn)
+                msg = recv_message(conn)
                 key = (int(msg["epoch"]), int(msg["w"]))
                 if msg["kind"] == "release":
                     if key in held:
@@ -132,7 +127,7 @@ class Broker:
                 try:
                     desc, slab = self._get(key)
                 except FormatError as e:
-                    _send(
+                    send_message(
                         conn,
                         {
                             "kind": "error",
@@ -143,13 +138,15 @@ class Broker:
                     )
                     continue
                 except Exception as e:
-                    _send(
+                    send_message(
                         conn,
                         {"kind": "error", "format": False, "message": f"{type(e).__name__}: {e}"},
                     )
                     continue
                 held.append(key)
-                _send(conn, {"kind": "window", "arena": desc, "slab": slab.id, "size": slab.size})
+                send_message(
+                    conn, {"kind": "window", "arena": desc, "slab": slab.id, "size": slab.size}
+                )
                 reduction.send_handle(conn, slab.fd, 0)  # type: ignore[arg-type]
         except (EOFError, OSError, ValueError):
             pass
@@ -184,8 +181,8 @@ class BrokerClient:
     def read_window(self, epoch: int, w: int) -> Arena:
         try:
             with self._lock:
-                _send(self.conn, {"kind": "window", "epoch": int(epoch), "w": int(w)})
-                reply = _recv(self.conn)
+                send_message(self.conn, {"kind": "window", "epoch": int(epoch), "w": int(w)})
+                reply = recv_message(self.conn)
                 if reply["kind"] == "error":
                     kind = (
                         DatasetRebuilt
@@ -210,7 +207,7 @@ class BrokerClient:
     def _release(self, epoch: int, w: int) -> None:
         try:
             with self._lock:
-                _send(self.conn, {"kind": "release", "epoch": int(epoch), "w": int(w)})
+                send_message(self.conn, {"kind": "release", "epoch": int(epoch), "w": int(w)})
         except (OSError, ValueError):
             pass  # the broker is gone: nothing to give back
 

@@ -1,23 +1,18 @@
 """The decoder process: windows decoded off the training process, into memory both processes map.
 
 Why a process: on a 2-core node, decode threads inside the training process slowed batch assembly
-about
-2x (GIL hand-offs with zarr's event loop and codec threads), while the same decode in another
-process
-left assembly at its solo speed (A/B in docs/LOADER.md). A window crosses once, as a *slab*: a
-``memfd`` (anonymous shared memory, freed when both sides drop it, even after a SIGKILL) mapped in
-both
-processes and recycled between windows. The pipe carries only small JSON messages, never shard data
-and
-never a pickle; the child is ``python -m loaders.engine.decoder`` (a fresh interpreter: it does not
-re-import
-the trainer's ``__main__`` as a spawn start would, and does not import torch).
+about 2x (GIL hand-offs with zarr's event loop and codec threads), while the same decode in
+another process left assembly at its solo speed (A/B in docs/LOADER.md). A window crosses once,
+as a *slab*: a ``memfd`` (anonymous shared memory, freed when both sides drop it, even after a
+SIGKILL) mapped in both processes and recycled between windows. The pipe carries only small JSON
+messages, never shard data and never a pickle; the child is ``python -m loaders.engine.decoder``
+(a fresh interpreter: it does not re-import the trainer's ``__main__`` as a spawn start would,
+and does not import torch). What crosses (the slab, an arena as slab offsets, the messages) is
+:mod:`loaders.engine.slab`; this module runs the two ends.
 """
 
 from __future__ import annotations
 
-import json
-import mmap
 import os
 import socket
 import subprocess
@@ -30,9 +25,16 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from loaders.engine.arena import ALIGN, Arena
+from loaders.engine.arena import Arena
+from loaders.engine.slab import (
+    DecoderError,
+    Slab,
+    SlabBuffers,
+    export,
+    rebuild,
+    recv_message,
+    send_message,
+)
 from loaders.engine.window import WindowReader
 from loaders.format import FormatError
 from loaders.integrity import DatasetRebuilt
@@ -47,116 +49,12 @@ TIMEOUT_S = 30.0
 HEADROOM = 1.05  # a new slab is this much bigger than asked, so that similar windows can reuse it
 
 
-class DecoderError(RuntimeError):
-    """The decoder process died or broke the protocol (never raised for bad shards: those are
-    FormatError)."""
-
-
-class Slab:
-    """A memfd mapped into this process; arrays are views of it. The owner array is uint64 because
-    scipy
-    copies a CSR component whose ``base`` has more than twice its *elements* (``_prune_array``)."""
-
-    def __init__(self, sid: int, size: int, fd: int | None = None, readonly: bool = False) -> None:
-        size = -(-max(size, ALIGN) // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.id, self.size = sid, size
-        if fd is None:
-            fd = os.memfd_create(f"shardsmith-window-{sid}", getattr(os, "MFD_CLOEXEC", 0))
-            os.ftruncate(fd, size)
-        self.fd: int | None = fd
-        # read-only in DataLoader workers (loaders.engine.broker): a stray write raises instead of
-        # corrupting a window
-        self._mm = mmap.mmap(fd, size, prot=mmap.PROT_READ) if readonly else mmap.mmap(fd, size)
-        self.words = np.frombuffer(self._mm, np.uint64)
-        self.bytes = self.words.view(np.uint8)
-        self.base = self.bytes.ctypes.data
-
-    def close_fd(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def view(self, offset: int, dtype: str, shape: list[int]) -> np.ndarray:
-        dt = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        if offset < 0 or offset % dt.itemsize or offset + n > self.size:
-            raise DecoderError(
-                f"decoder sent an array outside its slab ({offset}+{n} of {self.size})"
-            )
-        return self.bytes[offset : offset + n].view(dt).reshape(shape)
-
-
-class SlabBuffers:
-    """A bump allocator over a slab (the child's stand-in for a BufferPool). When the slab is too
-    small it
-    hands out private memory and counts what the window needed, so the parent can send a bigger
-    slab."""
-
-    def __init__(self, slab: Slab) -> None:
-        self.slab, self.used = slab, 0
-
-    def get(self, n: int, dtype: np.dtype) -> np.ndarray:
-        dt = np.dtype(dtype)
-        at = -(-self.used // ALIGN) * ALIGN
-        self.used = at + n * dt.itemsize
-        if self.used > self.slab.size:
-            return np.empty(n, dt)
-        return self.slab.bytes[at : self.used].view(dt)
-
-    def put(self, *arrays: np.ndarray) -> None:
-        pass
-
-    def place(self, a: np.ndarray) -> list[Any]:
-        """``[offset, dtype, shape]`` of ``a`` in the slab (copied in when it lives elsewhere)."""
-        at = a.ctypes.data - self.slab.base
-        if not (a.flags.c_contiguous and 0 <= at and at + a.nbytes <= self.slab.size):
-            out = self.get(a.size, a.dtype)
-            out[...] = a.reshape(-1)
-            at = out.ctypes.data - self.slab.base
-        return [int(at), a.dtype.str, [int(s) for s in a.shape]]
-
-    @property
-    def overflow(self) -> bool:
-        return self.used > self.slab.size
-
-
-def export(arena: Arena, buffers: SlabBuffers) -> dict[str, Any]:
-    """The arena as slab offsets (JSON-able): what the parent needs to rebuild it over its own
-    mapping."""
-    return {
-        "arrays": {name: buffers.place(a) for name, a in arena.arrays().items()},
-        "layouts": arena.layouts,
-        "skipped": arena.skipped,
-    }
-
-
-def rebuild(desc: dict[str, Any], slab: Slab) -> Arena:
-    arena = Arena.from_arrays(
-        {name: slab.view(*v) for name, v in desc["arrays"].items()}, desc["layouts"]
-    )
-    arena.skipped = list(desc.get("skipped", []))
-    return arena
-
-
 # -- the child
 # ----------------------------------------------------------------------------------------
-def _send(conn: Connection, msg: dict[str, Any]) -> None:
-    conn.send_bytes(json.dumps(msg).encode())
-
-
-def _recv(conn: Connection) -> dict[str, Any]:
-    msg = json.loads(conn.recv_bytes())
-    if not isinstance(msg, dict) or "kind" not in msg:
-        raise DecoderError(f"unexpected message {msg!r}")
-    return msg
-
-
 class _Link:
     """The child's end of the pipe: replies and heartbeats share it under a lock. A thread sends a
-    heartbeat
-    every HEARTBEAT_S while a request is being served (only then: unread beats never pile up), so
-    the parent
-    can tell a slow window from a stopped or stuck child."""
+    heartbeat every HEARTBEAT_S while a request is being served (only then: unread beats never
+    pile up), so the parent can tell a slow window from a stopped or stuck child."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn, self.lock, self.busy = conn, threading.Lock(), threading.Event()
@@ -165,7 +63,7 @@ class _Link:
 
     def send(self, msg: dict[str, Any]) -> None:
         with self.lock:
-            _send(self.conn, msg)
+            send_message(self.conn, msg)
 
     def _beat(self) -> None:
         while True:
@@ -189,7 +87,7 @@ def serve(conn: Connection) -> None:
 
 
 def _serve(conn: Connection, link: _Link) -> None:
-    start = _recv(conn)
+    start = recv_message(conn)
     threads = max(1, int(start.get("threads", 1)))
     try:
         import zarr  # import weight: zarr (~0.3 s), only for zarr shards
@@ -209,7 +107,7 @@ def _serve(conn: Connection, link: _Link) -> None:
     pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
     slabs: dict[int, Slab] = {}
     while True:
-        msg = _recv(conn)
+        msg = recv_message(conn)
         kind = msg["kind"]
         if kind == "slab":
             fd = reduction.recv_handle(conn)
@@ -252,8 +150,7 @@ def main(argv: list[str] | None = None) -> None:
 # ---------------------------------------------------------------------------------------
 class Decoder:
     """The training process's handle on its decoder process. Thread-safe; used only by the process
-    that
-    started it (a forked DataLoader worker inherits the object but must decode on its own)."""
+    that started it (a forked DataLoader worker inherits the object but must decode on its own)."""
 
     def __init__(
         self, spec: dict[str, Any], threads: int = 1, keep: int = 3, timeout: float = TIMEOUT_S
@@ -287,7 +184,7 @@ class Decoder:
         if self._ready is None and self._lock.acquire(blocking=False):
             try:
                 while self._ready is None and self.conn.poll(0):
-                    msg = _recv(self.conn)
+                    msg = recv_message(self.conn)
                     if msg["kind"] != "beat":
                         self._take_ready(msg)
             except (EOFError, OSError) as e:
@@ -315,7 +212,7 @@ class Decoder:
 
     def _post(self, msg: dict[str, Any], fd: int | None = None) -> None:
         try:
-            _send(self.conn, msg)
+            send_message(self.conn, msg)
             if fd is not None:
                 reduction.send_handle(self.conn, fd, self.proc.pid)
         except OSError as e:  # a broken pipe: the child is gone
@@ -323,8 +220,7 @@ class Decoder:
 
     def _recv(self) -> dict[str, Any]:
         """The next reply, heartbeats skipped; a child silent for ``timeout`` seconds (stopped,
-        stuck) is
-        killed and reported, never waited on forever."""
+        stuck) is killed and reported, never waited on forever."""
         deadline = time.monotonic() + self.timeout
         while True:
             while not self.conn.poll(POLL_S):
@@ -339,7 +235,7 @@ class Decoder:
                         f"{self.timeout:g} s (stopped or stuck); it was killed"
                     )
             try:
-                msg = _recv(self.conn)
+                msg = recv_message(self.conn)
             except (EOFError, OSError) as e:
                 raise self._died() from e
             if msg["kind"] != "beat":
@@ -348,9 +244,8 @@ class Decoder:
 
     def read_window(self, epoch: int, w: int, hint: int) -> Arena:
         """Window ``w`` of ``epoch`` decoded by the child into a slab (``hint``: bytes it will
-        probably need).
-        Bad shards raise FormatError naming the shard, as in-process; a dead child raises
-        DecoderError."""
+        probably need). Bad shards raise FormatError naming the shard, as in-process; a dead
+        child raises DecoderError."""
         desc, slab = self.read_slab(epoch, w, hint)
         arena = rebuild(desc, slab)
         arena.on_release = lambda s=slab: self._give_back(s)
@@ -358,8 +253,7 @@ class Decoder:
 
     def read_slab(self, epoch: int, w: int, hint: int) -> tuple[dict[str, Any], Slab]:
         """:meth:`read_window` as (the arena's description, its slab): what the broker hands to
-        workers.
-        The slab is this caller's until :meth:`give_back`."""
+        workers. The slab is this caller's until :meth:`give_back`."""
         if self._closed or os.getpid() != self.pid:
             raise DecoderError("decoder process used after close() or from another process")
         with self._lock:

@@ -1,12 +1,10 @@
 """Decoded windows a process still serves, shared by every request for the same shards.
 
 With ``window >= n_shards`` every epoch is one window of the same shards: while the last epoch's
-batches are
-served, the next epoch's first window asks for exactly those shards again. Keeping the decoded
-window (keyed by
-its sorted shard ids, reference-counted by the views handed out) lets that request re-order it
-instead of
-decoding the split again. The registry belongs to one process: after a fork it starts empty.
+batches are served, the next epoch's first window asks for exactly those shards again. Keeping
+the decoded window (keyed by its sorted shard ids, reference-counted by the views handed out)
+lets that request re-order it instead of decoding the split again. The registry belongs to one
+process: after a fork it starts empty.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ class LiveWindows:
 
     def add(self, key: Key, arena: Arena) -> list[object]:
         """Register a freshly decoded window (one reference: its first view). A concurrent decode of
-        the same
-        shards keeps its own entry."""
+        the same shards keeps its own entry."""
         entry: list[object] = [arena, 1]
         with self._lock:
             self._entries.setdefault(key, entry)

@@ -2,30 +2,22 @@
 each.
 
 Why: torch ships a tensor from a worker by creating a shared-memory segment (shm_open, ftruncate,
-mmap) and
-passing its file descriptor through a socket (multiprocessing's resource sharer), and the consumer
-maps it
-and unmaps it again: ~1-3 ms an item here, more than gathering the batch. A :class:`Ring` creates
-``slots``
-memfd files once per worker and passes their descriptors once, with the first item that uses it;
-every item
-then pickles as (ring, slot, layout), a few hundred bytes. The consumer maps each slot once
-(:class:`Receiver`) and hands out views of it; the slot goes back to the worker when the last view
-is
-garbage-collected (``weakref.finalize`` on the numpy array every view derives from), through one
-state byte
-per slot in a shared control page.
+mmap) and passing its file descriptor through a socket (multiprocessing's resource sharer), and
+the consumer maps it and unmaps it again: ~1-3 ms an item here, more than gathering the batch. A
+:class:`Ring` creates ``slots`` memfd files once per worker and passes their descriptors once,
+with the first item that uses it; every item then pickles as (ring, slot, layout), a few hundred
+bytes. The consumer maps each slot once (:class:`Receiver`) and hands out views of it; the slot
+goes back to the worker when the last view is garbage-collected (``weakref.finalize`` on the
+numpy array every view derives from), through one state byte per slot in a shared control page.
 
 memfd files live in the kernel's internal shm mount, not in ``/dev/shm``: a container's small
-``/dev/shm``
-(64 MiB by default in Docker) does not limit them. Their pages are allocated when written, so a slot
-costs
-what the biggest item written into it needs; ``max_bytes`` caps the sum per worker.
+``/dev/shm`` (64 MiB by default in Docker) does not limit them. Their pages are allocated when
+written, so a slot costs what the biggest item written into it needs; ``max_bytes`` caps the sum
+per worker.
 
 Fallback, still correct: no free slot (the consumer holds more items than the ring has), an item
-larger than
-``max_bytes``, or the ring at its cap -> ``slot_for`` says None and the caller makes a torch shared
-segment.
+larger than ``max_bytes``, or the ring at its cap -> ``slot_for`` says None and the caller makes
+a torch shared segment.
 """
 
 from __future__ import annotations
@@ -49,9 +41,8 @@ AVAILABLE = hasattr(os, "memfd_create")
 
 class Ring:
     """A worker's slots (see module docstring). ``slot_for(n)`` finds a free slot for ``n`` bytes
-    and marks it
-    busy; the consumer frees it. Not thread-safe by itself: one producer (the worker's iteration)
-    uses it."""
+    and marks it busy; the consumer frees it. Not thread-safe by itself: one producer (the
+    worker's iteration) uses it."""
 
     def __init__(self, slots: int, max_bytes: int = MAX_BYTES) -> None:
         if not AVAILABLE:
@@ -116,8 +107,7 @@ _OWN: dict[int, Ring] = {}  # pid -> this worker process's ring
 
 def worker_ring(slots: int) -> Ring | None:
     """This worker process's ring of ``slots`` (made on first use), or None: ship through fresh
-    segments
-    (``slots`` 0, no memfd here, or it could not be made: a warning says why)."""
+    segments (``slots`` 0, no memfd here, or it could not be made: a warning says why)."""
     if slots < 1 or not AVAILABLE:
         return None
     pid = os.getpid()
@@ -208,6 +198,5 @@ def receive(
 
 def receivers() -> list[int]:
     """The worker pids whose rings this process has mapped and still tracks (exited ones are dropped
-    when
-    the next ring registers)."""
+    when the next ring registers)."""
     return [r.pid for r in _RECEIVERS.values()]

@@ -1,11 +1,9 @@
 """Which window each batch reads, and which window a worker should decode next.
 
 Pure bookkeeping over :mod:`loaders.order` (no I/O, no threads): :func:`batch_segments` turns a
-batch's
-global positions into runs inside one window each, and :class:`WindowSchedule` walks a worker's
-batches
-telling the dataset which windows the current batch needs and which one comes next (to decode
-meanwhile).
+batch's global positions into runs inside one window each, and :class:`WindowSchedule` walks a
+worker's batches telling the dataset which windows the current batch needs and which one comes
+next (to decode meanwhile).
 """
 
 from __future__ import annotations
@@ -25,11 +23,9 @@ def batch_segments(
     """Batch ``j`` of ``rank`` as runs of window positions (``bounds``: window starts, then the
     total).
 
-    The batch's global positions (:func:`loaders.order.batch_positions`) are ``(k + rank * per_rank)
-    % N``
-    for rank positions ``k``: contiguous but for the wrap (padding) and window ends, so a batch is
-    one
-    segment in the common case and never more than a few."""
+    The batch's global positions (:func:`loaders.order.batch_positions`) are ``(k + rank *
+    per_rank) % N`` for rank positions ``k``: contiguous but for the wrap (padding) and window
+    ends, so a batch is one segment in the common case and never more than a few."""
     total = int(bounds[-1])
     lo = j * batch_size
     return _walk(
@@ -39,8 +35,7 @@ def batch_segments(
 
 def range_segments(bounds: Sequence[int], start: int, stop: int) -> Plan:
     """Global positions ``[start, stop)`` (wrapping modulo the total: padding) as runs inside one
-    window each:
-    a batch of variable size, as :mod:`loaders.budget` plans them."""
+    window each: a batch of variable size, as :mod:`loaders.budget` plans them."""
     return _walk(bounds, start % max(int(bounds[-1]), 1), stop - start)
 
 

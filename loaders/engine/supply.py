@@ -1,13 +1,10 @@
 """Where a ShardDataset's windows come from: a live window of this process, the decoder process, the
-training
-process's broker (in a DataLoader worker), or a decode right here; and the shards skipped on the
-way.
+training process's broker (in a DataLoader worker), or a decode right here; and the shards
+skipped on the way.
 
-A mixin of :class:`~loaders.dataset.ShardDataset` (it reads the dataset's reader, order parameters
-and
-per-process state), kept apart because getting a window decoded once and shared is one concern and
-turning
-windows into batches (the dataset's iteration) is another.
+A mixin of :class:`~loaders.dataset.ShardDataset` (it reads the dataset's reader, order
+parameters and per-process state), kept apart because getting a window decoded once and shared is
+one concern and turning windows into batches (the dataset's iteration) is another.
 """
 
 from __future__ import annotations
@@ -26,8 +23,9 @@ from torch.utils.data import get_worker_info
 from loaders import order
 from loaders.engine.arena import Arena, BufferPool
 from loaders.engine.broker import Broker, BrokerClient, BrokerError
-from loaders.engine.decoder import Decoder, DecoderError
+from loaders.engine.decoder import Decoder
 from loaders.engine.live import LiveWindows
+from loaders.engine.slab import DecoderError
 from loaders.engine.window import WindowReader
 
 
@@ -63,11 +61,9 @@ class WindowSupply:
 
     def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process
-        holds one
-        (the next epoch's first window while the last is served: with ``window >= n_shards`` every
-        epoch
-        is one window of the same shards, so the split is decoded once, not once per epoch), else
-        decoded."""
+        holds one (the next epoch's first window while the last is served: with ``window >=
+        n_shards`` every epoch is one window of the same shards, so the split is decoded once,
+        not once per epoch), else decoded."""
         live = self.live_windows()
         key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
         entry = live.claim(key)
@@ -85,8 +81,7 @@ class WindowSupply:
 
     def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR
-        matrix:
-        by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
+        matrix: by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
         decoder, arena = self._decoder(), None
         if self._broker_address is not None and get_worker_info() is not None:
             arena = self._from_broker(epoch, w)
@@ -114,9 +109,8 @@ class WindowSupply:
 
     def start_broker(self) -> None:
         """Before DataLoader workers start: they will get their windows from this process's decoder
-        process,
-        each decoded once for all of them (:mod:`loaders.engine.broker`), instead of decoding every
-        window each."""
+        process, each decoded once for all of them (:mod:`loaders.engine.broker`), instead of
+        decoding every window each."""
         if (
             get_worker_info() is not None
             or self._broker_address is not None
@@ -157,8 +151,7 @@ class WindowSupply:
     @property
     def skipped_shards(self) -> list[str]:
         """Files of the shards skipped so far (``on_corrupt="skip"``), by this process and its
-        DataLoader workers;
-        their units were left out of their batches."""
+        DataLoader workers; their units were left out of their batches."""
         ids = set(self._skipped)
         if self._skip_flags is not None:
             ids.update(i for i, f in enumerate(self._skip_flags) if f)

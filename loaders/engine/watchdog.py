@@ -1,18 +1,12 @@
 """No hangs with DataLoader workers: the loader's ``timeout`` covers every wait on a worker.
 
-torch's own ``timeout`` covers only the wait for a worker's *message*. A batch's tensors then travel
-as file
-descriptors that the main process fetches from the worker (``file_descriptor`` sharing): from a
-stopped
-(SIGSTOP) or stuck worker that fetch blocks forever, whatever ``timeout`` says, and at exit
-multiprocessing
-joins the stopped worker forever too. So a watchdog thread watches each wait for a batch: past
-``timeout``
-it SIGKILLs the workers (a stopped process ignores anything else), which wakes the main thread
-(torch's
-SIGCHLD handler raises, or the fetch reads EOF), and the loader raises :class:`LoaderTimeout` naming
-the
-stopped ones.
+torch's own ``timeout`` covers only the wait for a worker's *message*. A batch's tensors then
+travel as file descriptors that the main process fetches from the worker (``file_descriptor``
+sharing): from a stopped (SIGSTOP) or stuck worker that fetch blocks forever, whatever
+``timeout`` says, and at exit multiprocessing joins the stopped worker forever too. So a watchdog
+thread watches each wait for a batch: past ``timeout`` it SIGKILLs the workers (a stopped process
+ignores anything else), which wakes the main thread (torch's SIGCHLD handler raises, or the fetch
+reads EOF), and the loader raises :class:`LoaderTimeout` naming the stopped ones.
 """
 
 from __future__ import annotations

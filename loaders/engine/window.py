@@ -1,19 +1,16 @@
 """Decoding one window of a split into an :class:`~loaders.engine.arena.Arena` (no torch).
 
 :class:`WindowReader` is everything a process needs to decode windows, built from ``index.json`` and
-a
-small JSON-able spec (which includes the sample type's config): the training process uses it in its
-own
-threads, and the decoder process (:mod:`loaders.engine.decoder`) rebuilds the same reader from the
-same spec, so
-both decode byte-identical arenas and no Python object ever crosses a process boundary by pickle.
-What a window holds is decided by the sample type: the fields it reads (by layout) and its tables.
+a small JSON-able spec (which includes the sample type's config): the training process uses it in
+its own threads, and the decoder process (:mod:`loaders.engine.decoder`) rebuilds the same reader
+from the same spec, so both decode byte-identical arenas and no Python object ever crosses a
+process boundary by pickle. What a window holds is decided by the sample type: the fields it
+reads (by layout) and its tables.
 
 The spec carries the bytes of the ``index.json`` the loader opened (and their sha256), never just
-the path:
-a process started later decodes the same generation even after a rebuild replaced the file, and
-every shard
-is checked against that index before it is served (:mod:`loaders.integrity`).
+the path: a process started later decodes the same generation even after a rebuild replaced the
+file, and every shard is checked against that index before it is served
+(:mod:`loaders.integrity`).
 """
 
 from __future__ import annotations
@@ -75,9 +72,8 @@ class WindowReader:
     @staticmethod
     def from_spec(spec: Mapping[str, Any]) -> WindowReader:
         """A reader of the index in ``spec["index"]`` (read from ``spec["root"]`` now if absent; the
-        returned
-        reader's spec then carries it). A text whose sha256 is not ``spec["index_sha256"]`` is
-        refused."""
+        returned reader's spec then carries it). A text whose sha256 is not
+        ``spec["index_sha256"]`` is refused."""
         data = spec["index"].encode() if "index" in spec else read_index_bytes(spec["root"])
         digest = index_sha256(data)
         if spec.get("index_sha256", digest) != digest:
@@ -119,8 +115,7 @@ class WindowReader:
 
     def fingerprint(self) -> str:
         """What this reader serves (the split's shards by content, and their unit counts): a resume
-        state saved
-        on another dataset, or on another build of this one, does not match."""
+        state saved on another dataset, or on another build of this one, does not match."""
         doc = [[e.sha256 or e.file, e.records, e.units_of(self.sample.name)] for e in self.entries]
         return hashlib.sha256(json.dumps([self.spec["split"], doc]).encode()).hexdigest()[:32]
 
@@ -143,9 +138,8 @@ class WindowReader:
         """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name
         the shard.
 
-        Two passes: the shards' metadata (sizes), then every shard decoded straight into its slice
-        of the
-        arena's buffers: no concatenation, no re-encoding."""
+        Two passes: the shards' metadata (sizes), then every shard decoded straight into its
+        slice of the arena's buffers: no concatenation, no re-encoding."""
         shards = self.window_shards(epoch, w).tolist()
 
         def run(fn: Any, items: list[Any]) -> list[Any]:

@@ -1,14 +1,12 @@
 """The subcommands of `shardsmith`: a registry, name -> module, so that adding one is one line here
-and one
-module beside this file (a modality adds its own from its build module: perturbation's ``export``).
+and one module beside this file (a modality adds its own from its build module: perturbation's
+``export``).
 
 Each module defines ``COMMAND = Command(...)``: its one-line help, a function that adds its
-arguments (every
-argument with a help text) and a function that runs it and returns the exit code. Modules import
-their heavy
-dependencies inside ``run``: building the parser imports every command module, and `shardsmith
---help` must
-stay instant (and the pipeline must never import torch: tests/test_pipeline.py).
+arguments (every argument with a help text) and a function that runs it and returns the exit
+code. Modules import their heavy dependencies inside ``run``: building the parser imports every
+command module, and `shardsmith --help` must stay instant (and the pipeline must never import
+torch: tests/test_pipeline.py).
 """
 
 from __future__ import annotations

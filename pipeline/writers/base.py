@@ -14,8 +14,7 @@ from loaders.registry import Registry
 
 CODECS = ("blosc-lz4", "blosc-zstd", "zstd", "none")
 # Compression levels each codec accepts (blosc: 0-9; zstd: 1-22; "none" ignores it): out of range,
-# blosc
-# fails deep inside a pack task, so the manifest refuses it up front.
+# blosc fails deep inside a pack task, so the manifest refuses it up front.
 LEVELS: dict[str, range] = {
     "blosc-lz4": range(0, 10),
     "blosc-zstd": range(0, 10),
@@ -56,11 +55,9 @@ class ShardWriter(ABC):
         codecs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """Write every column to `path` (which does not exist yet). Same columns -> same bytes.
-        `tables`:
-        the keys that are shard tables (rows of local row ids, not one entry per record). `codecs`:
-        column
-        key -> its field's own codec config (``loaders.fieldcodecs``), used instead of the dataset's
-        codec."""
+        `tables`: the keys that are shard tables (rows of local row ids, not one entry per
+        record). `codecs`: column key -> its field's own codec config (``loaders.fieldcodecs``),
+        used instead of the dataset's codec."""
 
 
 WRITERS: Registry[type[ShardWriter]] = Registry("shard encoding")

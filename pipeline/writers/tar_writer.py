@@ -1,31 +1,23 @@
 """WebDataset-compatible tar shards: one uncompressed POSIX tar of plain ``.npy`` members per shard.
 
-Why tar: a stock ``webdataset.WebDataset(url).decode()`` (and anything that streams tar, e.g. from
-object
-stores over HTTP) can read these shards without shardsmith. Why blocks: one tar member per cell
-would mean
-~1 KB members with 1.5 KB of tar headers each; instead every ``block_records`` records form one
-WebDataset
-sample whose fields are that block's slice of every record column (CSR/ragged pointers rebased to
-0).
-The member layout (names, the ``_meta.json`` map, pointer groups) lives in ``loaders.shardio`` so
-that the
-reader and this writer share one definition.
+Why tar: a stock ``webdataset.WebDataset(url).decode()`` (and anything that streams tar, e.g.
+from object stores over HTTP) can read these shards without shardsmith. Why blocks: one tar
+member per cell would mean ~1 KB members with 1.5 KB of tar headers each; instead every
+``block_records`` records form one WebDataset sample whose fields are that block's slice of every
+record column (CSR/ragged pointers rebased to 0). The member layout (names, the ``_meta.json``
+map, pointer groups) lives in ``loaders.tarshard`` so that the reader and this writer share one
+definition.
 
-Compression: none. The manifest's codec applies to zarr only: WebDataset users expect plain ``.npy``
-members
-they can ``np.load``, and a tar is read sequentially at disk speed anyway. A field with its own
-codec
-(``loaders.fieldcodecs``, e.g. spike windows' ``shardsmith.spikebits``) is the exception: each
-block's member
-is a 1-d uint8 ``.npy`` of the encoded bytes, and ``_meta.json`` ``codecs`` names the codec, the
-column's dtype
-and record shape (``numcodecs.get_codec(codec).decode(member)`` gives the block's rows back).
+Compression: none. The manifest's codec applies to zarr only: WebDataset users expect plain
+``.npy`` members they can ``np.load``, and a tar is read sequentially at disk speed anyway. A
+field with its own codec (``loaders.fieldcodecs``, e.g. spike windows' ``shardsmith.spikebits``)
+is the exception: each block's member is a 1-d uint8 ``.npy`` of the encoded bytes, and
+``_meta.json`` ``codecs`` names the codec, the column's dtype and record shape
+(``numcodecs.get_codec(codec).decode(member)`` gives the block's rows back).
 
-Determinism: members are written in sorted name order (``_meta`` < ``b000000`` < ... < ``tables``)
-with
-mtime 0, uid/gid 0, empty user/group names and mode 0644, so equal columns give byte-identical
-files.
+Determinism: members are written in sorted name order (``_meta`` < ``b000000`` < ... <
+``tables``) with mtime 0, uid/gid 0, empty user/group names and mode 0644, so equal columns give
+byte-identical files.
 """
 
 from __future__ import annotations
@@ -41,7 +33,7 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.fieldcodecs import get_field_codec
-from loaders.shardio import (
+from loaders.tarshard import (
     TAR_META_KEY,
     TAR_TABLES_KEY,
     pointer_groups,
@@ -141,8 +133,7 @@ def _record_count(
     cols: Mapping[str, np.ndarray], records: list[str], groups: dict[str, list[str]]
 ) -> int:
     """Every record column must agree on n, and pointers must cover their payloads exactly (else a
-    block cut
-    would silently drop or duplicate entries)."""
+    block cut would silently drop or duplicate entries)."""
     payloads = {p for ps in groups.values() for p in ps}
     counts: dict[str, int] = {}
     for k in records:

@@ -1,16 +1,12 @@
 """A zarr v3 array's files written directly: its ``zarr.json`` serialised by zarr's own metadata
-class, its
-chunks encoded by the numcodecs codec that zarr's codec wraps, each file written with one plain
-write.
+class, its chunks encoded by the numcodecs codec that zarr's codec wraps, each file written with
+one plain write.
 
-Why: zarr-python writes an array through its async store and codec pipeline (an event loop, a thread
-hop
-per chunk and per file, futures): ~5 ms of CPU per array at 13 arrays a shard, about as much as the
-Blosc
-compression of the shard's bytes (`python -m benchmarks.writer_ab`; benchmarks/ANALYSIS.md, "3 —
-build
-throughput"). The bytes must stay
-zarr's, so nothing here is a second definition of the format:
+Why: zarr-python writes an array through its async store and codec pipeline (an event loop, a
+thread hop per chunk and per file, futures): ~5 ms of CPU per array at 13 arrays a shard, about
+as much as the Blosc compression of the shard's bytes (`python -m benchmarks.writer_ab`;
+benchmarks/ANALYSIS.md, "3 — build throughput"). The bytes must stay zarr's, so nothing here is a
+second definition of the format:
 
 * metadata: zarr-python writes a probe array of the same dtype, trailing shape and codecs into a
 memory
@@ -150,9 +146,8 @@ def array_template(
     dtype: np.dtype, trailing: tuple[int, ...], compressors: list[object]
 ) -> ArrayTemplate | None:
     """The verified template of arrays of ``dtype`` with rows of shape ``trailing`` and these
-    compressors,
-    or None: zarr-python writes such arrays itself (an unknown codec, or bytes that would
-    differ)."""
+    compressors, or None: zarr-python writes such arrays itself (an unknown codec, or bytes that
+    would differ)."""
     if any(d <= 0 for d in trailing):
         return None
     try:
@@ -197,11 +192,9 @@ def chunk_key(i: int, ndim: int) -> str:
 
 def array_files(t: ArrayTemplate, a: Any, rows: int) -> list[tuple[str, bytes]]:
     """(relative path, bytes) of every file of array ``a`` (an ndarray, or a lazy column sliced by
-    rows)
-    chunked by ``rows`` along the first axis: zarr.json, then its chunks, each padded with zeros
-    (the fill
-    value) to the full chunk shape as zarr-python stores an edge chunk. For a small array (one
-    chunk)."""
+    rows) chunked by ``rows`` along the first axis: zarr.json, then its chunks, each padded with
+    zeros (the fill value) to the full chunk shape as zarr-python stores an edge chunk. For a
+    small array (one chunk)."""
     return [
         ("zarr.json", t.metadata(a.shape, (rows, *a.shape[1:]))),
         *((name, data) for name, data in chunks(t, a, rows)),
@@ -252,8 +245,7 @@ def write_file(path: Path, data: bytes) -> None:
 
 def write_array(root: Path, key: str, t: ArrayTemplate, a: Any, rows: int, made: set[Path]) -> None:
     """Array ``key`` of the group at ``root``, with the zarr.json of every parent group zarr-python
-    would
-    create (``made``: folders this shard already has)."""
+    would create (``made``: folders this shard already has)."""
     folder = root / key
     for parent in [*reversed(folder.relative_to(root).parents)][1:]:
         if root / parent not in made:

@@ -1,14 +1,11 @@
 """zarr v3 stores: one folder per shard, one array per column, chunked so a reader can also slice.
 
 Written with zarr-python's bytes, mostly not through zarr-python: `pipeline.writers.zarr_direct`
-writes each
-array's files itself (zarr's async machinery cost more CPU than the compression), from templates
-checked
-against zarr-python once per process; an array it cannot vouch for goes through zarr-python
-(`_write_with_zarr`). Columns may be lazy array-likes (the pack stage gathers big CSR columns chunk
-by chunk into reused buffers): each is written one chunk-sized row range at a time, so a whole shard
-is
-never assembled in memory.
+writes each array's files itself (zarr's async machinery cost more CPU than the compression),
+from templates checked against zarr-python once per process; an array it cannot vouch for goes
+through zarr-python (`_write_with_zarr`). Columns may be lazy array-likes (the pack stage gathers
+big CSR columns chunk by chunk into reused buffers): each is written one chunk-sized row range at
+a time, so a whole shard is never assembled in memory.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Hostile cases of issue 13 on the read side: damaged shards (point 3), a loader opened before a
-rebuild
-(point 4), stopped processes (point 7), resume states (point 8). Tests:
+rebuild (point 4), stopped processes (point 7), resume states (point 8). Tests:
 ``tests/test_reliability_read.py``.
 
 ``data`` of a damage case: ``(encoding, damage, target, sample)``: ``damage`` is "delete" (a zarr
-chunk file,
-or a tar member, removed), "flip" (one byte of a chunk's or member's payload inverted) or "code" (an
-obs code
-set to a value beyond its vocabulary, shard hash updated and ``bound`` dropped from index.json, as
-an older
-build would have left it); ``target`` the column (or "conditions:<column>" for the condition table).
+chunk file, or a tar member, removed), "flip" (one byte of a chunk's or member's payload
+inverted) or "code" (an obs code set to a value beyond its vocabulary, shard hash updated and
+``bound`` dropped from index.json, as an older build would have left it); ``target`` the column
+(or "conditions:<column>" for the condition table).
 """
 
 from __future__ import annotations

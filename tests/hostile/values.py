@@ -1,8 +1,7 @@
 """Hostile cases of issue 13 about values kept exactly (point 5) and manifest validation (point 8).
 
-``data`` of a validation case: (edit of the test manifest text, manifest key the error must name, a
-word of
-the allowed values the error must state)."""
+``data`` of a validation case: (edit of the test manifest text, manifest key the error must name,
+a word of the allowed values the error must state)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,20 @@
 """Sparse-voxel batches in the layout sparse 3-D libraries take, and seeded crops/flips of their
 coordinates.
 
-Collation (torch-free numpy, run where batches are assembled): ``coords`` int32 ``[N, 4]`` = (batch
-index,
-x, y, z) with each sample's rows contiguous and in stored (argwhere) order, as TRELLIS'
-``SparseTensor``,
-spconv and MinkowskiEngine take them; ``batch_dim="last"`` gives torchsparse's (x, y, z, batch).
-``feats``
-float32 ``[N, C]`` (channels in the order asked for), ``offsets`` int64 ``[B + 1]`` (sample ``i`` is
-rows
-``offsets[i]:offsets[i+1]``). x, y, z are the ``.npy``'s axes 0, 1, 2.
+Collation (torch-free numpy, run where batches are assembled): ``coords`` int32 ``[N, 4]`` =
+(batch index, x, y, z) with each sample's rows contiguous and in stored (argwhere) order, as
+TRELLIS' ``SparseTensor``, spconv and MinkowskiEngine take them; ``batch_dim="last"`` gives
+torchsparse's (x, y, z, batch). ``feats`` float32 ``[N, C]`` (channels in the order asked for),
+``offsets`` int64 ``[B + 1]`` (sample ``i`` is rows ``offsets[i]:offsets[i+1]``). x, y, z are the
+``.npy``'s axes 0, 1, 2.
 
-Augmentation is split so it can run on the device without a host round trip and still equal the CPU
-result: :func:`draw_augment` draws the few numbers per sample on the host (a sub-cube origin, three
-flip bits), from ``(seed, epoch, sample_id)`` (:func:`loaders.samples.unit_draws`) so a volume's
-augmentation does not depend on which batch or worker it lands in. The crop (:func:`crop_rows`:
-keep the points inside ``[origin, origin + extent)``; an axis shorter than the crop is kept whole)
-runs on the host, where it shrinks what is shipped; the shift to 0, the flips
-(``c -> extent - 1 - c``) and the collation into int32 ``[N, 4]`` are the deferred op
+Augmentation is split so it can run on the device without a host round trip and still equal the
+CPU result: :func:`draw_augment` draws the few numbers per sample on the host (a sub-cube origin,
+three flip bits), from ``(seed, epoch, sample_id)`` (:func:`loaders.samples.unit_draws`) so a
+volume's augmentation does not depend on which batch or worker it lands in. The crop
+(:func:`crop_rows`: keep the points inside ``[origin, origin + extent)``; an axis shorter than
+the crop is kept whole) runs on the host, where it shrinks what is shipped; the shift to 0, the
+flips (``c -> extent - 1 - c``) and the collation into int32 ``[N, 4]`` are the deferred op
 ``ct_coords`` (:class:`CtCoords`), finished in numpy here or in torch on the device
 (:mod:`loaders.modalities.ct.torch_ops`) with the same integer arithmetic.
 """
@@ -49,9 +46,8 @@ def collate(
     batch_dim: str = "first",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(coords int32 [N,4], feats float32 [N,C], offsets int64 [B+1])`` from the concatenated
-    per-sample
-    coordinates ``xyz`` ``[N, 3]`` (any integer dtype), their ``offsets`` and ``C`` feature columns
-    ``[N]``."""
+    per-sample coordinates ``xyz`` ``[N, 3]`` (any integer dtype), their ``offsets`` and ``C``
+    feature columns ``[N]``."""
     if batch_dim not in BATCH_DIMS:
         raise ValueError(f"batch_dim must be one of {BATCH_DIMS}, got {batch_dim!r}")
     off = np.asarray(offsets, dtype=np.int64)
@@ -100,8 +96,8 @@ def draw_augment(
 
 def crop_rows(xyz: np.ndarray, offsets: np.ndarray, aug: Augment) -> tuple[np.ndarray, np.ndarray]:
     """``(keep bool [N], new offsets [B+1])``: the rows inside each sample's sub-cube (done on the
-    host, before
-    transport: a crop makes the batch smaller, so it should cross to the device smaller)."""
+    host, before transport: a crop makes the batch smaller, so it should cross to the device
+    smaller)."""
     b = batch_column(offsets)
     rel = xyz.astype(np.int64) - aug.origin[b]
     keep = np.all((rel >= 0) & (rel < aug.extent[b]), axis=1)
@@ -123,10 +119,9 @@ def finish_coords(
     """int32 ``[N, 4]`` coordinates: the batch column plus ``xyz - origin``, mirrored where
     ``flip``.
 
-    A loop over the batch's volumes (a handful, each ~1e5-1e6 points) of in-place slice arithmetic:
-    one
-    pass over the output per step instead of fancy-indexed ``[N, 3]`` temporaries (5x faster on 1M
-    points)."""
+    A loop over the batch's volumes (a handful, each ~1e5-1e6 points) of in-place slice
+    arithmetic: one pass over the output per step instead of fancy-indexed ``[N, 3]`` temporaries
+    (5x faster on 1M points)."""
     off = np.asarray(offsets, dtype=np.int64)
     n = int(off[-1]) if off.size else 0
     coords = np.empty((n, 4), dtype=np.int32) if out is None else out.reshape(n, 4)
@@ -152,8 +147,7 @@ COORDS_OP = "ct_coords"
 @dataclass
 class CtCoords(Deferred):
     """A batch's coordinates before collation: stored uint16 ``xyz`` (6 bytes a point instead of 16
-    for int32
-    ``[N, 4]``), offsets and the per-sample shift/flip. Finished (numpy here, torch in
+    for int32 ``[N, 4]``), offsets and the per-sample shift/flip. Finished (numpy here, torch in
     :mod:`loaders.modalities.ct.torch_ops`)
     into int32 ``[N, 4]``; on CUDA that happens on the GPU, after the smaller copy."""
 

@@ -23,20 +23,16 @@ coordinates, after crop and flips, to RAS millimetres, from the geometry ``index
 record; NaN where the source had no spacing) and ``spacing`` float64 ``[B, 3]`` (mm per served
 axis).
 
-Options: ``batch_dim`` ("first" | "last"), ``crop`` (x, y, z sub-cube size: a seeded random sub-cube
-per
-volume and epoch), ``flip`` (bool, or three bools per axis: seeded random mirror), ``features`` (a
-subset or
-order of the stored ones), ``geometry``, ``max_points_per_batch`` (batch by voxel budget instead of
-``batch_size``: as many volumes as fit, planned from the per-record point counts in ``index.json``;
-see :mod:`loaders.budget`).
+Options: ``batch_dim`` ("first" | "last"), ``crop`` (x, y, z sub-cube size: a seeded random
+sub-cube per volume and epoch), ``flip`` (bool, or three bools per axis: seeded random mirror),
+``features`` (a subset or order of the stored ones), ``geometry``, ``max_points_per_batch``
+(batch by voxel budget instead of ``batch_size``: as many volumes as fit, planned from the
+per-record point counts in ``index.json``; see :mod:`loaders.budget`).
 
-The coordinate collation is the deferred op ``ct_coords`` (:mod:`loaders.modalities.ct.ops`): on a
-CUDA loader it runs on
-the GPU after shipping uint16 coordinates; the crop runs here, on the host, so cropped-away points
-never cross.
-The column names below are the contract with the pipeline's kind ``ct``
-(pipeline/modalities/ct/kind.py imports them).
+The coordinate collation is the deferred op ``ct_coords`` (:mod:`loaders.modalities.ct.ops`): on
+a CUDA loader it runs on the GPU after shipping uint16 coordinates; the crop runs here, on the
+host, so cropped-away points never cross. The column names below are the contract with the
+pipeline's kind ``ct`` (pipeline/modalities/ct/kind.py imports them).
 """
 
 from __future__ import annotations
@@ -52,8 +48,8 @@ from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
 
 if TYPE_CHECKING:
-    from loaders.format import ShardEntry
     from loaders.gather import BatchRows
+    from loaders.schema import ShardEntry
 
 KIND = "ct"
 COORDS = "coords"  # ragged uint16 [k, 3]: voxel indices of a volume's kept points, argwhere order
@@ -266,10 +262,9 @@ def served_affine(
 def _ragged_parts(batch: BatchRows, name: str) -> list[np.ndarray]:
     """Each unit's list of ragged field ``name`` as a view into its arena, in batch order.
 
-    A CT batch is a few volumes of 1e5-1e6 points each: slicing per volume and one concatenate is a
-    single
-    memcpy, where the generic row gather (``Rows.ragged``) builds an int64 index per point (3x
-    slower here)."""
+    A CT batch is a few volumes of 1e5-1e6 points each: slicing per volume and one concatenate is
+    a single memcpy, where the generic row gather (``Rows.ragged``) builds an int64 index per
+    point (3x slower here)."""
     units = batch.units[:, 0]
     out = []
     for i in range(units.size):

@@ -1,5 +1,5 @@
-"""Single-cell perturbation screens, read side: sample types ``cells``, ``pairs`` and
-``sentences``, and the deferred ops of their expression rows (dense, scattered, torch sparse:
+"""Single-cell perturbation screens, read side: sample types ``cells``, ``pairs`` and ``sentences``,
+and the deferred ops of their expression rows (dense, scattered, torch sparse:
 :mod:`.ops`).
 
 Importing this module registers them lazily (``samples``, ``ops`` and ``torch_ops`` are imported

@@ -1,8 +1,6 @@
 """Version-1 indexes, written when shardsmith built perturbation datasets only: upgraded to the
-current
-layout on read (unit counts from primary / pairs / sentences, part numbers from file names, the
-top-level
-perturbation settings moved into the kind's section)."""
+current layout on read (unit counts from primary / pairs / sentences, part numbers from file
+names, the top-level perturbation settings moved into the kind's section)."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ V1_UNIT_TABLES = (("pairs", "pairs"), ("sentences", "sentences/pert"))  # v1: (s
 
 def from_v1(raw: Mapping[str, Any]) -> dict[str, Any]:
     """An index.json of version 1 (perturbation only, shards written by the same shard layout) in
-    the
-    version-2 layout: unit counts from primary/pairs/sentences, part numbers from file names."""
+    the version-2 layout: unit counts from primary/pairs/sentences, part numbers from file names."""
     doc = dict(raw)
     tables = list(raw.get("tables", []))
     samples = ["cells"] + [s for s, t in V1_UNIT_TABLES if t in tables]

@@ -133,8 +133,8 @@ class CsrParts(Gathered):
 
 
 class SparseRows(Gathered):
-    """The rows as a torch sparse CSR tensor ``[m, n_cols]`` (sentences: ``[B*L, G]``), built by
-    the torch-only op ``csr_sparse`` from the parts wherever they are (the host, or the device)."""
+    """The rows as a torch sparse CSR tensor ``[m, n_cols]`` (sentences: ``[B*L, G]``), built by the
+    torch-only op ``csr_sparse`` from the parts wherever they are (the host, or the device)."""
 
     op: ClassVar[str] = SPARSE_OP
 

@@ -1,14 +1,11 @@
 """Sample types of single-cell perturbation screens: ``cells``, ``pairs`` and ``sentences``.
 
-Their units: a primary cell (duplicated controls are stored for pairing but not counted), a row of
-the
-``pairs`` table (control, perturbed), a row of the ``sentences`` tables (L perturbed cells of one
-group, then
-L matched controls). A batch carries ``X`` (dense float32 after transport), the cells'
-``sample_id``,
-``cond_id`` and obs codes (int64: what embeddings and losses index with), the condition vectors
-``cond`` when
-the dataset has a condition table, and the ``obsm/<key>`` embeddings.
+Their units: a primary cell (duplicated controls are stored for pairing but not counted), a row
+of the ``pairs`` table (control, perturbed), a row of the ``sentences`` tables (L perturbed cells
+of one group, then L matched controls). A batch carries ``X`` (dense float32 after transport),
+the cells' ``sample_id``, ``cond_id`` and obs codes (int64: what embeddings and losses index
+with), the condition vectors ``cond`` when the dataset has a condition table, and the
+``obsm/<key>`` embeddings.
 
 Load-time options (``ShardDataset(..., densify=False)`` passes them here): ``densify=False``
 delivers the expression rows as their CSR parts (``X.crow``, ``X.cols``, ``X.vals``), and with
@@ -53,9 +50,9 @@ def primary_rows(columns: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 class _CellSamples(SampleType):
-    """What the three single-cell sample types share: the fields, the condition table, the
-    metadata, and how the expression rows are delivered (``densify``, ``torch_sparse``: see the
-    module docstring)."""
+    """What the three single-cell sample types share: the fields, the condition table, the metadata,
+    and how the expression rows are delivered (``densify``, ``torch_sparse``: see the module
+    docstring)."""
 
     delivery_options = ("densify", "torch_sparse")
     record_names = OBS_NAMES
@@ -85,13 +82,13 @@ class _CellSamples(SampleType):
         return out
 
     def field_bounds(self, index: Index) -> dict[str, int]:
-        """obs codes index their vocabulary: never one without a label, whatever a field's
-        ``bound`` says."""
+        """obs codes index their vocabulary: never one without a label, whatever a field's ``bound``
+        says."""
         return {OBS_PREFIX + f: len(v) for f, v in index.vocabularies.items()}
 
     def expression(self, rows: Rows, shape: tuple[int, ...]) -> Gathered:
-        """The expression rows of ``rows`` (dense ``shape`` when finished), in the form the
-        options ask for."""
+        """The expression rows of ``rows`` (dense ``shape`` when finished), in the form the options
+        ask for."""
         return self.rows_as(*rows.csr_parts(X, int(shape[-1])), shape)
 
     @staticmethod

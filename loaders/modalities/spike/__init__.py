@@ -1,7 +1,6 @@
 """Spike-camera windows, read side: sample type ``spike``, its voxel ops and the
-``shardsmith.spikebits``
-field codec, each registered lazily (their modules are imported on first use: numcodecs alone costs
-~0.2 s).
+``shardsmith.spikebits`` field codec, each registered lazily (their modules are imported on first
+use: numcodecs alone costs ~0.2 s).
 
 ``BUILD_MODULE`` is the build side (kind ``spike``, the ``.dat`` source), which a reader never
 imports.

@@ -2,46 +2,31 @@
 zstd.
 
 Why: a spike camera integrates and fires, so each pixel fires nearly periodically (period ~
-1/intensity) at its
-own phase. Stored as the camera writes them (time-major: one byte = 8 neighbouring pixels of one
-frame) the bits
-look random to a byte codec (zstd: 0.87 of their size, lz4: 1.0). Transposed so that one byte holds
-8
-consecutive frames of ONE pixel and each pixel's bytes are contiguous, the periodic patterns repeat
-byte for
-byte and zstd stores them at ~0.55 of their size (docs/SPIKE.md, "Codec"). Decoding is numpy on
-whole chunks:
-zstd, then an 8x8 bit-matrix transpose on uint64 words (three mask-and-shift rounds), ~1 GB/s of
-packed bits.
+1/intensity) at its own phase. Stored as the camera writes them (time-major: one byte = 8
+neighbouring pixels of one frame) the bits look random to a byte codec (zstd: 0.87 of their size,
+lz4: 1.0). Transposed so that one byte holds 8 consecutive frames of ONE pixel and each pixel's
+bytes are contiguous, the periodic patterns repeat byte for byte and zstd stores them at ~0.55 of
+their size (docs/SPIKE.md, "Codec"). Decoding is numpy on whole chunks: zstd, then an 8x8
+bit-matrix transpose on uint64 words (three mask-and-shift rounds), ~1 GB/s of packed bits.
 
 The logical column is unchanged: uint8 ``[n, T, *frame]`` (``T`` frames of ``prod(frame)`` bytes
-each; for
-spike shards ``[n, T, H, ceil(W/8)]``), so the loader, the voxel op and the GPU path never see the
-codec. That
-is also its cost: every read transposes back to frame-major bits. Default spike builds now store the
-column
-pixel-major instead (``loaders.modalities.spike.ops``: the same bytes on disk, plain zstd, voxels by
-popcount without any
-transpose); this codec is ``[spike] codec = "spikebits-v1"``, kept so its shards still read and for
-comparison.
+each; for spike shards ``[n, T, H, ceil(W/8)]``), so the loader, the voxel op and the GPU path
+never see the codec. That is also its cost: every read transposes back to frame-major bits.
+Default spike builds now store the column pixel-major instead (``loaders.modalities.spike.ops``:
+the same bytes on disk, plain zstd, voxels by popcount without any transpose); this codec is
+``[spike] codec = "spikebits-v1"``, kept so its shards still read and for comparison.
 
-Stream: a 16-byte header (``b"SPKB"``, format version, ``n``, ``T``, bytes per frame ``R``; little
-endian), then
-one zstd frame of the transposed bytes ``[n, R, 8, ceil(T/8)]`` (frames past ``T`` are zero
-padding). The
-header makes a stream self-describing: decoding needs no config, and a stream of another codec is
-refused.
-Same input, level and zstd build -> same bytes (zstd is deterministic). One zstd frame per chunk
-(per-record
-frames stored ~5% more); decoding transposes record by record through a few reused half-MB buffers,
-straight
-into the caller's buffer when given one (zarr's chunks are 16 windows, 8 MB: whole-chunk temporaries
-fall out
-of cache; on the loaded 2-core machine the gain measured between 0 and 2x, interleaved A/B).
+Stream: a 16-byte header (``b"SPKB"``, format version, ``n``, ``T``, bytes per frame ``R``;
+little endian), then one zstd frame of the transposed bytes ``[n, R, 8, ceil(T/8)]`` (frames past
+``T`` are zero padding). The header makes a stream self-describing: decoding needs no config, and
+a stream of another codec is refused. Same input, level and zstd build -> same bytes (zstd is
+deterministic). One zstd frame per chunk (per-record frames stored ~5% more); decoding transposes
+record by record through a few reused half-MB buffers, straight into the caller's buffer when
+given one (zarr's chunks are 16 windows, 8 MB: whole-chunk temporaries fall out of cache; on the
+loaded 2-core machine the gain measured between 0 and 2x, interleaved A/B).
 
 Registered with numcodecs (``numcodecs.get_codec({"id": "shardsmith.spikebits", "level": 5})``),
-with the
-shard encodings' field-codec registry (``loaders.fieldcodecs``), and for zarr v3 in
+with the shard encodings' field-codec registry (``loaders.fieldcodecs``), and for zarr v3 in
 ``loaders.modalities.spike.bits_zarr``.
 """
 
@@ -85,8 +70,8 @@ def transpose8(words: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
 
 def to_pixel_major(a: np.ndarray) -> np.ndarray:
     """uint8 ``[n, T, R]`` (time-major frames of R bytes) -> ``[n, R, 8, K]`` with ``K =
-    ceil(T/8)``: byte
-    ``[r, i, k]`` holds frames ``8k .. 8k+7`` (LSB first) of bit ``i`` of byte ``r`` of a frame."""
+    ceil(T/8)``: byte ``[r, i, k]`` holds frames ``8k .. 8k+7`` (LSB first) of bit ``i`` of byte
+    ``r`` of a frame."""
     n, t, r = a.shape
     k = -(-t // 8)
     if t != 8 * k:
@@ -100,8 +85,7 @@ def to_pixel_major(a: np.ndarray) -> np.ndarray:
 
 def from_pixel_major(p: np.ndarray, frames: int, out: np.ndarray | None = None) -> np.ndarray:
     """The inverse of :func:`to_pixel_major`: ``[n, R, 8, K]`` -> uint8 ``[n, frames, R]`` (into
-    ``out``), one
-    record at a time through reused buffers (``p`` may be read-only)."""
+    ``out``), one record at a time through reused buffers (``p`` may be read-only)."""
     n, r, _, k = p.shape
     out = np.empty((n, frames, r), np.uint8) if out is None else out
     words, tmp = np.empty((k, r, 8), np.uint8), np.empty((k, r), "<u8")
@@ -119,9 +103,8 @@ def from_pixel_major(p: np.ndarray, frames: int, out: np.ndarray | None = None) 
 
 class SpikeBits(Codec):  # type: ignore[misc]
     """numcodecs codec: ``encode`` takes uint8 ``[n, T, ...]`` (records, frames, the bytes of a
-    frame) and
-    ``decode`` gives back its bytes (``[n, T, R]``; into ``out`` when given, any shape of the same
-    size)."""
+    frame) and ``decode`` gives back its bytes (``[n, T, R]``; into ``out`` when given, any shape
+    of the same size)."""
 
     codec_id = CODEC_ID
 

@@ -1,9 +1,7 @@
 """``shardsmith.spikebits`` as a zarr v3 bytes-to-bytes codec, so a zarr shard's array names it in
-its
-``zarr.json`` (``{"name": "shardsmith.spikebits", "configuration": {"level": 5}}``) and zarr decodes
-chunks
-through it. A zarr without this module imported refuses the array (unknown codec) instead of
-misreading it.
+its ``zarr.json`` (``{"name": "shardsmith.spikebits", "configuration": {"level": 5}}``) and zarr
+decodes chunks through it. A zarr without this module imported refuses the array (unknown codec)
+instead of misreading it.
 
 The chunk's shape (records, frames, bytes of a frame) comes from zarr's chunk spec; the work is
 :class:`loaders.modalities.spike.bits.SpikeBits`. Importing this module registers the codec with

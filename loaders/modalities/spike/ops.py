@@ -2,25 +2,19 @@
 torch-free).
 
 Why pixel-major: a spike camera fires each pixel nearly periodically, so with one byte holding 8
-consecutive
-frames of ONE pixel and each pixel's bytes contiguous, the pattern repeats byte for byte and zstd
-stores the
-window at ~0.55 of its packed size (docs/SPIKE.md, "Codec"), against 0.87 for the camera's own
-(frame-major)
-order. The same layout makes the voxel grid cheap: when a voxel bin holds a multiple of 8 frames (40
-frames /
-5 bins = 8), a bin of a pixel is the popcount of its bytes in that bin (a 256-entry table), so
-nothing is ever
-unpacked; otherwise the bytes are unpacked along the frame axis (``np.unpackbits``) and summed, same
-result.
-And a crop is exact pixels (a row of a crop is ``w * K`` contiguous bytes), not whole packed bytes.
+consecutive frames of ONE pixel and each pixel's bytes contiguous, the pattern repeats byte for
+byte and zstd stores the window at ~0.55 of its packed size (docs/SPIKE.md, "Codec"), against
+0.87 for the camera's own (frame-major) order. The same layout makes the voxel grid cheap: when a
+voxel bin holds a multiple of 8 frames (40 frames / 5 bins = 8), a bin of a pixel is the popcount
+of its bytes in that bin (a 256-entry table), so nothing is ever unpacked; otherwise the bytes
+are unpacked along the frame axis (``np.unpackbits``) and summed, same result. And a crop is
+exact pixels (a row of a crop is ``w * K`` contiguous bytes), not whole packed bytes.
 
 Layout (``index.json`` spike section ``bit_order = "pixel_major"``): one record's window is uint8
-``[H, W, K]`` with ``K = ceil(T/8)``; byte ``[y, x, k]`` holds frames ``8k .. 8k+7`` of pixel ``(y,
-x)``,
-least significant bit = earliest frame; frames past ``T`` (``window_frames``) are zero. The deferred
-op
-``spike_voxel_pixel_major`` (:class:`PixelVoxels`) ships the cropped bytes; its torch twin is in
+``[H, W, K]`` with ``K = ceil(T/8)``; byte ``[y, x, k]`` holds frames ``8k .. 8k+7`` of pixel
+``(y, x)``, least significant bit = earliest frame; frames past ``T`` (``window_frames``) are
+zero. The deferred op ``spike_voxel_pixel_major`` (:class:`PixelVoxels`) ships the cropped bytes;
+its torch twin is in
 :mod:`loaders.modalities.spike.torch_ops`.
 """
 
@@ -43,8 +37,7 @@ POPCOUNT = np.array(
 
 def popcount(bits: np.ndarray) -> np.ndarray:
     """Spikes per byte (uint8, same shape): numpy's hardware popcount ufunc (numpy >= 2.0; 5x the
-    256-entry
-    table's speed on a batch of crops), else the table."""
+    256-entry table's speed on a batch of crops), else the table."""
     count = getattr(np, "bitwise_count", None)
     return count(bits) if count is not None else POPCOUNT[bits]
 
@@ -65,8 +58,7 @@ def crop_pixels(
     windows: list[np.ndarray], offsets: np.ndarray, crop: tuple[int, int] | None, clip_len: int
 ) -> np.ndarray:
     """uint8 ``[B*L, h, w, K]``: each record's crop at its unit's (top, left), copied (only the
-    cropped pixels
-    are shipped and counted); the whole windows without a crop."""
+    cropped pixels are shipped and counted); the whole windows without a crop."""
     if crop is None:
         return np.stack(windows)
     h, w = crop
@@ -81,10 +73,9 @@ def voxel_pixel_numpy(
     bits: np.ndarray, frames: int, num_bins: int, clip_len: int, out: np.ndarray | None = None
 ) -> np.ndarray:
     """Pixel-major bytes ``[B*L, h, w, K]`` of ``frames`` frames -> float32 voxels ``[B, L,
-    num_bins, h, w]``:
-    popcount per byte summed over the bin's bytes when a bin holds a multiple of 8 frames, else the
-    bits
-    unpacked along the frame axis and summed (counts in uint8, uint16 past 255 frames a bin)."""
+    num_bins, h, w]``: popcount per byte summed over the bin's bytes when a bin holds a multiple
+    of 8 frames, else the bits unpacked along the frame axis and summed (counts in uint8, uint16
+    past 255 frames a bin)."""
     m, h, w, k = bits.shape
     b, per = m // max(clip_len, 1), frames // num_bins
     res = (

@@ -2,30 +2,22 @@
 here).
 
 Shards store each record's spike window bit-packed, 1 bit per pixel, rows in the canonical
-orientation, in one
-of two bit orders (``index.json`` spike section ``bit_order``): ``pixel_major`` (the default since
-the
-spikebits codec moved into the layout: ``spikes`` uint8 ``[H, W, ceil(T/8)]``, a byte = 8 frames of
-one pixel,
-voxels by popcount, :mod:`loaders.modalities.spike.ops`) or ``frame_major`` (as the camera writes
-them, and every index
-without ``bit_order``: ``[T, H, ceil(W/8)]``, LSB first along W, voxels by unpacking). Optional
-paired images uint8 ``[C, H', W']`` and the
-record's ``sequence`` and ``frame``. A unit is a clip: ``clip_len`` consecutive records of one
-sequence (the
-``clips`` table the planner built), or one record when the dataset was built with ``clip_len = 1``.
+orientation, in one of two bit orders (``index.json`` spike section ``bit_order``):
+``pixel_major`` (the default since the spikebits codec moved into the layout: ``spikes`` uint8
+``[H, W, ceil(T/8)]``, a byte = 8 frames of one pixel, voxels by popcount,
+:mod:`loaders.modalities.spike.ops`) or ``frame_major`` (as the camera writes them, and every
+index without ``bit_order``: ``[T, H, ceil(W/8)]``, LSB first along W, voxels by unpacking).
+Optional paired images uint8 ``[C, H', W']`` and the record's ``sequence`` and ``frame``. A unit
+is a clip: ``clip_len`` consecutive records of one sequence (the ``clips`` table the planner
+built), or one record when the dataset was built with ``clip_len = 1``.
 
-A batch: ``voxel`` float32 ``[B, clip_len, num_bins, h, w]`` (frames summed per bin, cropped), the
-images
-float32 in [0, 1] ``[B, clip_len, C, h', w']`` cropped at the matching place (scaled by image/spike
-size),
-``sample_id``/``sequence``/``frame`` ``[B, clip_len]`` and ``crop`` ``[B, 2]`` (top, left in spike
-pixels).
-The crop is drawn from ``(seed, epoch, unit id)``: reproducible and resumable. The voxel grid is a
-*deferred*
-op: with ``device="cuda"`` the packed bits cross to the GPU and are unpacked, cropped and binned
-there
-(``loaders.modalities.spike.torch_ops``); otherwise numpy does the same here, with equal results.
+A batch: ``voxel`` float32 ``[B, clip_len, num_bins, h, w]`` (frames summed per bin, cropped),
+the images float32 in [0, 1] ``[B, clip_len, C, h', w']`` cropped at the matching place (scaled
+by image/spike size), ``sample_id``/``sequence``/``frame`` ``[B, clip_len]`` and ``crop`` ``[B,
+2]`` (top, left in spike pixels). The crop is drawn from ``(seed, epoch, unit id)``: reproducible
+and resumable. The voxel grid is a *deferred* op: with ``device="cuda"`` the packed bits cross to
+the GPU and are unpacked, cropped and binned there (``loaders.modalities.spike.torch_ops``);
+otherwise numpy does the same here, with equal results.
 """
 
 from __future__ import annotations
@@ -51,9 +43,8 @@ VOXEL_OP = "spike_voxel"
 def crop_offsets(
     seed: int, epoch: int, unit_ids: np.ndarray, size: tuple[int, int], crop: tuple[int, int] | None
 ) -> np.ndarray:
-    """int64 ``[B, 2]`` (top, left) per unit from :func:`~loaders.samples.unit_hash` of
-    ``(seed, epoch, unit id)``: the high 32 bits pick the top, the low 32 the left; zeros without a
-    crop."""
+    """int64 ``[B, 2]`` (top, left) per unit from :func:`~loaders.samples.unit_hash` of ``(seed,
+    epoch, unit id)``: the high 32 bits pick the top, the low 32 the left; zeros without a crop."""
     out = np.zeros((unit_ids.size, 2), np.int64)
     if crop is None:
         return out
@@ -71,12 +62,10 @@ def crop_bits(
     """The packed rows each unit's crop needs, ``uint8 [B*L, T, h, Wb]``, and each unit's left edge
     ``[B]``.
 
-    Whole packed rows of the crop's ``h`` rows are copied (per frame one contiguous block: copying
-    only the
-    crop's bytes would be thousands of 17-byte pieces, 3x slower here); the finisher unpacks just
-    the bytes
-    covering the crop's columns. A 128-row crop of 250-row frames moves half the window to the
-    device."""
+    Whole packed rows of the crop's ``h`` rows are copied (per frame one contiguous block:
+    copying only the crop's bytes would be thousands of 17-byte pieces, 3x slower here); the
+    finisher unpacks just the bytes covering the crop's columns. A 128-row crop of 250-row frames
+    moves half the window to the device."""
     if crop is None:
         return np.stack(windows), np.zeros(offsets.shape[0], np.int64)
     h = crop[0]
@@ -96,10 +85,9 @@ def voxel_numpy(
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Packed rows ``[B*L, T, h, Wb]`` -> float32 voxels ``[B, L, num_bins, h, width]`` from column
-    ``left[b]``:
-    unpack only the bytes covering the crop, sum frames in ``num_bins`` groups in uint8 (or uint16
-    past 255
-    frames a bin), then drop the leading bits of the first byte and widen once."""
+    ``left[b]``: unpack only the bytes covering the crop, sum frames in ``num_bins`` groups in
+    uint8 (or uint16 past 255 frames a bin), then drop the leading bits of the first byte and
+    widen once."""
     m, t, h = bits.shape[0], bits.shape[1], bits.shape[2]
     b = m // max(clip_len, 1)
     res = (
@@ -205,8 +193,7 @@ def _pixel_major(
 
 
 # bit order -> the batch's deferred voxel grid from the records' windows (views), crops, clip
-# length, width,
-# stored frames and bins
+# length, width, stored frames and bins
 VOXELS: dict[
     str,
     Callable[[list[np.ndarray], np.ndarray, tuple[int, int] | None, int, int, int, int], Deferred],

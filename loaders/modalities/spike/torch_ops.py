@@ -1,8 +1,8 @@
 """The torch finishers of the spike voxel ops: ``spike_voxel`` (frame-major bits,
 :mod:`loaders.modalities.spike.samples`)
-and ``spike_voxel_pixel_major`` (:mod:`loaders.modalities.spike.ops`): the packed bits are unpacked
-or popcounted, cropped
-and binned on whatever device they are on (the GPU with ``device="cuda"``). Imported by
+and ``spike_voxel_pixel_major`` (:mod:`loaders.modalities.spike.ops`): the packed bits are
+unpacked or popcounted, cropped and binned on whatever device they are on (the GPU with
+``device="cuda"``). Imported by
 :mod:`loaders.device`
 when it first meets an op, never by the decoder process."""
 

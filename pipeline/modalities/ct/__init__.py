@@ -1,7 +1,7 @@
-"""CT volumes, build side: kind ``ct``, the volume sources (``npy``; ``nifti``, ``nrrd``,
-``dicom`` with the ``ct`` extra) and the demo chests (registered lazily: the kind imports
-scipy.ndimage, which no other build pays for, and a reader library is imported only by a manifest
-naming its format)."""
+"""CT volumes, build side: kind ``ct``, the volume sources (``npy``; ``nifti``, ``nrrd``, ``dicom``
+with the ``ct`` extra) and the demo chests (registered lazily: the kind imports scipy.ndimage,
+which no other build pays for, and a reader library is imported only by a manifest naming its
+format)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
 """Small synthetic chest CTs, int16 Hounsfield units, written as ``.npy`` (+ optional sidecar) like
-real exports,
-and one each as NIfTI, a DICOM series and NRRD (:func:`write_formats`), so the demo build reads
-every format.
+real exports, and one each as NIfTI, a DICOM series and NRRD (:func:`write_formats`), so the demo
+build reads every format.
 
 Each volume has what makes real chest CT hard to sparsify well: air (-1000 HU) all around an
-elliptical
-body (fat ring -100, soft tissue +40), two lungs (-850) *inside* the body, a trachea joining the
-lungs to the
-top of the volume (so a 3-D hole fill would miss the lungs), a spine and ribs (+700), and a patient
-table
-below the body, separated from it by air (the largest-component step drops it). Axial slices are
-along the
-last axis (``axial_axis = -1``), the neck at the top (high z). Content is a function of the
-arguments
-(seeded), and :func:`make_chest_volume` also returns the lung mask it drew, so the demo can say what
-the
-default settings keep.
+elliptical body (fat ring -100, soft tissue +40), two lungs (-850) *inside* the body, a trachea
+joining the lungs to the top of the volume (so a 3-D hole fill would miss the lungs), a spine and
+ribs (+700), and a patient table below the body, separated from it by air (the largest-component
+step drops it). Axial slices are along the last axis (``axial_axis = -1``), the neck at the top
+(high z). Content is a function of the arguments (seeded), and :func:`make_chest_volume` also
+returns the lung mask it drew, so the demo can say what the default settings keep.
 """
 
 from __future__ import annotations
@@ -66,10 +59,8 @@ def make_chest_volume(
     shape: tuple[int, int, int], seed: int, noise: float = 15.0, rows: tuple[int, int] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(hu int16 [X, Y, Z], lungs bool [X, Y, Z])``: a chest-like volume and the lung voxels it
-    drew.
-    ``rows=(a, b)`` makes only rows ``[a, b)`` of axis 0 (the same voxels as the whole volume's), so
-    a
-    512^3 volume can be written a slab at a time."""
+    drew. ``rows=(a, b)`` makes only rows ``[a, b)`` of axis 0 (the same voxels as the whole
+    volume's), so a 512^3 volume can be written a slab at a time."""
     rng = np.random.default_rng(seed)
     nx, ny, nz = shape
     a, b = rows or (0, nx)
@@ -175,9 +166,8 @@ def write_ct_demo(
     root: str | Path, specs: tuple[ChestSpec, ...] = DEMO_VOLUMES, formats: bool = True
 ) -> list[Path]:
     """The CT demo corpus under ``root/ct`` (what data_manifests/demo_ct.toml reads): the ``.npy``
-    volumes
-    (returned) and, with ``formats``, one NIfTI, one DICOM series and one NRRD beside them
-    (:func:`write_formats`), so a build of the demo exercises every reader."""
+    volumes (returned) and, with ``formats``, one NIfTI, one DICOM series and one NRRD beside
+    them (:func:`write_formats`), so a build of the demo exercises every reader."""
     out = Path(root) / "ct"
     paths = [write_chest(out / f"{s.stem}.npy", s) for s in specs]
     if formats:

@@ -1,9 +1,9 @@
 """Source type ``dicom``: one CT series per folder (one file per slice), read with pydicom (the
 ``ct`` extra).
 
-Scanners and archives (LIDC-IDRI, TCIA) keep CT this way. A manifest path names folders
-(``type = "dicom"``: a folder has no suffix to infer it from); a folder with no DICOM file of its
-own stands for the folders below it that hold some (``path = "LIDC-IDRI"`` finds every series
+Scanners and archives (LIDC-IDRI, TCIA) keep CT this way. A manifest path names folders (``type =
+"dicom"``: a folder has no suffix to infer it from); a folder with no DICOM file of its own
+stands for the folders below it that hold some (``path = "LIDC-IDRI"`` finds every series
 folder), sorted.
 
 * **One series.** Files are grouped by SeriesInstanceUID; a folder holding several is an error
@@ -340,8 +340,8 @@ def _check_decoder(path: Path, syntax: str) -> None:
 
 
 def _order(folder: Path, series: list[Slice]) -> tuple[list[int], Geometry, np.ndarray]:
-    """Slice order along the normal, the geometry (RAS) and the steps between sorted positions
-    (mm); 4-D series (repeated positions) and missing slices refused."""
+    """Slice order along the normal, the geometry (RAS) and the steps between sorted positions (mm);
+    4-D series (repeated positions) and missing slices refused."""
     iop = np.asarray(series[0].orientation, dtype=np.float64)
     row, col = iop[:3], iop[3:]
     normal = np.cross(row, col)

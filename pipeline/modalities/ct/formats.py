@@ -44,8 +44,7 @@ class VolumeHeader:
     facts: Mapping[str, Any] = field(default_factory=dict)  # JSON-able extras kept in the record
 
     def record_info(self) -> dict[str, Any]:
-        """``Record.info``: part of every shard key, so a changed companion file rebuilds its
-        shard."""
+        """``Record.info``: part of every shard key, so a changed companion file rebuilds its shard."""
         info: dict[str, Any] = {
             "shape": list(self.shape),
             "dtype": self.dtype,

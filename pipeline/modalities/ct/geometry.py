@@ -104,8 +104,8 @@ class Geometry:
 
     def resampled(self, ratio: Sequence[float]) -> Geometry:
         """The geometry of a grid resampled with ``ratio[i]`` input voxels per output voxel along
-        axis i, the taps placed as ``interpolate(align_corners=False)`` places them: spacing
-        ``* ratio``, origin moved to the new voxel 0's centre (``0.5 * ratio - 0.5`` input voxels
+        axis i, the taps placed as ``interpolate(align_corners=False)`` places them: spacing ``*
+        ratio``, origin moved to the new voxel 0's centre (``0.5 * ratio - 0.5`` input voxels
         along each axis)."""
         if self.spacing is None:
             return self  # without a spacing the shift in mm is unknown: the origin is kept

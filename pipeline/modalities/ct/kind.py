@@ -19,15 +19,12 @@ Manifest (docs/CT.md has every key)::
     group = "file"              # or "folder": every volume of one folder in the same split
 
 A record: ``coords`` ragged uint16 ``[k, 3]``, the features asked for (ragged ``hu`` int16,
-``window``
-float16), ``volume_shape`` int32 ``[3]`` and ``sample_id`` (the volume's position among the sources,
-in
-sorted glob order). Per record, ``index.json`` keeps (``sections.ct.records[shard]``) the file name,
-grid
-shape, geometry (spacing, origin, direction in RAS mm), point count and what was kept, so the
-loader plans budget batches (and returns geometry) from the index alone and ``inspect`` reports the
-fraction kept. A volume with fewer than ``min_points`` points is skipped, counted under its reason
-in ``stats.skipped`` and logged.
+``window`` float16), ``volume_shape`` int32 ``[3]`` and ``sample_id`` (the volume's position
+among the sources, in sorted glob order). Per record, ``index.json`` keeps
+(``sections.ct.records[shard]``) the file name, grid shape, geometry (spacing, origin, direction
+in RAS mm), point count and what was kept, so the loader plans budget batches (and returns
+geometry) from the index alone and ``inspect`` reports the fraction kept. A volume with fewer
+than ``min_points`` points is skipped, counted under its reason in ``stats.skipped`` and logged.
 """
 
 from __future__ import annotations
@@ -282,8 +279,8 @@ def _fmt(v: Any) -> str:
 
 
 def _stem(path: Path) -> str:
-    """A volume's name without its format's suffix (``chest.nii.gz`` -> ``chest``; a DICOM
-    folder: its name)."""
+    """A volume's name without its format's suffix (``chest.nii.gz`` -> ``chest``; a DICOM folder:
+    its name)."""
     name = path.name
     for suffix in (".nii.gz", ".nii", ".nrrd", ".nhdr", ".npy"):
         if name.lower().endswith(suffix):

@@ -1,28 +1,20 @@
 """Slab-wise voxel work on one CT volume: HU conversion, the body mask, resampling.
 
 Split from :mod:`pipeline.modalities.ct.volume` (which decides what a record keeps) because these
-are the parts whose
-memory matters: each walks the volume in slabs along axis 0 (``SLAB_VOXELS`` at a time) and writes
-into one
-preallocated array, so a 512^3 volume never exists as a float copy.
+are the parts whose memory matters: each walks the volume in slabs along axis 0 (``SLAB_VOXELS``
+at a time) and writes into one preallocated array, so a 512^3 volume never exists as a float
+copy.
 
 Body mask, and why it is built this way: a threshold's largest connected component is the patient
-(the
-table and stray noise are smaller components), but the lungs are air *inside* the body, so that
-component
-excludes them. Filling holes in 3-D misses lungs connected to the outside through the trachea (its
-air reaches
-the top of the volume); filling them per axial slice does not, because in each slice the trachea is
-a hole
-surrounded by the neck. We fill every slice in one ``ndimage.label`` call on the background with a
-structure
-that links voxels only within the axial plane (4-connectivity, as ``binary_fill_holes`` uses):
-background
-components touching a slice's border are outside, every other one is a hole. Slices are independent,
-so
-that labeling runs on slabs of slices; only the 3-D component labels span the volume (uint16 when
-there are
-fewer than 65536 components, i.e. 1 x the volume's int16 bytes; int32 otherwise).
+(the table and stray noise are smaller components), but the lungs are air *inside* the body, so
+that component excludes them. Filling holes in 3-D misses lungs connected to the outside through
+the trachea (its air reaches the top of the volume); filling them per axial slice does not,
+because in each slice the trachea is a hole surrounded by the neck. We fill every slice in one
+``ndimage.label`` call on the background with a structure that links voxels only within the axial
+plane (4-connectivity, as ``binary_fill_holes`` uses): background components touching a slice's
+border are outside, every other one is a hole. Slices are independent, so that labeling runs on
+slabs of slices; only the 3-D component labels span the volume (uint16 when there are fewer than
+65536 components, i.e. 1 x the volume's int16 bytes; int32 otherwise).
 """
 
 from __future__ import annotations
@@ -64,8 +56,7 @@ def hu_slab(vol: np.ndarray, a: int, b: int, path: Path) -> tuple[np.ndarray, in
     """Rows ``[a, b)`` as int16 HU and how many values were clipped into int16's range.
 
     int16 volumes are returned as they are (a view of the memory map); floats are rounded to the
-    nearest
-    integer (NaN/inf raise, naming the file and the voxel); other integers are clipped."""
+    nearest integer (NaN/inf raise, naming the file and the voxel); other integers are clipped."""
     s = np.asarray(vol[a:b])
     if s.dtype == np.int16:
         return s, 0
@@ -91,8 +82,8 @@ def _greater(hu: np.ndarray, threshold: float, out: np.ndarray) -> None:
 
 def _label_components(mask: np.ndarray) -> tuple[np.ndarray, int]:
     """3-D labels of ``mask``: uint16 when there are fewer than 65536 components (the usual case:
-    body, table,
-    a few specks), int32 otherwise. scipy refuses the narrow type itself when it would overflow."""
+    body, table, a few specks), int32 otherwise. scipy refuses the narrow type itself when it
+    would overflow."""
     for dtype in (np.uint16, np.int32):
         labels = np.empty(mask.shape, dtype=dtype)
         try:
@@ -104,11 +95,9 @@ def _label_components(mask: np.ndarray) -> tuple[np.ndarray, int]:
 
 def _fill_holes_per_slice(background: np.ndarray, ax: int, slab_slices: int = 16) -> None:
     """In place: ``background`` (True off the body) becomes the filled body. Slices along ``ax`` are
-    independent, so this runs on slabs of slices with a slab-sized label buffer. scipy labels runs
-    along the
-    last axis; when that is the axial axis (no in-plane links along it) a slab is first copied
-    slices-first,
-    which is ~2x faster than labelling the strided view."""
+    independent, so this runs on slabs of slices with a slab-sized label buffer. scipy labels
+    runs along the last axis; when that is the axial axis (no in-plane links along it) a slab is
+    first copied slices-first, which is ~2x faster than labelling the strided view."""
     transpose = ax == background.ndim - 1
     structure = np.zeros((3, 3, 3), dtype=bool)
     plane: list[slice | int] = [slice(None)] * 3
@@ -134,8 +123,7 @@ def _fill_holes_per_slice(background: np.ndarray, ax: int, slab_slices: int = 16
 
 def body_mask(vol: np.ndarray, threshold: float, axial_axis: int, path: Path) -> np.ndarray:
     """bool mask of the body: voxels above ``threshold`` HU, largest 6-connected component, holes
-    filled per
-    slice along ``axial_axis``. Empty when no voxel is above the threshold."""
+    filled per slice along ``axial_axis``. Empty when no voxel is above the threshold."""
     shape = vol.shape
     row = int(np.prod(shape[1:]))
     mask = np.empty(shape, dtype=bool)
@@ -163,8 +151,8 @@ def _axis_weights(
     n_in: int, n_out: int, ratio: float | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Linear interpolation taps of one axis, as torch's ``interpolate(..., align_corners=False)``
-    places them: ``ratio`` input voxels per output voxel (``n_in / n_out`` for ``size=``;
-    ``1 / scale_factor`` for ``scale_factor=`` with ``recompute_scale_factor=False``, which is how
+    places them: ``ratio`` input voxels per output voxel (``n_in / n_out`` for ``size=``; ``1 /
+    scale_factor`` for ``scale_factor=`` with ``recompute_scale_factor=False``, which is how
     ``spacing_mm`` resamples)."""
     scale = n_in / n_out if ratio is None else ratio
     src = np.maximum((np.arange(n_out, dtype=np.float64) + 0.5) * scale - 0.5, 0.0)

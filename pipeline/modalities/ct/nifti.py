@@ -1,8 +1,8 @@
 """Source type ``nifti``: one CT volume per ``.nii`` / ``.nii.gz`` file, read with nibabel (the
 ``ct`` extra).
 
-LUNA16 conversions, the Medical Segmentation Decathlon and TotalSegmentator ship chest CT this way.
-The array is what nibabel returns (``img.dataobj``: the stored axes, no reorientation;
+LUNA16 conversions, the Medical Segmentation Decathlon and TotalSegmentator ship chest CT this
+way. The array is what nibabel returns (``img.dataobj``: the stored axes, no reorientation;
 ``[ct] orientation`` reorients), HU are ``stored * scl_slope + scl_inter`` (nibabel's scaling
 rule), and the geometry is nibabel's ``img.affine`` (the sform when set, else the qform), already
 RAS+.

@@ -1,13 +1,10 @@
 """Source type ``npy``: one CT volume per ``.npy`` file (feeds kind ``ct``).
 
-A manifest path may name files (a glob) or folders: a folder stands for the ``.npy`` files directly
-in it,
-sorted, so ``path = "scans/"`` and ``path = "scans/*.npy"`` list the same volumes in the same order
-(the
-order that gives each volume its ``sample_id``). A ``<stem>.json`` beside a volume is its sidecar
-(spacing,
-origin), not a source. Reading is :mod:`pipeline.modalities.ct.volume` (memory-mapped, header
-checked, never unpickled).
+A manifest path may name files (a glob) or folders: a folder stands for the ``.npy`` files
+directly in it, sorted, so ``path = "scans/"`` and ``path = "scans/*.npy"`` list the same volumes
+in the same order (the order that gives each volume its ``sample_id``). A ``<stem>.json`` beside
+a volume is its sidecar (spacing, origin), not a source. Reading is
+:mod:`pipeline.modalities.ct.volume` (memory-mapped, header checked, never unpickled).
 """
 
 from __future__ import annotations

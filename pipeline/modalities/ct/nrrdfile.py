@@ -1,6 +1,6 @@
-"""Source type ``nrrd``: one CT volume per ``.nrrd`` (attached) or ``.nhdr`` (+ its data file),
-read with pynrrd (the ``ct`` extra). 3D Slicer saves volumes this way, and pyradiomics ships its
-test lungs so.
+"""Source type ``nrrd``: one CT volume per ``.nrrd`` (attached) or ``.nhdr`` (+ its data file), read
+with pynrrd (the ``ct`` extra). 3D Slicer saves volumes this way, and pyradiomics ships its test
+lungs so.
 
 The array is what ``nrrd.read`` returns (``index_order="F"``: axis ``i`` is the header's
 ``sizes[i]``, the stored axes, no reorientation). Geometry comes from ``space directions`` (one

@@ -1,8 +1,8 @@
 """One CT volume -> windowed, masked sparse voxel coordinates (the per-volume work of kind ``ct``).
 
 Trainers of sparse 3-D models window each 512^3 volume and ``np.argwhere`` it in every
-``__getitem__``
-(100-500 ms a volume, per epoch, per process). We do that once, here, and store the answer:
+``__getitem__`` (100-500 ms a volume, per epoch, per process). We do that once, here, and store
+the answer:
 
 * the volume is memory-mapped (``np.load(mmap_mode="r", allow_pickle=False)``) after its ``.npy``
 header was
@@ -30,12 +30,11 @@ dataset seed and
 
 :func:`process_volume` reads a ``.npy``; :func:`process_array` is the same work on any array-like
 a source opened (:mod:`pipeline.modalities.ct.formats`). Memory: the volume is read slab by slab
-along axis 0 (a few MB each). What lives for the whole volume is one
-bool mask (0.5 x the volume's int16 bytes) and, while the body mask is computed, one int32 label
-array (2 x),
-so the working set is about 2.5 x the int16 bytes of the processed grid plus the output (10 bytes a
-point)
-plus, when resampling, the resampled int16 grid itself (docs/CT.md has the measured figures).
+along axis 0 (a few MB each). What lives for the whole volume is one bool mask (0.5 x the
+volume's int16 bytes) and, while the body mask is computed, one int32 label array (2 x), so the
+working set is about 2.5 x the int16 bytes of the processed grid plus the output (10 bytes a
+point) plus, when resampling, the resampled int16 grid itself (docs/CT.md has the measured
+figures).
 """
 
 from __future__ import annotations
@@ -132,7 +131,7 @@ def read_sidecar(
 
 def inspect_volume(path: str | Path) -> VolumeInfo:
     """Check the ``.npy`` header and file size (never unpickling) and read the sidecar."""
-    from loaders.shardio import read_npy_header  # one lock for every .npy header parse (see there)
+    from loaders.tarshard import read_npy_header  # one lock for every .npy header parse (see there)
 
     path = Path(path)
     try:
@@ -187,8 +186,7 @@ def open_volume(info: VolumeInfo) -> np.ndarray:
 
 def keep_digest(keep: np.ndarray) -> int:
     """64 bits of sha256 over the shape and the bit-packed keep mask (slab by slab): the subsample's
-    seed
-    comes from what the volume *is*, not from its file name or its place in the job order."""
+    seed comes from what the volume *is*, not from its file name or its place in the job order."""
     h = hashlib.sha256(repr(tuple(keep.shape)).encode())
     for a, b in slabs(keep.shape[0], int(np.prod(keep.shape[1:]))):
         h.update(np.packbits(keep[a:b]).tobytes())

@@ -1,7 +1,6 @@
 """Single-cell perturbation screens, build side: kind ``perturbation``, sources ``h5ad`` and
-``h5csr``,
-the ``export`` command and the demo screens. Registered lazily: importing this module imports none
-of them.
+``h5csr``, the ``export`` command and the demo screens. Registered lazily: importing this module
+imports none of them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Splits from a cell-load experiment TOML (ArcInstitute/cell-load, as STATE uses it), cell by cell.
 
-cell-load's rules (``PerturbationDataModule._setup_datasets`` / ``_process_celltype``), per dataset,
-file and
-cell type:
+cell-load's rules (``PerturbationDataModule._setup_datasets`` / ``_process_celltype``), per
+dataset, file and cell type:
 
 * ``[zeroshot] "dataset.celltype" = "val"|"test"``: the cell type's perturbed cells go to that
 split; its
@@ -22,12 +21,10 @@ all others
 * otherwise, a dataset with ``[training] name = "train"``: every cell in train;
 * otherwise the cell is not used by the experiment: dropped and counted (``stats.dropped``).
 
-``[datasets]`` paths name folders of ``.h5``/``.h5ad`` files (or a file, or a glob), relative to the
-experiment file. A manifest source belongs to the dataset whose path resolves to it; when the paths
-are
-another machine's, to the dataset whose path ends in the source's folder name or file stem, or whose
-name
-is that folder name or stem.
+``[datasets]`` paths name folders of ``.h5``/``.h5ad`` files (or a file, or a glob), relative to
+the experiment file. A manifest source belongs to the dataset whose path resolves to it; when the
+paths are another machine's, to the dataset whose path ends in the source's folder name or file
+stem, or whose name is that folder name or stem.
 """
 
 from __future__ import annotations

@@ -27,11 +27,9 @@ class CellTable:
     """Columns over the kept cells of all sources (vectorised plan input).
 
     The plan holds them for every cell of the dataset at once (its peak memory at millions of
-    cells), so
-    each is in the smallest type its range allows (a few bytes a cell in all), and the sample id is
-    not
-    stored: it is the row plus its source's offset. Shard columns are int32/int64 whatever these
-    types."""
+    cells), so each is in the smallest type its range allows (a few bytes a cell in all), and the
+    sample id is not stored: it is the row plus its source's offset. Shard columns are
+    int32/int64 whatever these types."""
 
     source: np.ndarray  # source ordinal (smallest integer type for the number of sources)
     row: np.ndarray  # row in its source file (int32 below 2**31 rows a file, else int64)
@@ -96,9 +94,8 @@ def _used(cat: Categorical) -> np.ndarray:
 
 def no_controls(controls: set[str], used: list[str], column: str) -> str:
     """The error for a source without control cells: the labels that differ from a control label
-    only by
-    case or a typo come first (a wrong-case ``"control"`` is the common mistake), then a few
-    others."""
+    only by case or a typo come first (a wrong-case ``"control"`` is the common mistake), then a
+    few others."""
     lower = {c.lower() for c in controls}
     near = [u for u in used if u.lower() in lower]
     near += [
@@ -117,11 +114,9 @@ def no_controls(controls: set[str], used: list[str], column: str) -> str:
 
 def build_cell_table(manifest: Manifest, scanned: Sequence[ScannedSource]) -> CellTable:
     """The table, filled source by source into preallocated compact arrays: a source's codes go
-    straight from
-    its categories to the shared vocabularies (one int32 lookup), so the build holds no per-cell
-    temporaries
-    beyond one source's: the plan's per-cell state is the build's peak memory at millions of
-    cells."""
+    straight from its categories to the shared vocabularies (one int32 lookup), so the build
+    holds no per-cell temporaries beyond one source's: the plan's per-cell state is the build's
+    peak memory at millions of cells."""
     fields = manifest.config.fields.obs_fields
     vocab: dict[str, list[str]] = {}
     for f in fields:

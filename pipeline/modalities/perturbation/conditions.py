@@ -1,15 +1,11 @@
 """Condition vectors: one row per distinct (perturbation, cell type, batch, covariates) combination.
 
-Stored once per dataset; every cell carries only its `cond_id`. The vector is the concatenation of
-one-hot
-blocks per field, or, for the perturbation block, a feature vector from a user table (npz/csv/npy:
-never pickle).
-With a combination separator the perturbation block is the sum of the vectors of a label's parts
-("A_B" =
-A + B, a control = zeros), so a model sees that a double perturbation shares its genes with the
-singles;
-numeric covariates (dose, time) are one column each, a transformed number rather than a one-hot of
-values.
+Stored once per dataset; every cell carries only its `cond_id`. The vector is the concatenation
+of one-hot blocks per field, or, for the perturbation block, a feature vector from a user table
+(npz/csv/npy: never pickle). With a combination separator the perturbation block is the sum of
+the vectors of a label's parts ("A_B" = A + B, a control = zeros), so a model sees that a double
+perturbation shares its genes with the singles; numeric covariates (dose, time) are one column
+each, a transformed number rather than a one-hot of values.
 """
 
 from __future__ import annotations
@@ -45,10 +41,9 @@ TRANSFORMS = {"log1p": np.log1p, "none": lambda v: v}
 @dataclass
 class ConditionTable:
     """Per cell its condition id; per condition its codes, and its vector, made on first use
-    (`vectors`):
-    the vectors grow with the dataset (conditions x dimensions, 27 MB at 2M cells here) and are
-    needed only
-    to write the table, so they are not held while the plan's per-source temporaries are."""
+    (`vectors`): the vectors grow with the dataset (conditions x dimensions, 27 MB at 2M cells
+    here) and are needed only to write the table, so they are not held while the plan's
+    per-source temporaries are."""
 
     cond_id: (
         np.ndarray
@@ -62,8 +57,7 @@ class ConditionTable:
     @cached_property
     def vectors(self) -> np.ndarray:
         """float32 [C, D]: each field's part of every condition's vector, filled in place (no
-        per-field
-        blocks, concatenation and cast: three copies of the table)."""
+        per-field blocks, concatenation and cast: three copies of the table)."""
         if not self.segments:
             return np.zeros((1, 0), np.float32)
         out = np.zeros(
@@ -120,9 +114,8 @@ def split_combinations(
     names: Sequence[str], separator: str, controls: Sequence[str]
 ) -> tuple[list[str], list[list[int]]]:
     """The sorted vocabulary of single perturbations and, per label, the positions of its parts.
-    Parts equal to
-    a control label are dropped (GEARS writes "AHR+ctrl"); a control (or missing) label has no
-    parts."""
+    Parts equal to a control label are dropped (GEARS writes "AHR+ctrl"); a control (or missing)
+    label has no parts."""
     skip = set(controls) | {"NA"}
     parts = [
         [] if n in skip else [p for p in n.split(separator) if p and p not in skip] for n in names
@@ -184,12 +177,10 @@ def distinct_rows(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(row of each cell in the table, the table): the distinct tuples of `cols`, sorted like
     np.unique.
 
-    When the product of the columns' ranges is small (the usual case: conditions number thousands),
-    a
-    presence table over that space replaces the sort: int32 keys built in place and one lookup,
-    instead of
-    np.unique's int64 sort, index and inverse arrays (~100 bytes a cell at once: the plan's peak
-    memory)."""
+    When the product of the columns' ranges is small (the usual case: conditions number
+    thousands), a presence table over that space replaces the sort: int32 keys built in place and
+    one lookup, instead of np.unique's int64 sort, index and inverse arrays (~100 bytes a cell at
+    once: the plan's peak memory)."""
     n = cols[0].size if cols else 0
     sizes = [int(c.max(initial=0)) + 1 for c in cols]
     space = int(np.prod(sizes, dtype=np.float64)) if cols else 1

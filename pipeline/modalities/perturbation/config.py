@@ -180,8 +180,7 @@ def check_fields(path: Path, fields: Fields, split: Split) -> None:
 
 def _check_covariates(path: Path, fields: Fields) -> None:
     """A covariate is an extra obs field: one named like a standard field (or twice) would be two
-    condition
-    columns with one name."""
+    condition columns with one name."""
     taken = {"perturbation", "cell_type", "batch"}  # "batch" even when unset: Fields.column maps it
     for key, name in [
         *(("covariates", c) for c in fields.covariates),

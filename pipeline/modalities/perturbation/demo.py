@@ -1,11 +1,10 @@
 """Synthetic perturbation screens, written on disk the way real producers write them.
 
-Tests, docs and benchmarks need files that look like the ones the pipeline meets at night: anndata's
-modern h5ad (scPerturb), the pre-0.7 h5ad layout of archived screens, and the hand-rolled HDF5 of
-STATE /
-cell-load. Content is a function of the arguments (seeded), so a test can rebuild the expected
-matrix
-in memory with `make_perturb_adata` instead of trusting a reader to check itself.
+Tests, docs and benchmarks need files that look like the ones the pipeline meets at night:
+anndata's modern h5ad (scPerturb), the pre-0.7 h5ad layout of archived screens, and the
+hand-rolled HDF5 of STATE / cell-load. Content is a function of the arguments (seeded), so a test
+can rebuild the expected matrix in memory with `make_perturb_adata` instead of trusting a reader
+to check itself.
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ def make_perturb_obs(
     """obs with perturbations targeting real gene names, plus each cell's target gene index (-1 =
     control).
 
-    Every column is drawn independently per cell, so rows come out interleaved rather than grouped
-    by
-    perturbation, as in a pooled screen: the planner must not rely on input order.
+    Every column is drawn independently per cell, so rows come out interleaved rather than
+    grouped by perturbation, as in a pooled screen: the planner must not rely on input order.
     """
     targets = rng.choice(len(gene_names), size=min(n_perts, len(gene_names)), replace=False)
     pick = rng.integers(0, len(targets), size=n_cells)
@@ -119,9 +117,8 @@ def make_counts(
     1.6 GB.
 
     Which entries are stored is a Bernoulli(density) draw per (cell, gene); stored values are 1 +
-    NB(r=1)
-    with a log-normal mean per gene, so no explicit zeros are stored and highly expressed genes
-    stand out.
+    NB(r=1) with a log-normal mean per gene, so no explicit zeros are stored and highly expressed
+    genes stand out.
     """
     pos = _bernoulli_positions(rng, n_cells * n_genes, density)
     indptr = np.searchsorted(pos, np.arange(n_cells + 1, dtype=np.int64) * n_genes).astype(np.int64)
@@ -290,12 +287,10 @@ def write_legacy_h5ad(
     """The same screen in the pre-0.7 layout, written with raw h5py as anndata 0.6 laid it out.
 
     obs/var are compound tables (index field first), categorical obs columns hold int codes with
-    their
-    categories in uns/<col>_categories, sparse matrices are h5sparse groups and raw lives in raw.X /
-    raw.var. `timepoint` is kept as a plain string field so readers meet both column kinds. obsm is
-    a
-    group of datasets (0.6.2x) or, with obsm_layout="compound", one record array (earlier 0.6
-    releases).
+    their categories in uns/<col>_categories, sparse matrices are h5sparse groups and raw lives
+    in raw.X / raw.var. `timepoint` is kept as a plain string field so readers meet both column
+    kinds. obsm is a group of datasets (0.6.2x) or, with obsm_layout="compound", one record array
+    (earlier 0.6 releases).
     """
     path = Path(path)
     adata = make_perturb_adata(

@@ -1,14 +1,11 @@
 """`shardsmith export`: one split of a perturbation dataset as an AnnData `.h5ad`, for scanpy.
 
-What it writes, row for row equal to the source rows the shards hold: ``X`` (CSR float32, genes as
-``var_names``), ``obs`` indexed by the cells' barcodes (the sources' obs_names) with ``sample_id``,
-``split``,
-``cond_id`` and every obs field as a categorical over the dataset's full vocabulary (so codes agree
-with
-``batch["perturbation"]`` and across splits), ``obsm["cond"]`` (the condition vectors a loader batch
-carries)
-and the stored ``obsm`` embeddings. Rows are in ``sample_id`` order (the sources' concatenated
-order).
+What it writes, row for row equal to the source rows the shards hold: ``X`` (CSR float32, genes
+as ``var_names``), ``obs`` indexed by the cells' barcodes (the sources' obs_names) with
+``sample_id``, ``split``, ``cond_id`` and every obs field as a categorical over the dataset's
+full vocabulary (so codes agree with ``batch["perturbation"]`` and across splits),
+``obsm["cond"]`` (the condition vectors a loader batch carries) and the stored ``obsm``
+embeddings. Rows are in ``sample_id`` order (the sources' concatenated order).
 
 Barcodes are made unique the way anndata's ``obs_names_make_unique`` does (a repeat gets ``-1``,
 ``-2``...): two source files often share cell names (each run starts at ``AAAC...-1``), and an
@@ -16,10 +13,9 @@ AnnData with repeated obs_names warns on every read and breaks joins on them. Th
 sources name them are kept in ``obs["original_obs_name"]``.
 
 ``sample`` picks the records: ``cells`` the split's primary cells (each once); ``pairs`` /
-``sentences`` every
-record their units refer to (matched controls duplicated into the split included, each once), with a
-``primary`` obs column. The split is held in memory (a few hundred MB per million cells at 5 %
-density).
+``sentences`` every record their units refer to (matched controls duplicated into the split
+included, each once), with a ``primary`` obs column. The split is held in memory (a few hundred
+MB per million cells at 5 % density).
 """
 
 from __future__ import annotations

@@ -2,17 +2,14 @@
 screens.
 
 Rows come through the shared h5py block reader (anndata's backed mode reads a row block no faster
-and
-holds more state). Metadata in the encodings anndata writes for nearly every column (categorical,
-string-array, array) is read with h5py too (:func:`is_plain`: importing anndata costs more than an
-incremental rebuild's scan); the other spellings of a column (nullable arrays, anndata 0.7 frames)
-go
-through anndata's own element readers.
-`anndata.io.read_elem` does not understand pre-0.7 files: the obs table is a compound dataset that
-it
-returns as a raw structured array, and the categories live in `uns/<col>_categories` where only
-`read_h5ad` reattaches them. Reading the requested fields of that table directly is both simpler and
-cheaper than loading the whole object in backed mode.
+and holds more state). Metadata in the encodings anndata writes for nearly every column
+(categorical, string-array, array) is read with h5py too (:func:`is_plain`: importing anndata
+costs more than an incremental rebuild's scan); the other spellings of a column (nullable arrays,
+anndata 0.7 frames) go through anndata's own element readers. `anndata.io.read_elem` does not
+understand pre-0.7 files: the obs table is a compound dataset that it returns as a raw structured
+array, and the categories live in `uns/<col>_categories` where only `read_h5ad` reattaches them.
+Reading the requested fields of that table directly is both simpler and cheaper than loading the
+whole object in backed mode.
 """
 
 from __future__ import annotations
@@ -23,13 +20,13 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from pipeline.lazy import LazyModule
-from pipeline.modalities.perturbation.h5csr import (
-    H5Source,
+from pipeline.modalities.perturbation.h5columns import (
     categorical_from_codes,
     decode_strings,
     read_plain_column,
     to_categorical,
 )
+from pipeline.modalities.perturbation.h5source import H5Source
 from pipeline.modalities.perturbation.matrix import Categorical
 from pipeline.modalities.perturbation.obs_names import attr_str
 from pipeline.source import register_source
@@ -42,8 +39,7 @@ else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy
 
 def read_elem(elem: object) -> object:
     """anndata's element reader, imported on first use: anndata (with pandas and dask.array) costs
-    ~0.5 s
-    to import, which a no-change rebuild should not pay (and see :func:`is_plain`)."""
+    ~0.5 s to import, which a no-change rebuild should not pay (and see :func:`is_plain`)."""
     from anndata.io import read_elem as _read_elem  # import weight: ~0.6 s, only for rare encodings
 
     return _read_elem(elem)
@@ -51,16 +47,14 @@ def read_elem(elem: object) -> object:
 
 def is_plain(node: h5py.Group | h5py.Dataset) -> bool:
     """Whether ``node`` is in an encoding anndata writes for nearly every scPerturb column and h5py
-    reads as it
-    is (then :func:`~pipeline.modalities.perturbation.h5csr.read_plain_column`, the hand-written
-    files' reader, reads it): a
-    ``string-array`` or ``array`` dataset, or a ``categorical`` group of two datasets (codes,
-    categories). Not
-    for anything else (nullable arrays, nested encodings), which goes through :func:`read_elem`.
+    reads as it is (then :func:`~pipeline.modalities.perturbation.h5columns.read_plain_column`,
+    the hand-written files' reader, reads it): a ``string-array`` or ``array`` dataset, or a
+    ``categorical`` group of two datasets (codes, categories). Not for anything else (nullable
+    arrays, nested encodings), which goes through :func:`read_elem`.
 
-    Why: importing anndata for these costs more than a changed source's whole scan in an incremental
-    build
-    (~0.5 s of a 1.4 s rebuild), and both readers give the same codes and categories (tested)."""
+    Why: importing anndata for these costs more than a changed source's whole scan in an
+    incremental build (~0.5 s of a 1.4 s rebuild), and both readers give the same codes and
+    categories (tested)."""
     encoding = attr_str(node.attrs.get("encoding-type", ""))
     if isinstance(node, h5py.Dataset):
         return encoding in ("string-array", "array")

@@ -2,12 +2,10 @@
 H5-CSR).
 
 Its planner is :mod:`pipeline.modalities.perturbation.plan` (cell table, splits, condition table,
-control pairing, sentences) and
-its pack is :mod:`pipeline.modalities.perturbation.pack` (every source read once in row blocks, rows
-routed to their shards). This
-module is the glue that makes them a kind: the manifest sections, the schema, what the index and
-``inspect``
-say, and the referential checks ``verify`` adds (pairs join a control to a perturbed cell).
+control pairing, sentences) and its pack is :mod:`pipeline.modalities.perturbation.pack` (every
+source read once in row blocks, rows routed to their shards). This module is the glue that makes
+them a kind: the manifest sections, the schema, what the index and ``inspect`` say, and the
+referential checks ``verify`` adds (pairs join a control to a perturbed cell).
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class PerturbationKind(Kind):
     sections = ("fields", "pairing", "split")
     samples = ("cells", "pairs", "sentences")
     # every planned column waits in a spill file until its shard is packed: the plan then holds only
-    # a few
-    # bytes per cell (source rows) however many cells there are (the peak is then in planning:
+    # a few bytes per cell (source rows) however many cells there are (the peak is then in planning:
     # BENCHMARKS.md)
     parked = (*TABLES, fmt.SAMPLE_ID, fmt.PRIMARY, fmt.COND_ID, fmt.OBS_PREFIX, fmt.OBS_NAMES + "/")
     resumable = True  # pipeline.resume: a failed build's finished shards are read back, not rebuilt
@@ -216,8 +213,7 @@ def _fallbacks(counts: Mapping[str, Any], prefix: str) -> tuple[int, int, str]:
 
 def plan_warnings(stats: Mapping[str, Any], sentence_size: int | None) -> list[str]:
     """The counted weak spots of a perturbation build: controls matched beyond the requested level,
-    splits
-    with cells but no pairs or sentences, perturbation groups shorter than a sentence."""
+    splits with cells but no pairs or sentences, perturbation groups shorter than a sentence."""
     out = []
     pairing, checks = stats.get("pairing", {}), stats.get("checks", {})
     for prefix, what in (("pairs_", "pairs"), ("sentence_slots_", "sentence slots")):

@@ -25,16 +25,15 @@ class Categorical:
 
     codes: np.ndarray  # int32 [n_rows] (the scan keeps them as the smallest type: see compact)
     categories: tuple[str, ...]
-    # the dtype kind ("i", "u", "f") when the source stores the column as numbers rather than as
-    # a categorical or strings; "" otherwise. The scan refuses such a column as a one-hot covariate
+    # the dtype kind ("i", "u", "f") when the source stores the column as numbers rather than as a
+    # categorical or strings; "" otherwise. The scan refuses such a column as a one-hot covariate
     # when it looks like a measurement (pipeline.modalities.perturbation.scan.check_covariates)
     numeric: str = ""
 
     def compact(self) -> Categorical:
         """The same column with codes in the smallest signed type its categories allow (1 byte a
-        cell for
-        up to 127 categories instead of 4): the scan holds every cell's codes until the plan is
-        made."""
+        cell for up to 127 categories instead of 4): the scan holds every cell's codes until the
+        plan is made."""
         return Categorical(
             self.codes.astype(code_dtype(len(self.categories)), copy=False),
             self.categories,
@@ -84,11 +83,9 @@ class MatrixSource(Source):
         self, obs_columns: Sequence[str], optional: Sequence[str] = (), names: bool = True
     ) -> SourceMeta:
         """Read only metadata. Missing columns in `obs_columns` raise SourceError unless listed in
-        `optional`.
-        `names=False`: the cell barcodes are checked but not read (`SourceMeta.has_obs_names`): the
-        scan keeps
-        none, and reading them twice was ~0.1 s a source of 250k cells on the build's serial
-        path."""
+        `optional`. `names=False`: the cell barcodes are checked but not read
+        (`SourceMeta.has_obs_names`): the scan keeps none, and reading them twice was ~0.1 s a
+        source of 250k cells on the build's serial path."""
 
     def fill_obs(self, logical: str, n_rows: int) -> Categorical | None:
         """A value for a logical obs field the file lacks (one of ``fillable_obs``), else None."""
@@ -100,9 +97,8 @@ class MatrixSource(Source):
 
     def read_obs_names(self, n_rows: int) -> ObsNames | None:
         """The cell barcodes alone, read again when the plan needs them: the scan does not keep
-        every
-        source's names (~20 bytes a cell). A source type reads them more cheaply than its whole
-        `meta`."""
+        every source's names (~20 bytes a cell). A source type reads them more cheaply than its
+        whole `meta`."""
         return self.meta([]).obs_names
 
     @abstractmethod
@@ -128,9 +124,8 @@ def open_source(
 
 def source_obs_names(src: Any) -> ObsNames | None:
     """The cell barcodes of the scanned source ``src`` (None when its source type reads none), read
-    from its
-    file once per source by the plan: the scan checks them but keeps none (20+ bytes a cell of the
-    dataset)."""
+    from its file once per source by the plan: the scan checks them but keeps none (20+ bytes a
+    cell of the dataset)."""
     if not getattr(src, "has_obs_names", False):
         return None
     with open_source(src.spec.type, src.spec.path, src.spec.matrix) as f:

@@ -1,10 +1,9 @@
 """Cell barcodes (a matrix file's obs index) as a compact ragged UTF-8 column.
 
 Why ragged bytes: barcodes are unique, so categories would not shrink them; a Python str per cell
-costs ~50
-bytes of overhead, a fixed-width bytes array as much as the longest name per cell. Offsets + one
-byte buffer
-cost the names' own bytes plus 8 per cell, and a shard's names are one vectorised gather.
+costs ~50 bytes of overhead, a fixed-width bytes array as much as the longest name per cell.
+Offsets + one byte buffer cost the names' own bytes plus 8 per cell, and a shard's names are one
+vectorised gather.
 """
 
 from __future__ import annotations
@@ -75,10 +74,8 @@ def concat(parts: list[ObsNames]) -> ObsNames:
 
 def _obs_index(obs: h5py.Group | h5py.Dataset | None) -> tuple[Any, int] | None:
     """(read(start, stop) -> those rows' names, number of names) of the obs index of an h5ad /
-    H5-CSR file:
-    ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata, cell-load), the first field of a pre-0.7
-    compound
-    obs table; None when there is none."""
+    H5-CSR file: ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata, cell-load), the first
+    field of a pre-0.7 compound obs table; None when there is none."""
     import h5py  # import weight: the plan imports this module
 
     if isinstance(obs, h5py.Dataset) and obs.dtype.names:
@@ -109,8 +106,7 @@ def read_obs_names(
 
 def check_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: str | Path) -> None:
     """What `read_obs_names` checks, without reading the names: one per row (the scan's check; the
-    plan
-    reads each source's names when it plans that source)."""
+    plan reads each source's names when it plans that source)."""
     index = _obs_index(obs)
     if index is not None and index[1] != n_rows:
         raise SourceError(path, f"obs index has {index[1]} names, the matrix has {n_rows} rows")
@@ -118,8 +114,7 @@ def check_obs_names(obs: h5py.Group | h5py.Dataset | None, n_rows: int, path: st
 
 def obs_name_columns(names: ObsNames | None, rows: np.ndarray) -> dict[str, np.ndarray]:
     """The ``obs_names`` field of a shard whose records are ``rows`` of a source with these
-    ``names``; {} when
-    its source type reads no names (a plug-in's matrix source)."""
+    ``names``; {} when its source type reads no names (a plug-in's matrix source)."""
     if names is None:
         return {}
     offsets, data = names.take(rows)

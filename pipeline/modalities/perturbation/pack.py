@@ -1,13 +1,11 @@
 """Stage 3: pack. Every source is read once, sequentially, in row blocks; each block's planned rows
-are
-routed to their shards; a shard whose rows have all arrived is put into planned row order, encoded,
-compressed, written to a temporary name and renamed (one syncfs before the commit makes all new
-shards
-durable).
+are routed to their shards; a shard whose rows have all arrived is put into planned row order,
+encoded, compressed, written to a temporary name and renamed (one syncfs before the commit makes
+all new shards durable).
 
 A shard is a uniform random sample of its source, so its rows are complete only when the whole
-source
-has been read. Until then they wait, as sorted pieces (`pipeline.modalities.perturbation.spill`):
+source has been read. Until then they wait, as sorted pieces
+(`pipeline.modalities.perturbation.spill`):
 
 * in memory (`pack_source`), when the source's planned rows fit `MatrixPackOptions.fuse_bytes`: one
 task reads the
@@ -20,10 +18,12 @@ ranges of
   to
   split files: one task reads a source and then packs its shards (`_whole_source`).
 
-Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task holds a
-few
-chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not the dataset
-size.
+Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task
+holds a few chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not
+the dataset size.
+
+This module reads, routes and sizes the tasks; a shard's pieces become its file in
+`pipeline.modalities.perturbation.assemble` (`write_shard`, and `pack_shard` from spill files).
 """
 
 from __future__ import annotations
@@ -36,31 +36,30 @@ from typing import Any
 
 import numpy as np
 
-from loaders import format as fmt
 from pipeline.errors import SourceError
 from pipeline.manifest import SourceSpec
 from pipeline.memory import trim_heap
+from pipeline.modalities.perturbation.assemble import (
+    SUMMED,
+    Target,
+    drop_consumed,
+    obsm_widths,
+    pack_shard,
+    spill_file,
+    write_shard,
+)
 from pipeline.modalities.perturbation.matrix import open_source
 from pipeline.modalities.perturbation.spill import (
-    ENTRY_ARRAYS,
     OBSM,
     RANGE,
     ROW_ARRAYS,
-    OpenFiles,
     Piece,
     Scratch,
-    ShardRows,
-    file_pieces,
     gather_rows,
     memory_piece,
 )
 from pipeline.modalities.perturbation.validate import sum_duplicates, validate_block
 from pipeline.model import PackConfig, PackResult, ScannedSource, ShardPlan
-from pipeline.shardfile import finish_shard
-
-SUMMED = "summed"  # int64 per delivered piece: duplicate entries summed away in its rows
-DUPLICATES_SUMMED = "duplicate_entries_summed"  # the index stat (pipeline.build.record_outcomes)
-
 
 FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
 SCATTER_BYTES = 64 << 20  # raw bytes of a source read by one scatter task
@@ -83,27 +82,6 @@ def pack_options(counts: bool, obsm: tuple[str, ...]) -> MatrixPackOptions:
     return MatrixPackOptions(counts, tuple(obsm), FUSE_BYTES, SCATTER_BYTES)
 
 
-def obsm_widths(cfg: PackConfig) -> dict[str, tuple[int, ...]]:
-    return {
-        k: next(f.shape for f in cfg.fields if f.name == fmt.OBSM_PREFIX + k)
-        for k in cfg.options.obsm
-    }
-
-
-@dataclass(frozen=True)
-class Target:
-    """A shard to build from one source: its number in the plan, its source rows in shard order, and
-    the
-    stored matrix entries of those rows from the scan's per-row counts (exact for CSR sources, an
-    upper
-    bound for dense ones, whose zeros the CSR conversion drops): the size estimate that picks a
-    path."""
-
-    number: int
-    rows: np.ndarray
-    nnz: int
-
-
 def raw_bytes(t: Target, cfg: PackConfig) -> int:
     width = sum(int(np.prod(s, dtype=np.int64)) for s in obsm_widths(cfg).values())
     return 8 * t.nnz + t.rows.size * (16 + 4 * width)
@@ -111,9 +89,8 @@ def raw_bytes(t: Target, cfg: PackConfig) -> int:
 
 def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(source row, shard number, position in the shard) of every planned row, sorted by source row;
-    int32
-    where the values fit (the read tasks of a big source hold these until they run: 12 bytes a row,
-    not 24)."""
+    int32 where the values fit (the read tasks of a big source hold these until they run: 12
+    bytes a row, not 24)."""
     rows = np.concatenate([t.rows for t in targets])
     small = np.int32 if max((t.rows.size for t in targets), default=0) < 2**31 else np.int64
     shard_of = np.concatenate(
@@ -137,10 +114,8 @@ def _segments(
     scratch: Scratch | None = None,
 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """Read source rows [start, stop) block by block; yield (shard, rows of that shard from the
-    block), each
-    sorted by planned position. With `scratch` the entry arrays are reused buffers, valid until the
-    next
-    segment (for a consumer that writes them out at once)."""
+    block), each sorted by planned position. With `scratch` the entry arrays are reused buffers,
+    valid until the next segment (for a consumer that writes them out at once)."""
     rows, shard_of, pos = routed
     with open_source(spec.type, spec.path, spec.matrix, counts=cfg.options.counts) as src:
         for b in range(start, min(stop, n_rows), cfg.block_rows):
@@ -234,8 +209,7 @@ def scatter_range(
     cfg: PackConfig,
 ) -> int:
     """Append the planned rows of source rows [start, stop) to per-shard spill files (raw arrays,
-    never
-    pickled; one file per shard, task and array, so tasks never share a file)."""
+    never pickled; one file per shard, task and array, so tasks never share a file)."""
     handles: dict[tuple[int, str], Any] = {}
     routed_rows = 0
     try:
@@ -244,7 +218,7 @@ def scatter_range(
                 fh = handles.get((number, name))
                 if fh is None:
                     fh = handles[(number, name)] = open(
-                        _spill_file(cfg.spill, number, task, name), "wb"
+                        spill_file(cfg.spill, number, task, name), "wb"
                     )  # noqa: SIM115
                 np.ascontiguousarray(a).tofile(fh)
             routed_rows += seg["pos"].size
@@ -252,42 +226,6 @@ def scatter_range(
         for fh in handles.values():
             fh.close()
     return routed_rows
-
-
-def _spill_file(spill: Path, number: int, task: int, name: str) -> Path:
-    return spill / f"{number:06d}-{task:05d}.{name}.bin"
-
-
-def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> PackResult:
-    """Pack a shard from the spill files its source's scatter tasks wrote (in task order)."""
-    names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, SUMMED, *(f"{OBSM}{k}" for k in cfg.options.obsm)]
-    pieces: list[Piece] = []
-    ranges = [np.zeros(0, np.int64)]
-    summed = 0
-    opened = OpenFiles()
-    try:
-        for task in range(tasks):
-            files = {name: _spill_file(cfg.spill, t.number, task, name) for name in names}
-            if files["pos"].exists():
-                pieces += file_pieces(files, obsm_widths(cfg), opened)
-                ranges.append(np.fromfile(files[RANGE], np.int64))
-            if files[SUMMED].exists():  # written only by segments whose rows repeated a column
-                summed += int(np.fromfile(files[SUMMED], np.int64).sum())
-        result = write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
-    finally:
-        opened.close()
-    _drop(
-        cfg,
-        [_spill_file(cfg.spill, t.number, task, name) for task in range(tasks) for name in names],
-    )
-    return result
-
-
-def _drop(cfg: PackConfig, paths: Sequence[Path]) -> None:
-    """Delete consumed spill files now (`PackConfig.drop_spill`), not when the build ends."""
-    if cfg.drop_spill:
-        for path in paths:
-            path.unlink(missing_ok=True)
 
 
 def pack_tasks(
@@ -298,21 +236,17 @@ def pack_tasks(
 ) -> tuple[list[Callable[[], list[PackResult]]], list[Callable[[], list[PackResult]]]]:
     """Tasks of the two phases: (1) read every source once, (2) pack the shards of spilled sources.
 
-    A source whose planned rows fit `cfg.options.fuse_bytes` is one phase-1 task that also packs its
-    shards (no
-    spill). A bigger one is read by several phase-1 tasks over row ranges of about
-    `cfg.options.scatter_bytes`
-    (aligned to blocks, so one big file still keeps every job busy) that spill, and each of its
-    shards is
-    a phase-2 task. Tasks are listed biggest first so that parallel jobs finish together.
+    A source whose planned rows fit `cfg.options.fuse_bytes` is one phase-1 task that also packs
+    its shards (no spill). A bigger one is read by several phase-1 tasks over row ranges of about
+    `cfg.options.scatter_bytes` (aligned to blocks, so one big file still keeps every job busy)
+    that spill, and each of its shards is a phase-2 task. Tasks are listed biggest first so that
+    parallel jobs finish together.
 
     With at least two sources a job (`cfg.jobs`), each spilled source is instead one phase-1 task
-    that reads
-    it and then packs its shards (`_whole_source`): every job stays busy without splitting files,
-    there is
-    no barrier between the phases, and only the sources being worked on wait in spill files (all of
-    them
-    did, ~4 GB at 2M cells: past the kernel's dirty-page limits, so they were written back to disk).
+    that reads it and then packs its shards (`_whole_source`): every job stays busy without
+    splitting files, there is no barrier between the phases, and only the sources being worked on
+    wait in spill files (all of them did, ~4 GB at 2M cells: past the kernel's dirty-page limits,
+    so they were written back to disk).
     """
     by_source: dict[int, list[tuple[Target, ShardPlan]]] = {}
     for i in todo:
@@ -361,10 +295,8 @@ def _park_routed(
     spill: Path, source: int, task: int, routed: tuple[np.ndarray, ...]
 ) -> tuple[str, ...]:
     """A read task's routed rows (12 bytes a row of its range) wait in the spill folder, not in the
-    task:
-    every task is made before the first runs, and the task lists live until their phase ends, so in
-    memory
-    they would add 12 bytes per cell of the dataset to the build's peak."""
+    task: every task is made before the first runs, and the task lists live until their phase
+    ends, so in memory they would add 12 bytes per cell of the dataset to the build's peak."""
     paths = []
     for name, a in zip(("rows", "shard", "pos"), routed, strict=True):
         path = spill / f"routed-{source:05d}-{task:05d}-{name}.npy"
@@ -383,7 +315,7 @@ def _scatter(
     cfg: PackConfig,
 ) -> list[PackResult]:
     rows, shard_of, pos = (np.load(p, allow_pickle=False) for p in part)
-    _drop(cfg, [Path(p) for p in part])
+    drop_consumed(cfg, [Path(p) for p in part])
     scatter_range(spec, n_rows, (rows, shard_of, pos), start, stop, task, cfg)
     del rows, shard_of, pos
     trim_heap()  # each task's buffers, freed: their pages back to the OS (pipeline.memory)
@@ -414,38 +346,3 @@ def _fused(
     out = pack_source(spec, n_rows, shards, cfg)
     trim_heap()
     return out
-
-
-def write_shard(
-    number: int,
-    shard: ShardPlan,
-    pieces: list[Piece],
-    cfg: PackConfig,
-    index_ranges: np.ndarray,
-    summed: int = 0,
-) -> PackResult:
-    """Validate and write one shard: the plan's columns plus its matrix and obsm rows, streamed from
-    pieces.
-    `summed`: duplicate entries its rows had in the source, summed away (reported in the index
-    stats)."""
-    try:
-        import numcodecs.blosc  # import weight: ~0.2 s, pack tasks only
-
-        numcodecs.blosc.set_nthreads(1)  # one core per task: --jobs decides the parallelism
-    except ImportError:  # pragma: no cover
-        pass
-    matrix = ShardRows(
-        pieces,
-        shard.n,
-        cfg.fields[0].shape[0],
-        obsm_widths(cfg),
-        f"shard {number} ({shard.file})",
-        index_ranges,
-    )
-    planned = {
-        k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v
-        for k, v in shard.columns.items()
-    }
-    entry = finish_shard({**planned, **matrix.columns()}, shard, cfg)
-    _drop(cfg, [v for v in shard.columns.values() if isinstance(v, Path)])
-    return PackResult(number, entry, counts={DUPLICATES_SUMMED: summed} if summed else {})

@@ -2,10 +2,8 @@
 source.
 
 A perturbed cell is matched to a random control of the best available level; each level prefers a
-control
-already in the perturbed cell's shard (no duplication) and otherwise takes one from elsewhere in the
-source,
-which the shard then stores as a non-primary duplicate:
+control already in the perturbed cell's shard (no duplication) and otherwise takes one from
+elsewhere in the source, which the shard then stores as a non-primary duplicate:
 
   exact      same (cell type, batch)  [strategy "batch"] or same cell type [strategy "random"], same
   split
@@ -57,8 +55,7 @@ class MatchContext:
 
     def column(self, name: str) -> np.ndarray:
         """A matching key column; "split" is the pool split, so the levels' "same split" means the
-        split
-        whose controls a cell may use (its own, or train when controls stay in train)."""
+        split whose controls a cell may use (its own, or train when controls stay in train)."""
         split = self.split if self.pool_split is None else self.pool_split
         return {
             "shard": self.home,
@@ -71,9 +68,9 @@ class MatchContext:
 class ControlPools:
     """The controls of one source sorted by the key of every level of LEVEL_ORDER.
 
-    Built once per source and queried many times (the pairs, then the sentences of each shard). Keys
-    use
-    radices from the whole source, so the keys of any subset of cells agree with the pools' keys.
+    Built once per source and queried many times (the pairs, then the sentences of each shard).
+    Keys use radices from the whole source, so the keys of any subset of cells agree with the
+    pools' keys.
     """
 
     def __init__(self, ctx: MatchContext) -> None:
@@ -104,8 +101,7 @@ class ControlPools:
         """For each query cell, the best level with a non-empty control pool: (level, first, count).
 
         Candidates for query i are `every[first[i]:first[i] + count[i]]`; the source has at least
-        one control,
-        so the last level (the whole source) always matches.
+        one control, so the last level (the whole source) always matches.
         """
         level = np.full(queries.shape, -1, np.int8)
         first = np.zeros(queries.shape, np.int64)
@@ -175,8 +171,7 @@ SLOT_CHUNK = 1 << 20  # sentence slots per vectorised step: bounds the temporari
 
 def _uniform_below(rng: np.random.Generator, n: np.ndarray, width: int) -> np.ndarray:
     """int32 [len(n), width]: row i uniform in [0, n[i]). float32 draws (half the bytes of float64);
-    the
-    clip catches products that round up to n (float32 has 24 bits: fine for pools below
+    the clip catches products that round up to n (float32 has 24 bits: fine for pools below
     millions)."""
     r = rng.random((n.size, width), dtype=np.float32)
     r *= n[:, None]
@@ -197,22 +192,16 @@ def make_sentences(
     """Sentences of `size` perturbed cells of one (shard, cell type, perturbation, batch) group.
 
     Every cell of a group appears in its sentences; the last sentence is topped up by draws with
-    replacement
-    from the group (so a short group yields one sentence sampled with replacement). Returns pert
-    [S,L],
-    matched ctrl [S,L] (an independent control draw per slot) and the control levels [S,L] (a
-    read-only
-    broadcast of one level per sentence). Sentences come sorted by group, hence by shard. `cells`
-    restricts
-    the sentences to some perturbed cells (one shard's: the plan builds a shard's slot tables at a
-    time).
+    replacement from the group (so a short group yields one sentence sampled with replacement).
+    Returns pert [S,L], matched ctrl [S,L] (an independent control draw per slot) and the control
+    levels [S,L] (a read-only broadcast of one level per sentence). Sentences come sorted by
+    group, hence by shard. `cells` restricts the sentences to some perturbed cells (one shard's:
+    the plan builds a shard's slot tables at a time).
 
-    Slot tables are the plan's largest arrays (~40 slots per perturbed cell with small groups), so
-    they are
-    int32 and filled in chunks of SLOT_CHUNK slots: full-size float64/int64 temporaries cost more in
-    page
-    faults than in arithmetic. The random streams are consumed in the same order as one big draw
-    would.
+    Slot tables are the plan's largest arrays (~40 slots per perturbed cell with small groups),
+    so they are int32 and filled in chunks of SLOT_CHUNK slots: full-size float64/int64
+    temporaries cost more in page faults than in arithmetic. The random streams are consumed in
+    the same order as one big draw would.
     """
     pert = np.flatnonzero(~ctx.is_control) if cells is None else cells
     if pert.size == 0:

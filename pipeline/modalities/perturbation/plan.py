@@ -1,9 +1,9 @@
 """Stage 2: the plan, a pure function of (manifest, seed, scanned sources).
 
-Shards hold the rows of one source and one split, so a changed source rewrites only its own shards,
-and
-pairs and sentences (matched within a source) never cross a shard. Random draws come from per-source
-generators: changing one source leaves every other source's plan, and so its shards, byte-identical.
+Shards hold the rows of one source and one split, so a changed source rewrites only its own
+shards, and pairs and sentences (matched within a source) never cross a shard. Random draws come
+from per-source generators: changing one source leaves every other source's plan, and so its
+shards, byte-identical.
 """
 
 from __future__ import annotations
@@ -84,11 +84,9 @@ def plan_source(
     pool_split: np.ndarray | None = None,
 ) -> tuple[list[ShardPlan], dict[str, int]]:
     """Shards, pairs and sentences of one source; `idx` are its rows in the cell table. Each shard
-    is keyed
-    and handed to `park` as soon as it is planned (see make_plan). `pool_split`: see
-    splits.control_split.
-    Stats: pairing levels, plus "check_*" counts that feed the build's warnings
-    (pipeline.modalities.perturbation.plan.checks)."""
+    is keyed and handed to `park` as soon as it is planned (see make_plan). `pool_split`: see
+    splits.control_split. Stats: pairing levels, plus "check_*" counts that feed the build's
+    warnings (pipeline.modalities.perturbation.plan.checks)."""
     seed, s = manifest.seed, src.ordinal
     fields = manifest.config.fields.obs_fields
     obsm_width = sum(int(np.prod(src.meta.obsm[k][0][1:])) for k in manifest.config.fields.obsm)
@@ -134,8 +132,7 @@ def plan_source(
     slot_levels = np.zeros(len(LEVELS), np.int64)
     size = manifest.config.pairing.sentence_size
     # One stable sort per table instead of a mask over every cell per shard (quadratic in shards):
-    # each
-    # shard's cells and pairs are contiguous slices, in the order the masks gave.
+    # each shard's cells and pairs are contiguous slices, in the order the masks gave.
     by_home, cell_bounds = _slices(home, len(parts))
     pair_order, pair_bounds = _slices(home[pairs[:, 1]], len(parts))
     pairs = pairs[pair_order]
@@ -150,8 +147,8 @@ def plan_source(
         primary = by_home[cell_bounds[local] : cell_bounds[local + 1]]
         pr = pairs[pair_bounds[local] : pair_bounds[local + 1]]
         # Sentence groups never cross a shard, so a shard's slot tables (the plan's biggest arrays,
-        # ~40
-        # slots per perturbed cell) are drawn here, one shard at a time, from a per-shard generator.
+        # ~40 slots per perturbed cell) are drawn here, one shard at a time, from a per-shard
+        # generator.
         spp, sc, level = make_sentences(
             ctx,
             codes["perturbation"],
@@ -203,8 +200,8 @@ def group_checks(
     ctx: MatchContext, perturbation: np.ndarray, pairs: np.ndarray, size: int
 ) -> dict[str, int]:
     """Counts behind the build's warnings for one source: pairs per split (sentences are added per
-    shard),
-    and (split, cell type, perturbation) groups with fewer perturbed cells than a sentence."""
+    shard), and (split, cell type, perturbation) groups with fewer perturbed cells than a
+    sentence."""
     out = {
         f"check_pairs_{n}": int(c)
         for n, c in zip(
@@ -250,10 +247,9 @@ def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
 
 def source_key(manifest: Manifest, src: ScannedSource, offset: int, tables: str, salt: str) -> str:
     """Everything `plan_source` reads for one source: the manifest (all settings), the code
-    (`salt`), the
-    source's content, position and first sample id, and the dataset-wide tables that its codes and
-    condition ids index (vocabularies, condition table). Equal keys mean equal shards for that
-    source."""
+    (`salt`), the source's content, position and first sample id, and the dataset-wide tables
+    that its codes and condition ids index (vocabularies, condition table). Equal keys mean equal
+    shards for that source."""
     doc = [
         salt,
         manifest.sha256,
@@ -278,16 +274,13 @@ def make_plan(
     salt: str = "",
 ) -> Plan:
     """The whole plan. `park(shard)` is called with every shard right after it is keyed, so the
-    caller can
-    move its big columns out of memory (or drop them when the shard is reused): the plan then holds
-    only
-    per-cell arrays, whatever the number of shards.
+    caller can move its big columns out of memory (or drop them when the shard is reused): the
+    plan then holds only per-cell arrays, whatever the number of shards.
 
-    `known` maps source keys (see `source_key`) of an earlier build to that source's shards (stubs:
-    keys
-    and names) and stats; a source whose key is known is not planned again. The dataset-wide tables
-    are
-    always rebuilt, since any source can change them and with them every other source's codes."""
+    `known` maps source keys (see `source_key`) of an earlier build to that source's shards
+    (stubs: keys and names) and stats; a source whose key is known is not planned again. The
+    dataset-wide tables are always rebuilt, since any source can change them and with them every
+    other source's codes."""
     cells = build_cell_table(manifest, scanned)
     split = assign_splits(cells, manifest, [s.spec.path for s in scanned])
     if (split == DROPPED).any():
@@ -314,9 +307,8 @@ def make_plan(
     tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())
     tables.update(np.ascontiguousarray(cond.codes))
     # the cell table lists sources in order (build_cell_table fills it source by source): a source's
-    # cells are
-    # a slice, so no per-cell sort order is held while planning (8 bytes a cell); any other order is
-    # sorted
+    # cells are a slice, so no per-cell sort order is held while planning (8 bytes a cell); any
+    # other order is sorted
     grouped = bool((cells.source[1:] >= cells.source[:-1]).all())
     order = None if grouped else np.argsort(cells.source, kind="stable")
     bounds = np.searchsorted(

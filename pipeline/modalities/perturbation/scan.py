@@ -39,8 +39,7 @@ def scan_source(
     counts = fields.values == "counts"
     with open_source(spec.type, spec.path, spec.matrix, counts=counts) as src:
         # a missing column is reported below, with its manifest key; barcodes are checked, not read
-        # (a plug-in
-        # source written before `names` existed reads them)
+        # (a plug-in source written before `names` existed reads them)
         lean = {"names": False} if "names" in inspect.signature(src.meta).parameters else {}
         meta = src.meta(columns, optional=columns, **lean)
         if (
@@ -91,13 +90,10 @@ def scan_source(
 
 def compact_meta(meta: SourceMeta) -> SourceMeta:
     """What the build keeps of a source's metadata until it ends, in a few bytes a cell: the per-row
-    entry
-    counts as int32 (a row has at most n_cols entries), without the obs columns (the scan keeps them
-    compact
-    under their logical names) and without the cell barcodes (checked here, read again per source by
-    the plan
-    and by nothing else). The plan holds this for every source at once: at millions of cells it is
-    the peak."""
+    entry counts as int32 (a row has at most n_cols entries), without the obs columns (the scan
+    keeps them compact under their logical names) and without the cell barcodes (checked here,
+    read again per source by the plan and by nothing else). The plan holds this for every source
+    at once: at millions of cells it is the peak."""
     nnz = meta.row_nnz
     if nnz.dtype.itemsize > 4 and meta.n_cols <= np.iinfo(np.int32).max:
         nnz = nnz.astype(np.int32)
@@ -127,8 +123,8 @@ def _hint_unset(path: Path, unset: Sequence[str], available: Sequence[str]) -> N
 
 def type_hint(spec: SourceSpec, kind: str) -> str:
     """When the file's suffix belongs to another source type than the one read: say so (``type =
-    "h5csr"``
-    on an ``.h5ad`` finds no obs columns, which reads like a missing column, not a wrong type)."""
+    "h5csr"`` on an ``.h5ad`` finds no obs columns, which reads like a missing column, not a
+    wrong type)."""
     claimed = infer_type(str(spec.path), kind)
     if claimed is None or claimed == spec.type:
         return ""
@@ -140,8 +136,7 @@ def type_hint(spec: SourceSpec, kind: str) -> str:
 
 def missing_column(logical: str, column: str, available: Sequence[str]) -> str:
     """The error for an obs column the manifest names and the file lacks: which key named it, what
-    the file
-    has, and how to fix it."""
+    the file has, and how to fix it."""
     if logical in ("perturbation", "cell_type", "batch"):
         key, fix = (
             f"[fields] {logical} = {column!r}",
@@ -162,9 +157,8 @@ def scan(
     hasher: Executor | None = None,
 ) -> list[ScannedSource]:
     """Scan every source. With a `hasher`, content hashes of new or changed files (a full read of
-    each
-    file) run there, overlapping the metadata reads and most of the plan, which needs them only for
-    keys."""
+    each file) run there, overlapping the metadata reads and most of the plan, which needs them
+    only for keys."""
     scanned = [scan_source(i, s, manifest, cache, hasher) for i, s in enumerate(manifest.sources)]
     check_consistent(scanned)
     check_covariates(manifest, scanned)
@@ -172,12 +166,12 @@ def scan(
 
 
 def check_covariates(manifest: Manifest, scanned: Sequence[ScannedSource]) -> None:
-    """Refuse a ``[fields] covariates`` column that holds measurements: one-hot, each distinct
-    value becomes its own condition (a cell count ``n_genes`` gave 658 conditions for 10 labels),
-    which no error or warning showed. The rule: the source stores the column as numbers (an int or
+    """Refuse a ``[fields] covariates`` column that holds measurements: one-hot, each distinct value
+    becomes its own condition (a cell count ``n_genes`` gave 658 conditions for 10 labels), which
+    no error or warning showed. The rule: the source stores the column as numbers (an int or
     float column, not a categorical or strings) and either a value has a fraction (0.5) or there
-    are more than MAX_WHOLE_NUMBER_LABELS distinct values over all sources. A few whole numbers (a
-    timepoint 24/48, a replicate 1/2/3) stay labels. ``numeric_covariates`` is the place for
+    are more than MAX_WHOLE_NUMBER_LABELS distinct values over all sources. A few whole numbers
+    (a timepoint 24/48, a replicate 1/2/3) stay labels. ``numeric_covariates`` is the place for
     numbers; a column meant as labels can be stored as a categorical."""
     for column in manifest.config.fields.covariates:
         values: set[str] = set()
@@ -218,18 +212,17 @@ def _number(label: str) -> float:
 
 
 def _whole(label: str) -> bool:
-    """A label of a number column without a fraction ("24", "24.0"); NaN and inf count as
-    fractions (a measurement column, whatever it holds)."""
+    """A label of a number column without a fraction ("24", "24.0"); NaN and inf count as fractions
+    (a measurement column, whatever it holds)."""
     v = _number(label)
     return v == v and abs(v) != float("inf") and v.is_integer()
 
 
 def check_consistent(scanned: Sequence[ScannedSource]) -> None:
     """All sources must share one gene space (same names, same order) and the same obsm widths. A
-    file
-    without gene names is combined with others only if its [[sources]] entry says `same_genes =
-    true`:
-    made-up names (gene_0, ...) would match whatever order the columns are in."""
+    file without gene names is combined with others only if its [[sources]] entry says
+    `same_genes = true`: made-up names (gene_0, ...) would match whatever order the columns are
+    in."""
     first = scanned[0]
     for s in scanned if len(scanned) > 1 else ():
         if not getattr(s.meta, "named_genes", True) and s.spec.option("same_genes") is not True:

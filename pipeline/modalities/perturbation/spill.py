@@ -1,14 +1,11 @@
 """A shard's rows between the read of its source and its pack, and their way back in planned order.
 
-The read delivers a shard's rows in pieces (one per source block), each sorted by planned position;
-the
-pieces live in memory (small sources) or in append-only spill files. `ShardRows` presents them as
-the
-shard's columns in planned order without ever assembling a whole shard: a chunk of final rows is
-fetched
-from every piece (a contiguous range in each, because pieces are sorted) and put in order with one
-small
-row gather. Pack memory is then a few chunks, not two copies of the shard.
+The read delivers a shard's rows in pieces (one per source block), each sorted by planned
+position; the pieces live in memory (small sources) or in append-only spill files. `ShardRows`
+presents them as the shard's columns in planned order without ever assembling a whole shard: a
+chunk of final rows is fetched from every piece (a contiguous range in each, because pieces are
+sorted) and put in order with one small row gather. Pack memory is then a few chunks, not two
+copies of the shard.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ RANGE = "irange"
 @dataclass
 class Piece:
     """Rows sorted by planned position; `read(name, start, stop, out)` copies entries [start, stop)
-    of an
-    entry array, or rows [start, stop) of an obsm array, into `out`."""
+    of an entry array, or rows [start, stop) of an obsm array, into `out`."""
 
     pos: np.ndarray
     lengths: np.ndarray
@@ -62,9 +58,8 @@ def memory_piece(arrays: Mapping[str, np.ndarray]) -> Piece:
 
 class OpenFiles:
     """Spill files opened once for all the reads of one pack task (a shard's chunks read each
-    piece's range
-    of every file: ~10,000 open/close pairs per million cells otherwise); `close` when the task is
-    done."""
+    piece's range of every file: ~10,000 open/close pairs per million cells otherwise); `close`
+    when the task is done."""
 
     def __init__(self) -> None:
         self.fds: dict[Path, int] = {}
@@ -87,8 +82,7 @@ def file_pieces(
     opened: OpenFiles | None = None,
 ) -> list[Piece]:
     """The sorted runs of one spill file set (a run ends where the planned position drops).
-    `opened`: the
-    task's open files (else each read opens its file)."""
+    `opened`: the task's open files (else each read opens its file)."""
     pos = np.fromfile(files["pos"], np.int64)
     lengths = np.fromfile(files["lengths"], np.int64)
     if lengths.size != pos.size:
@@ -123,8 +117,7 @@ def file_pieces(
 
 class Scratch:
     """Buffers reused from chunk to chunk: on this kind of VM a fresh page costs about as much as
-    copying it,
-    and a shard's chunks would otherwise fault in ~4x their size in new pages each."""
+    copying it, and a shard's chunks would otherwise fault in ~4x their size in new pages each."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, np.ndarray] = {}
@@ -196,10 +189,8 @@ class ShardRows:
 
     def rows(self, r0: int, r1: int, entries: bool) -> dict[str, np.ndarray]:
         """Final rows [r0, r1): their entry arrays (`entries`) or their obsm rows. The last result
-        is kept,
-        so the data and the indices chunk of one range cost one fetch and one gather. Entry arrays
-        live in
-        reused scratch buffers: valid until the next call."""
+        is kept, so the data and the indices chunk of one range cost one fetch and one gather.
+        Entry arrays live in reused scratch buffers: valid until the next call."""
         key = (r0, r1, entries)
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1]
@@ -257,8 +248,7 @@ class ShardRows:
 
     def extreme(self, name: str, fn: Callable[[np.ndarray], np.generic]) -> int | float:
         """min or max of an entry array (of the indices, from the ranges measured on delivery if
-        known;
-        otherwise straight from the pieces: order does not matter)."""
+        known; otherwise straight from the pieces: order does not matter)."""
         if name == "indices" and self.index_ranges is not None:
             col = self.index_ranges[:, 0 if fn is np.min else 1]
             return int(fn(col)) if col.size else 0
@@ -281,8 +271,7 @@ class ShardRows:
 
 class LazyColumn:
     """An array-like column of a ShardRows: shape, dtype and slices along the first axis, min/max; a
-    full
-    np.asarray() works too (writers that need whole arrays)."""
+    full np.asarray() works too (writers that need whole arrays)."""
 
     def __init__(self, rows: ShardRows, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.rows, self.name, self.shape, self.dtype = rows, name, shape, dtype

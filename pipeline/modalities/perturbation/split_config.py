@@ -2,10 +2,9 @@
 experiments.
 
 Kept apart from the ``[fields]``/``[pairing]`` parser because the split rules carry their own
-vocabulary
-(cell-load's zero-shot and few-shot, GEARS' unseen combinations) and a referenced experiment file
-that is
-read and checked here, when the manifest is loaded, so a typo fails before any source is opened.
+vocabulary (cell-load's zero-shot and few-shot, GEARS' unseen combinations) and a referenced
+experiment file that is read and checked here, when the manifest is loaded, so a typo fails
+before any source is opened.
 """
 
 from __future__ import annotations
@@ -44,9 +43,8 @@ FEWSHOT_KEYS = {"val", "test", "val_fraction", "test_fraction"}
 @dataclass(frozen=True)
 class FewshotEntry:
     """One few-shot cell type: perturbations listed by name, and/or a fraction of the others drawn
-    per
-    perturbation (a stable hash of seed, cell type and perturbation). Unlisted perturbations stay in
-    train."""
+    per perturbation (a stable hash of seed, cell type and perturbation). Unlisted perturbations
+    stay in train."""
 
     val: tuple[str, ...] = ()
     test: tuple[str, ...] = ()
@@ -88,8 +86,7 @@ class Split:
 
     def index_section(self) -> dict[str, Any]:
         """What the index records about the split: today's three keys, plus the new options only
-        when used
-        (an index built without them stays byte-identical)."""
+        when used (an index built without them stays byte-identical)."""
         out: dict[str, Any] = {
             "mode": self.mode,
             "val_fraction": self.val_fraction,

@@ -1,9 +1,8 @@
 """Split assignment: random holdout, zero-shot (cell types held out), few-shot (perturbations held
-out per
-cell type), or a cell-load experiment file (pipeline/modalities/perturbation/cellload.py). Decisions
-about named groups use a stable hash of (seed, names) so that adding a source does
-not reshuffle the splits of the others; per-cell draws come from a per-source generator for the same
-reason.
+out per cell type), or a cell-load experiment file
+(pipeline/modalities/perturbation/cellload.py). Decisions about named groups use a stable hash of
+(seed, names) so that adding a source does not reshuffle the splits of the others; per-cell draws
+come from a per-source generator for the same reason.
 """
 
 from __future__ import annotations
@@ -104,8 +103,7 @@ def seen_gene_combinations(
     names: Sequence[str], present: set[str], separator: str, controls: Sequence[str]
 ) -> set[str]:
     """Labels that are combinations (2+ parts) whose every part is itself a single-perturbation
-    label present
-    in the same cell type: GEARS' "unseen combination of seen genes" candidates."""
+    label present in the same cell type: GEARS' "unseen combination of seen genes" candidates."""
 
     singles, parts = split_combinations(names, separator, controls)
     return {
@@ -124,14 +122,11 @@ def fewshot_per_combo(
     """The split of each perturbed cell under few-shot rules, decided once per (cell type,
     perturbation).
 
-    Without entries every pair is hashed by the global fractions (the original rule). With entries
-    only the
-    listed cell types leave train: listed perturbations first (test wins over val), then each other
-    perturbation by the entry's fractions. `combinations = "seen_genes"` keeps single perturbations
-    and
-    combinations of unseen parts in train (unless listed by name), so every drawn held-out label is
-    a
-    combination of genes seen alone."""
+    Without entries every pair is hashed by the global fractions (the original rule). With
+    entries only the listed cell types leave train: listed perturbations first (test wins over
+    val), then each other perturbation by the entry's fractions. `combinations = "seen_genes"`
+    keeps single perturbations and combinations of unseen parts in train (unless listed by name),
+    so every drawn held-out label is a combination of genes seen alone."""
     sp, fields = manifest.config.split, manifest.config.fields
     uniq, inv, ct_names, perts = _combo_table(cells)
     eligible: set[tuple[str, str]] | None = None
@@ -189,10 +184,8 @@ def assign_splits(cells: CellTable, manifest: Manifest, paths: Sequence[Path] = 
 
 def control_split(manifest: Manifest, split: np.ndarray) -> np.ndarray | None:
     """The split whose controls each cell's pairs and sentences draw from, where it differs from its
-    own:
-    with controls kept in train (cell-load), val/test cells are matched to train's controls of their
-    cell
-    type and batch, which their shards then store as non-primary copies."""
+    own: with controls kept in train (cell-load), val/test cells are matched to train's controls
+    of their cell type and batch, which their shards then store as non-primary copies."""
     if manifest.config.split.controls != "train":
         return None
     return np.zeros_like(split)

@@ -1,9 +1,9 @@
 """Checks that turn a malformed block into a SourceError naming the file and the first bad row.
 
 A corrupt CSR block does not crash where it is read: scipy accepts most of it and the damage
-surfaces
-later as a segfault in a kernel, a silent wrong gradient or an IndexError deep in a loader. Checking
-every block as it is read costs a few vectorised passes and points the nightly log at the exact row.
+surfaces later as a segfault in a kernel, a silent wrong gradient or an IndexError deep in a
+loader. Checking every block as it is read costs a few vectorised passes and points the nightly
+log at the exact row.
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ SCAN = (
 
 def _first_fraction(data: np.ndarray) -> int | None:
     """The first entry of a float array with a fractional part, or None: `_not_integer` in steps of
-    SCAN
-    into two small reused buffers (whole-block temporaries cost twice the time, in page faults)."""
+    SCAN into two small reused buffers (whole-block temporaries cost twice the time, in page
+    faults)."""
     tmp = np.empty(min(SCAN, data.size), data.dtype)
     frac = np.empty(tmp.size, bool)
     for s in range(0, data.size, SCAN):
@@ -148,11 +148,9 @@ def validate_block(
     """Raise SourceError for the first structural or value problem in a CSR block starting at file
     row `row0`.
 
-    Accepts a scipy CSR matrix or the raw (data, indices, indptr, n_cols) parts: sources check the
-    parts they
-    read from disk before building the matrix, because scipy's constructor either raises an
-    anonymous
-    ValueError or (for out-of-range indices) nothing at all.
+    Accepts a scipy CSR matrix or the raw (data, indices, indptr, n_cols) parts: sources check
+    the parts they read from disk before building the matrix, because scipy's constructor either
+    raises an anonymous ValueError or (for out-of-range indices) nothing at all.
     """
     if isinstance(block, (sp.csr_matrix, sp.csr_array)):
         parts = CsrParts(block.data, block.indices, block.indptr, int(block.shape[1]))
@@ -239,12 +237,10 @@ def check_float32_exact(
     values: np.ndarray, path: str | Path, row0: int, indptr: np.ndarray | None, counts: bool
 ) -> None:
     """Refuse values that float32 (the stored dtype of matrix values) would change: integers (from
-    integer
-    sources, and from float sources declared as counts: `[fields] values = "counts"`) beyond
-    +-2**24, which it
-    would round, and wider floats beyond float32's range, which would become inf. `indptr`:
-    block-local row
-    pointers to name the row of an entry (None: `values` is a dense 2-D block)."""
+    integer sources, and from float sources declared as counts: `[fields] values = "counts"`)
+    beyond +-2**24, which it would round, and wider floats beyond float32's range, which would
+    become inf. `indptr`: block-local row pointers to name the row of an entry (None: `values` is
+    a dense 2-D block)."""
     values = np.asarray(values)
     kind = values.dtype.kind
     if (
@@ -281,12 +277,10 @@ def check_float32_exact(
 
 def sum_duplicates(block: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray | None]:
     """One canonical CSR: entries repeating a column within a row are summed (the CPU densify sums
-    them, a
-    GPU scatter keeps the last, so leaving them makes the value depend on the path). Returns the
-    block and
-    per-row counts of entries removed, or (block, None) when no row repeats a column (the common
-    case costs
-    one pass; rows with unsorted but distinct columns are left as they are)."""
+    them, a GPU scatter keeps the last, so leaving them makes the value depend on the path).
+    Returns the block and per-row counts of entries removed, or (block, None) when no row repeats
+    a column (the common case costs one pass; rows with unsorted but distinct columns are left as
+    they are)."""
     idx, ptr = block.indices, block.indptr
     if (
         idx.size < 2 or block.has_canonical_format

@@ -1,17 +1,13 @@
 """What the data can tell about a spike manifest's resolution, which the ``.dat`` format does not
 store.
 
-A swapped resolution (``height = 400, width = 250`` for a 250x400 camera) reads every file without
-an error:
-the frame size is the same. The data still tells: in a mean frame (spikes averaged over a few dozen
-frames,
-an intensity image), neighbouring rows of a real scene correlate strongly at the true width and not
-at a
-wrong one. Frame counts that differ across the files of one sequence are the other tell (a halved
-resolution
-makes every file hold 4x the frames, a mixed folder mixes counts). Both become counted build
-warnings, never
-a silent success; the check reads at most ``FRAMES`` frames of at most ``FILES`` files.
+A swapped resolution (``height = 400, width = 250`` for a 250x400 camera) reads every file
+without an error: the frame size is the same. The data still tells: in a mean frame (spikes
+averaged over a few dozen frames, an intensity image), neighbouring rows of a real scene
+correlate strongly at the true width and not at a wrong one. Frame counts that differ across the
+files of one sequence are the other tell (a halved resolution makes every file hold 4x the
+frames, a mixed folder mixes counts). Both become counted build warnings, never a silent success;
+the check reads at most ``FRAMES`` frames of at most ``FILES`` files.
 """
 
 from __future__ import annotations
@@ -68,9 +64,8 @@ def frame_facts(
     files: Sequence[tuple[str, Path, int]], height: int, width: int, packing: str
 ) -> dict[str, Any]:
     """Build stats from (sequence, file, frames) of every spike file: frames per file, the sequences
-    whose
-    files hold different frame counts, and resolution hints from the first files of the first
-    sequences."""
+    whose files hold different frame counts, and resolution hints from the first files of the
+    first sequences."""
     counts = [n for _, _, n in files]
     by_seq: dict[str, set[int]] = {}
     for seq, _, n in files:

@@ -1,12 +1,11 @@
 """Spike-camera ``.dat`` streams (Vidar / SpikeCV / Spike-Zoo convention, or one byte per pixel).
 
-No header; the resolution comes from the manifest, never guessed. ``packing = "bits"``: 8 pixels per
-byte,
-least significant bit first, frames row-major ``(H, W)`` and stored upside down (``flip_rows``);
-``packing = "bytes"``: one uint8 per pixel holding 0 or 1. A file whose size is not a whole number
-of
-frames is an error that names both frame counts (picking the wrong packing is the common mistake).
-Reading is vectorised (``np.unpackbits(bitorder="little")``) and touches only the frames kept.
+No header; the resolution comes from the manifest, never guessed. ``packing = "bits"``: 8 pixels
+per byte, least significant bit first, frames row-major ``(H, W)`` and stored upside down
+(``flip_rows``); ``packing = "bytes"``: one uint8 per pixel holding 0 or 1. A file whose size is
+not a whole number of frames is an error that names both frame counts (picking the wrong packing
+is the common mistake). Reading is vectorised (``np.unpackbits(bitorder="little")``) and touches
+only the frames kept.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """A small GoPro-style spike corpus, written exactly like real Vidar ``.dat`` files (rows flipped,
-LSB first),
-for ``shardsmith demo`` and the tests.
+LSB first), for ``shardsmith demo`` and the tests.
 
 The scene is a textured pattern moving across the frame; spikes come from an integrate-and-fire
-model of it
-(each pixel accumulates intensity and fires, then resets by one threshold), as a spike camera does.
-Sharp
-images are the scene at the window's centre, blur images its mean over the exposure (the GoPro-spike
-setup),
-both at twice the spike resolution so the loader's scaled crop is exercised.
+model of it (each pixel accumulates intensity and fires, then resets by one threshold), as a
+spike camera does. Sharp images are the scene at the window's centre, blur images its mean over
+the exposure (the GoPro-spike setup), both at twice the spike resolution so the loader's scaled
+crop is exercised.
 """
 
 from __future__ import annotations
@@ -49,12 +46,10 @@ def integrate_and_fire(
     """0/1 spikes ``[T, H, W]``: each pixel integrates ``gain * intensity`` and fires on crossing
     the threshold.
 
-    Real sensors add noise (both off by default, so the demo's bits stay as they were): ``jitter``,
-    the relative
-    standard deviation of each pixel's threshold, drawn anew after every spike (comparator and reset
-    noise),
-    and ``dark``, the probability per pixel and frame of a spurious spike (dark current, hot
-    pixels)."""
+    Real sensors add noise (both off by default, so the demo's bits stay as they were):
+    ``jitter``, the relative standard deviation of each pixel's threshold, drawn anew after every
+    spike (comparator and reset noise), and ``dark``, the probability per pixel and frame of a
+    spurious spike (dark current, hot pixels)."""
     rng = np.random.default_rng(seed)
     acc = rng.uniform(0, threshold, intensity.shape[1:]).astype(np.float32)
     thr = np.full(intensity.shape[1:], threshold, np.float32)
@@ -112,9 +107,8 @@ def write_sequence(folder: Path, seed: int, n_frames: int, images: bool = True) 
 
 def write_spike_demo(root: str | Path) -> list[Path]:
     """``root/spike``: a GoPro-style tree (train: 3 sequences, test: 2, 6 frames each, with
-    blur/sharp PNGs),
-    and ``root/spike_files``: a plain folder of ``.dat`` files (what data_manifests/demo_spike*.toml
-    read)."""
+    blur/sharp PNGs), and ``root/spike_files``: a plain folder of ``.dat`` files (what
+    data_manifests/demo_spike*.toml read)."""
     root = Path(root)
     paths: list[Path] = []
     for split, seeds in (("train", (1, 2, 3)), ("test", (4, 5))):

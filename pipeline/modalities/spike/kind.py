@@ -1,16 +1,15 @@
 """The ``spike`` kind: spike-camera ``.dat`` streams -> bit-packed spike windows (+ paired images)
 per record.
 
-One record = one spike window: the central ``frames`` frames of one ``.dat`` (from ``(T - frames) //
-2``),
-stored bit-packed as the camera writes them (1/8 of a byte per pixel; the loader makes voxel grids,
-clips and
-crops), with its sequence and frame, and the paired images of a GoPro-style layout
-(``<root>/<split>/<sequence>/{spike,blur,sharp}/<frame>.*``). Splits come from the layout's
-``train/``/``test/``
-folders when present, else from the manifest's fractions drawn per sequence: frames of one sequence
-never
-cross splits. Clips (``clip_len`` consecutive frames of one sequence, stride 1) are a shard table.
+One record = one spike window: the central ``frames`` frames of one ``.dat`` (from ``(T - frames)
+// 2``), stored bit-packed as the camera writes them (1/8 of a byte per pixel; the loader makes
+voxel grids, clips and crops), with its sequence and frame, and the paired images of a
+GoPro-style layout (``<root>/<split>/<sequence>/{spike,blur,sharp}/<frame>.*``). Splits come from
+the layout's ``train/``/``test/`` folders when present, else from the manifest's fractions drawn
+per sequence: frames of one sequence never cross splits. Clips (``clip_len`` consecutive frames
+of one sequence, stride 1) are a shard table. The manifest's ``[spike]`` / ``[split]`` settings
+are parsed in
+:mod:`pipeline.modalities.spike.config`.
 """
 
 from __future__ import annotations
@@ -24,13 +23,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
-from loaders.modalities.spike.ops import FRAME_MAJOR, PIXEL_MAJOR, pack_pixel_major
+from loaders.modalities.spike.ops import PIXEL_MAJOR, pack_pixel_major
 from loaders.modalities.spike.samples import CLIPS, FRAME, SEQUENCE, SPIKES, stored_frames
 from pipeline.errors import ManifestError, SourceError
-from pipeline.extras import MissingExtraError, require
-from pipeline.manifest import Table
 from pipeline.modalities.spike.checks import frame_facts, frame_warnings
-from pipeline.modalities.spike.dat import PACKINGS, count_frames, pack_frames, read_frames
+from pipeline.modalities.spike.config import BITS, SPIKE_CODECS, SpikeConfig, parse_sections
+from pipeline.modalities.spike.dat import count_frames, pack_frames, read_frames
 from pipeline.model import KindPlan, PlanContext, register_kind
 from pipeline.records import Record, RecordKind, SkipRecord
 
@@ -39,50 +37,14 @@ if TYPE_CHECKING:
     from pipeline.model import ScannedSource
 
 log = logging.getLogger(__name__)
-LAYOUTS = ("files", "gopro")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 SPLIT_FOLDERS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
-# [spike] codec -> (the spikes column's own codec, its bit order). "spikebits" (default): the window
-# stored
-# pixel-major (loaders.modalities.spike.ops) + zstd 5, ~0.55 of the bits' size, voxels by popcount;
-# "spikebits-v1" (the
-# previous default): frame-major column, the pixel-major transpose inside the codec
-# (loaders.modalities.spike.bits), undone
-# on every read; "dataset": frame-major with the [dataset] codec like every other column (e.g.
-# "none"). The
-# frame-major options keep the column as the camera writes it (and a plain "dataset" index at
-# version 2).
-SPIKE_CODECS: dict[str, tuple[dict[str, Any] | None, str]] = {
-    "spikebits": ({"id": "zstd", "level": 5}, PIXEL_MAJOR),
-    "spikebits-v1": ({"id": "shardsmith.spikebits", "level": 5}, FRAME_MAJOR),
-    "dataset": (None, FRAME_MAJOR),
-}
-BITS = {
-    PIXEL_MAJOR: "byte [y, x, k] = frames 8k..8k+7 of pixel (y, x), LSB first; rows top to bottom",
-    FRAME_MAJOR: "1 bit per pixel, LSB first along width, rows top to bottom",
-}
 UNSERVED = (
     "records_in_no_clip",
     "clips_lost_at_shard_cuts",
     "images_without_spikes",
     "sequences_without_spikes",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class SpikeConfig:
-    height: int
-    width: int
-    packing: str = "bits"
-    flip_rows: bool = True
-    frames: int | None = 40  # None: all
-    num_bins: int = 5
-    layout: str = "files"
-    images: tuple[str, ...] = ()
-    clip_len: int = 1
-    codec: str = "spikebits"
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
 
 
 def _frame_key(stem: str) -> tuple[int, str]:
@@ -98,58 +60,7 @@ class SpikeKind(RecordKind):
     _window: int | None = None  # frames of a stored window (set by schema; "all": the first file's)
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> SpikeConfig:
-        t = Table(
-            path,
-            "spike",
-            sections.get("spike") or {},
-            {
-                "height",
-                "width",
-                "packing",
-                "flip_rows",
-                "frames",
-                "num_bins",
-                "layout",
-                "images",
-                "clip_len",
-                "codec",
-            },
-        )
-        sp = Table(path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction"})
-        frames = t.get("frames", (int, str), 40)
-        if frames != "all" and (not isinstance(frames, int) or frames < 1):
-            raise ManifestError(
-                path, "spike.frames", f'must be a positive integer or "all", got {frames!r}'
-            )
-        cfg = SpikeConfig(
-            height=t.get("height", int),
-            width=t.get("width", int),
-            packing=t.get("packing", str, "bits", PACKINGS),
-            flip_rows=t.get("flip_rows", bool, True),
-            frames=None if frames == "all" else frames,
-            num_bins=t.get("num_bins", int, 5),
-            layout=t.get("layout", str, "files", LAYOUTS),
-            images=t.strings("images", ()) or (),
-            clip_len=t.get("clip_len", int, 1),
-            codec=t.get("codec", str, "spikebits", tuple(SPIKE_CODECS)),
-            val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
-            test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
-        )
-        for key in ("height", "width", "num_bins", "clip_len"):
-            if getattr(cfg, key) < 1:
-                raise ManifestError(path, f"spike.{key}", "must be >= 1")
-        if cfg.frames is not None and cfg.frames % cfg.num_bins:
-            raise ManifestError(
-                path, "spike.num_bins", f"{cfg.num_bins} does not divide frames = {cfg.frames}"
-            )
-        if cfg.images and cfg.layout != "gopro":
-            raise ManifestError(path, "spike.images", 'paired images need layout = "gopro"')
-        if cfg.images:
-            try:
-                require("PIL")
-            except MissingExtraError as e:
-                raise ManifestError(path, "spike.images", str(e)) from None
-        return cfg
+        return parse_sections(path, sections)
 
     def fractions(self, config: SpikeConfig) -> tuple[float, float]:
         return config.val_fraction, config.test_fraction
@@ -197,10 +108,8 @@ class SpikeKind(RecordKind):
         self, manifest: Manifest, records: list[tuple[int, Record]]
     ) -> list[tuple[int, Record]]:
         """Sequence codes, and frame numbers: the files' numbers when every file of the sequence is
-        named by
-        one (``000047.dat``), else each file's position in its sequence sorted by name, so that
-        clips (runs of
-        consecutive numbers) form either way."""
+        named by one (``000047.dat``), else each file's position in its sequence sorted by name,
+        so that clips (runs of consecutive numbers) form either way."""
         vocab = {g: i for i, g in enumerate(sorted({r.group for _, r in records}))}
         unnumbered = {r.group for _, r in records if r.info.get("frame_no", 0) < 0}
         position = {
@@ -445,9 +354,8 @@ def _per_file(facts: Mapping[str, int] | None) -> str | None:
 
 def _unpaired(manifest: Manifest, dats: list[Path]) -> dict[str, Any]:
     """A GoPro tree's images that no spike file pairs (per image folder), and the sequence folders
-    beside the
-    found ones that hold no spike file at all: not records, but issue 10's bad input, so counted and
-    logged."""
+    beside the found ones that hold no spike file at all: not records, but issue 10's bad input,
+    so counted and logged."""
     cfg: SpikeConfig = manifest.config
     stems: dict[Path, set[str]] = {}
     for dat in dats:
