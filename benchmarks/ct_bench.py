@@ -36,6 +36,10 @@ shard
   each, so ``--jobs`` tasks run at once) with ``shardsmith build --jobs build_jobs`` in a child
   process:
   volumes/s and the process tree's peak RSS (sampled; it includes the memory-mapped volumes' pages).
+* the **crop** figure (:mod:`benchmarks.ct_crop_bench`): ``crop_volumes`` uncapped chests of
+  ``loader_shape``'s x, y and ``crop_slices`` slices (~2M points each): the host crop's ms a volume
+  before/after the search, and the loader with ``crop=(256, 256, 32), flip=True`` over the loader
+  without augmentation, interleaved in this process (target >= 0.5x).
 
 Default run: about 1.5 min on 2 cores (most of it writing the 512^3 volumes on the first run).
 """
@@ -52,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.ct_crop_bench import CropBenchConfig, run_crop_bench
 from benchmarks.ct_data import (
     baseline_item,
     check_parity,
@@ -86,6 +91,8 @@ class CtBenchConfig:
     seed: int = 0
     formats_volumes: int = 2  # build time per volume by source format, on loader_shape chests
     formats_repeats: int = 2
+    crop_slices: int = 120  # the crop figure's chests: loader_shape's x, y; ~2M points uncapped
+    crop_volumes: int = 4
 
 
 def run_ct_bench(
@@ -156,7 +163,18 @@ def run_ct_bench(
         cfg.formats_repeats,
         cfg.max_points,
     )
-    result["table"] = table(result, cfg) + "\n\n" + result["formats"]["table"]
+    crop_cfg = CropBenchConfig(
+        shape=(cfg.loader_shape[0], cfg.loader_shape[1], cfg.crop_slices),
+        volumes=cfg.crop_volumes,
+        batch_size=cfg.batch_size,
+        seconds=cfg.seconds,
+        repeats=cfg.repeats,
+        build_jobs=cfg.build_jobs,
+    )
+    result["crop"] = run_crop_bench(data_dir, work / "crop", crop_cfg)
+    result["table"] = "\n\n".join(
+        (table(result, cfg), result["formats"]["table"], result["crop"]["table"])
+    )
     return result
 
 

@@ -97,10 +97,13 @@ def item_batches(
         )
 
 
-def shard_chain(root: Path, batch_size: int) -> Chain:
+def shard_chain(root: Path, batch_size: int, **options: Any) -> Chain:
+    """Our loader over ``root``; ``options`` are the ``ct`` sample type's (crop, flip, ...)."""
     from loaders.dataset import ShardDataset
 
-    ds = ShardDataset(root, split="train", sample="ct", batch_size=batch_size, shuffle=True, seed=0)
+    ds = ShardDataset(
+        root, split="train", sample="ct", batch_size=batch_size, shuffle=True, seed=0, **options
+    )
 
     def make(
         epoch: int,

@@ -20,6 +20,8 @@ def test_ct_bench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         build_shape=(32, 32, 24),
         build_volumes=2,
         max_points=2000,
+        crop_slices=40,
+        crop_volumes=2,
     )
     monkeypatch.chdir(tmp_path)  # relative folders, as the CLI's defaults are
     r = ct_bench.run_ct_bench(Path("data"), Path("work"), cfg)
@@ -33,6 +35,11 @@ def test_ct_bench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert (
         r["parity"]["volumes"] == 3 and r["parity"]["compared_exactly"] >= 1
     )  # some volume under the cap
+    c = r["crop"]  # crop figure: both loaders ran, the crop timed (and checked) before and after
+    assert c["ratio"] > 0 and set(c["loader"]) == {"no augmentation", "crop + flip"}
+    assert c["crop"]["ms"]["before"] > 0 and c["crop"]["ms"]["after"] > 0
+    assert 0 < c["crop"]["kept"] < c["crop"]["points"]
+    assert "crop + flip / no augmentation" in r["table"]
 
 
 def test_parity_fails_when_the_methods_disagree(tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders.format import SAMPLE_ID, FormatError, Index
-from loaders.modalities.ct.ops import BATCH_DIMS, CtCoords, crop_rows, draw_augment
+from loaders.modalities.ct.crop import crop_span, take_rows
+from loaders.modalities.ct.ops import BATCH_DIMS, CtCoords, draw_augment
 from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
 
@@ -202,18 +203,24 @@ class CtVolumes(SampleType):
         rows = batch.rows(0)
         sample_id = rows.take(SAMPLE_ID)
         shapes = rows.take(SHAPE).astype(np.int64)
+        aug = draw_augment(shapes, sample_id, batch.seed, batch.epoch, self.crop, self.flip)
         parts = _ragged_parts(batch, COORDS)
+        spans: list[tuple[int, np.ndarray]] | None = None
+        if self.crop is not None:  # per volume, on the stored rows: only kept points are copied
+            spans = [crop_span(p, aug.origin[i], aug.extent[i]) for i, p in enumerate(parts)]
+            parts = [
+                take_rows(p[a : a + k.size], k) for p, (a, k) in zip(parts, spans, strict=True)
+            ]
         off = np.zeros(len(parts) + 1, dtype=np.int64)
         np.cumsum([p.shape[0] for p in parts], out=off[1:])
         xyz = np.concatenate(parts) if parts else np.zeros((0, 3), np.uint16)
         feats = np.empty((xyz.shape[0], len(self._feats)), dtype=np.float32)
         for c, name in enumerate(self._feats):
             for i, p in enumerate(_ragged_parts(batch, name)):
+                if spans is not None:
+                    a, k = spans[i]
+                    p = p[a : a + k.size][k]
                 feats[off[i] : off[i + 1], c] = p
-        aug = draw_augment(shapes, sample_id, batch.seed, batch.epoch, self.crop, self.flip)
-        if self.crop is not None:
-            keep, off = crop_rows(xyz, off, aug)
-            xyz, feats = xyz[keep], feats[keep]
         arrays = {
             "feats": feats,
             "offsets": off,
