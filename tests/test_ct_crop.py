@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,3 +180,30 @@ def test_crop_at_the_uint16_limit() -> None:
         want, _ = reference_crop_rows(v, np.array([0, 4]), aug)
         a, k = ct_crop.crop_span(v, origin, extent)
         np.testing.assert_array_equal(a + np.flatnonzero(k), np.flatnonzero(want))
+
+
+def test_out_of_order_points_are_refused_where_a_crop_relies_on_them() -> None:
+    """The crop's search assumes argwhere order: a record written in another order is named by
+    the loader's check (cropping only, once per shard) and by `shardsmith verify`'s kind check."""
+    from loaders.format import FormatError
+    from loaders.samples import get_sample_type
+    from pipeline.model import KINDS
+
+    xyz = blob_volume((12, 10, 6), 3, 0.8)
+    off = np.array([0, 5, xyz.shape[0]], dtype=np.int64)
+    assert ct_crop.first_unordered(xyz, off) is None
+    swapped = xyz.copy()
+    swapped[[7, 8]] = swapped[[8, 7]]
+    assert ct_crop.first_unordered(swapped, off) == 1
+    assert ct_crop.first_unordered(np.concatenate([xyz[:5], xyz[:5]]), np.array([0, 5, 10])) is None
+    cols = {"coords/values": swapped, "coords/offsets": off}
+    get_sample_type("ct").check_columns(cols, "s.zarr")  # no crop: order does not matter
+    cropping = get_sample_type("ct", crop=4)
+    with pytest.raises(FormatError, match="s.zarr: CT record 1's coordinates are not in argwhere"):
+        cropping.check_columns(cols, "s.zarr")
+    cropping.check_columns({**cols, "coords/values": xyz}, "t.zarr")
+    shapes = np.array([[12, 10, 6], [12, 10, 6]], dtype=np.int64)
+    kind_cols = {**cols, "volume_shape": shapes}
+    problems = KINDS.get("ct").check_shard(None, kind_cols)
+    assert any("record 1's coordinates are not in argwhere order" in p for p in problems)
+    assert not KINDS.get("ct").check_shard(None, {**kind_cols, "coords/values": xyz})

@@ -81,3 +81,22 @@ def take_rows(rows: np.ndarray, keep: np.ndarray) -> np.ndarray:
     if rows.dtype == np.uint16 and rows.ndim == 2 and rows.flags.c_contiguous and rows.size:
         return rows.view(_ROW).reshape(-1)[keep].view(np.uint16).reshape(-1, 3)
     return rows[keep]
+
+
+def first_unordered(xyz: np.ndarray, offsets: np.ndarray) -> int | None:
+    """The first record whose uint16 ``xyz`` rows are not strictly in argwhere order (x, then y,
+    then z increasing), or None. The crop's search relies on that order: a shard written by another
+    tool in another order would crop the wrong points silently, so it is checked where a shard is
+    verified and before a cropping loader serves it."""
+    n = xyz.shape[0]
+    if n < 2:
+        return None
+    a, b = xyz[:-1].T, xyz[1:].T  # each row (as x, y, z columns) and the next one
+    ok = (b[0] > a[0]) | ((b[0] == a[0]) & ((b[1] > a[1]) | ((b[1] == a[1]) & (b[2] > a[2]))))
+    ends = np.asarray(offsets, dtype=np.int64)[1:-1]
+    ends = ends[(ends > 0) & (ends < n)]
+    ok[ends - 1] = True  # a record's last row and the next record's first are not compared
+    if ok.all():
+        return None
+    bad = int(np.flatnonzero(~ok)[0]) + 1
+    return int(np.searchsorted(np.asarray(offsets, dtype=np.int64), bad, side="right") - 1)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
+from loaders.modalities.ct.crop import first_unordered
 from loaders.modalities.ct.samples import COORDS, FEATURES, KIND, POINTS, RECORDS, SHAPE
 from pipeline.errors import ManifestError
 from pipeline.manifest import Table
@@ -204,6 +205,9 @@ class CtKind(RecordKind):
             problems.append(
                 f"coordinates outside their volume's shape (record {int(b[np.any(xyz >= shapes[b], 1)][0])})"
             )
+        bad = first_unordered(xyz, off)
+        if bad is not None:
+            problems.append(f"record {bad}'s coordinates are not in argwhere order (x, y, z)")
         if "window/values" in columns:
             w = columns["window/values"].astype(np.float32)
             if w.size and (w.min() < 0 or w.max() > 1):
