@@ -91,7 +91,7 @@ def _content(out: Path) -> list[str]:
     """The shards' content hashes: equal when two builds stored the very same points and features."""
     from loaders.format import read_index
 
-    return [e.sha256 for e in read_index(out).shards]
+    return [e.digest for e in read_index(out).shards]
 
 
 def run_formats_bench(

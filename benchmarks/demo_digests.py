@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from loaders.files import content_hash
+
 REPO = Path(__file__).resolve().parent.parent
 DEMOS = ("demo", "demo_spike", "demo_ct")
 
@@ -49,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                 capture_output=True,
             )
             for shard in json.loads((out / "index.json").read_text())["shards"]:
-                print(f"{demo}-{encoding} {shard['split']} {shard['sha256']} {shard['records']}")
+                # sha256 of the content, computed here: index digests changed algorithm (index
+                # version 4, xxh3-128), so the index's own would not compare across that change
+                sha = content_hash(out / "shards" / shard["file"], "sha256").split(":")[1]
+                print(f"{demo}-{encoding} {shard['split']} {sha} {shard['records']}")
     return 0
 
 

@@ -27,7 +27,8 @@ def scaled(base: dict[str, Any], n_shards: int, n_genes: int, n_labels: int) -> 
     doc = copy.deepcopy(base)
     e0 = doc["shards"][0]
     doc["shards"] = [
-        dict(e0, file=f"shard-{i:06d}.zarr", sha256=f"{i:064x}", part=i) for i in range(n_shards)
+        dict(e0, file=f"shard-{i:06d}.zarr", digest=f"xxh3_128:{i:032x}", part=i)
+        for i in range(n_shards)
     ]
     doc["sections"][doc["kind"]]["var_names"] = [f"ENSG{i:011d}" for i in range(n_genes)]
     doc["vocabularies"] = {k: [f"{k}_{i}" for i in range(n_labels)] for k in doc["vocabularies"]}

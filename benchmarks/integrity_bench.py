@@ -1,12 +1,15 @@
-"""What integrity on read costs: the loader with shard checks (``verify=True``: sha256 once per
-process and file state, every chunk present on every read; ``verify="always"``: sha256 on every
-read) against the same loader with ``verify=False`` (chunks counted only), epochs interleaved in
-one process (rotating order), median of the per-epoch ratios. Also the decode alone
-(``WindowReader.read_window``), interleaved the same way.
+"""What integrity on read costs: the loader with shard checks (``verify=True``: the index's digest,
+xxh3-128 from index version 4, once per process and file state, every chunk present on every
+read; ``verify="always"``: the digest on every read) against the same loader with
+``verify=False`` (chunks counted only), epochs interleaved in one process (rotating order), median
+of the per-epoch ratios. Also the decode alone (``WindowReader.read_window``), interleaved the
+same way, and the CPU of the digest check of one window with each algorithm.
 
     python -m benchmarks.integrity_bench --cells 80000 --epochs 6 --data-dir bench_data
 
 Noisy machines: only the interleaved ratios mean anything (both sides see the same background load).
+First it prints the in-process speed of each digest algorithm (``--digest-mb`` of random bytes,
+interleaved rounds, median): why builds write xxh3-128 (docs/FORMAT.md, "Digests").
 """
 
 from __future__ import annotations
@@ -17,6 +20,50 @@ import time
 from pathlib import Path
 
 from benchmarks import synth
+
+
+def digest_speeds(mb: int, rounds: int = 5) -> dict[str, float]:
+    """GB per CPU-second of one thread per algorithm (sha256, xxh3-128, and zlib's crc32 for scale:
+    crc32c's package is not a dependency), rounds interleaved, median."""
+    import hashlib
+    import zlib
+
+    import numpy as np
+    import xxhash
+
+    buf = np.random.default_rng(0).integers(0, 255, size=mb << 20, dtype=np.uint8).tobytes()
+    algos = {
+        "sha256": lambda: hashlib.sha256(buf).digest(),
+        "xxh3_128": lambda: xxhash.xxh3_128(buf).digest(),
+        "crc32 (zlib)": lambda: zlib.crc32(buf),
+    }
+    times: dict[str, list[float]] = {name: [] for name in algos}
+    for _ in range(rounds):
+        for name, fn in algos.items():
+            t0 = time.thread_time()  # CPU, not wall: other jobs' load does not count
+            fn()
+            times[name].append(time.thread_time() - t0)
+    return {name: len(buf) / statistics.median(t) / 1e9 for name, t in times.items()}
+
+
+def window_digest_cpu(reader: object, window: int, rounds: int = 5) -> dict[str, float]:
+    """CPU seconds (this thread) to check the digest of a window's shards as the loader does
+    (``loaders.digests.matches`` over the files read), per algorithm, on the same bytes: what
+    ``verify=True`` adds to a window's decode on its first read, with each index version's
+    digest."""
+    from loaders.digests import bytes_digest, matches
+    from loaders.integrity import read_checked
+
+    paths = reader.paths[:window]  # type: ignore[attr-defined]
+    shards = [read_checked(Path(p), None) for p in paths]
+    times: dict[str, list[float]] = {"sha256": [], "xxh3_128": []}
+    for _ in range(rounds):
+        for name, seconds in times.items():
+            t0 = time.thread_time()
+            for files in shards:
+                matches(bytes_digest(b"", name), files.items())
+            seconds.append(time.thread_time() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def build(cells: int, data_dir: Path, codec: str) -> Path:
@@ -58,7 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--codec", default="blosc-lz4")
     ap.add_argument("--data-dir", default="bench_data")
     ap.add_argument("--window", type=int, default=4)
+    ap.add_argument("--digest-mb", type=int, default=256, help="bytes per digest speed round")
     args = ap.parse_args(argv)
+    speeds = digest_speeds(args.digest_mb)
+    speed = ", ".join(f"{k} {v:.1f} GB/s" for k, v in speeds.items())
+    print(f"digest speed, one thread, per CPU-second: {speed}")
 
     from loaders import ShardDataset, ShardLoader
     from loaders.engine.arena import BufferPool
@@ -83,9 +134,15 @@ def main(argv: list[str] | None = None) -> None:
         for name in names[e % 3 :] + names[: e % 3]:
             decode[name].append(decode_window(readers[name], pools[name], e))
     stored = sum(e.bytes for e in readers["on"].entries[: args.window]) / 1e6
+    hashed = window_digest_cpu(readers["on"], args.window)
     print(
         f"data: {root} ({len(readers['on'].entries)} train shards, window {args.window}: ~{stored:.0f} MB stored "
         "per window)"
+    )
+    print(
+        "digest of one window's stored bytes, CPU (thread time, median of 5 interleaved): "
+        + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in hashed.items())
+        + f"; the window's decode (verify=off) {statistics.median(decode['off']):.3f} s"
     )
     for name in sides:
         ratio = statistics.median(a / b for a, b in zip(rates[name], rates["off"], strict=True))

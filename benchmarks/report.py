@@ -93,7 +93,7 @@ def plot_incremental(res: dict[str, Any], path: Path) -> Path | None:
     if not inc.get("changed"):
         return None
     plt = _plt()
-    names = ["full build", f"1 of {inc['files']} changed", "no change", "sha256 of sources"]
+    names = ["full build", f"1 of {inc['files']} changed", "no change", "digest of sources"]
     vals = [
         inc["full"]["wall_s"],
         inc["changed"]["wall_s"],
@@ -344,7 +344,7 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
                 "",
                 *build_table([inc["full"], inc["changed"], inc["nochange"]]),
                 "",
-                f"sha256 of all sources: {inc['hash_s']:.2f}s. Shards whose content changed: "
+                f"digest (xxh3-128) of all sources: {inc['hash_s']:.2f}s. Shards whose content changed: "
                 f"{inc['shards_rehashed_different']} of {inc['shards_total']}.",
             ]
             dry = inc.get("dry_run")

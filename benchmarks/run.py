@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks import pipeline_bench as pb
 from benchmarks.measure import machine_info, package_versions
+from benchmarks.remote_bench import remote_section
 from benchmarks.report import write_report
 from benchmarks.run_config import parse_args
 from benchmarks.run_sections import (
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     res["gpu"] = gpu_section(cfg, main_ds, roots, work, skip)
     res["spike"] = modality_section("spike", cfg, data_dir, work, skip, notes)
     res["ct"] = modality_section("ct", cfg, data_dir, work, skip, notes)
+    res["remote"] = remote_section(cfg, roots, skip, notes)  # before the shards are removed
     if not a.keep_shards:
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)

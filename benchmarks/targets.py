@@ -292,7 +292,7 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
             False,
             unit="s",
             detail=(
-                f"sha256 of all sources takes {inc.get('hash_s', 0):.2f}s; wall time "
+                f"digest (xxh3-128) of all sources takes {inc.get('hash_s', 0):.2f}s; wall time "
                 f"includes interpreter start; own timer {noop['internal_s']:.1f}s"
             )
             if noop

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders import budget, interop, order
+from loaders import interop, order
 from loaders.collate import (
     Arena,
     BufferPool,
@@ -47,16 +46,18 @@ from loaders.collate import (
 from loaders.engine import decoder
 from loaders.engine.broker import Broker, BrokerClient
 from loaders.engine.decoder import Decoder
+from loaders.engine.layout import EpochLayout, Layout
 from loaders.engine.live import LiveWindows
 from loaders.engine.produce import BatchProduction
 from loaders.engine.ring import worker_ring
-from loaders.engine.schedule import Plan, batch_segments, range_segments
 from loaders.engine.supply import WindowSupply
 from loaders.engine.window import WindowReader
 from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.indexcheck import check_index_digest
 from loaders.integrity import check_on_corrupt
 from loaders.options import Engine, Integrity, resolve
+from loaders.remote.ahead import check_limit
+from loaders.remote.resolve import resolve_root
 from loaders.samples import check_sample_type, get_sample_type
 
 
@@ -66,7 +67,9 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableDataset):
+class ShardDataset(
+    interop.DatasetInfo, EpochLayout, WindowSupply, BatchProduction, IterableDataset
+):
     """Batches of one split of a dataset folder (``index.json`` + ``shards/``).
 
     Use it through :class:`~loaders.loader.ShardLoader` (which sets epochs and resume offsets) or a
@@ -95,6 +98,11 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableD
       ``index.json`` itself is checked at open, as ``shardsmith verify`` checks it, against the
       digest its build stored (:func:`~loaders.indexcheck.check_index_digest`): an edited index (a
       shard entry removed, labels swapped) is a ``FormatError``.
+    * ``root`` may be a URL (``s3://bucket/prefix/ds``): ``cache_dir`` (default
+      ``$SHARDSMITH_CACHE``, else the user cache folder), ``cache_limit`` (bytes, default none)
+      and ``storage_options`` (the store's settings over the environment's) say how its shards
+      reach this node: downloaded once per node, whole and checked, prefetched a few windows
+      ahead (docs/REMOTE.md).
     """
 
     def __init__(
@@ -120,6 +128,9 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableD
         decode_timeout: float | None = None,
         verify: bool | str | None = None,
         on_corrupt: str | None = None,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | None = None,
+        storage_options: dict[str, Any] | None = None,
         **sample_options: Any,
     ) -> None:
         super().__init__()
@@ -133,7 +144,8 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableD
             decode_timeout=decode_timeout,
         )
         self.integrity = resolve(integrity, Integrity, verify=verify, on_corrupt=on_corrupt)
-        self.root = Path(root)
+        # a URL (s3://...): its index fetched now, shards into the node's cache (loaders/remote)
+        self.url, self.root, remote = resolve_root(root, cache_dir, cache_limit, storage_options)
         data = read_index_bytes(
             self.root
         )  # read once: every process of this loader decodes this generation
@@ -215,8 +227,11 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableD
                 "index_sha256": index_sha256(data),
                 "verify": self.verify,
                 "on_corrupt": self.on_corrupt,
+                "remote": remote,
             }
         )
+        if remote:
+            check_limit(remote["limit"], self.url, [e.bytes for e in self.reader.entries], window)
         self.fingerprint = (
             self.reader.fingerprint()
         )  # what a resume state must match (loaders/resume.py)
@@ -252,10 +267,10 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableD
         self._broker_pid = 0
         self._broker_client: BrokerClient | None = None
         self._epoch, self._start = 0, 0
-        self._shared: Any = None  # a shared int64 array (epoch, start) when workers are persistent
-        self._budget: tuple[int, np.ndarray] | None = (
-            None  # (epoch, this rank's batch bounds) by voxel budget
+        self._shared: Any = (
+            None  # shared int64 (epoch, start, layout: engine/layout.py), persistent
         )
+        self._budget = None  # ((epoch, K, offset), this rank's budget batches): engine/layout.py
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
         self._skip_flags: Any = (
             None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
@@ -273,46 +288,6 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableD
         """Units of the split (all ranks together)."""
         return int(self.counts.sum())
 
-    def units_per_rank(self) -> int:
-        return order.rank_size(self.n_units, self.world_size, self.pad)
-
-    def num_batches(self, epoch: int | None = None) -> int:
-        """Batches per epoch on this rank (the same on every rank). With a sample type that batches
-        by cost budget (its ``budget``, e.g. a cap on points) the count depends on the epoch's
-        order."""
-        bounds = self._budget_bounds(self._iteration()[0] if epoch is None else epoch)
-        if bounds is not None:
-            return int(bounds.size) - 1
-        return order.num_batches(self.units_per_rank(), self.batch_size, self.drop_last)
-
-    def _budget_bounds(self, epoch: int) -> np.ndarray | None:
-        """This rank's batch bounds (global positions) when the sample type batches by a cost budget
-        (a ``budget`` attribute and ``unit_costs(entries)``), else None: the fixed-size path."""
-        cap = getattr(self.sample_type, "budget", None)
-        if cap is None:
-            return None
-        if self._budget is None or self._budget[0] != epoch:
-            costs = budget.epoch_costs(
-                self.counts,
-                self.sample_type.unit_costs(self.entries),  # type: ignore[attr-defined]
-                self.seed,
-                epoch,
-                self.window,
-                self.shuffle,
-            )
-            plan = budget.budget_bounds(costs, cap, self.world_size, self.pad)
-            self._budget = (epoch, budget.rank_batches(plan, self.rank, self.world_size))
-        return self._budget[1]
-
-    def _plans(self, epoch: int, wstarts: np.ndarray) -> Callable[[int], Plan]:
-        """Batch ``j`` -> its :data:`~loaders.engine.schedule.Plan` (segments of windows) for
-        ``epoch``."""
-        bounds, rb = wstarts.tolist(), self._budget_bounds(epoch)
-        if rb is not None:
-            return lambda j: range_segments(bounds, int(rb[j]), int(rb[j + 1]))
-        per_rank, rank, bs = self.units_per_rank(), self.rank, self.batch_size
-        return lambda j: batch_segments(bounds, per_rank, rank, bs, j)
-
     def __len__(self) -> int:
         return self.num_batches()
 
@@ -320,10 +295,13 @@ class ShardDataset(interop.DatasetInfo, WindowSupply, BatchProduction, IterableD
         """Choose the epoch's order (and start it from its first batch)."""
         self._set_iteration(epoch, 0)
 
-    def _set_iteration(self, epoch: int, start: int) -> None:
+    def _set_iteration(self, epoch: int, start: int, layout: Layout | None = None) -> None:
+        """Start ``epoch`` at batch ``start``; ``layout``: a resumed epoch's ``(K, offset, base)``
+        (:mod:`loaders.engine.layout`), None: this world's own."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0 (got {epoch})")
         self._epoch, self._start = int(epoch), int(start)
+        self._set_layout(self._epoch, layout)
         if self._shared is not None:
             self._shared[0], self._shared[1] = self._epoch, self._start
 

@@ -3,11 +3,12 @@ content hashes and stored sizes of a shard (a file, or a folder such as a zarr s
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from loaders.digests import DIGEST, algorithm, feed_file, finish, hasher, tagged
 from loaders.errors import FormatError
 
 
@@ -44,21 +45,32 @@ def process_umask() -> int:
     return mask
 
 
-def content_hash(path: str | Path) -> str:
-    """sha256 of a file, or of a folder as the sorted (relative path, bytes) of every file in it."""
+def content_hash(path: str | Path, name: str = DIGEST) -> str:
+    """The named digest (``loaders.digests``; ``name``: the algorithm) of a file, or of a folder
+    as the sorted (relative path, bytes) of every file in it."""
     path = Path(path)
-    h = hashlib.sha256()
+    h = hasher(name)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     if not files and not path.exists():
         raise FormatError(f"{path}: missing")
     for p in files:
         if p != path:
             h.update(p.relative_to(path).as_posix().encode() + b"\0")
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
+        feed_file(h, p)
         h.update(b"\0")
-    return h.hexdigest()
+    return finish(name, h)
+
+
+def shard_digest_matches(expected: str | Any, path: str | Path) -> bool:
+    """Whether the shard (or condition table) at ``path`` has the content digest ``expected``:
+    an index entry (``ShardEntry``/``ConditionsRef``: its ``digest``) or a digest string, with
+    whichever algorithm it names (``"xxh3_128:..."``; bare hex is sha256). The one check for code
+    that fetched or copied a shard (a remote cache) before serving it; a missing file is False."""
+    digest = tagged(expected if isinstance(expected, str) else expected.digest)
+    try:
+        return content_hash(path, algorithm(digest)) == digest
+    except (FormatError, OSError):
+        return False
 
 
 def stored_bytes(path: str | Path) -> int:

@@ -55,11 +55,12 @@ INDEX_UPGRADES: Registry[Callable[[Mapping[str, Any]], dict[str, Any]]] = Regist
 SHARD_VERSION = (
     1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
 )
-INDEX_VERSION = (
-    3  # the layout of index.json; 1 is still read (converted by ``read_index``); an index without
-)
-# field codecs is written as version 2 (its layout then is 2's), so older readers keep reading it
-PLAIN_INDEX_VERSION = 2  # the version of an index whose fields name no codec
+# the layout of index.json. 4: content digests name their algorithm (shards, condition table,
+# sources: "digest": "xxh3_128:<hex>", loaders.digests); 3: fields may name a codec; 2: kinds.
+# Every older version is still read (1 converted by ``read_index``; 2-3 store bare sha256 digests)
+INDEX_VERSION = 4
+CODEC_INDEX_VERSION = 3  # the first version whose fields may name their own codec
+PLAIN_INDEX_VERSION = INDEX_VERSION  # was 2 (no field codec) before version 4; kept for callers
 INDEX_FILE = "index.json"
 SHARDS_DIR = "shards"
 ENCODINGS = ("zarr", "tar")
@@ -136,7 +137,7 @@ class Index:
     codec: dict[str, Any] = field(default_factory=dict)
     sources: list[dict[str, Any]] = field(
         default_factory=list
-    )  # fingerprints: path, size, mtime_ns, sha256, ...
+    )  # fingerprints: path, size, mtime_ns, digest (sha256 before version 4), ...
     stats: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, Any] = field(default_factory=dict)
@@ -194,7 +195,7 @@ class Index:
         doc = {
             "format": FORMAT_NAME,
             "shard_version": SHARD_VERSION,
-            "version": INDEX_VERSION if column_codecs(self.fields) else PLAIN_INDEX_VERSION,
+            "version": INDEX_VERSION,
             "name": self.name,
             "kind": self.kind,
             "encoding": self.encoding,
@@ -350,9 +351,9 @@ def read_index(root: str | Path, data: bytes | None = None) -> Index:
 
 
 def _check_codecs(path: Path, fields: list[FieldSpec], version: int) -> None:
-    """Field codecs appear only in version-3 indexes, and each must be one this reader knows."""
+    """Field codecs appear only from index version 3, and each must be one this reader knows."""
     named = [f for f in fields if f.codec is not None]
-    if named and version < INDEX_VERSION:
+    if named and version < CODEC_INDEX_VERSION:
         raise FormatError(
             f"{path}: field {named[0].name!r} names a codec, which index version {version} cannot"
         )

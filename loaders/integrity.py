@@ -4,13 +4,14 @@ decoded.
 Why here and not in zarr: a zarr chunk file that is missing reads as the array's fill value (0), so
 a deleted chunk of a code column silently relabels its rows as ``vocab[0]`` and one of a table of
 row ids makes every unit refer to row 0; a flipped byte in a blosc chunk may decode "fine". So the
-loader reads a shard's files once into memory, checks their sha256 against ``index.json`` (the
-content hash the build recorded, ``loaders.format.content_hash``: sorted relative paths and bytes)
-and checks that every chunk of every array is present, then decodes from exactly the bytes it
-checked (no second read, no window between check and use). sha256 runs at ~1.6 GB/s over the
-*compressed* bytes (SHA-NI), a third of a window's decode here: so a process hashes a shard on its
-first read and again only when a file of it changed identity (inode, size, mtime, ctime); the chunk
-count and the file listing are checked on every read. Measured against the loader in BENCHMARKS.md.
+loader reads a shard's files once into memory, checks their digest against ``index.json`` (the
+content hash the build recorded, ``loaders.format.content_hash``: sorted relative paths and bytes,
+with the algorithm the index names: xxh3-128 from index version 4, sha256 before) and checks that
+every chunk of every array is present, then decodes from exactly the bytes it checked (no second
+read, no window between check and use). sha256 ran at ~1.6 GB/s over the *compressed* bytes, a
+third of a window's decode; xxh3-128 runs at memory speed (docs/FORMAT.md, "Digests"). A process
+still hashes a shard on its first read and again only when a file of it changed identity (inode,
+size, mtime, ctime); the chunk count and the file listing are checked on every read.
 
 A shard that is missing or does not match is either corruption or a rebuild: when ``index.json``
 on disk is no longer the one this loader opened, the error says "dataset rebuilt since this
@@ -20,13 +21,13 @@ raised or skipped per ``on_corrupt``.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from loaders.digests import matches
 from loaders.engine.forksafe import fork_safe_lock
 from loaders.format import FormatError, index_sha256, read_index_bytes
 from loaders.schema import FieldSpec
@@ -91,11 +92,11 @@ _VERIFIED: dict[str, tuple[tuple[tuple[object, ...], ...], str]] = {}
 _VERIFIED_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
 
 
-def read_checked(path: Path, sha256: str | None, always: bool = False) -> dict[str, bytes]:
+def read_checked(path: Path, digest: str | None, always: bool = False) -> dict[str, bytes]:
     """Every file of a shard (a zarr folder: relative path -> bytes; a single file: ``{"":
-    bytes}``), its sha256 checked against ``sha256`` unless that is None or empty (an index that
-    records none): on the first read in this process, whenever a file's identity changed since,
-    or always (``always``)."""
+    bytes}``), its content checked against ``digest`` (named: ``loaders.digests``) unless that is
+    None or empty (an index that records none): on the first read in this process, whenever a
+    file's identity changed since, or always (``always``)."""
     if not path.exists():
         raise FormatError(f"{path}: shard is missing")
     out: dict[str, bytes] = {}
@@ -109,22 +110,17 @@ def read_checked(path: Path, sha256: str | None, always: bool = False) -> dict[s
             sigs.append((rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     except OSError as e:
         raise FormatError(f"{path}: cannot read shard ({type(e).__name__}: {e})") from e
-    if not sha256:
+    if not digest:
         return out
-    key, seen = str(path), (tuple(sigs), sha256)
+    key, seen = str(path), (tuple(sigs), digest)
     with _VERIFIED_LOCK:
         if not always and _VERIFIED.get(key) == seen:
             return out
-    h = hashlib.sha256()
-    for rel, data in out.items():
-        if rel:
-            h.update(rel.encode() + b"\0")
-        h.update(data)
-        h.update(b"\0")
-    if h.hexdigest() != sha256:
+    ok, got = matches(digest, out.items())
+    if not ok:
         raise FormatError(
-            f"{path}: content hash mismatch: index.json says {sha256[:16]}..., the shard's bytes hash "
-            f"to {h.hexdigest()[:16]}... (a chunk changed, went missing or was added)"
+            f"{path}: content hash mismatch: index.json says {digest[:25]}..., the shard's bytes "
+            f"hash to {got[:25]}... (a chunk changed, went missing or was added)"
         )
     with _VERIFIED_LOCK:
         _VERIFIED[key] = seen
@@ -149,12 +145,12 @@ def _check_chunks(path: Path, files: dict[str, bytes], columns: dict[str, Column
 
 
 def open_checked(
-    path: str | Path, encoding: str, keys: Sequence[str], sha256: str | None, always: bool = False
+    path: str | Path, encoding: str, keys: Sequence[str], digest: str | None, always: bool = False
 ) -> dict[str, Column]:
     """The columns ``keys`` of a shard, decoded later (``Column.read_into``) from the bytes checked
     here."""
     path = Path(path)
-    files = read_checked(path, sha256, always)
+    files = read_checked(path, digest, always)
     if encoding == "tar":
         return {
             k: Column(path, k, a.shape, a.dtype, a)

@@ -9,11 +9,14 @@ has its
 * **DDP ranks**: datasets are made in ``setup`` with the trainer's ``global_rank`` / ``world_size``
 (the loader
   shards units itself: Lightning's distributed sampler does not apply to it);
-* **resume**: ``state_dict`` (saved in every checkpoint) holds the train loader's state with the
-number of
-  batches the trainer has *processed* this epoch (not the loader's count, which includes the batch
-  Lightning
-  prefetches); ``fit(ckpt_path=...)`` mid-epoch then yields exactly the epoch's remaining batches.
+* **resume**: the train loader is *stateful* for Lightning (``state_dict`` / ``load_state_dict``
+  on what ``train_dataloader()`` returns), so Lightning stores its state in every checkpoint
+  itself (and does not warn that the loader is not resumable): the number of batches the trainer
+  has *processed* this epoch (not the loader's count, which includes the batch Lightning
+  prefetches). ``fit(ckpt_path=...)`` mid-epoch then yields exactly the epoch's remaining
+  batches, also on another ``devices`` / ``num_nodes`` (:mod:`loaders.elastic`) when the global
+  batch is the same: pass ``global_batch_size`` instead of ``batch_size`` so each device takes its
+  share of it.
 
 Lightning is imported when ``ShardDataModule`` is first looked up, not when ``loaders`` is imported.
 """
@@ -57,6 +60,15 @@ class _EpochLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Lightning's hook (a stateful loader): the train loader's resume state, or nothing."""
+        return self.module.train_state() if self.split == "train" else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Applied at the next train iteration, once the trainer's epoch is known."""
+        if self.split == "train" and state:
+            self.module.pending_state = state
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         trainer = self.module.trainer
         epoch = int(trainer.current_epoch) if trainer is not None and self.split == "train" else 0
@@ -87,6 +99,7 @@ def _make_class() -> type:
             seed: int = 0,
             splits: Sequence[str] = ("train", "val", "test"),
             loader_options: Mapping[str, Any] | None = None,
+            global_batch_size: int | None = None,
             **dataset_options: Any,
         ) -> None:
             super().__init__()
@@ -99,6 +112,7 @@ def _make_class() -> type:
             self.wanted = tuple(splits)
             self.loader_options = dict(loader_options or {})
             self.dataset_options = dataset_options
+            self.global_batch_size = global_batch_size  # batch_size = it / world size
             self.loaders: dict[str, ShardLoader] = {}
             self.pending_state: dict[str, Any] | None = None
 
@@ -108,13 +122,22 @@ def _make_class() -> type:
             rank = int(trainer.global_rank) if trainer is not None else None
             world = int(trainer.world_size) if trainer is not None else None
             present = splits(read_index(self.root))
+            batch_size = self.batch_size
+            if self.global_batch_size is not None:
+                per, left = divmod(self.global_batch_size, world or 1)
+                if left or per < 1:
+                    raise ValueError(
+                        f"global_batch_size={self.global_batch_size} does not divide among "
+                        f"{world or 1} devices"
+                    )
+                batch_size = per
             for split in self.wanted:
                 if split in present and split not in self.loaders:
                     ds = ShardDataset(
                         self.root,
                         split=split,
                         sample=self.sample,
-                        batch_size=self.batch_size,
+                        batch_size=batch_size,
                         shuffle=split == "train",
                         seed=self.seed,
                         rank=rank,
@@ -138,9 +161,14 @@ def _make_class() -> type:
             return self._loader("test")
 
         def state_dict(self) -> dict[str, Any]:
+            """Nothing: Lightning saves the train loader's state itself (it is stateful, see
+            ``_EpochLoader``); :meth:`load_state_dict` still reads earlier versions' copy."""
+            return {}
+
+        def train_state(self) -> dict[str, Any]:
             loader = self.loaders.get("train")
             if loader is None:
-                return {"train": self.pending_state} if self.pending_state is not None else {}
+                return dict(self.pending_state or {})
             state = loader.state_dict()
             trainer = self.trainer
             if trainer is not None:  # what the trainer has stepped on, not what was prefetched
@@ -148,10 +176,11 @@ def _make_class() -> type:
                 state["batches_done"] = int(
                     trainer.fit_loop.epoch_loop.batch_progress.current.processed
                 )
-            return {"train": state}
+            return state
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            self.pending_state = state_dict.get("train")
+            if state_dict.get("train"):  # a checkpoint of an earlier version
+                self.pending_state = state_dict["train"]
 
     ShardDataModule.__module__, ShardDataModule.__qualname__ = (
         __name__,

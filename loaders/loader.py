@@ -6,10 +6,14 @@ Resume rules (also in docs/LOADER.md):
 * ``state_dict()`` counts the batches *handed to you* this epoch (the one you are holding included);
   ``load_state_dict(state)`` makes the next iteration yield exactly the remaining batches of that
   epoch, whatever ``num_workers`` was before or is now.
-* The global order does not depend on the world size, but the rank slices and batch boundaries
-  do: resuming with a different world size (or batch size, seed, sample, split, window, shuffle,
-  pad, drop_last, or a dataset with a different number of units) raises ``ValueError``.
+* Elastic: a state loads on another world size when the global batch (world size x batch size)
+  is the same; the rest of the epoch keeps the state's canonical partitions, so every unit not yet
+  served is served (:mod:`loaders.elastic`; budget batches: every canonical batch not yet served).
+  Another global batch, seed, sample, split, window, shuffle, pad, drop_last, dataset or batch
+  budget raises ``ValueError``.
 * All ranks consume the same number of batches, so rank 0's state can be loaded on every rank.
+* Workers are persistent by default (``persistent_workers=True``): respawning them every epoch
+  cost most of their gain (docs/LOADER.md, "Measured").
 * ``set_epoch(e)`` with the epoch being resumed keeps the resume point; another epoch clears it.
 * A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.resume`).
 
@@ -35,8 +39,10 @@ from torch.utils.data import DataLoader
 from loaders.collate import RunShipping
 from loaders.dataset import ShardDataset
 from loaders.device import DeviceFeeder
+from loaders.elastic import check_partitions
+from loaders.engine.layout import SHARED_SLOTS
 from loaders.engine.watchdog import LoaderTimeout, WorkerWatch
-from loaders.resume import STATE_VERSION, check_state
+from loaders.resume import STATE_VERSION, check_done, check_state, layout_of
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LoaderTimeout", "ShardLoader"]
 
@@ -55,7 +61,10 @@ class ShardLoader:
       item (one buffer, in a reused slot of the worker's :mod:`loaders.engine.ring`): the per-item
       cost of the DataLoader's queues and pickling is paid once per run. ``prefetch_factor``
       counts items (runs), as in torch: 2 items of 4 batches keep 8 batches ahead per worker.
-      ``persistent_workers``, ``multiprocessing_context`` as in torch; ``timeout``: seconds a
+      ``persistent_workers`` (default **True**, unlike torch: workers, their decode-ahead and
+      their broker connection live from one epoch to the next: respawned every epoch they kept
+      0.13-0.44x of the rate, docs/LOADER.md; ``False`` restores torch's behaviour),
+      ``multiprocessing_context`` as in torch; ``timeout``: seconds a
       worker's batch may take (default 300; ``None`` or 0: no bound) before the workers are
       killed and :class:`LoaderTimeout` names the stopped one; it also caps the decoder
       process's silence (see the module docstring).
@@ -76,13 +85,14 @@ class ShardLoader:
         pin_memory: bool = True,
         prefetch_factor: int = 2,
         device: torch.device | str | None = None,
-        persistent_workers: bool = False,
+        persistent_workers: bool = True,
         multiprocessing_context: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         device_prefetch: int = 2,
         device_finish: bool | None = None,
         worker_batches: int = 4,
         *,
+        partitions: int | None = None,
         ship_csr: bool | None = None,
     ) -> None:
         if not isinstance(dataset, ShardDataset):
@@ -126,8 +136,9 @@ class ShardLoader:
             else None
         )
         persistent = persistent_workers and num_workers > 0
-        if persistent:  # workers outlive iterations: they read epoch/start from shared memory
-            dataset._shared = mp.get_context(multiprocessing_context).RawArray("q", 2)
+        if persistent:  # workers outlive iterations: epoch, start, layout from shared memory
+            ctx = mp.get_context(multiprocessing_context)
+            dataset._shared = ctx.RawArray("q", SHARED_SLOTS)
             dataset._set_iteration(dataset._epoch, dataset._start)
         else:
             dataset._shared = None
@@ -151,9 +162,13 @@ class ShardLoader:
             multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
             timeout=timeout if num_workers > 0 else 0,
         )
+        if partitions is not None:
+            check_partitions(int(partitions), dataset.global_batch)
+        dataset.partitions = None if partitions is None else int(partitions)
         self._epoch = 0
         self._done = 0
         self._resume: int | None = None
+        self._layout: tuple[int, int, int] | None = None  # a resumed epoch's (K, offset, base)
 
     @property
     def epoch(self) -> int:
@@ -172,13 +187,14 @@ class ShardLoader:
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0 (got {epoch})")
         if epoch != self._epoch:
-            self._epoch, self._done, self._resume = int(epoch), 0, None
+            self._epoch, self._done, self._resume, self._layout = int(epoch), 0, None, None
+            self.dataset._set_iteration(self._epoch, 0)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         start = self._resume or 0
         self._resume = None
         self._done = start
-        self.dataset._set_iteration(self._epoch, start)
+        self.dataset._set_iteration(self._epoch, start, self._layout)
         if start >= len(self):
             return
         # one process: the dataset's own batches (torch's single-process iterator adds a
@@ -222,7 +238,11 @@ class ShardLoader:
                 close()
 
     def state_dict(self) -> dict[str, Any]:
+        """Plain JSON: the epoch, the batches handed out, and what decides the order.
+        ``world_size``, ``rank`` and ``batch_size`` are informational: the state loads on any
+        world with the same ``global_batch`` (:meth:`load_state_dict`)."""
         ds = self.dataset
+        k, offset, base = self._layout or ds.layout(self._epoch)
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
@@ -241,11 +261,31 @@ class ShardLoader:
             "units": ds.n_units,
             "sample_config": ds.sample_type.order_config(),
             "dataset": ds.fingerprint,
+            "partitions": k,
+            "global_batch": ds.global_batch,
+            "offset": offset,
+            "offset_step": base,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume mid-epoch; raises ValueError when the state belongs to a different order (see
-        module doc)."""
-        mine = self.state_dict()
-        done = check_state(state, mine)
-        self._epoch, self._done, self._resume = int(state["epoch"]), done, done
+        """Resume mid-epoch, on this world or another one; raises ValueError when the state belongs
+        to a different order (see module doc).
+
+        The rest of the epoch keeps the state's canonical partitions (:mod:`loaders.elastic`):
+        fixed-size batches continue at the state's global batch, split among this world's ranks;
+        budget batches continue at the first canonical batch not yet served, dealt round-robin
+        to this world's ranks (their per-rank count changes with the world size)."""
+        ds = self.dataset
+        done = check_state(state, self.state_dict(), ds.budgeted)
+        k, _, offset, base = layout_of(state)
+        if ds.budgeted and state["world_size"] != ds.world_size and done >= base:
+            # the canonical batches served so far; the steps keep their numbers from ``done`` on
+            offset, base = offset + (done - base) * state["world_size"], done
+        epoch, layout = int(state["epoch"]), (k, offset, base)
+        ds._set_iteration(epoch, done, layout)
+        try:
+            check_done(done, ds.num_batches(epoch))
+        except ValueError:
+            ds._set_iteration(self._epoch, self._resume or 0, self._layout)
+            raise
+        self._epoch, self._done, self._resume, self._layout = epoch, done, done, layout

@@ -5,7 +5,10 @@ checkpoint, so it is checked like any input: every field's type exactly (``batch
 ``True`` is refused naming the field, never coerced), every setting that decides the sample order
 equal to this loader's, and the dataset's ``fingerprint`` (the split's shards by content hash and
 unit counts, ``WindowReader.fingerprint``) equal, so a state saved on another dataset, or another
-build of this one, with the same unit count is refused too.
+build of this one, with the same unit count is refused too. The world size and per-rank batch
+size may change (elastic resume, :mod:`loaders.elastic`): what must match is their product, the
+global batch, and the rest of the epoch keeps the state's layout (``partitions``, ``offset``,
+``offset_step``).
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-STATE_VERSION = 2  # 2 added "dataset" (the fingerprint); version-1 states load with a warning
-# settings that define which units land in which batch: resuming requires them unchanged
+STATE_VERSION = 3  # 2 added "dataset" (the fingerprint); 3 the layout (partitions, global_batch,
+# offset, offset_step): a state loads on another world size. Versions 1 and 2 load (1 warns).
+# settings that define which units land in which batch: resuming requires them unchanged (the
+# world size and per-rank batch size may change as long as their product, global_batch, does not)
 ORDER_KEYS = (
-    "world_size",
-    "batch_size",
     "seed",
     "sample",
     "split",
@@ -30,6 +33,8 @@ ORDER_KEYS = (
     "sample_config",  # its order options (e.g. a batch budget) decide batches too
     "dataset",
 )
+# version 3; older: K = world, offset 0. offset: budget batches served before step offset_step
+LAYOUT_KEYS = ("partitions", "global_batch", "offset", "offset_step")
 FIELD_TYPES: dict[str, type] = {
     "version": int,
     "epoch": int,
@@ -48,6 +53,10 @@ FIELD_TYPES: dict[str, type] = {
     "units": int,
     "sample_config": dict,
     "dataset": str,
+    "partitions": int,
+    "global_batch": int,
+    "offset": int,
+    "offset_step": int,
 }
 
 
@@ -59,12 +68,12 @@ def check_types(state: Any) -> None:
             f"{type(state).__name__}"
         )
     version = state.get("version")
-    if type(version) is not int or version not in (1, STATE_VERSION):
+    if type(version) is not int or version not in (1, 2, STATE_VERSION):
         raise ValueError(
-            f"loader state field 'version' is {version!r}; this loader reads 1 and {STATE_VERSION}"
+            f"loader state field 'version' is {version!r}; this loader reads 1 to {STATE_VERSION}"
         )
     for key, want in FIELD_TYPES.items():
-        if key == "dataset" and version == 1:
+        if (key == "dataset" and version == 1) or (key in LAYOUT_KEYS and version < 3):
             continue
         if key not in state:
             raise ValueError(
@@ -77,20 +86,45 @@ def check_types(state: Any) -> None:
                 f"loader state field {key!r} is {type(value).__name__} {value!r}, expected "
                 f"{want.__name__}"
             )
-    for key in ("epoch", "batches_done", "seed"):
-        if state[key] < 0:
-            raise ValueError(f"loader state field {key!r} is {state[key]}, expected >= 0")
+    for key in (
+        "epoch",
+        "batches_done",
+        "seed",
+        "offset",
+        "world_size",
+        "batch_size",
+        "partitions",
+    ):
+        least = 0 if key in ("epoch", "batches_done", "seed", "offset", "offset_step") else 1
+        if key in state and state[key] < least:
+            raise ValueError(f"loader state field {key!r} is {state[key]}, expected >= {least}")
 
 
-def check_state(state: Any, mine: Mapping[str, Any]) -> int:
+def layout_of(state: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """``(partitions, global_batch, offset, offset_step)`` of a checked state (versions before 3:
+    laid out on their own world)."""
+    if state["version"] >= 3:
+        return state["partitions"], state["global_batch"], state["offset"], state["offset_step"]
+    return state["world_size"], state["world_size"] * state["batch_size"], 0, 0
+
+
+def check_state(state: Any, mine: Mapping[str, Any], budgeted: bool = False) -> int:
     """The batches already done in ``state``, after checking it belongs to the same order as
-    ``mine`` (this loader's own ``state_dict()``); raises ValueError naming the field otherwise."""
+    ``mine`` (this loader's own ``state_dict()``); raises ValueError naming the field otherwise.
+
+    The world size may differ: the order is laid out on the state's canonical partitions
+    (:mod:`loaders.elastic`). Fixed-size batches need the same global batch (world size x batch
+    size); budget batches (``budgeted``) the same budget, in ``sample_config``. The caller checks
+    ``batches_done`` against its batch count under the state's layout."""
     check_types(state)
-    if state["world_size"] != mine["world_size"]:
+    _, saved_g, _, _ = layout_of(state)
+    if not budgeted and saved_g != mine["global_batch"]:
         raise ValueError(
-            f"cannot resume: the state was saved with world_size={state['world_size']} but this loader "
-            f"runs with world_size={mine['world_size']}; rank slices and batch boundaries depend on the world "
-            "size. Resume with the same world size, or start a fresh epoch with set_epoch()."
+            f"cannot resume: the state was saved with a global batch of {saved_g} units "
+            f"(world_size={state['world_size']} x batch_size={state['batch_size']}) but this "
+            f"loader's is {mine['global_batch']} (world_size={mine['world_size']} x "
+            f"batch_size={mine['batch_size']}); the world size may change, the global batch may "
+            f"not: pick batch_size={saved_g} / world_size, or start a fresh epoch with set_epoch()."
         )
     if state["version"] == 1:
         warnings.warn(
@@ -109,9 +143,10 @@ def check_state(state: Any, mine: Mapping[str, Any]) -> int:
     if diff:
         detail = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
         raise ValueError(f"cannot resume: the state belongs to a different sample order ({detail})")
-    done = int(state["batches_done"])
-    if not 0 <= done <= mine["num_batches"]:
-        raise ValueError(
-            f"loader state field 'batches_done' is {done}, outside [0, {mine['num_batches']}]"
-        )
-    return done
+    return int(state["batches_done"])
+
+
+def check_done(done: int, num_batches: int) -> None:
+    """``batches_done`` within the resumed epoch's batch count (under the state's layout)."""
+    if not 0 <= done <= num_batches:
+        raise ValueError(f"loader state field 'batches_done' is {done}, outside [0, {num_batches}]")

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from loaders.digests import tagged
 from loaders.errors import FormatError
 
 LAYOUTS = (
@@ -144,7 +145,7 @@ class ShardEntry:
     units: Mapping[str, int]
     bytes: int  # on disk
     raw_bytes: int  # uncompressed payload
-    sha256: str
+    digest: str  # content digest, algorithm named ("xxh3_128:<hex>"; loaders.digests)
     plan_key: str
     source: int = -1  # manifest source ordinal whose rows it holds (-1 if mixed or not applicable)
     part: int = 0  # shard number within its (source, split)
@@ -172,7 +173,7 @@ class ShardEntry:
             units={str(k): int(v) for k, v in dict(d["units"]).items()},
             bytes=int(d["bytes"]),
             raw_bytes=int(d["raw_bytes"]),
-            sha256=str(d["sha256"]),
+            digest=_digest(d),
             plan_key=str(d["plan_key"]),
             source=int(d.get("source", -1)),
             part=int(d.get("part", 0)),
@@ -187,7 +188,7 @@ class ConditionsRef:
     file: str
     rows: int
     dim: int
-    sha256: str = ""
+    digest: str = ""  # content digest, algorithm named, as a shard's
     bytes: int = 0
     segments: list[Any] = field(
         default_factory=list
@@ -203,7 +204,15 @@ class ConditionsRef:
             file=str(d["file"]),
             rows=int(rows),
             dim=int(d.get("dim", 0)),
-            sha256=str(d.get("sha256", "")),
+            digest=_digest(d),
             bytes=int(d.get("bytes", 0)),
             segments=list(d.get("segments", [])),
         )
+
+
+def _digest(d: Mapping[str, Any]) -> str:
+    """An entry's content digest, named: ``digest`` (index version 4 on), else the bare ``sha256``
+    of versions 1-3 as ``"sha256:<hex>"``; "" when the entry records none."""
+    if "digest" in d:
+        return str(d["digest"])
+    return tagged(str(d.get("sha256") or ""))

@@ -126,7 +126,7 @@ def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig, name: str) -> f
         file=final.name,
         rows=int(vectors.shape[0]),
         dim=int(vectors.shape[1]),
-        sha256=digest,
+        digest=digest,
         bytes=stored,
         segments=list(plan.condition_segments),
     )
@@ -144,6 +144,7 @@ def build(
     events: EventLog | None = None,
     wait: float = 0.0,
     replace: bool = False,
+    rehash: bool = False,
 ) -> BuildResult:
     """Build or incrementally rebuild OUT from a manifest, through the manifest's kind
     (pipeline.kinds).
@@ -158,7 +159,8 @@ def build(
     `LockHeldError` at once, or after `wait` seconds; an OUT holding files that are not ours ->
     `OutputError`, nothing touched. An OUT holding another dataset (another name or kind) ->
     `OutputError` unless `replace` (`check_same_dataset`). A build that keeps no record ->
-    `NothingKeptError`, nothing committed."""
+    `NothingKeptError`, nothing committed. `rehash`: read every source again for its digest (no
+    stat cache, no up-to-date shortcut: `pipeline.fingerprint`)."""
     t0 = time.perf_counter()
     ev = events if events is not None else EventLog()
     manifest = load_manifest(manifest_path)
@@ -185,9 +187,9 @@ def build(
         dry_run
     ):  # writes nothing, so takes no lock; a folder that is not ours is refused all the same
         generations.check_owned(out)
-        return _build_locked(*args)
+        return _build_locked(*args, rehash=rehash)
     with generations.writing(out, wait):
-        return _build_locked(*args)
+        return _build_locked(*args, rehash=rehash)
 
 
 def _build_locked(
@@ -202,11 +204,12 @@ def _build_locked(
     progress: bool,
     dry_run: bool,
     replace: bool = False,
+    rehash: bool = False,
 ) -> BuildResult:
     prev = previous_index(out)
     check_same_dataset(out, prev, manifest, replace)
     saved = read_record(out) if prev is not None else {}
-    if prev is not None and unchanged(manifest, kind, out, prev, saved):
+    if prev is not None and not rehash and unchanged(manifest, kind, out, prev, saved):
         shards = [s.file for s in prev.shards]
         if not dry_run:
             generations.sweep(out, prev)  # leftovers of killed builds, an interrupted cleanup
@@ -232,7 +235,8 @@ def _build_locked(
     if not dry_run:
         generations.sweep(out, prev, dead_builds=False)  # their shards may be ours again, by name
 
-    cache = {str(s["path"]): s for s in (prev.sources if prev is not None else [])}
+    # the stat cache (pipeline.fingerprint): digests of sources whose stat the last build recorded
+    cache = {} if rehash else dict(saved.get("stats") or {})
     # with more than one job, new sources are hashed on a second thread while metadata is read and
     # planned
     hasher = ThreadPoolExecutor(1, thread_name_prefix="hash") if jobs > 1 else None

@@ -1,13 +1,25 @@
-"""Source fingerprints: size, mtime and a content hash, the key of every reuse decision."""
+"""Source fingerprints: a content digest (named, ``loaders.digests``: xxh3-128) and the stat that
+vouches for it, the key of every reuse decision.
+
+Why a stat cache: a nightly rebuild of unchanged sources must not read them again to learn that
+they are unchanged. A digest is reused when the file's (size, mtime_ns, inode, ctime_ns) equal
+those recorded with it by the last committed build (``OUT/.build-inputs.json``, "stats"): a
+rewrite in place that keeps the size changes mtime, and one that also sets mtime back (``touch
+-d``, ``cp -p``, ``rsync -t``) still changes ctime, which user space cannot set; a replaced file
+changes inode. ``shardsmith build --rehash`` ignores the cache.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from loaders.digests import DIGEST, algorithm, feed_file, finish, hasher
 from pipeline.errors import SourceError
+
+STAT_KEYS = ("size", "mtime_ns", "inode", "ctime_ns")
 
 
 @dataclass(frozen=True)
@@ -15,20 +27,52 @@ class Fingerprint:
     path: str
     size: int
     mtime_ns: int
-    sha256: str
+    digest: str  # "xxh3_128:<hex>" (loaders.digests)
+    inode: int = 0
+    ctime_ns: int = 0
 
     def to_json(self) -> dict[str, object]:
+        """The index's source entry (inode and ctime stay in the stat cache: they are this
+        machine's, and the index's bytes should not depend on them)."""
         return {
             "path": self.path,
             "size": self.size,
             "mtime_ns": self.mtime_ns,
-            "sha256": self.sha256,
+            "digest": self.digest,
+        }
+
+    def stat_json(self) -> dict[str, object]:
+        """The stat cache's entry: the stat that vouches for the digest, and the digest."""
+        return {
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "inode": self.inode,
+            "ctime_ns": self.ctime_ns,
+            "digest": self.digest,
         }
 
 
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+class ReadCounter:
+    """Source bytes read to fingerprint them, in this process (tests and benchmarks: a no-change
+    nightly reads none)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+
+
+HASHED = ReadCounter()
+
+
+def file_digest(path: Path) -> str:
+    """The digest of one file's bytes, counted in ``HASHED``."""
+    h = hasher(DIGEST)
+    HASHED.add(feed_file(h, path))
+    return finish(DIGEST, h)
 
 
 def folder_files(path: Path) -> list[Path]:
@@ -40,33 +84,52 @@ def folder_files(path: Path) -> list[Path]:
 def source_stat(path: Path) -> tuple[int, int]:
     """(size, mtime_ns) of a source file; of a folder source, its files' total size and the latest
     mtime of the folder and its files (an edited, added or removed file changes one of them)."""
+    return stat_key(path)[:2]
+
+
+def stat_key(path: Path) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, inode, ctime_ns) of a source: of a folder source, its files' total size,
+    the latest mtime and ctime of the folder and its files, and the folder's inode."""
     st = path.stat()
     if not path.is_dir():
-        return st.st_size, st.st_mtime_ns
+        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
     stats = [p.stat() for p in folder_files(path)]
-    return sum(s.st_size for s in stats), max([st.st_mtime_ns, *(s.st_mtime_ns for s in stats)])
+    return (
+        sum(s.st_size for s in stats),
+        max([st.st_mtime_ns, *(s.st_mtime_ns for s in stats)]),
+        st.st_ino,
+        max([st.st_ctime_ns, *(s.st_ctime_ns for s in stats)]),
+    )
 
 
-def folder_sha256(path: Path) -> str:
-    """One hash over a folder source's files: each file's name and content hash, in name order."""
-    h = hashlib.sha256()
+def folder_digest(path: Path) -> str:
+    """One digest over a folder source's files: each file's name and digest, in name order."""
+    h = hasher(DIGEST)
     for p in folder_files(path):
-        h.update(p.name.encode() + b"\0" + file_sha256(p).encode() + b"\n")
-    return h.hexdigest()
+        h.update(p.name.encode() + b"\0" + file_digest(p).encode() + b"\n")
+    return finish(DIGEST, h)
+
+
+def cached(entry: Mapping[str, object] | None, key: tuple[int, int, int, int]) -> str | None:
+    """The digest a stat cache entry holds if its stat is ``key`` and its algorithm the one a build
+    writes (a sha256 of an older build is recomputed once), else None."""
+    if not entry or tuple(entry.get(k) for k in STAT_KEYS) != key:
+        return None
+    digest = str(entry.get("digest") or "")
+    return digest if digest and algorithm(digest) == DIGEST else None
 
 
 def fingerprint(path: Path, cache: Mapping[str, Mapping[str, object]] | None = None) -> Fingerprint:
-    """size + mtime + content hash; the hash is reused from the last build when size and mtime are
-    unchanged."""
+    """stat + content digest; the digest is reused from the stat cache (``cache``: path -> the last
+    build's ``Fingerprint.stat_json``) when the stat is unchanged, else the source is read."""
     try:
-        size, mtime_ns = source_stat(path)
+        key = stat_key(path)
     except OSError as e:
         raise SourceError(path, f"cannot stat ({e.strerror})") from None
-    old = (cache or {}).get(str(path))
-    if old and old.get("size") == size and old.get("mtime_ns") == mtime_ns:
-        return Fingerprint(str(path), size, mtime_ns, str(old["sha256"]))
-    try:
-        sha = folder_sha256(path) if path.is_dir() else file_sha256(path)
-    except OSError as e:
-        raise SourceError(path, f"cannot read ({e.strerror})") from None
-    return Fingerprint(str(path), size, mtime_ns, sha)
+    digest = cached((cache or {}).get(str(path)), key)
+    if digest is None:
+        try:
+            digest = folder_digest(path) if path.is_dir() else file_digest(path)
+        except OSError as e:
+            raise SourceError(path, f"cannot read ({e.strerror})") from None
+    return Fingerprint(str(path), key[0], key[1], digest, key[2], key[3])

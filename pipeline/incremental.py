@@ -6,10 +6,9 @@ the key of everything that source's shards depend on
 of the index it belongs to, so a record left by an older or interrupted build is never trusted;
 it is a cache, never required: without it the build simply plans everything.
 
-* no change (`unchanged`): every source has the size and mtime recorded with its sha256 in the index
-(the
-  scan's own rule for reusing a hash) and the inputs digest matches: nothing is read, planned or
-  written.
+* no change (`unchanged`): every source's (size, mtime, inode, ctime) is as the record's stat
+  cache ("stats") holds it with its digest (the scan's own rule for reusing a digest:
+  `pipeline.fingerprint`) and the inputs digest matches: nothing is read, planned or written.
 * some change (`known_sources`): sources whose key is unchanged are not planned again; their shards
 are
   taken from the index as they are (their part numbers from `ShardEntry.part`). Vocabularies and the
@@ -36,7 +35,7 @@ import numpy as np
 import loaders.format
 from loaders import format as fmt
 from pipeline import __version__
-from pipeline.fingerprint import source_stat
+from pipeline.fingerprint import cached, stat_key
 from pipeline.manifest import Manifest
 from pipeline.model import ShardPlan
 from pipeline.paths import inside, shard_inside
@@ -137,18 +136,18 @@ def unchanged(
     manifest: Manifest, kind: Kind, out: Path, prev: fmt.Index, saved: Mapping[str, Any]
 ) -> bool:
     """True when rebuilding would reproduce the committed dataset byte for byte, so there is nothing
-    to do: sizes and mtimes as recorded (so are the sha256s), the same inputs digest, every named
-    file present."""
+    to do: every source's stat (size, mtime, inode, ctime) as the stat cache recorded it with its
+    digest (pipeline.fingerprint), the same inputs digest, every named file present."""
     if not saved:
         return False
     try:
-        known = {s["path"]: s for s in prev.sources}
+        stats = dict(saved.get("stats") or {})
         sources = []
         for spec in manifest.sources:
-            old = known.get(str(spec.path))
-            if not old or (old.get("size"), old.get("mtime_ns")) != source_stat(spec.path):
+            digest = cached(stats.get(str(spec.path)), stat_key(spec.path))
+            if digest is None:
                 return False
-            sources.append((str(spec.path), str(old["sha256"])))
+            sources.append((str(spec.path), digest))
         if saved.get("inputs") != inputs_digest(manifest, kind, sources):
             return False
         # a name leading outside OUT (a tampered index) is no file of this dataset: rebuild
@@ -195,7 +194,7 @@ def save_inputs(
 ) -> None:
     """After a commit: remember what produced it (a cache: written atomically, never required)."""
     digest = inputs_digest(
-        manifest, kind, [(str(s.spec.path), s.fingerprint.sha256) for s in scanned]
+        manifest, kind, [(str(s.spec.path), s.fingerprint.digest) for s in scanned]
     )
     doc = {
         "index_sha256": hashlib.sha256(fmt.index_path(out).read_bytes()).hexdigest(),
@@ -204,5 +203,7 @@ def save_inputs(
             k: {"ordinal": i, "stats": st}
             for i, (k, st) in enumerate(zip(plan.source_keys, plan.source_stats, strict=True))
         },
+        # the stat cache: what vouches for each source's digest on the next build
+        "stats": {str(s.spec.path): s.fingerprint.stat_json() for s in scanned},
     }
     fmt.atomic_write_bytes(out / INPUTS_FILE, json.dumps(doc, sort_keys=True).encode())

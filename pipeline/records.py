@@ -244,7 +244,7 @@ class RecordKind(Kind):
                 json.dumps(
                     [
                         k,
-                        scanned[src].fingerprint.sha256,
+                        scanned[src].fingerprint.digest,
                         rec.index,
                         rec.group,
                         list(rec.order),

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 def write_columns(
     columns: Mapping[str, Any], final: Path, cfg: PackConfig, tables: Sequence[str] = ()
 ) -> tuple[str, int]:
-    """Write atomically (temp name, hash, rename); returns (sha256, stored bytes). The build makes
-    the new files durable (make_durable) before it commits the index that names them."""
+    """Write atomically (temp name, hash, rename); returns (content digest, stored bytes). The
+    build makes the new files durable (make_durable) before it commits the index that names them."""
     if (
         final.exists()
     ):  # same name = same plan key = same bytes (a crash after rename, before commit)
@@ -81,7 +81,7 @@ def shard_entry(
         units=units,
         bytes=stored,
         raw_bytes=int(sum(a.nbytes for a in columns.values())),
-        sha256=digest,
+        digest=digest,
         plan_key=shard.key,
         source=shard.source,
         part=shard.part,

@@ -26,7 +26,12 @@ if TYPE_CHECKING:
     from loaders import format as fmt
     from tests.fixtures_shards import Truth
 
-pytest_plugins = ["tests.plugin_fixtures", "tests.fixtures_shards"]
+pytest_plugins = [
+    "tests.plugin_fixtures",
+    "tests.fixtures_shards",
+    "tests.s3_fixtures",
+    "tests.remote_fixtures",
+]
 
 
 # -- manifests ----------------------------------------------------------------------------------

@@ -174,7 +174,7 @@ def write_shards(
                 units=units,
                 bytes=fm.stored_bytes(path),
                 raw_bytes=sum(a.nbytes for a in cols_map.values()),
-                sha256=fm.content_hash(path),
+                digest=fm.content_hash(path),
                 plan_key=f"fixture/{i}",
                 source=0,
             )

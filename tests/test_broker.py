@@ -44,7 +44,9 @@ def test_each_window_decoded_once_for_all_workers(
     kw = {"batch_size": 16, "seed": 2, "window": 2}
     want = batches(ShardDataset(fx.root, decode_process=False, **kw), epochs=(0, 1))  # type: ignore[arg-type]
     ds = ShardDataset(fx.root, **kw)  # type: ignore[arg-type]
-    got = batches(ds, epochs=(0, 1), num_workers=workers)
+    # workers respawned each epoch: exactly one decode per window and epoch (persistent ones, the
+    # default, also decode the next epoch's first window ahead at the end of the last epoch)
+    got = batches(ds, epochs=(0, 1), num_workers=workers, persistent_workers=False)
     assert_same(got, want)
     n_windows = -(-len(ds.entries) // 2)
     assert (

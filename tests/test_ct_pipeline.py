@@ -153,7 +153,7 @@ def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(
     b = ct_npy.make(root, "zarr", max_points=3000, jobs=2, out="cap-b")
     t = ct_npy.make(root, "tar", max_points=3000, jobs=2, out="cap-t")
     ia, ib = fmt.read_index(a), fmt.read_index(b)
-    assert [s.sha256 for s in ia.shards] == [s.sha256 for s in ib.shards]  # byte-identical shards
+    assert [s.digest for s in ia.shards] == [s.digest for s in ib.shards]  # byte-identical shards
     ds = lambda r: ShardDataset(r, sample="ct", batch_size=3, shuffle=False, features=["hu"])  # noqa: E731
     va, vt = volumes(list(ds(a))), volumes(list(ds(t)))
     for sid, (xyz, feats) in va.items():

@@ -76,7 +76,7 @@ def test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2(
     assert gen2.generation == 2 and gen2.previous is not None
     assert gen2.previous.index_sha256 == gen1_sha and gen2.previous.files() == gen1.files()
     # a loader that opened generation 1 still finds every file it names, with the bytes it recorded
-    assert all(fmt.content_hash(gen1.shard_path(e)) == e.sha256 for e in gen1.shards)
+    assert all(fmt.content_hash(gen1.shard_path(e)) == e.digest for e in gen1.shards)
     assert set(gen1.files()) - set(gen2.files()), (
         "seed 1 rewrote the shards: a real test of keeping"
     )
@@ -136,7 +136,7 @@ def test_a_rebuild_of_an_earlier_manifest_reuses_the_immutable_files(
     build(small_manifest(tmp_path, seed=1), out, jobs=1, progress=False)
     again = build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
     assert [s["file"] for s in again.index["shards"]] == [s["file"] for s in a.index["shards"]]
-    assert [s["sha256"] for s in again.index["shards"]] == [s["sha256"] for s in a.index["shards"]]
+    assert [s["digest"] for s in again.index["shards"]] == [s["digest"] for s in a.index["shards"]]
     after = shard_files(out)
     assert all(after[k] == v for k, v in before.items()), "same inode and mtime: never rewritten"
 

@@ -222,9 +222,9 @@ def _toy_tree(root: Path, n_sources: int = 2) -> list[list[dict]]:
 def test_record_kind_rebuilds_only_what_changed(tmp_path: Path) -> None:
     recs = _toy_tree(tmp_path)
     first = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
-    files = {s["file"]: s["sha256"] for s in first.index["shards"]}
+    files = {s["file"]: s["digest"] for s in first.index["shards"]}
     again = build(tmp_path / "m.toml", tmp_path / "out", jobs=1, progress=False)
-    assert again.written == [] and {s["file"]: s["sha256"] for s in again.index["shards"]} == files
+    assert again.written == [] and {s["file"]: s["digest"] for s in again.index["shards"]} == files
     # new values in source 1 (same records, same groups): only shards holding its records are
     # rewritten
     for r in recs[1]:
@@ -266,8 +266,8 @@ def test_jobs_do_not_change_record_shards(tmp_path: Path) -> None:
     (tmp_path / "m.toml").write_text(MANIFEST.format(fmt="tar", ragged="true"))
     a = build(tmp_path / "m.toml", tmp_path / "a", jobs=1, progress=False)
     b = build(tmp_path / "m.toml", tmp_path / "b", jobs=2, backend="loky", progress=False)
-    assert [(s["file"], s["sha256"]) for s in a.index["shards"]] == [
-        (s["file"], s["sha256"]) for s in b.index["shards"]
+    assert [(s["file"], s["digest"]) for s in a.index["shards"]] == [
+        (s["file"], s["digest"]) for s in b.index["shards"]
     ]
 
 

@@ -4,6 +4,8 @@ the remaining batches."""
 
 from __future__ import annotations
 
+import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,14 +24,18 @@ N_GENES = 20
 
 
 class Tiny(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, log: Path | None = None) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(N_GENES, 1)
         self.seen: list[tuple[int, list[int]]] = []
         self.val_seen: list[int] = []
+        self.log_path = log  # spawned ranks: what each served, one JSON line a batch
 
     def training_step(self, batch: dict[str, torch.Tensor], i: int) -> torch.Tensor:
         self.seen.append((self.current_epoch, batch["sample_id"].tolist()))
+        if self.log_path is not None:
+            with self.log_path.open("a") as f:
+                f.write(json.dumps([self.current_epoch, batch["sample_id"].tolist()]) + "\n")
         return self.lin(batch["X"]).pow(2).mean()
 
     def validation_step(self, batch: dict[str, torch.Tensor], i: int) -> None:
@@ -37,6 +43,19 @@ class Tiny(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SaveAt(pl.Callback):
+    """Save a checkpoint after batch ``k`` of epoch ``e`` (every rank takes part)."""
+
+    def __init__(self, path: Path, epoch: int, k: int) -> None:
+        self.path, self.epoch, self.k = path, epoch, k
+
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.current_epoch == self.epoch and batch_idx == self.k:
+            trainer.save_checkpoint(self.path)
 
 
 class StopAt(pl.Callback):
@@ -55,9 +74,9 @@ class StopAt(pl.Callback):
 
 
 def _trainer(**kw: Any) -> Any:
+    kw.setdefault("devices", 1)
     return pl.Trainer(
         accelerator="cpu",
-        devices=1,
         max_epochs=2,
         logger=False,
         enable_checkpointing=False,
@@ -102,8 +121,17 @@ def test_mid_epoch_checkpoint_resumes_exactly(root: Path, tmp_path: Path) -> Non
         _trainer(callbacks=[StopAt(ckpt, epoch=1, k=4)]).fit(first, _dm(root))
     assert ckpt.exists() and len(first.seen) == 15 + 5
     rest = Tiny()
-    _trainer().fit(rest, _dm(root), ckpt_path=ckpt)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer().fit(rest, _dm(root), ckpt_path=ckpt)
     assert first.seen + rest.seen == full.seen  # nothing repeated, nothing skipped
+    assert not [w for w in caught if "not resumable" in str(w.message)]
+    assert (
+        torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"][
+            0
+        ]["batches_done"]
+        == 5
+    )  # Lightning's own copy of the loader state
 
 
 def test_ranks_come_from_the_trainer(root: Path) -> None:
@@ -113,3 +141,27 @@ def test_ranks_come_from_the_trainer(root: Path) -> None:
     ds = dm.loaders["train"].dataset
     assert (ds.rank, ds.world_size) == (1, 2)
     assert len(dm.train_dataloader()) == 8  # 240 cells / 2 ranks / 16 per batch, rounded up
+
+
+def test_resume_on_another_number_of_devices(root: Path, tmp_path: Path) -> None:
+    """2 devices (ddp_spawn, gloo) checkpoint mid-epoch 1; the fit resumes on 1 device with the same
+    global batch: epoch 1 is every train cell exactly once (240 cells, 32 a step)."""
+    ckpt, log = tmp_path / "mid.ckpt", tmp_path / "served.jsonl"
+
+    def dm() -> Any:
+        return ShardDataModule(
+            root, sample="cells", global_batch_size=32, seed=3, decode_process=False
+        )
+
+    two = _trainer(devices=2, strategy="ddp_spawn", max_steps=8 + 5, callbacks=[SaveAt(ckpt, 1, 4)])
+    two.fit(Tiny(log), dm())
+    first = [json.loads(line) for line in log.read_text().splitlines()]
+    assert ckpt.exists() and len(first) == 2 * 13
+    one = Tiny()
+    _trainer().fit(one, dm(), ckpt_path=ckpt)
+    epoch1 = [i for e, ids in first if e == 1 for i in ids] + [
+        i for e, ids in one.seen if e == 1 for i in ids
+    ]
+    assert [len(ids) for _, ids in one.seen] == [32, 32, 16]  # steps 5-7 of epoch 1, on one device
+    assert sorted(epoch1) == sorted(i for e, ids in first if e == 0 for i in ids)
+    assert len(epoch1) == len(set(epoch1)) == 240

@@ -7,6 +7,7 @@ the test instead of hanging.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -70,9 +71,41 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def run_job(world: int, root: Path, out: Path) -> None:
+def _elastic_main(rank: int, world: int, port: int, root: str, out: str) -> None:
+    """Part of an epoch on ``world`` ranks with a global batch of 12: resumed from ``state.json``
+    when there is one, else 3 steps from the start (then the state of rank 0 is saved)."""
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        ds = ShardDataset(root, split="train", batch_size=12 // world, window=2, seed=7)
+        dl = ShardLoader(ds, num_workers=world - 1, timeout=60, multiprocessing_context="fork")
+        path = Path(out) / "state.json"
+        resumed = path.exists()
+        if resumed:
+            dl.load_state_dict(json.loads(path.read_text()))
+        ids = []
+        for batch in dl:
+            ids.append(batch["sample_id"].numpy())
+            step = torch.ones(1)
+            dist.all_reduce(step)
+            if not resumed and dl.batches_done == 3:
+                break
+        if rank == 0 and not resumed:
+            path.write_text(json.dumps(dl.state_dict()))
+        np.save(Path(out) / f"elastic-w{world}-rank{rank}.npy", np.concatenate(ids))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_job(world: int, root: Path, out: Path, main: Callable[..., None] = _rank_main) -> None:
     ctx = tmp.start_processes(
-        _rank_main,
+        main,
         args=(world, free_port(), str(root), str(out)),
         nprocs=world,
         join=False,
@@ -119,3 +152,17 @@ def test_ddp_ranks_split_the_epoch(fx: Any, tmp_path: Path, world: int) -> None:
         else:  # disjoint, only the last N mod world units dropped
             assert len(union) == len(set(union.tolist())) == len(split) - len(split) % world
             assert set(union.tolist()) <= set(split.tolist())
+
+
+def test_ddp_resume_on_another_world_size(fx: Any, tmp_path: Path) -> None:
+    """Gloo: 3 steps of an epoch on 2 ranks (1 worker each), resumed from rank 0's state on 3
+    ranks (2 workers each): every train unit served, repeats fewer than one global batch (12)."""
+    run_job(2, fx.root, tmp_path, _elastic_main)
+    run_job(3, fx.root, tmp_path, _elastic_main)
+    first = [np.load(tmp_path / f"elastic-w2-rank{r}.npy") for r in range(2)]
+    rest = [np.load(tmp_path / f"elastic-w3-rank{r}.npy") for r in range(3)]
+    assert {a.size for a in first} == {18} and len({a.size for a in rest}) == 1
+    served = np.concatenate(first + rest).tolist()
+    split = fx.primary_ids("train").tolist()
+    assert set(served) == set(split)
+    assert len(served) - len(split) < 12

@@ -29,9 +29,9 @@ def test_jobs_do_not_change_bytes(
     a = build(manifest, tmp_path / "a", jobs=1, progress=False)
     b = build(manifest, tmp_path / "b", jobs=2, progress=False)
     c = build(manifest, tmp_path / "c", jobs=2, backend="loky", progress=False)
-    ea = [(s["file"], s["sha256"]) for s in a.index["shards"]]
-    assert ea == [(s["file"], s["sha256"]) for s in b.index["shards"]]
-    assert ea == [(s["file"], s["sha256"]) for s in c.index["shards"]]
+    ea = [(s["file"], s["digest"]) for s in a.index["shards"]]
+    assert ea == [(s["file"], s["digest"]) for s in b.index["shards"]]
+    assert ea == [(s["file"], s["digest"]) for s in c.index["shards"]]
     assert (tmp_path / "a/index.json").read_bytes() == (tmp_path / "b/index.json").read_bytes()
     assert (tmp_path / "a/index.json").read_bytes() == (tmp_path / "c/index.json").read_bytes()
     for e in a.index["shards"]:  # the bytes themselves, not only the recorded hashes
@@ -181,7 +181,7 @@ def test_spill_path_gives_the_same_shards(
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 1)
     spilled = build(manifest, tmp_path / "spilled", jobs=2, progress=False)
-    assert [(s["file"], s["sha256"]) for s in fused.index["shards"]] == [
-        (s["file"], s["sha256"]) for s in spilled.index["shards"]
+    assert [(s["file"], s["digest"]) for s in fused.index["shards"]] == [
+        (s["file"], s["digest"]) for s in spilled.index["shards"]
     ]
     assert not list((tmp_path / "spilled").glob(".spill-*"))

@@ -91,7 +91,7 @@ def _rewrite(
     raw = json.loads(fmt.index_path(root).read_text())
     for e in raw["shards"]:
         if e["file"] == entry.file:
-            e["sha256"], e["bytes"] = fmt.content_hash(path), fmt.stored_bytes(path)
+            e["digest"], e["bytes"] = fmt.content_hash(path), fmt.stored_bytes(path)
     for f in raw["fields"]:
         if f["name"] == drop_bound:
             f.pop("bound", None)

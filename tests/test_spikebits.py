@@ -164,7 +164,7 @@ def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> No
     for name in ("zarr", "tar"):
         index = fmt.read_index(builds[name])
         assert (
-            index.field("spikes").codec == {"id": "zstd", "level": 5} and index.raw["version"] == 3
+            index.field("spikes").codec == {"id": "zstd", "level": 5} and index.raw["version"] == 4
         )
         assert (
             index.section()["codec"] == "spikebits"
@@ -172,7 +172,7 @@ def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> No
         )
         index = fmt.read_index(builds[f"v1-{name}"])
         assert (
-            index.field("spikes").codec == CONFIG and index.raw["version"] == fmt.INDEX_VERSION == 3
+            index.field("spikes").codec == CONFIG and index.raw["version"] == fmt.INDEX_VERSION == 4
         )
         assert (
             index.section()["codec"] == "spikebits-v1"
@@ -180,7 +180,7 @@ def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> No
         )
     plain = fmt.read_index(builds["plain"])
     assert (
-        plain.field("spikes").codec is None and plain.raw["version"] == fmt.PLAIN_INDEX_VERSION == 2
+        plain.field("spikes").codec is None and plain.raw["version"] == fmt.INDEX_VERSION == 4
     )
     assert plain.section()["codec"] == "dataset"
 
@@ -255,7 +255,7 @@ def test_codec_in_an_old_index_version_and_newer_versions_are_refused(
     (root / fmt.INDEX_FILE).write_text(json.dumps({**doc, "version": 2}))
     with pytest.raises(fmt.FormatError, match="cannot"):
         fmt.read_index(root)
-    (root / fmt.INDEX_FILE).write_text(json.dumps({**doc, "version": 4}))
+    (root / fmt.INDEX_FILE).write_text(json.dumps({**doc, "version": fmt.INDEX_VERSION + 1}))
     with pytest.raises(fmt.FormatError, match="upgrade shardsmith"):
         fmt.read_index(root)
 

@@ -39,6 +39,17 @@ def range_segments(bounds: Sequence[int], start: int, stop: int) -> Plan:
     return _walk(bounds, start % max(int(bounds[-1]), 1), stop - start)
 
 
+def runs_segments(bounds: Sequence[int], runs: Sequence[tuple[int, int]]) -> Plan:
+    """Runs ``(first global position, length)`` of one batch, in order (a physical rank's slice of
+    a global batch, :func:`loaders.elastic.slice_runs`), as runs inside one window each."""
+    if len(runs) == 1:  # the common case: the rank reads one canonical partition
+        return _walk(bounds, runs[0][0] % max(int(bounds[-1]), 1), runs[0][1])
+    segments: list[Segment] = []
+    for first, n in runs:
+        segments += _walk(bounds, first % max(int(bounds[-1]), 1), n)[0]
+    return segments, list(dict.fromkeys(w for w, _, _ in segments))
+
+
 def _walk(bounds: Sequence[int], g: int, left: int) -> Plan:
     """``left`` positions from global position ``g`` on, cut at window ends (and wrapped at the
     total)."""

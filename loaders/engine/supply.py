@@ -27,6 +27,8 @@ from loaders.engine.decoder import Decoder
 from loaders.engine.live import LiveWindows
 from loaders.engine.slab import DecoderError
 from loaders.engine.window import WindowReader
+from loaders.remote import ahead
+from loaders.remote.resolve import node_cache
 
 
 class WindowSupply:
@@ -64,6 +66,9 @@ class WindowSupply:
         holds one (the next epoch's first window while the last is served: with ``window >=
         n_shards`` every epoch is one window of the same shards, so the split is decoded once,
         not once per epoch), else decoded."""
+        remote = self.reader.spec.get("remote")
+        if remote:  # a URL dataset: this window pinned, the next ones downloading meanwhile
+            ahead.prefetch(self, node_cache(remote, self.reader.spec["root"]), epoch, w)
         live = self.live_windows()
         key = tuple(sorted(self.reader.window_shards(epoch, w).tolist()))
         entry = live.claim(key)

@@ -19,6 +19,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 
 from loaders import order
 from loaders.columns import validate_columns
+from loaders.digests import as_stored_before
 from loaders.engine.arena import Arena, Buffers
 from loaders.format import (
     FieldSpec,
@@ -43,12 +45,13 @@ from loaders.integrity import (
     check_on_corrupt,
     open_checked,
 )
+from loaders.remote.resolve import node_cache
 from loaders.samples import SampleType, check_sample_type, from_config
 from loaders.shardio import Column
 
 SPEC_KEYS = ("root", "split", "sample", "window", "seed", "shuffle")
 # optional: "index" (index.json's text as the loader read it), "index_sha256", "verify",
-# "on_corrupt"
+# "on_corrupt", "remote" (a URL dataset: how to fill its cache folder, loaders.remote)
 CHECK_DEFAULTS: dict[str, Any] = {"verify": True, "on_corrupt": "raise"}
 
 
@@ -84,6 +87,7 @@ class WindowReader:
         spec = {
             **{k: spec[k] for k in SPEC_KEYS},
             **{k: spec.get(k, v) for k, v in CHECK_DEFAULTS.items()},
+            **({"remote": spec["remote"]} if spec.get("remote") else {}),
             "index": data.decode(),
             "index_sha256": digest,
         }
@@ -116,7 +120,11 @@ class WindowReader:
     def fingerprint(self) -> str:
         """What this reader serves (the split's shards by content, and their unit counts): a resume
         state saved on another dataset, or on another build of this one, does not match."""
-        doc = [[e.sha256 or e.file, e.records, e.units_of(self.sample.name)] for e in self.entries]
+        # a sha256 digest as versions 1-3 wrote it: a state saved on such a dataset still matches
+        doc = [
+            [as_stored_before(e.digest) or e.file, e.records, e.units_of(self.sample.name)]
+            for e in self.entries
+        ]
         return hashlib.sha256(json.dumps([self.spec["split"], doc]).encode()).hexdigest()[:32]
 
     def window_shards(self, epoch: int, w: int) -> np.ndarray:
@@ -152,9 +160,10 @@ class WindowReader:
         bad: dict[
             int, FormatError
         ] = {}  # shards skipped (on_corrupt="skip"), by position in the window
-        metas: list[dict[str, Column]] = run(
-            lambda i: self._open(shards[i], i, bad), list(range(len(shards)))
-        )
+        with self.cached([self.entries[s] for s in shards]):  # a URL dataset: fetched, pinned
+            metas: list[dict[str, Column]] = run(
+                lambda i: self._open(shards[i], i, bad), list(range(len(shards)))
+            )
         rows = [
             0 if i in bad else self._rows(m, self.paths[s])
             for i, (m, s) in enumerate(zip(metas, shards, strict=True))
@@ -179,6 +188,14 @@ class WindowReader:
         arena.set_order(shard_idx, local_idx)
         return arena
 
+    def cached(self, entries: list[ShardEntry]) -> AbstractContextManager[None]:
+        """For a URL dataset, the window's shards in this node's cache while they are opened (each
+        read whole into memory: no file is needed after); nothing to do for a local one."""
+        remote = self.spec.get("remote")
+        if not remote:
+            return nullcontext()
+        return node_cache(remote, self.spec["root"]).ready(entries)
+
     @property
     def on_corrupt(self) -> str:
         return str(self.spec["on_corrupt"])
@@ -191,7 +208,7 @@ class WindowReader:
         return err
 
     def _open(self, s: int, i: int, bad: dict[int, FormatError]) -> dict[str, Column]:
-        sha = self.entries[s].sha256 if self.spec["verify"] else None
+        sha = self.entries[s].digest if self.spec["verify"] else None
         try:
             return open_checked(
                 self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always"

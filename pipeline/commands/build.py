@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 from pathlib import Path
 
 from pipeline.commands import Command
@@ -13,7 +15,19 @@ def configure(p: argparse.ArgumentParser) -> None:
         "manifest", type=Path, help="the dataset's TOML manifest (e.g. data_manifests/demo.toml)"
     )
     p.add_argument(
-        "--out", type=Path, default=None, help="output folder (default: shards/<dataset name>)"
+        "--out",
+        type=_out,
+        default=None,
+        help="output folder (default: shards/<dataset name>), or an s3:// prefix: build in a local "
+        "staging folder (--stage), then push there (docs/REMOTE.md)",
+    )
+    p.add_argument(
+        "--stage",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --out s3://...: the local folder to build in, kept between runs so that a "
+        "rebuild reuses its shards (default: a folder per URL under ~/.cache/shardsmith/stage)",
     )
     p.add_argument("--jobs", type=int, default=None, help="parallel tasks (default: all cores)")
     p.add_argument(
@@ -50,6 +64,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         "replacing it; without it such a build is refused (exit 2) and nothing is changed",
     )
     p.add_argument(
+        "--rehash",
+        action="store_true",
+        help="read every source again for its content digest, even those whose size, mtime, "
+        "inode and ctime are as the last build recorded them (the stat cache)",
+    )
+    p.add_argument(
         "--log-json",
         default=None,
         metavar="FILE",
@@ -68,6 +88,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _out(text: str) -> Path | str:
+    """--out: a folder, or an object-storage URL kept as text (a Path would fold its "//")."""
+    from loaders.remote.store import is_url  # import weight: only --out needs it, not --help
+
+    return text if is_url(text) else Path(text)
+
+
 def _build(args: argparse.Namespace, events: object) -> object:
     from pipeline.build import (
         build,  # import weight: `shardsmith --help` imports every command module
@@ -77,18 +104,21 @@ def _build(args: argparse.Namespace, events: object) -> object:
         summary,
     )
 
+    url = args.out if isinstance(args.out, str) else None  # an s3:// prefix: stage, then push
+    progress = not (args.no_progress or args.quiet)
     res = build(
         args.manifest,
-        args.out,
+        args.out if url is None else _stage(url, args.stage),
         args.jobs,
         args.backend,
         args.scheduler,
-        progress=not (args.no_progress or args.quiet),
+        progress=progress,
         encoding=args.format,
         dry_run=args.dry_run,
         events=events,
         wait=args.wait,
         replace=args.replace,
+        rehash=args.rehash,
     )  # type: ignore[arg-type]
     if res.difference is not None:
         print("\n".join([f"dry run of {res.out}: nothing was changed", *res.difference.lines()]))
@@ -98,7 +128,23 @@ def _build(args: argparse.Namespace, events: object) -> object:
         f"in {res.seconds['total']:.1f}s"
     )
     print(format_summary(summary(res.out)))
+    if url is not None:
+        from pipeline.commands.push import report  # import weight: as above
+        from pipeline.push import push  # import weight: as above
+
+        pushed = push(res.out, url, wait=args.wait, progress=progress, replace=args.replace)
+        print(report(str(res.out), pushed))
     return res
+
+
+def _stage(url: str, stage: Path | None) -> Path:
+    """The local folder a build for ``url`` is staged in: ``--stage``, else one per URL in the
+    user's cache, the same on every run (a nightly rebuild then reuses its unchanged shards)."""
+    if stage is not None:
+        return stage
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "dataset"
+    return base / "shardsmith" / "stage" / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
 
 
 COMMAND = Command(

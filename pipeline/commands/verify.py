@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from pipeline.commands import Command
 from pipeline.errors import DatasetError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", type=Path, help="a built dataset folder (holding index.json and shards/)")
+    p.add_argument(
+        "dir",
+        help="a built dataset folder (holding index.json and shards/), or its URL (s3://...: "
+        "fetched into the node cache, docs/REMOTE.md)",
+    )
     p.add_argument(
         "--no-hash",
         action="store_true",
@@ -20,10 +23,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loaders.remote.resolve import fetch_dataset  # import weight: `--help` stays instant
     from pipeline.verify import (
         verify,  # import weight: `shardsmith --help` imports every command module
     )
 
+    shown = args.dir
+    args.dir, fetch_problems = fetch_dataset(args.dir)
     if not (args.dir / "index.json").is_file():
         # no dataset to find problems in: a wrong path is bad input (2), not a damaged dataset (1)
         what = (
@@ -36,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
         raise DatasetError(
             f"{args.dir} {what}: pass a dataset folder (the --out of `shardsmith build`)"
         )
-    problems = verify(args.dir, check_hashes=not args.no_hash)
+    problems = fetch_problems + verify(args.dir, check_hashes=not args.no_hash)
     for msg in problems:
         print(f"FAIL {msg}", file=sys.stderr)
-    print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    print(f"{shown}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
     return 0 if not problems else 1
 
 

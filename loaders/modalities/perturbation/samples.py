@@ -64,7 +64,7 @@ class _CellSamples(SampleType):
         self.rows_as = ROWS_AS[form_of(self.densify, self.torch_sparse)]
         self.n_cols, self.obs_fields, self.obsm_keys = 0, [], []  # type: ignore[var-annotated]
         self.conditions_path: str | None = None
-        self.conditions_sha256 = (
+        self.conditions_digest = (
             ""  # the index's content hash of the table, checked when it is read
         )
         self.n_cond: int | None = None
@@ -121,7 +121,7 @@ class _CellSamples(SampleType):
         self.conditions_path = (
             str(index.root / cond.file) if cond is not None and cond.file else None
         )
-        self.conditions_sha256 = cond.sha256 if cond is not None else ""
+        self.conditions_digest = cond.digest if cond is not None else ""
         self.n_cond = cond.rows if cond is not None and cond.rows else None
         self.encoding = index.encoding
 
@@ -134,11 +134,11 @@ class _CellSamples(SampleType):
             # a zarr group (a folder) per the contract; tar-encoded builds write it in their own
             # encoding
             encoding = "zarr" if Path(self.conditions_path).is_dir() else self.encoding
-            # checked like a shard (sha256, every chunk present): a missing chunk would read as
+            # checked like a shard (digest, every chunk present): a missing chunk would read as
             # zeros
             try:
                 got = open_checked(
-                    self.conditions_path, encoding, [CONDITION_VECTORS], self.conditions_sha256
+                    self.conditions_path, encoding, [CONDITION_VECTORS], self.conditions_digest
                 )[CONDITION_VECTORS].read()
             except FormatError as e:
                 raise FormatError(f"condition table: {e}") from None

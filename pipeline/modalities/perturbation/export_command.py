@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from loaders.errors import FormatError
 from pipeline.commands import Command
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "dir",
-        type=Path,
-        help="a built perturbation dataset folder (holding index.json and shards/)",
+        help="a built perturbation dataset folder (holding index.json and shards/), or its URL "
+        "(s3://...: the split's shards fetched into the node cache, docs/REMOTE.md)",
     )
     p.add_argument(
         "out", type=Path, help="the .h5ad file to write (replaced atomically if it exists)"
@@ -29,11 +30,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loaders.remote.resolve import fetch_dataset  # import weight: `--help` stays instant
     from pipeline.modalities.perturbation.export import (
         export,
     )  # import weight: `shardsmith --help` stays instant
 
-    out = export(args.dir, args.split, args.out, args.sample)
+    root, problems = fetch_dataset(args.dir, splits=[args.split])
+    if problems:
+        raise FormatError("; ".join(problems))
+    out = export(root, args.split, args.out, args.sample)
     print(f"wrote {out}")
     return 0
 

@@ -1,0 +1,226 @@
+"""Reading a dataset from object storage through the node cache, against the same folder on local
+disk (docs/REMOTE.md, "Measured").
+
+    .venv/bin/python -m benchmarks.remote_bench DATASET_DIR [--rounds 3] [--batch-size 256]
+
+Starts moto_server on 127.0.0.1, uploads DATASET_DIR, then per round, in a rotated order in this
+one process: the server's raw GET throughput for the split's shard objects (8 concurrent
+requests, as the cache downloads: the limit a cold epoch cannot beat), an epoch from local disk,
+an epoch on a warm cache and a cold epoch (a fresh cache folder: every shard downloaded while the
+epoch runs). Reports medians: rates in cells/s, the ratios the targets judge (warm >= 0.95x
+local; cold >= 0.8x min(local, the GET limit in cells/s)), the cold epoch's time to first batch,
+its peak cache bytes and network bytes (shard bytes the cache downloaded: each object once), and
+the warm epoch's (0). moto is Python on the same 2 cores as the loader: its GET rate is the
+limit here, not a real S3's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+SPLIT, WINDOW, BUCKET = "train", 4, "bench"
+
+
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """moto_server on a free port of 127.0.0.1, answering; (process, endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("moto_server")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen(
+        [*cmd, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+            return proc, endpoint
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("moto_server did not start") from None
+            time.sleep(0.1)
+
+
+def _env(endpoint: str) -> None:
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
+
+
+def upload(root: Path, url: str) -> None:
+    from pipeline.push import push  # import weight: the store's client, only this section
+
+    push(root, url, progress=False)
+
+
+def raw_get_mb_s(url: str, keys: list[str], tmp: Path) -> float:
+    """MB/s of GETting every key (8 at a time, to files: what the cache does)."""
+    from loaders.remote.cache import THREADS  # import weight: obstore, only this section
+    from loaders.remote.store import open_store  # import weight: as the line above
+
+    store = open_store(url)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(THREADS) as pool:
+        total = sum(pool.map(lambda k: store.get_to_file(k, tmp / k.replace("/", "_")), keys))
+    dt = time.perf_counter() - t0
+    for p in tmp.iterdir():
+        p.unlink()
+    return total / dt / 1e6
+
+
+def epoch(root: str | Path, batch_size: int, **kw: Any) -> dict[str, float]:
+    """One epoch of ``cells`` batches in the training process (default engine: decoder
+    process); open, first batch and whole-epoch times."""
+    from loaders import ShardDataset, ShardLoader  # import weight: torch, only when measuring
+
+    t0 = time.perf_counter()
+    ds = ShardDataset(root, split=SPLIT, batch_size=batch_size, window=WINDOW, seed=0, **kw)
+    t1 = time.perf_counter()
+    n, first = 0, None
+    for b in ShardLoader(ds):
+        n += int(next(iter(b.values())).shape[0])
+        first = first if first is not None else time.perf_counter() - t1
+    dt = time.perf_counter() - t1
+    return {"open_s": t1 - t0, "first_batch_s": float(first or 0), "epoch_s": dt, "cells": n}
+
+
+def run_remote_bench(root: Path, rounds: int = 3, batch_size: int = 256) -> dict[str, Any]:
+    from loaders.format import read_index  # import weight: the loader, only when measuring
+    from loaders.remote.cache import cache_bytes  # import weight: as the line above
+
+    proc, endpoint = start_moto()
+    _env(endpoint)
+    work = Path(tempfile.mkdtemp(prefix="remote-bench-"))
+    try:
+        import boto3  # import weight: botocore, only to create the bucket
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+        url = f"s3://{BUCKET}/ds"
+        upload(root, url)
+        index = read_index(root)
+        entries = index.shards_of(SPLIT)
+        shard_bytes = sum(e.bytes for e in entries)
+        if index.encoding == "zarr":
+            keys = [
+                f"shards/{p.relative_to(root / 'shards').as_posix()}"
+                for e in entries
+                for p in sorted((root / "shards" / e.file).rglob("*"))
+                if p.is_file()
+            ]
+        else:
+            keys = [f"shards/{e.file}" for e in entries]
+        (work / "get").mkdir()
+        warm = work / "warm"
+        epoch(url, batch_size, cache_dir=warm)  # fill the warm cache (and the page cache)
+        epoch(root, batch_size)
+        runs: dict[str, list[dict[str, float]]] = {"local": [], "warm": [], "cold": []}
+        gets: list[float] = []
+        peak: list[int] = []
+        for r in range(rounds):
+            order = ["get", "local", "warm", "cold"]
+            for what in order[r % 4 :] + order[: r % 4]:
+                if what == "get":
+                    gets.append(raw_get_mb_s(url, keys, work / "get"))
+                elif what == "local":
+                    runs["local"].append(epoch(root, batch_size))
+                elif what == "warm":
+                    runs["warm"].append(epoch(url, batch_size, cache_dir=warm))
+                else:
+                    cold = work / f"cold{r}"
+                    runs["cold"].append(epoch(url, batch_size, cache_dir=cold))
+                    peak.append(cache_bytes(cold))
+                    shutil.rmtree(cold, ignore_errors=True)
+        cells = runs["local"][0]["cells"]
+        rate = {k: statistics.median(cells / x["epoch_s"] for x in v) for k, v in runs.items()}
+        get_mb_s = statistics.median(gets)
+        limit_cells = get_mb_s * 1e6 * cells / max(1, shard_bytes)
+        out = {
+            "setup": f"{root.name}: {len(entries)} {index.encoding} shards of {SPLIT}, "
+            f"{shard_bytes / 1e6:.1f} MB, {cells} cells; window {WINDOW}, batch {batch_size}; "
+            f"moto_server on 127.0.0.1; {rounds} rounds, rotated order, medians",
+            "raw_get_MB_s": round(get_mb_s, 1),
+            "raw_get_limit_cells_s": round(limit_cells),
+            "cells_per_s": {k: round(v) for k, v in rate.items()},
+            "warm_over_local": round(rate["warm"] / rate["local"], 3),
+            "cold_over_bound": round(rate["cold"] / min(rate["local"], limit_cells), 3),
+            "targets": {  # docs/REMOTE.md, "Measured"
+                "warm >= 0.95x local": rate["warm"] >= 0.95 * rate["local"],
+                "cold >= 0.8x min(local, GET limit)": rate["cold"]
+                >= 0.8 * min(rate["local"], limit_cells),
+            },
+            "cold_first_batch_s": round(
+                statistics.median(x["open_s"] + x["first_batch_s"] for x in runs["cold"]), 3
+            ),
+            "local_first_batch_s": round(
+                statistics.median(x["open_s"] + x["first_batch_s"] for x in runs["local"]), 3
+            ),
+            "cold_peak_cache_bytes": max(peak),
+            "cold_network_bytes_per_epoch": max(peak),  # every shard object, downloaded once
+            "warm_network_bytes_per_epoch": 0,
+            "load_avg": list(os.getloadavg()),
+        }
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def remote_section(
+    cfg: Any, roots: dict[str, Path], skip: set[str], notes: list[str]
+) -> dict[str, Any]:
+    """`make bench`'s remote figures, over the run's main zarr build (benchmarks/run.py)."""
+    if "remote" in skip:
+        return {"skipped": "--skip remote"}
+    root = next(iter(roots.values()), None)
+    if root is None:
+        return {"skipped": "no built dataset (the pipeline section did not run)"}
+    print("[bench] remote (moto S3 + node cache)", flush=True)
+    try:
+        res = run_remote_bench(
+            root, rounds=3 if cfg.mode == "full" else 1, batch_size=cfg.batch_size
+        )
+    except Exception as e:  # report what broke; the rest of the run stands
+        notes.append(f"remote not measured: {type(e).__name__}: {e}")
+        return {"skipped": f"{type(e).__name__}: {e}"}
+    print(f"[remote] {json.dumps(res)}", flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", type=Path, help="a built dataset folder")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=256)
+    a = ap.parse_args(argv)
+    print(json.dumps(run_remote_bench(a.root.resolve(), a.rounds, a.batch_size), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""The node-local cache of a remote dataset: each shard object downloaded once per node, whole,
+shared by every rank, DataLoader worker and decoder process of the node (docs/REMOTE.md).
+
+Why whole shards in local files: the reading code (``loaders.integrity``, the decoder process)
+takes local paths and reads a shard's files once into memory; a cache folder laid out as the
+dataset folder (``<cache_dir>/<url hash>/<index digest>/index.json`` + ``shards/``) keeps that code
+unchanged, and a shard is downloaded once for all epochs and all processes.
+
+Processes coordinate through ``flock`` only (released by the kernel when a process dies, so a
+crash never leaves a lock behind), per shard, in ``<root>/.pins/``:
+
+* ``<name>.dl``: held exclusively while the shard is downloaded (to a temporary name, checked
+  against the index's digest, then renamed: a reader sees a whole, checked shard or none);
+* ``<name>.pin``: held shared by every process that needs the shard soon (the window it decodes,
+  the windows it prefetches). Its content is the shard's bytes in the cache (0: not cached), its
+  mtime the last use: together the ledger that eviction reads. An evictor takes it exclusively
+  without waiting, so a pinned shard is never evicted.
+
+A limit (``cache_limit``) is enforced under one lock for the whole cache folder, when a download
+is reserved: the least recently used unpinned shards go first.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from loaders.errors import FormatError
+from loaders.files import shard_digest_matches
+from loaders.remote.store import ObjectStore, RemoteNotFound, open_store
+from loaders.schema import ShardEntry
+
+THREADS = 8  # concurrent downloads per process (one connection each)
+PINS, TMP, LOCK = ".pins", ".tmp", ".shardsmith-cache.lock"
+WAIT_S = 60.0  # how long a download waits for pinned space to free up before giving up
+
+
+class CacheError(FormatError):
+    """The cache cannot hold or fetch a shard (disk full, limit too small, a bad object)."""
+
+
+@dataclass
+class NodeCache:
+    """One remote dataset's cache folder ``root`` (``<cache_dir>/<url hash>/<index digest>``) on
+    this node. Build one per process (:func:`node_cache`); nothing here crosses a fork."""
+
+    url: str
+    root: Path
+    cache_dir: Path
+    encoding: str
+    limit: int | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    downloads: int = 0  # shard objects this process downloaded (GETs of whole shards)
+    _store: ObjectStore | None = None
+
+    def __post_init__(self) -> None:
+        self.root, self.cache_dir = Path(self.root), Path(self.cache_dir)
+        (self.root / PINS).mkdir(parents=True, exist_ok=True)
+        (self.root / "shards").mkdir(parents=True, exist_ok=True)
+        self._pool: ThreadPoolExecutor | None = None
+        # prefetch pins, per reader (a train and a val dataset of one URL pin their own windows):
+        # owner -> shard file -> fd holding LOCK_SH
+        self._held: dict[int, dict[str, int]] = {}
+        self._jobs: dict[str, Future[None]] = {}
+        self._bad: dict[str, CacheError] = {}  # shards whose object failed its digest twice
+        self._lock = threading.RLock()
+        self._objects: ThreadPoolExecutor | None = None  # a zarr shard's objects, in parallel
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = open_store(self.url, self.storage_options)
+        return self._store
+
+    # -- paths ------------------------------------------------------------------------------------
+    def path(self, entry: ShardEntry) -> Path:
+        return self.root / "shards" / entry.file
+
+    def _pin_path(self, entry: ShardEntry, suffix: str) -> Path:
+        return self.root / PINS / f"{quote(entry.file, safe='')}{suffix}"
+
+    def cached(self, entry: ShardEntry) -> bool:
+        return self.path(entry).exists()
+
+    # -- use --------------------------------------------------------------------------------------
+    @contextmanager
+    def ready(self, entries: Iterable[ShardEntry]) -> Iterator[None]:
+        """Within the block, every shard of ``entries`` is in the cache, whole and checked, and
+        pinned (no process evicts it): a window decodes from local files, then lets them go."""
+        entries = list(entries)
+        fds = [self._pin(e) for e in entries]
+        try:
+            self._run(entries)
+            yield
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def prefetch(self, windows: list[list[ShardEntry]], owner: int = 0) -> None:
+        """Download the shards of ``windows`` (in the order this process reads them) in the
+        background, one window after the other so the nearest is whole first, and keep them
+        pinned until ``owner``'s next call (a reader: one dataset's windows never unpin
+        another's); shards pinned by its previous call and not named now are let go (evictable,
+        least recently used first)."""
+        names = {e.file for w in windows for e in w}
+        with self._lock:
+            held = self._held.setdefault(owner, {})
+            for name in [n for n in held if n not in names]:
+                os.close(held.pop(name))
+            for e in (e for w in windows for e in w):
+                if e.file not in held:
+                    held[e.file] = self._pin(e)
+        self._chain(windows)
+
+    def _chain(self, windows: list[list[ShardEntry]]) -> None:
+        """Start the first window's downloads; the next window's when they are all done."""
+        if not windows:
+            return
+        with self._lock:
+            pending = [self._job(e) for e in windows[0]]
+        pending = [f for f in pending if f is not None and not f.done()]
+        if not pending:
+            return self._chain(windows[1:])
+        left = [len(pending)]
+
+        def done(_f: Future[None]) -> None:
+            with self._lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._chain(windows[1:])
+
+        for f in pending:
+            f.add_done_callback(done)
+
+    def _job(self, entry: ShardEntry) -> Future[None] | None:
+        """The running download of ``entry`` (started now if none is), None when cached."""
+        if self.cached(entry):
+            return None
+        job = self._jobs.get(entry.file)
+        if job is None or job.done():
+            job = self._jobs[entry.file] = self._executor().submit(self._fetch, entry)
+        return job
+
+    def forget(self) -> None:
+        """In a forked child: close the parent's pins (the child's copies would keep them held
+        for as long as it lives) without touching the locks, which the parent still holds."""
+        for fd in (fd for held in self._held.values() for fd in held.values()):
+            os.close(fd)
+        self._held.clear()
+        self._jobs.clear()
+        self._pool = self._objects = None
+        self._lock = threading.RLock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shard-fetch")
+        return self._pool
+
+    def _run(self, entries: list[ShardEntry]) -> None:
+        """Fetch the missing ones, in parallel; the first failure is raised (naming its object)."""
+        missing = [e for e in entries if not self.cached(e)]
+        if len(missing) <= 1:
+            for e in missing:
+                self._fetch(e)
+            return
+        for fut in [self._executor().submit(self._fetch, e) for e in missing]:
+            fut.result()
+
+    def _pin(self, entry: ShardEntry) -> int:
+        fd = os.open(self._pin_path(entry, ".pin"), os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _touch(fd)
+        return fd
+
+    # -- download ---------------------------------------------------------------------------------
+    def _fetch(self, entry: ShardEntry) -> None:
+        """The shard in the cache: downloaded here unless another thread or process did it (they
+        wait on its download lock); the caller holds its pin."""
+        if self.cached(entry):
+            return
+        if entry.file in self._bad:  # a prefetch found it bad: the same error, no third download
+            raise self._bad[entry.file]
+        fd = os.open(self._pin_path(entry, ".dl"), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self.cached(entry):
+                return
+            if entry.file in self._bad:  # found bad while this thread waited
+                raise self._bad[entry.file]
+            self._reserve(entry)
+            try:
+                size = self._download_checked(entry)
+            except BaseException:
+                _write_size(self._pin_path(entry, ".pin"), 0)
+                raise
+            _write_size(self._pin_path(entry, ".pin"), size)
+        finally:
+            os.close(fd)
+
+    def _download_checked(self, entry: ShardEntry) -> int:
+        """Download to a temporary name, check the digest (one retry), rename; its bytes."""
+        tmp_dir = self.root / TMP
+        tmp_dir.mkdir(exist_ok=True)
+        for stale in tmp_dir.glob(f"{glob.escape(quote(entry.file, safe=''))}.*"):
+            remove_path(stale)  # a process killed mid-download (this one holds the lock now)
+        problem = ""
+        for _attempt in range(2):
+            tmp = tmp_dir / f"{quote(entry.file, safe='')}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            try:
+                size = self._download(entry, tmp)
+                if not entry_digest(entry) or shard_digest_matches(entry, tmp):
+                    os.rename(tmp, self.path(entry))
+                    self.downloads += 1
+                    return size
+                problem = "its bytes do not match the digest in index.json"
+            except OSError as e:
+                raise self._disk_error(e, entry) from None
+            finally:
+                remove_path(tmp)
+        self._bad[entry.file] = CacheError(
+            f"{self.store.key_url('shards/' + entry.file)}: downloaded twice, {problem} (the "
+            f"object was changed or damaged after the push): push the dataset again, or run "
+            f"`shardsmith verify {self.url}`"
+        )
+        raise self._bad[entry.file]
+
+    def _download(self, entry: ShardEntry, tmp: Path) -> int:
+        key = f"shards/{entry.file}"
+        if self.encoding != "zarr":
+            return self.store.get_to_file(key, tmp)
+        objects = [o for o in self.store.list(key + "/") if o.key.startswith(key + "/")]
+        if not objects:
+            raise RemoteNotFound(
+                self.store.key_url(key + "/"),
+                "shard has no objects",
+                f"push the dataset again (index.json names {entry.file})",
+            )
+        for o in objects:
+            (tmp / o.key[len(key) + 1 :]).parent.mkdir(parents=True, exist_ok=True)
+        if self._objects is None:
+            self._objects = ThreadPoolExecutor(THREADS, thread_name_prefix="shard-object")
+        return sum(
+            self._objects.map(
+                lambda o: self.store.get_to_file(o.key, tmp / o.key[len(key) + 1 :]), objects
+            )
+        )
+
+    def _disk_error(self, e: OSError, entry: ShardEntry) -> CacheError:
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        what = "is full" if full else f"cannot be written ({e.strerror or e})"
+        fix = "free space, set cache_limit=, or choose another cache_dir= / $SHARDSMITH_CACHE"
+        return CacheError(
+            f"cache folder {self.cache_dir} {what} while downloading "
+            f"{self.store.key_url('shards/' + entry.file)}; nothing partial was kept: {fix}"
+        )
+
+    # -- the limit --------------------------------------------------------------------------------
+    def _reserve(self, entry: ShardEntry) -> None:
+        """Room for ``entry`` under the limit, least recently used unpinned shards evicted first
+        (of any dataset in this cache folder); waits up to WAIT_S for pinned shards to go."""
+        need = max(0, int(entry.bytes))
+        if self.limit is None:
+            _write_size(self._pin_path(entry, ".pin"), need)
+            return
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            with _locked(self.cache_dir / LOCK):
+                used, pinned = evict(self.cache_dir, self.limit - need)
+                if used + need <= self.limit:
+                    _write_size(self._pin_path(entry, ".pin"), need)
+                    return
+            if time.monotonic() > deadline:
+                raise CacheError(
+                    f"cache folder {self.cache_dir}: {entry.file} ({need} bytes) does not fit "
+                    f"under cache_limit={self.limit}: {pinned} bytes are pinned by the windows "
+                    "in flight of the processes on this node; raise cache_limit (or use fewer "
+                    "ranks per node, a smaller window)"
+                )
+            time.sleep(0.2)
+
+
+def entry_digest(entry: ShardEntry) -> str:
+    """The entry's content digest ("" when the index records none): the field the index has."""
+    return str(getattr(entry, "digest", "") or getattr(entry, "sha256", "") or "")
+
+
+def evict(cache_dir: Path, target: int) -> tuple[int, int]:
+    """Evict least recently used, unpinned shards of every dataset under ``cache_dir`` until the
+    bytes held are at most ``target`` (the caller holds the folder's lock); ``(bytes held, bytes
+    pinned)`` after it."""
+    ledger = []
+    for pin in cache_dir.glob(f"*/*/{PINS}/*.pin"):
+        try:
+            size, mtime = _read_size(pin), pin.stat().st_mtime_ns
+        except OSError:
+            continue
+        if size:
+            ledger.append((mtime, pin, size))
+    used = sum(s for _, _, s in ledger)
+    pinned = 0
+    for _, pin, size in sorted(ledger, key=lambda t: t[0]):
+        if used <= target:
+            break
+        fd = os.open(pin, os.O_RDWR)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # pinned (or being downloaded): never evicted
+                pinned += size
+                continue
+            data = pin.parent.parent / "shards" / unquote(pin.name[: -len(".pin")])
+            remove_path(data)
+            os.ftruncate(fd, 0)
+            used -= size
+        finally:
+            os.close(fd)
+    return used, pinned
+
+
+def cache_bytes(cache_dir: str | Path) -> int:
+    """Bytes held in the cache folder per its ledger (shards cached or being downloaded)."""
+    return sum(_read_size(p) for p in Path(cache_dir).glob(f"*/*/{PINS}/*.pin"))
+
+
+def _read_size(pin: Path) -> int:
+    text = pin.read_text().strip()
+    return int(text) if text.isdigit() else 0
+
+
+def _write_size(pin: Path, size: int) -> None:
+    """The ledger entry of a shard: written in place (the file is a lock: never replaced)."""
+    fd = os.open(pin, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        os.ftruncate(fd, 0)
+        if size:
+            os.pwrite(fd, str(int(size)).encode(), 0)
+        _touch(fd)
+    finally:
+        os.close(fd)
+
+
+def _touch(fd: int) -> None:
+    """Last use, for least-recently-used eviction."""
+    try:
+        os.utime(fd)
+    except OSError:  # a file of another user on a shared cache: its order is only a hint
+        pass
+
+
+def remove_path(path: Path) -> None:
+    """A file or folder gone (a temporary download, an evicted shard)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
