@@ -117,3 +117,36 @@ def test_another_generation_at_the_same_url_is_never_served_from_the_old_cache(
     got = batches(ShardDataset(url, cache_dir=tmp_path / "c", **kw))
     assert_same(got, batches(ShardDataset(b, **kw)))
     assert len(list((tmp_path / "c").glob("*/*/index.json"))) == 2  # one folder per generation
+
+
+class Bytes:
+    """A store whose every object is 100 bytes."""
+
+    url = "s3://fake/ds"
+
+    def key_url(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+    def get_to_file(self, key: str, path: Any) -> int:
+        Path(path).write_bytes(b"x" * 100)
+        return 100
+
+
+def test_pinned_shards_are_never_evicted_and_a_full_limit_fails_not_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loaders.schema import ShardEntry
+
+    monkeypatch.setattr(cache_mod, "WAIT_S", 0.5)
+    e1, e2 = (ShardEntry(f"s-{i}.tar", "train", 1, {"cells": 1}, 100, 100, "", "k") for i in (1, 2))
+    one = NodeCache("s3://fake/a", tmp_path / "c" / "a" / "1", tmp_path / "c", "tar", limit=150)
+    two = NodeCache("s3://fake/b", tmp_path / "c" / "b" / "1", tmp_path / "c", "tar", limit=150)
+    one._store = two._store = Bytes()  # type: ignore[assignment]
+    with one.ready([e1]):  # another process's window in flight
+        with pytest.raises(CacheError, match="does not fit under cache_limit=150.*pinned"):
+            with two.ready([e2]):
+                pass
+        assert one.cached(e1) and not two.cached(e2)
+    with two.ready([e2]):  # unpinned now: the least recently used goes
+        assert two.cached(e2) and not one.cached(e1)
+    assert cache_bytes(tmp_path / "c") == 100
