@@ -162,8 +162,9 @@ class ShardLoader:
             multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
             timeout=timeout if num_workers > 0 else 0,
         )
-        if partitions is not None:
-            check_partitions(int(partitions), dataset.global_batch)
+        if partitions is not None:  # budget batches: any K >= 1 (its plan is made for K)
+            k = int(partitions)
+            check_partitions(k, k if dataset.budgeted else dataset.global_batch)
         dataset.partitions = None if partitions is None else int(partitions)
         self._epoch = 0
         self._done = 0

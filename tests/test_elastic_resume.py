@@ -235,16 +235,16 @@ def test_ct_budget_resume_on_the_same_world_is_exact(ct_budget: tuple[Path, int]
 
     first = loader(0, 4)
     next(iter(first))
-    state = loader(0, 2)
-    state.load_state_dict(first.state_dict())  # 4 -> 2 ranks: re-dealt from step 1 on
-    for rank in range(2):
-        full = loader(rank, 2)
+    state = loader(0, 3)
+    state.load_state_dict(first.state_dict())  # 4 -> 3 ranks: re-dealt from step 1 on
+    for rank in range(3):  # (the rest does not divide by 3: the last step wraps)
+        full = loader(rank, 3)
         full.load_state_dict(state.state_dict())
         want = [b["sample_id"].tolist() for b in full]
-        it = loader(rank, 2)
+        it = loader(rank, 3)
         it.load_state_dict(state.state_dict())
         got = [next(iter(it))["sample_id"].tolist()]
-        again = loader(rank, 2)
+        again = loader(rank, 3)
         again.load_state_dict(it.state_dict())  # same world: the same layout, one step later
         got += [b["sample_id"].tolist() for b in again]
         assert got == want
