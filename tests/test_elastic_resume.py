@@ -20,6 +20,7 @@ from loaders import ShardDataset, ShardLoader
 from loaders.format import read_index
 from pipeline.build import build
 from pipeline.modalities.spike.demo import write_spike_demo
+from tests import hostile
 
 G = 12  # the global batch: 4 x 3, 3 x 4, 2 x 6
 CHAIN = ((4, 0, 3), (3, 2, 4), (2, 1, None))  # (world, workers, steps; None: to the end)
@@ -90,7 +91,10 @@ def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
-def test_cells_pairs_sentences_resume_on_4_3_2_ranks(fx: Any, sample: str) -> None:
+@hostile.parametrize
+def test_cells_pairs_sentences_resume_on_4_3_2_ranks(
+    case: hostile.Case, fx: Any, sample: str
+) -> None:
     def make(**kw: Any) -> ShardDataset:
         return ShardDataset(fx.root, sample=sample, window=2, seed=5, decode_process=False, **kw)
 
@@ -111,8 +115,9 @@ def test_cells_pairs_sentences_resume_on_4_3_2_ranks(fx: Any, sample: str) -> No
         assert dl.state_dict()["partitions"] == 2
 
 
+@hostile.parametrize
 def test_an_epoch_that_divides_evenly_is_served_exactly_once(
-    build_dataset: Callable[..., Any], tmp_path: Path
+    case: hostile.Case, build_dataset: Callable[..., Any], tmp_path: Path
 ) -> None:
     even = build_dataset(tmp_path, "shards", n_shards=3, cells=48, genes=12, seed=6)
 
@@ -126,7 +131,8 @@ def test_an_epoch_that_divides_evenly_is_served_exactly_once(
     check_served(served, reference, True, G)
 
 
-def test_refusals_stay(fx: Any) -> None:
+@hostile.parametrize
+def test_refusals_stay(case: hostile.Case, fx: Any) -> None:
     state = ShardLoader(ShardDataset(fx.root, rank=0, world_size=4, batch_size=3)).state_dict()
     with pytest.raises(ValueError, match="global batch of 12"):
         ShardLoader(ShardDataset(fx.root, rank=0, world_size=3, batch_size=3)).load_state_dict(

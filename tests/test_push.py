@@ -20,6 +20,7 @@ from pipeline.cli import main
 from pipeline.errors import LockHeldError
 from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.push import LOCK_KEY, RECORD_KEY, push
+from tests import hostile
 
 
 class Recording(ObjectStore):
@@ -102,8 +103,9 @@ def test_repush_uploads_only_what_changed(dataset: Any, s3_bucket: str) -> None:
     assert store.stats["get_requests"] <= 4  # index, record, lock read-backs: never a shard
 
 
+@hostile.parametrize
 def test_replaced_remote_object_is_uploaded_again(
-    dataset: Any, s3_bucket: str, s3_client: Any
+    case: hostile.Case, dataset: Any, s3_bucket: str, s3_client: Any
 ) -> None:
     out, _ = dataset
     push(out, f"{s3_bucket}/ds", progress=False)
@@ -114,8 +116,9 @@ def test_replaced_remote_object_is_uploaded_again(
     assert open_store(f"{s3_bucket}/ds").get(key) == (out / key).read_bytes()
 
 
+@hostile.parametrize
 def test_previous_generation_kept_one_push_foreign_objects_never_deleted(
-    dataset: Any, s3_bucket: str
+    case: hostile.Case, dataset: Any, s3_bucket: str
 ) -> None:
     out, change_source_1 = dataset
     url = f"{s3_bucket}/ds"
@@ -139,12 +142,19 @@ def test_previous_generation_kept_one_push_foreign_objects_never_deleted(
     assert json.loads(store.get(RECORD_KEY))["retired"] == []
 
 
+@hostile.parametrize
 def test_second_push_waits_then_exits_3(
-    dataset: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case, dataset: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, _ = dataset
     url = f"{s3_bucket}/ds"
     holder = {"token": "x", "pid": 1, "host": "node7", "since": time.time(), "url": url}
+    if case.data == "stale":  # left by a push killed 7 h ago
+        holder["since"] = time.time() - 7 * 3600
+        open_store(url).put(LOCK_KEY, json.dumps(holder).encode())
+        with pytest.raises(LockHeldError, match=r"7\.0 h old.*aws s3 rm"):
+            push(out, url, progress=False)
+        return
     assert open_store(url).put_if_absent(LOCK_KEY, json.dumps(holder).encode())
     start = time.monotonic()
     assert main(["-q", "push", str(out), url, "--wait", "1"]) == 3
@@ -152,15 +162,11 @@ def test_second_push_waits_then_exits_3(
     err = capsys.readouterr().err
     assert f"{url}/{LOCK_KEY}" in err and "pid 1 on node7" in err and "waited 1 s" in err
     assert open_store(url).head("index.json") is None, "nothing was pushed"
-    holder["since"] = time.time() - 7 * 3600
-    open_store(url).put(LOCK_KEY, json.dumps(holder).encode())
-    with pytest.raises(LockHeldError, match=r"7\.0 h old.*aws s3 rm"):
-        push(out, url, progress=False)
 
 
-@pytest.mark.parametrize("case", ["no bucket", "no credentials", "unreachable", "no index"])
+@hostile.parametrize
 def test_bad_input_exits_2_naming_the_url(
-    case: str,
+    case: hostile.Case,
     dataset: Any,
     s3_bucket: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -170,12 +176,12 @@ def test_bad_input_exits_2_naming_the_url(
     out, _ = dataset
     url = f"{s3_bucket}/ds"
     monkeypatch.setenv("SHARDSMITH_REMOTE_RETRY", "attempts=2,base_s=0.05,total_s=3")
-    if case == "no bucket":
+    if case.data == "no bucket":
         url = "s3://no-such-bucket-here/ds"
-    elif case == "no credentials":
+    elif case.data == "no credentials":
         monkeypatch.delenv("AWS_ACCESS_KEY_ID")
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-    elif case == "unreachable":
+    elif case.data == "unreachable":
         monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     else:
         out = tmp_path / "empty"
@@ -189,8 +195,8 @@ def test_bad_input_exits_2_naming_the_url(
         "no credentials": "AWS_ACCESS_KEY_ID",
         "unreachable": "AWS_ENDPOINT_URL",
         "no index": "no index.json",
-    }[case]
-    assert (str(out) if case == "no index" else url) in err and fix in err
+    }[case.data]
+    assert (str(out) if case.data == "no index" else url) in err and fix in err
 
 
 def test_build_out_url_stages_then_pushes(
@@ -227,8 +233,10 @@ class IgnoresIfNoneMatch(ObjectStore):
         return True
 
 
-@pytest.mark.parametrize("server", ["conditional put", "ignores If-None-Match"])
-def test_two_pushes_at_once_one_exits_locked(dataset: Any, s3_bucket: str, server: str) -> None:
+@hostile.parametrize
+def test_two_pushes_at_once_one_exits_locked(
+    case: hostile.Case, dataset: Any, s3_bucket: str
+) -> None:
     out, _ = dataset
     url = f"{s3_bucket}/ds"
     held = Held(url)
@@ -238,7 +246,7 @@ def test_two_pushes_at_once_one_exits_locked(dataset: Any, s3_bucket: str, serve
     deadline = time.monotonic() + 30
     while open_store(url).head(LOCK_KEY) is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    second = ObjectStore(url) if server == "conditional put" else IgnoresIfNoneMatch(url)
+    second = ObjectStore(url) if case.data == "conditional put" else IgnoresIfNoneMatch(url)
     try:
         with pytest.raises(LockHeldError, match="another push holds"):
             push(out, url, progress=False, store=second)
@@ -249,8 +257,9 @@ def test_two_pushes_at_once_one_exits_locked(dataset: Any, s3_bucket: str, serve
     assert open_store(url).head(LOCK_KEY) is None, "the first push released its lock"
 
 
+@hostile.parametrize
 def test_another_dataset_at_the_url_is_refused(
-    dataset: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case, dataset: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, _ = dataset
     url = f"{s3_bucket}/ds"
@@ -263,7 +272,10 @@ def test_another_dataset_at_the_url_is_refused(
     assert main(["-q", "push", str(out), url, "--replace"]) == 0
 
 
-def test_a_tampered_record_deletes_nothing_foreign(dataset: Any, s3_bucket: str) -> None:
+@hostile.parametrize
+def test_a_tampered_record_deletes_nothing_foreign(
+    case: hostile.Case, dataset: Any, s3_bucket: str
+) -> None:
     out, change_source_1 = dataset
     url = f"{s3_bucket}/ds"
     store = open_store(url)

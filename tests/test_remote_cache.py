@@ -15,6 +15,7 @@ from loaders import ShardDataset, ShardLoader
 from loaders.remote import cache as cache_mod
 from loaders.remote.ahead import in_flight_bytes
 from loaders.remote.cache import CacheError, NodeCache, cache_bytes
+from tests import hostile
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 KW: dict[str, Any] = {"split": "train", "batch_size": 32, "window": 1, "seed": 5}
@@ -25,7 +26,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[...,
     return build_dataset(tmp_path_factory.mktemp("evict"), formats=("tar",), n_shards=8)
 
 
+@hostile.parametrize
 def test_eviction_keeps_the_limit_and_the_batches(
+    case: hostile.Case,
     built: Any,
     s3_proxy: Any,
     s3_bucket: str,
@@ -75,7 +78,10 @@ class FullDisk:
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_full_disk_is_a_clear_error_and_keeps_no_partial_file(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_full_disk_is_a_clear_error_and_keeps_no_partial_file(
+    case: hostile.Case, tmp_path: Path
+) -> None:
     from loaders.schema import ShardEntry
 
     entry = ShardEntry("s-0.tar", "train", 1, {"cells": 1}, 100, 100, "", "k")
@@ -91,7 +97,9 @@ def test_full_disk_is_a_clear_error_and_keeps_no_partial_file(tmp_path: Path) ->
     assert cache_mod.THREADS >= 1
 
 
+@hostile.parametrize
 def test_another_generation_at_the_same_url_is_never_served_from_the_old_cache(
+    case: hostile.Case,
     build_dataset: Callable[..., Any],
     s3_proxy: Any,
     s3_bucket: str,
@@ -132,8 +140,9 @@ class Bytes:
         return 100
 
 
+@hostile.parametrize
 def test_pinned_shards_are_never_evicted_and_a_full_limit_fails_not_hangs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    case: hostile.Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from loaders.schema import ShardEntry
 

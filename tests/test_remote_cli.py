@@ -15,6 +15,7 @@ import pytest
 
 from loaders import ShardDataset
 from loaders.format import FormatError
+from tests import hostile
 
 BOUND = {"SHARDSMITH_REMOTE_RETRY": "attempts=2,total_s=4,timeout_s=2,connect_timeout_s=1"}
 
@@ -34,7 +35,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+@hostile.parametrize
 def test_verify_inspect_export_a_url(
+    case: hostile.Case,
     built: Any,
     s3_proxy: Any,
     s3_bucket: str,
@@ -58,17 +61,17 @@ def test_verify_inspect_export_a_url(
     assert r.returncode == 1 and key in r.stderr and "digest" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("case", ["no-index", "no-bucket", "no-credentials", "unreachable"])
+@hostile.parametrize
 def test_bad_remote_input_is_exit_2_naming_url_and_fix(
-    case: str, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    case: hostile.Case, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"{s3_bucket}/nothing-here"
-    if case == "no-bucket":
+    if case.data == "no-bucket":
         url = "s3://no-such-bucket-shardsmith/ds"
-    elif case == "no-credentials":
+    elif case.data == "no-credentials":
         monkeypatch.delenv("AWS_ACCESS_KEY_ID")
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-    elif case == "unreachable":
+    elif case.data == "unreachable":
         monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     for k, v in BOUND.items():
         monkeypatch.setenv(k, v)

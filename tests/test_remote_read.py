@@ -14,6 +14,7 @@ import pytest
 
 from loaders import ShardDataset
 from loaders.remote.cache import cache_bytes
+from tests import hostile
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 KW: dict[str, Any] = {"split": "train", "batch_size": 64, "window": 2, "seed": 3}
@@ -83,7 +84,9 @@ def test_two_processes_on_a_fresh_cache_fetch_each_object_once(
     assert gets and max(gets.values()) == 1, gets
 
 
+@hostile.parametrize
 def test_tampered_object_is_caught(
+    case: hostile.Case,
     built: Any,
     s3_proxy: Any,
     s3_bucket: str,
@@ -108,7 +111,9 @@ def test_tampered_object_is_caught(
     )
 
 
+@hostile.parametrize
 def test_faults_between_loader_and_server_give_identical_batches(
+    case: hostile.Case,
     built: Any,
     s3_proxy: Any,
     s3_bucket: str,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from loaders.remote import RemoteError, RemoteNotFound, RetryPolicy, is_url, open_store
+from tests import hostile
 
 
 def test_is_url() -> None:
@@ -68,8 +69,9 @@ def test_missing_object_and_bucket_name_the_url(s3_bucket: str) -> None:
         list(open_store("s3://no-such-bucket-x/ds").list())
 
 
+@hostile.parametrize
 def test_unreachable_endpoint_fails_within_the_bound(
-    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    case: hostile.Case, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on port 9
     store = open_store("s3://b/ds", retry=RetryPolicy(attempts=3, base_s=0.05, total_s=2))
@@ -113,7 +115,10 @@ def test_transient_faults_are_retried(s3_bucket: str, s3_proxy: Any, fault: str)
     assert store.stats["retries"] == 2 and s3_proxy.faults[fault] == 2
 
 
-def test_retries_are_bounded_and_not_found_is_not_retried(s3_bucket: str, s3_proxy: Any) -> None:
+@hostile.parametrize
+def test_retries_are_bounded_and_not_found_is_not_retried(
+    case: hostile.Case, s3_bucket: str, s3_proxy: Any
+) -> None:
     store = open_store(f"{s3_bucket}/ds", retry=RetryPolicy(attempts=3, base_s=0.01))
     store.put("k", b"v")
     s3_proxy.fault = lambda m, p, n: "500" if m == "GET" else None

@@ -16,6 +16,7 @@ from pipeline.build import build
 from pipeline.cli import main
 from pipeline.fingerprint import HASHED, fingerprint
 from pipeline.modalities.perturbation.demo import write_perturb_h5ad
+from tests import hostile
 
 
 def _read_while(fn: Callable[[], Any]) -> tuple[Any, int]:
@@ -48,7 +49,9 @@ def test_an_unchanged_rebuild_reads_no_source(built: tuple[Path, list[Path], Pat
     assert read == 0 and not res.changed
 
 
+@hostile.parametrize
 def test_same_size_and_mtime_but_rewritten_is_read_again(
+    case: hostile.Case,
     built: tuple[Path, list[Path], Path],
 ) -> None:
     """Only the source whose ctime changed is read again; its bytes are the same, so its shards
@@ -61,7 +64,10 @@ def test_same_size_and_mtime_but_rewritten_is_read_again(
     assert read == st.st_size and res.written == []
 
 
-def test_a_replaced_file_is_read_again(built: tuple[Path, list[Path], Path]) -> None:
+@hostile.parametrize
+def test_a_replaced_file_is_read_again(
+    case: hostile.Case, built: tuple[Path, list[Path], Path]
+) -> None:
     """``cp -p`` over the source's name: same size and mtime, another inode."""
     manifest, paths, out = built
     copy = paths[1].with_name("copy.tmp")
@@ -83,7 +89,10 @@ def test_rehash_reads_every_source(built: tuple[Path, list[Path], Path]) -> None
     assert code == 0 and read == 0
 
 
-def test_a_content_change_keeping_size_and_mtime_gives_another_digest(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_content_change_keeping_size_and_mtime_gives_another_digest(
+    case: hostile.Case, tmp_path: Path
+) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(b"a" * 1000)
     first = fingerprint(path)
@@ -98,7 +107,8 @@ def test_a_content_change_keeping_size_and_mtime_gives_another_digest(tmp_path: 
     assert (changed.size, changed.mtime_ns) == (first.size, first.mtime_ns)
 
 
-def test_a_sha256_entry_is_digested_again(tmp_path: Path) -> None:
+@hostile.parametrize
+def test_a_sha256_entry_is_digested_again(case: hostile.Case, tmp_path: Path) -> None:
     """A stat cache entry of another algorithm (an older build's sha256) is not reused."""
     path = tmp_path / "f.bin"
     path.write_bytes(b"a" * 100)

@@ -18,7 +18,8 @@ module here
             data={"delay": 0.1})          # anything the test needs; not shown in the table
 
    ``id`` is unique across the registry and becomes the pytest id; ``point`` is the numbered case of
-   issue 13 (1-9; 10: a full disk or read-only ``--out``), or issue 25's groups (11-16); titles in
+   issue 13 (1-9; 10: a full disk or read-only ``--out``), issue 25's groups (11-16), issue 23
+   (17: object storage), 24 (18: resume on another world) or 26.1 (19: digests); titles in
    ``tests/reliability_table.py:POINTS``);
    ``test`` is ``<test module>::<test function>``.
 2. Decorate that test function with ``@hostile.parametrize``: it receives every case whose ``test``

@@ -50,8 +50,10 @@ CASES = [
             f"{enc}-{stem}",
             3,
             f"{enc}: {what}" + (" (" + _WHERE[enc] + ")" if damage == "delete" else ""),
-            "`FormatError` naming the shard (content hash mismatch or code outside the vocabulary) before any batch "
-            "of it is served (was: fill value 0 served, or a wrong row, self-pairs, code 239 with 10 labels)",
+            "`FormatError` naming the shard (content hash mismatch or code outside the vocabulary) "
+            "before any batch "
+            "of it is served (was: fill value 0 served, or a wrong row, self-pairs, code 239 with "
+            "10 labels)",
             DAMAGE,
             (enc, damage, target, sample),
         )
@@ -84,7 +86,8 @@ CASES = [
             f"{enc}-skip-{stem}",
             3,
             f'{enc}: {what}, loader opened with `on_corrupt="skip"`',
-            "a RuntimeWarning names the shard; its units are left out of their batches (same batch count), every "
+            "a RuntimeWarning names the shard; its units are left out of their batches (same batch "
+            "count), every "
             "other unit served once; `ds.skipped_shards` lists it",
             SKIP,
             (enc, damage, target, sample),
@@ -99,7 +102,8 @@ CASES = [
             f"{enc}: a byte of a train shard flipped after the loader's first "
             "epoch checked it, its mtime restored with `os.utime`",
             "`FormatError` naming the shard in the next epoch: "
-            "a checked shard is hashed again whenever a file's inode, size, mtime or ctime changed (ctime cannot "
+            "a checked shard is hashed again whenever a file's inode, size, mtime or ctime changed "
+            "(ctime cannot "
             "be restored)",
             CHANGED,
             enc,
@@ -128,7 +132,8 @@ CASES = [
         "rebuild-shard-rewritten-in-place",
         4,
         "a rebuild rewrites a shard under the same name and commits a new index.json",
-        "`DatasetRebuilt` (the shard no longer matches the opened index's sha256)",
+        "`DatasetRebuilt` (the shard no longer matches the digest the opened index names: "
+        "xxh3_128, or sha256 in a dataset written before index version 4)",
         REBUILT,
         ("rewritten", 0),
     ),
@@ -145,8 +150,8 @@ CASES = [
         "rebuild-before-decoder-starts",
         4,
         "index.json replaced after the loader opened it but before its decoder process started",
-        "the decoder process decodes the opened index (it travels in the spec with "
-        "its sha256), not the file on disk (was: new shards under old labels)",
+        "the decoder process decodes the opened index (it travels in the spec with the "
+        "sha256 of its bytes), not the file on disk (was: new shards under old labels)",
         REBUILT,
         ("decoder", 0),
     ),
@@ -154,7 +159,8 @@ CASES = [
         "decoder-sigstop",
         7,
         "the decoder process stopped with SIGSTOP mid-training (`timeout=2`)",
-        "after 2 s without a heartbeat: RuntimeWarning, the child is killed, the epoch completes in-process with "
+        "after 2 s without a heartbeat: RuntimeWarning, the child is killed, the epoch completes "
+        "in-process with "
         "the same batches (was: hang forever)",
         STOPPED_DECODER,
         2.0,
@@ -163,7 +169,8 @@ CASES = [
         "worker-sigstop",
         7,
         "a DataLoader worker stopped with SIGSTOP (`num_workers=2, timeout=2`)",
-        "`LoaderTimeout` naming the stopped worker's pid within seconds; all workers killed, nothing left to join "
+        "`LoaderTimeout` naming the stopped worker's pid within seconds; all workers killed, "
+        "nothing left to join "
         "at exit (was: hang even with `timeout=10`)",
         STOPPED_WORKER,
         2.0,
