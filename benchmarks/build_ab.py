@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--before", required=True, help="a commit of this repository")
+    side = ap.add_mutually_exclusive_group(required=True)
+    side.add_argument("--before", help="a commit of this repository")
+    # a copy of a working tree: checks an uncommitted change against the tree it was made in
+    side.add_argument("--before-dir", type=Path, help="a folder holding the earlier code")
     ap.add_argument("--sizes", default="200000,2000000")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=2)
@@ -71,15 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(dir=a.data_dir))
     try:
         before = work / "before"
-        before.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", a.before], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+        if a.before_dir is not None:
+            shutil.copytree(a.before_dir, before)
+        else:
+            before.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", a.before], check=True, capture_output=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
         codes = {"before": before, "after": REPO}
         load = os.getloadavg()[0]
         print(
-            f"`python -m benchmarks.build_ab --before {a.before} --sizes {a.sizes} --rounds {a.rounds}` (load "
+            f"`python -m benchmarks.build_ab --before{'-dir' if a.before is None else ''} "
+            f"{a.before or a.before_dir} --sizes {a.sizes} --rounds {a.rounds}` (load "
             f"average {load:.1f} at the start, 2 cores; --jobs {a.jobs})\n"
         )
         print(

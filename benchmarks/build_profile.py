@@ -40,11 +40,16 @@ LEAVES: dict[str, list[tuple[str, ...]]] = {
         ("~", "<method 'update' of '_hashlib.HASH' objects>", "file_digest"),
         ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "file_digest"),
         ("~", "<method 'readinto' of '_io.BufferedReader' objects>", "file_digest"),
+        # from a reused buffer (loaders.digests.feed_file)
+        ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "feed_file"),
+        ("~", "<method 'readinto' of '_io.FileIO' objects>", "feed_file"),
     ],
     "digest of shards (index hashes)": [
         ("~", "<method 'update' of '_hashlib.HASH' objects>", "content_hash"),
         ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "content_hash"),
         ("~", "<method 'read' of '_io.BufferedReader' objects>", "<lambda>"),
+        # mapped windows of the files just written (loaders.digests.feed_mapped)
+        ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "feed_mapped"),
     ],
     "sha256 of plan keys": [("~", "<method 'update' of '_hashlib.HASH' objects>", "plan_key")],
     "row gathers (scatter + pack)": [

@@ -11,6 +11,9 @@ one registration, never an if-chain in the readers.
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,14 +68,45 @@ def bytes_digest(data: Any, name: str = DIGEST) -> str:
     return finish(name, h)
 
 
+_BLOCK = threading.local()  # per thread: the buffer files are read into while hashing
+
+
 def feed_file(h: Hasher, path: str | Path) -> int:
-    """Feed one file's bytes to ``h`` in ``READ_BLOCK`` pieces; returns the bytes read."""
+    """Feed one file's bytes to ``h`` in ``READ_BLOCK`` pieces; returns the bytes read.
+
+    Read into one reused buffer per thread: a fresh 4 MiB ``bytes`` per read is a fresh
+    allocation whose pages are faulted in again (the build trims the heap, pipeline.memory);
+    reused, a read is one copy (~15% less CPU per hashed byte here)."""
+    buf = getattr(_BLOCK, "view", None)
+    if buf is None:
+        buf = _BLOCK.view = memoryview(bytearray(READ_BLOCK))
     total = 0
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(READ_BLOCK), b""):
-            h.update(chunk)
-            total += len(chunk)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(buf[:n])
+            total += n
     return total
+
+
+def feed_mapped(h: Hasher, path: str | Path) -> int:
+    """``feed_file`` without the copy: each ``READ_BLOCK`` window of the file is mapped and hashed
+    in place (half the CPU of reading it from the page cache; a window at a time keeps the mapped
+    pages, which count as resident, to one block). Only for a file this process wrote and nothing
+    else changes while it is read (the build's own shards): a file truncated meanwhile is a
+    SIGBUS, not an error."""
+    with open(path, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        for off in range(0, size, READ_BLOCK):
+            n = min(READ_BLOCK, size - off)
+            try:
+                window = mmap.mmap(fh.fileno(), n, offset=off, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                if off:
+                    raise
+                return feed_file(h, path)  # a file system that cannot map files: read it
+            with window:
+                h.update(window)
+    return size
 
 
 def file_digest(path: str | Path, name: str = DIGEST) -> str:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loaders.digests import DIGEST, algorithm, feed_file, finish, hasher, tagged
+from loaders.digests import DIGEST, Hasher, algorithm, feed_file, finish, hasher, tagged
 from loaders.errors import FormatError
 
 
@@ -45,9 +46,12 @@ def process_umask() -> int:
     return mask
 
 
-def content_hash(path: str | Path, name: str = DIGEST) -> str:
+def content_hash(
+    path: str | Path, name: str = DIGEST, feed: Callable[[Hasher, Path], int] = feed_file
+) -> str:
     """The named digest (``loaders.digests``; ``name``: the algorithm) of a file, or of a folder
-    as the sorted (relative path, bytes) of every file in it."""
+    as the sorted (relative path, bytes) of every file in it. ``feed``: how a file's bytes reach
+    the hasher (``feed_mapped`` for a shard the caller has just written)."""
     path = Path(path)
     h = hasher(name)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
@@ -56,7 +60,7 @@ def content_hash(path: str | Path, name: str = DIGEST) -> str:
     for p in files:
         if p != path:
             h.update(p.relative_to(path).as_posix().encode() + b"\0")
-        feed_file(h, p)
+        feed(h, p)
         h.update(b"\0")
     return finish(name, h)
 

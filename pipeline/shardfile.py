@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from loaders import format as fmt
 from loaders.columns import validate_columns
+from loaders.digests import feed_mapped
 from pipeline.writers import get_writer
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ def write_columns(
             tables,  # type: ignore[arg-type]
             fmt.column_codecs(cfg.fields),
         )
-        digest, stored = fmt.content_hash(tmp), fmt.stored_bytes(tmp)
+        # mapped, not read: the writer's own fresh files (loaders.digests.feed_mapped)
+        digest, stored = fmt.content_hash(tmp, feed=feed_mapped), fmt.stored_bytes(tmp)
         os.replace(tmp, final)
     except BaseException:
         if tmp.exists():

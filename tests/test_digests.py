@@ -17,10 +17,21 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
-from loaders.digests import DIGESTS, algorithm, as_stored_before, bytes_digest, tagged
+from loaders.digests import (
+    DIGESTS,
+    READ_BLOCK,
+    algorithm,
+    as_stored_before,
+    bytes_digest,
+    feed_file,
+    feed_mapped,
+    hasher,
+    tagged,
+)
 from loaders.files import content_hash, shard_digest_matches
 from pipeline.cli import main
 from pipeline.verify import verify
+from tests import hostile
 
 OLD = Path(__file__).parent / "data" / "sha256-index"
 
@@ -56,7 +67,8 @@ def test_the_old_fixture_is_what_version_3_and_older_wrote() -> None:
     assert "digest" not in raw["shards"][0] and "sha256" in raw["sources"][0]
 
 
-def test_an_old_sha256_dataset_verifies_inspects_and_loads(old: Path) -> None:
+@hostile.parametrize
+def test_an_old_sha256_dataset_verifies_inspects_and_loads(case: hostile.Case, old: Path) -> None:
     index = fmt.read_index(old)
     assert {algorithm(e.digest) for e in index.shards} == {"sha256"}
     assert algorithm(index.conditions.digest) == "sha256"  # type: ignore[union-attr]
@@ -67,7 +79,8 @@ def test_an_old_sha256_dataset_verifies_inspects_and_loads(old: Path) -> None:
     assert all(shard_digest_matches(e, index.shard_path(e)) for e in index.shards)
 
 
-def test_a_changed_byte_of_an_old_dataset_is_caught(old: Path) -> None:
+@hostile.parametrize
+def test_a_changed_byte_of_an_old_dataset_is_caught(case: hostile.Case, old: Path) -> None:
     index = fmt.read_index(old)
     entry = max(index.shards, key=lambda e: e.records)
     _flip_last_byte(index.shard_path(entry))
@@ -118,3 +131,43 @@ def test_names_and_legacy_forms() -> None:
     xxh = bytes_digest(b"x")
     assert algorithm(xxh) == "xxh3_128" and len(xxh) == len("xxh3_128:") + 32
     assert as_stored_before(xxh) == xxh and tagged("") == ""
+
+
+@pytest.mark.parametrize("name", ["xxh3_128", "sha256"])
+def test_file_reads_and_mapped_windows_hash_the_same_bytes(name: str, tmp_path: Path) -> None:
+    """The build hashes its own shards through mapped windows (feed_mapped), everything else by
+    reads into a reused buffer (feed_file): one digest of the same bytes, at every edge of a
+    block, for a file and for a folder."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "shard"
+    folder.mkdir()
+    sizes = [0, 1, READ_BLOCK - 1, READ_BLOCK, READ_BLOCK + 1, 2 * READ_BLOCK + 17]
+    for i, n in enumerate(sizes):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        path = folder / f"f{i}"
+        path.write_bytes(data)
+        want = hasher(name)
+        want.update(data)
+        for feed in (feed_file, feed_mapped):
+            h = hasher(name)
+            assert feed(h, path) == n
+            assert h.hexdigest() == want.hexdigest(), (feed.__name__, n)
+    assert content_hash(folder, name, feed=feed_mapped) == content_hash(folder, name)
+    assert content_hash(folder / "f5", name, feed=feed_mapped) == content_hash(folder / "f5", name)
+
+
+def test_a_file_system_that_cannot_map_files_is_read_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some mounts (FUSE) refuse mmap: the build's shard digest then reads the file, same digest."""
+    import mmap  # the module whose constructor this test replaces
+
+    path = tmp_path / "f"
+    path.write_bytes(np.arange(3 * READ_BLOCK // 8, dtype=np.int64).tobytes())
+    want = content_hash(path)
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    assert content_hash(path, feed=feed_mapped) == want

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from pipeline.modalities.perturbation.conditions import build_conditions
 from pipeline.modalities.perturbation.pairing import (
     LEVEL_ORDER,
+    ControlPools,
     MatchContext,
     make_pairs,
     make_sentences,
@@ -65,6 +66,29 @@ def test_matching_respects_levels_and_prefers_best(
         ).any()
         assert (lv == 0) == bool(exact)
     assert len({lvl for lvl, _ in LEVEL_ORDER}) == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(contexts())
+def test_pool_lookup_is_the_first_level_a_binary_search_finds(
+    args: tuple[MatchContext, np.ndarray, int],
+) -> None:
+    """The lookup searches each level's distinct keys once; the plan (so every shard byte)
+    depends on it giving what two binary searches over all of the level's sorted pool keys give:
+    the first level with a candidate, where its candidates start in ``every``, how many."""
+    ctx, _, _ = args
+    pools = ControlPools(ctx)
+    queries = np.arange(ctx.home.size)
+    level, first, cnt = pools.lookup(queries)
+    for q in queries.tolist():
+        for i, (_lvl, by) in enumerate(LEVEL_ORDER):
+            lo, hi = int(pools.offsets[i]), int(pools.offsets[i + 1])
+            keys = pools.key(by, pools.every[lo:hi])
+            want = pools.key(by, np.array([q]))[0]
+            a, b = np.searchsorted(keys, want, "left"), np.searchsorted(keys, want, "right")
+            if b > a:
+                assert (level[q], first[q], cnt[q]) == (i, lo + a, b - a)
+                break
 
 
 @settings(max_examples=60, deadline=None)

@@ -80,12 +80,18 @@ class ControlPools:
             for c in ("shard", "split", "cell_type", "batch")
         }
         pool = np.flatnonzero(ctx.is_control)
-        self.sorted_keys: list[np.ndarray] = []
+        # per level: the distinct keys, sorted, and where each one's run starts in the sorted pool
+        # (a query is one search among the few distinct keys, not two among every control)
+        self.keys: list[np.ndarray] = []
+        self.runs: list[np.ndarray] = []
         pools: list[np.ndarray] = []
         for _lvl, by in LEVEL_ORDER:
             key = self.key(by, pool)
             order = np.argsort(key, kind="stable")
-            self.sorted_keys.append(key[order])
+            key = key[order]
+            starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+            self.keys.append(key[starts])
+            self.runs.append(np.r_[starts, key.size].astype(np.int64))
             pools.append(pool[order])
         self.offsets = np.cumsum([0] + [p.size for p in pools])
         self.every = np.concatenate(pools)  # pool of level i = every[offsets[i]:offsets[i + 1]]
@@ -111,13 +117,14 @@ class ControlPools:
             if todo.size == 0:
                 break
             q = self.key(by, queries[todo])
-            a, b = (
-                np.searchsorted(self.sorted_keys[i], q, "left"),
-                np.searchsorted(self.sorted_keys[i], q, "right"),
-            )
-            hit = b > a
+            keys, runs = self.keys[i], self.runs[i]
+            j = np.searchsorted(keys, q)
+            hit = j < keys.size
+            hit[hit] = keys[j[hit]] == q[hit]
+            j = j[hit]
             level[todo[hit]] = i
-            first[todo[hit]], cnt[todo[hit]] = self.offsets[i] + a[hit], (b - a)[hit]
+            first[todo[hit]] = self.offsets[i] + runs[j]
+            cnt[todo[hit]] = runs[j + 1] - runs[j]
         return level, first, cnt
 
 
