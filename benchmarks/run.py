@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import pipeline_bench as pb
+from benchmarks.extras_bench import extras_section
 from benchmarks.measure import machine_info, package_versions
 from benchmarks.remote_bench import remote_section
 from benchmarks.report import write_report
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     res["spike"] = modality_section("spike", cfg, data_dir, work, skip, notes)
     res["ct"] = modality_section("ct", cfg, data_dir, work, skip, notes)
     res["remote"] = remote_section(cfg, roots, skip, notes)  # before the shards are removed
+    res["extras"] = extras_section(cfg, roots, skip, notes)  # as the line above
     if not a.keep_shards:
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)

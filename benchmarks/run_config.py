@@ -135,7 +135,8 @@ def parse_args(argv: list[str] | None, usage: str | None) -> tuple[Config, argpa
     ap.add_argument(
         "--skip",
         default="",
-        help="comma list of: pipeline, loader, baselines, scdataset, annbatch, gpu, spike, ct",
+        help="comma list of: pipeline, loader, baselines, scdataset, annbatch, gpu, spike, ct, "
+        "remote, extras",
     )
     ap.add_argument(
         "--torch-spec",

@@ -1,5 +1,5 @@
 """The five targets of the benchmark issue, evaluated against one results document (met / missed, by
-how much)."""
+how much); the later ones follow them (benchmarks/targets_extra.py)."""
 
 from __future__ import annotations
 
@@ -299,7 +299,9 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
             else "",
         )
     )
-    return out
+    from benchmarks.targets_extra import extra_targets  # it imports target() from here
+
+    return out + extra_targets(res)
 
 
 SMOKE_NOTE = (
@@ -313,7 +315,7 @@ def as_smoke(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     nothing about the target, and printing "missed" there reads as a failure)."""
     out = []
     for t in targets:
-        if t["status"] == "not measured":
+        if t["status"] in ("not measured", "reported"):  # reported: no goal, no verdict
             out.append(t)
             continue
         cmp = ">=" if t["higher_is_better"] else "<="

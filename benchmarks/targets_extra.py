@@ -1,0 +1,179 @@
+"""The targets added after the benchmark issue's five, from one results document: remote reads
+(issue 23), the CT crop (issue 26.4), persistent workers by default (issue 26.5), and figures
+reported without a goal (remote first batch, cache and network bytes; the digest check's cost on
+read, issue 26.1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.targets import target
+
+MB = 1e6
+
+
+def reported(
+    name: str, what: str, value: float | None, unit: str, detail: str = ""
+) -> dict[str, Any]:
+    """A figure shown in the targets table with no goal (so no verdict)."""
+    return {
+        "name": name,
+        "what": what,
+        "status": "reported" if value is not None else "not measured",
+        "value": value,
+        "goal": None,
+        "unit": unit,
+        "by": "reported (no goal)" if value is not None else "",
+        "detail": detail,
+    }
+
+
+def remote_targets(rm: dict[str, Any]) -> list[dict[str, Any]]:
+    ok = "cells_per_s" in rm
+    rate = rm.get("cells_per_s", {})
+    why = "" if ok else f"remote: {rm.get('skipped') or rm.get('error') or 'not run'}"
+    setup = f"{rm.get('setup', '')}; " if ok else why
+    local, limit = rate.get("local", 0), rm.get("raw_get_limit_cells_s", 0)
+    return [
+        target(
+            "23a",
+            "remote (moto S3 + node cache): warm-cache epoch / local-disk epoch (>= 0.95x)",
+            rm.get("warm_over_local") if ok else None,
+            0.95,
+            True,
+            detail=f"{setup}warm {rate.get('warm', 0):,} vs local {local:,} cells/s" if ok else why,
+        ),
+        target(
+            "23b",
+            "remote: cold epoch / min(local rate, raw GET limit in cells/s) (>= 0.8x)",
+            rm.get("cold_over_bound") if ok else None,
+            0.8,
+            True,
+            detail=f"cold {rate.get('cold', 0):,} cells/s; local {local:,}; raw GET "
+            f"{rm.get('raw_get_MB_s', 0):,} MB/s = {limit:,} cells/s (8 concurrent GETs)"
+            if ok
+            else why,
+        ),
+        reported(
+            "23c",
+            "remote: time to first batch, cold cache (open + first batch)",
+            rm.get("cold_first_batch_s") if ok else None,
+            "s",
+            f"local disk {rm.get('local_first_batch_s', 0):.3f} s" if ok else why,
+        ),
+        reported(
+            "23d",
+            "remote: peak node-cache bytes, cold epoch",
+            rm["cold_peak_cache_bytes"] / MB if ok else None,
+            "MB",
+            why,
+        ),
+        reported(
+            "23e",
+            "remote: network bytes per epoch, cold cache (warm: "
+            f"{rm.get('warm_network_bytes_per_epoch', 0)} B)",
+            rm["cold_network_bytes_per_epoch"] / MB if ok else None,
+            "MB",
+            "every shard object downloaded once" if ok else why,
+        ),
+    ]
+
+
+def ct_crop_targets(ct: dict[str, Any]) -> list[dict[str, Any]]:
+    from benchmarks.ct_crop_bench import CROP_MS_TARGET, RATIO_TARGET, TARGET_POINTS
+
+    cr = ct.get("crop") or {}
+    c = cr.get("crop") or {}
+    why = f"CT: {ct.get('skipped') or ct.get('error') or 'crop figure not run'}"
+    big = c.get("points", 0) >= TARGET_POINTS
+    if c and not big:
+        why = f"volumes of {c.get('points', 0):,.0f} points: judged from {TARGET_POINTS:,} up"
+    shape = "x".join(map(str, cr.get("config", {}).get("shape", ())))
+    return [
+        target(
+            "26.4a",
+            "CT loader crop=(256,256,32) + flip / no augmentation, interleaved "
+            f"(>= {RATIO_TARGET:g}x)",
+            cr.get("ratio") if c and big else None,
+            RATIO_TARGET,
+            True,
+            detail=f"{shape} volumes, median {c['points']:,.0f} points; "
+            + ", ".join(f"{k} {v['volumes_per_s']:.1f} volumes/s" for k, v in cr["loader"].items())
+            if c and big
+            else why,
+        ),
+        target(
+            "26.4b",
+            f"CT crop + flip, one ~2M-point volume, one core (<= {CROP_MS_TARGET:g} ms CPU)",
+            c.get("crop_and_flip_cpu_ms") if c and big else None,
+            CROP_MS_TARGET,
+            False,
+            unit="ms",
+            detail=f"wall {c['crop_and_flip_ms']:.2f} ms; {c['speedup']:.0f}x faster than the "
+            "brute-force crop (wall)"
+            if c and big
+            else why,
+        ),
+    ]
+
+
+def persistent_targets(ex: dict[str, Any]) -> list[dict[str, Any]]:
+    p = ex.get("persistent") or {}
+    ok = "default" in p
+    why = f"extras: {p.get('error') or ex.get('skipped') or 'not run'}"
+
+    def detail(key: str) -> str:
+        r = p[key]
+        return (
+            f"{r['cells_per_s']:,.0f} vs {p['true']['cells_per_s']:,.0f} cells/s, "
+            f"{r['epochs']} epochs; one process, {p['rounds']} rounds of {p['seconds']:g} s "
+            f"windows, per-round ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}"
+        )
+
+    return [
+        target(
+            "26.5a",
+            f"ShardLoader(num_workers={p.get('num_workers', 2)}) default settings / "
+            "persistent_workers=True, dense, interleaved (>= 0.8x)",
+            p["default"]["vs_persistent"] if ok else None,
+            0.8,
+            True,
+            detail=detail("default") if ok else why,
+        ),
+        reported(
+            "26.5b",
+            "same, persistent_workers=False / persistent_workers=True",
+            p["false"]["vs_persistent"] if ok else None,
+            "x",
+            detail("false") if ok else why,
+        ),
+    ]
+
+
+def digest_targets(ex: dict[str, Any]) -> list[dict[str, Any]]:
+    d = ex.get("digest") or {}
+    ok = "xxh3_cpu_s" in d
+    return [
+        reported(
+            "26.1",
+            "digest check on read: xxh3-128 CPU of one window's shards / that window's decode CPU",
+            d.get("xxh3_over_decode_cpu") if ok else None,
+            "x",
+            f"{d['window_shards']} shards, {d['stored_mb']:.0f} MB stored: xxh3-128 "
+            f"{d['xxh3_cpu_s'] * 1e3:.1f} ms (sha256 {d['sha256_cpu_s'] * 1e3:.0f} ms) vs decode "
+            f"{d['decode_cpu_s'] * 1e3:.0f} ms process CPU, {d['decode_wall_s'] * 1e3:.0f} ms wall "
+            "(verify=False, in-process)"
+            if ok
+            else f"extras: {d.get('error') or ex.get('skipped') or 'not run'}",
+        )
+    ]
+
+
+def extra_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    ex = res.get("extras") or {}
+    return [
+        *remote_targets(res.get("remote") or {}),
+        *ct_crop_targets(res.get("ct") or {}),
+        *persistent_targets(ex),
+        *digest_targets(ex),
+    ]
