@@ -271,9 +271,10 @@ def _delete_files(store: ObjectStore, files: list[str], listing: Mapping[str, in
 def remote_lock(store: ObjectStore, wait: float = 0.0) -> Iterator[None]:
     """Hold ``.shardsmith-push.lock`` under the prefix for the ``with`` block: looked for, created
     only if absent (conditional put), then read back, so that on a server ignoring the condition
-    only two pushes starting within the same few milliseconds can both run. Another holder: `LockHeldError` at once, or after
-    ``wait`` seconds. A killed push leaves the lock: after STALE_S the error says so and how to
-    remove it (never removed automatically: a slow push is not a dead one)."""
+    only two pushes starting within the same few milliseconds can both run. Another holder:
+    ``LockHeldError`` at once, or after ``wait`` seconds. A killed push leaves the lock: after
+    STALE_S the error says so and how to remove it (never removed automatically: a slow push is
+    not a dead one)."""
     token = uuid.uuid4().hex
     note = {
         "token": token,
