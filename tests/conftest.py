@@ -31,6 +31,7 @@ pytest_plugins = [
     "tests.fixtures_shards",
     "tests.s3_fixtures",
     "tests.remote_fixtures",
+    "tests.gloo_fixtures",
 ]
 
 

@@ -8,8 +8,6 @@ the test instead of hanging.
 from __future__ import annotations
 
 import json
-import socket
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -19,17 +17,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp
 
 from loaders import ShardDataset, ShardLoader
 
 DEADLINE = 90.0  # seconds for a whole job (spawning ranks imports torch in each)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
@@ -103,25 +94,6 @@ def _elastic_main(rank: int, world: int, port: int, root: str, out: str) -> None
         dist.destroy_process_group()
 
 
-def run_job(world: int, root: Path, out: Path, main: Callable[..., None] = _rank_main) -> None:
-    ctx = tmp.start_processes(
-        main,
-        args=(world, free_port(), str(root), str(out)),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + DEADLINE
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"DDP job with {world} ranks did not finish within {DEADLINE}s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-
-
 @pytest.fixture(scope="module")
 def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build_dataset(
@@ -136,8 +108,10 @@ def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_ddp_ranks_split_the_epoch(fx: Any, tmp_path: Path, world: int) -> None:
-    run_job(world, fx.root, tmp_path)
+def test_ddp_ranks_split_the_epoch(
+    fx: Any, tmp_path: Path, world: int, gloo_world: Callable[..., None]
+) -> None:
+    gloo_world(_rank_main, world, str(fx.root), str(tmp_path), deadline=DEADLINE)
     split = fx.primary_ids("train")
     for pad in (0, 1):
         per_rank = [np.load(tmp_path / f"ids-pad{pad}-rank{r}.npy") for r in range(world)]
@@ -154,11 +128,13 @@ def test_ddp_ranks_split_the_epoch(fx: Any, tmp_path: Path, world: int) -> None:
             assert set(union.tolist()) <= set(split.tolist())
 
 
-def test_ddp_resume_on_another_world_size(fx: Any, tmp_path: Path) -> None:
+def test_ddp_resume_on_another_world_size(
+    fx: Any, tmp_path: Path, gloo_world: Callable[..., None]
+) -> None:
     """Gloo: 3 steps of an epoch on 2 ranks (1 worker each), resumed from rank 0's state on 3
     ranks (2 workers each): every train unit served, repeats fewer than one global batch (12)."""
-    run_job(2, fx.root, tmp_path, _elastic_main)
-    run_job(3, fx.root, tmp_path, _elastic_main)
+    for world in (2, 3):
+        gloo_world(_elastic_main, world, str(fx.root), str(tmp_path), deadline=DEADLINE)
     first = [np.load(tmp_path / f"elastic-w2-rank{r}.npy") for r in range(2)]
     rest = [np.load(tmp_path / f"elastic-w3-rank{r}.npy") for r in range(3)]
     assert {a.size for a in first} == {18} and len({a.size for a in rest}) == 1

@@ -4,8 +4,6 @@ the shards its own ranks read (docs/REMOTE.md, "What each process downloads").""
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp
 
 from loaders import ShardDataset, ShardLoader
 from loaders.remote.ahead import PREFETCH_WINDOWS, rank_windows
@@ -25,18 +22,12 @@ WORLD, PER_NODE = 4, 2
 KW: dict[str, Any] = {"split": "train", "batch_size": 16, "window": 1, "seed": 11, "pad": False}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rank_main(rank: int, port: int, url: str, out: str) -> None:
+def _rank_main(rank: int, world: int, port: int, url: str, out: str) -> None:
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
-        world_size=WORLD,
+        world_size=world,
         timeout=timedelta(seconds=120),
     )
     try:
@@ -62,25 +53,15 @@ def many_shards(build_dataset: Callable[..., Any], tmp_path_factory: pytest.Temp
 
 
 def test_two_nodes_four_ranks_read_each_sample_once(
-    many_shards: Any, s3_proxy: Any, s3_bucket: str, upload: Callable[..., str], tmp_path: Path
+    many_shards: Any,
+    s3_proxy: Any,
+    s3_bucket: str,
+    upload: Callable[..., str],
+    tmp_path: Path,
+    gloo_world: Callable[..., None],
 ) -> None:
     url = upload(many_shards.root, f"{s3_bucket}/ds")
-    ctx = tmp.start_processes(
-        _rank_main,
-        args=(_free_port(), url, str(tmp_path)),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + DEADLINE
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{WORLD} ranks did not finish within {DEADLINE}s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+    gloo_world(_rank_main, WORLD, url, str(tmp_path), deadline=DEADLINE)
     ids = [np.load(tmp_path / f"ids-{r}.npy") for r in range(WORLD)]
     steps = [np.load(tmp_path / f"steps-{r}.npy").tolist() for r in range(WORLD)]
     assert len({tuple(s) for s in steps}) == 1 and steps[0][0] == steps[0][1] > 0
