@@ -222,7 +222,7 @@ class NodeCache:
             tmp = tmp_dir / f"{quote(entry.file, safe='')}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
             try:
                 size = self._download(entry, tmp)
-                if not entry_digest(entry) or shard_digest_matches(entry, tmp):
+                if not entry.digest or shard_digest_matches(entry, tmp):
                     os.rename(tmp, self.path(entry))
                     self.downloads += 1
                     return size
@@ -239,24 +239,15 @@ class NodeCache:
         raise self._bad[entry.file]
 
     def _download(self, entry: ShardEntry, tmp: Path) -> int:
-        key = f"shards/{entry.file}"
-        if self.encoding != "zarr":
-            return self.store.get_to_file(key, tmp)
-        objects = [o for o in self.store.list(key + "/") if o.key.startswith(key + "/")]
-        if not objects:
-            raise RemoteNotFound(
-                self.store.key_url(key + "/"),
-                "shard has no objects",
-                f"push the dataset again (index.json names {entry.file})",
-            )
-        for o in objects:
-            (tmp / o.key[len(key) + 1 :]).parent.mkdir(parents=True, exist_ok=True)
-        if self._objects is None:
+        if self._objects is None and self.encoding == "zarr":
             self._objects = ThreadPoolExecutor(THREADS, thread_name_prefix="shard-object")
-        return sum(
-            self._objects.map(
-                lambda o: self.store.get_to_file(o.key, tmp / o.key[len(key) + 1 :]), objects
-            )
+        return download_tree(
+            self.store,
+            f"shards/{entry.file}",
+            tmp,
+            folder=self.encoding == "zarr",
+            named_by=f"index.json names {entry.file}",
+            pool=self._objects,
         )
 
     def _disk_error(self, e: OSError, entry: ShardEntry) -> CacheError:
@@ -293,9 +284,31 @@ class NodeCache:
             time.sleep(0.2)
 
 
-def entry_digest(entry: ShardEntry) -> str:
-    """The entry's content digest ("" when the index records none): the field the index has."""
-    return str(getattr(entry, "digest", "") or getattr(entry, "sha256", "") or "")
+def download_tree(
+    store: ObjectStore,
+    key: str,
+    tmp: Path,
+    folder: bool,
+    named_by: str,
+    pool: ThreadPoolExecutor | None = None,
+) -> int:
+    """``key`` into ``tmp``: one object, or with ``folder`` every object below ``key/`` (a zarr
+    store) at its relative path, on ``pool`` when given; its bytes. The one download of a dataset
+    file for the shards and the files beside index.json; the caller checks and renames."""
+    if not folder:
+        return store.get_to_file(key, tmp)
+    objects = [o for o in store.list(key + "/") if o.key.startswith(key + "/")]
+    if not objects:
+        raise RemoteNotFound(
+            store.key_url(key + "/"), "has no objects", f"push the dataset again ({named_by})"
+        )
+    for o in objects:
+        (tmp / o.key[len(key) + 1 :]).parent.mkdir(parents=True, exist_ok=True)
+
+    def get(o: Any) -> int:
+        return store.get_to_file(o.key, tmp / o.key[len(key) + 1 :])
+
+    return sum(pool.map(get, objects) if pool is not None else map(get, objects))
 
 
 def evict(cache_dir: Path, target: int) -> tuple[int, int]:

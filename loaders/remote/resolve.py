@@ -18,7 +18,7 @@ from typing import Any
 
 from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import FormatError, index_sha256, read_index
-from loaders.remote.cache import CacheError, NodeCache, entry_digest, remove_path
+from loaders.remote.cache import CacheError, NodeCache, download_tree, remove_path
 from loaders.remote.store import RemoteError, RemoteNotFound, is_url, local_path, open_store
 
 CACHE_ENV = "SHARDSMITH_CACHE"
@@ -109,19 +109,11 @@ def _fetch_side_file(store: Any, root: Path, name: str, ref: Any) -> None:
     dst = root / name
     if dst.exists():
         return
-    info = store.head(name)
     tmp = root / f".{name}.{os.getpid()}.tmp"
     try:
-        if info is not None:
-            store.get_to_file(name, tmp)
-        else:
-            objects = list(store.list(name + "/"))
-            if not objects:
-                raise RemoteError(store.key_url(name), "missing", "push the dataset again")
-            for o in objects:
-                (tmp / o.key[len(name) + 1 :]).parent.mkdir(parents=True, exist_ok=True)
-                store.get_to_file(o.key, tmp / o.key[len(name) + 1 :])
-        if entry_digest(ref) and not shard_digest_matches(ref, tmp):
+        folder = store.head(name) is None  # one object, or a zarr folder of them
+        download_tree(store, name, tmp, folder, named_by=f"index.json names {name}")
+        if ref.digest and not shard_digest_matches(ref, tmp):
             raise RemoteError(
                 store.key_url(name), "does not match its digest in index.json", "push again"
             )
