@@ -110,7 +110,7 @@ def _settle() -> None:
     gc.collect()
 
 
-def epoch(root: str | Path, batch_size: int, **kw: Any) -> dict[str, float]:
+def epoch(root: str | Path, batch_size: int, window: int = WINDOW, **kw: Any) -> dict[str, float]:
     """One epoch of ``cells`` batches in the training process (default engine: decoder
     process); open, first batch and whole-epoch times. Earlier loaders are torn down before it
     starts and this one after it ends (``_settle``), outside the times."""
@@ -118,7 +118,7 @@ def epoch(root: str | Path, batch_size: int, **kw: Any) -> dict[str, float]:
 
     _settle()
     t0 = time.perf_counter()
-    ds = ShardDataset(root, split=SPLIT, batch_size=batch_size, window=WINDOW, seed=0, **kw)
+    ds = ShardDataset(root, split=SPLIT, batch_size=batch_size, window=window, seed=0, **kw)
     t1 = time.perf_counter()
     n, first, b = 0, None, None
     for b in ShardLoader(ds):
@@ -130,7 +130,9 @@ def epoch(root: str | Path, batch_size: int, **kw: Any) -> dict[str, float]:
     return {"open_s": t1 - t0, "first_batch_s": float(first or 0), "epoch_s": dt, "cells": n}
 
 
-def run_remote_bench(root: Path, rounds: int = 3, batch_size: int = 256) -> dict[str, Any]:
+def run_remote_bench(
+    root: Path, rounds: int = 3, batch_size: int = 256, window: int = WINDOW
+) -> dict[str, Any]:
     from loaders.format import read_index  # import weight: the loader, only when measuring
     from loaders.remote.cache import cache_bytes  # import weight: as the line above
 
@@ -158,8 +160,8 @@ def run_remote_bench(root: Path, rounds: int = 3, batch_size: int = 256) -> dict
         (work / "get").mkdir()
         warm = work / "warm"
         load_start = list(os.getloadavg())
-        epoch(url, batch_size, cache_dir=warm)  # fill the warm cache (and the page cache)
-        epoch(root, batch_size)  # local disk warmed the same way: one untimed epoch
+        epoch(url, batch_size, window, cache_dir=warm)  # fill the warm cache (and the page cache)
+        epoch(root, batch_size, window)  # local disk warmed the same way: one untimed epoch
         runs: dict[str, list[dict[str, float]]] = {"local": [], "warm": [], "cold": []}
         gets: list[float] = []
         peak: list[int] = []
@@ -169,12 +171,12 @@ def run_remote_bench(root: Path, rounds: int = 3, batch_size: int = 256) -> dict
                 if what == "get":
                     gets.append(raw_get_mb_s(url, keys, work / "get"))
                 elif what == "local":
-                    runs["local"].append(epoch(root, batch_size))
+                    runs["local"].append(epoch(root, batch_size, window))
                 elif what == "warm":
-                    runs["warm"].append(epoch(url, batch_size, cache_dir=warm))
+                    runs["warm"].append(epoch(url, batch_size, window, cache_dir=warm))
                 else:
                     cold = work / f"cold{r}"
-                    runs["cold"].append(epoch(url, batch_size, cache_dir=cold))
+                    runs["cold"].append(epoch(url, batch_size, window, cache_dir=cold))
                     peak.append(cache_bytes(cold))
                     shutil.rmtree(cold, ignore_errors=True)
         cells = runs["local"][0]["cells"]
@@ -193,7 +195,7 @@ def run_remote_bench(root: Path, rounds: int = 3, batch_size: int = 256) -> dict
         )
         out = {
             "setup": f"{root.name}: {len(entries)} {index.encoding} shards of {SPLIT}, "
-            f"{shard_bytes / 1e6:.1f} MB, {cells} cells; window {WINDOW}, batch {batch_size}; "
+            f"{shard_bytes / 1e6:.1f} MB, {cells} cells; window {window}, batch {batch_size}; "
             f"moto_server on 127.0.0.1; both warmed; {rounds} rounds of local/warm interleaved "
             "(A B, B A), then GET and cold; loaders torn down between epochs; rates: medians, "
             "ratios: medians of per-round ratios",
@@ -253,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("root", type=Path, help="a built dataset folder")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--window", type=int, default=WINDOW, help="shards decoded together")
     a = ap.parse_args(argv)
-    print(json.dumps(run_remote_bench(a.root.resolve(), a.rounds, a.batch_size), indent=1))
+    res = run_remote_bench(a.root.resolve(), a.rounds, a.batch_size, a.window)
+    print(json.dumps(res, indent=1))
     return 0
 
 
