@@ -134,7 +134,7 @@ def run_remote_bench(
     root: Path, rounds: int = 3, batch_size: int = 256, window: int = WINDOW
 ) -> dict[str, Any]:
     from loaders.format import read_index  # import weight: the loader, only when measuring
-    from loaders.remote.cache import cache_bytes  # import weight: as the line above
+    from loaders.remote.ledger import cache_bytes  # import weight: as the line above
 
     proc, endpoint = start_moto()
     _env(endpoint)

@@ -15,10 +15,8 @@ import pytest
 
 from loaders import format as fmt
 from loaders.remote import ObjectStore, open_store
-from pipeline.build import build
 from pipeline.cli import main
 from pipeline.errors import LockHeldError
-from pipeline.modalities.perturbation.demo import write_perturb_h5ad
 from pipeline.push import LOCK_KEY, RECORD_KEY, push
 from tests import hostile
 
@@ -51,21 +49,10 @@ def _objects(out: Path) -> dict[str, int]:
 
 
 @pytest.fixture
-def dataset(tmp_path: Path, build_dataset: Callable[..., Any], write_manifest: Callable[..., Any]):
-    """A built 3-source dataset and a function that rewrites source 1 (new values) and rebuilds."""
-    paths = build_dataset(tmp_path, "sources", sources=3, cells=200, genes=40).sources
-    manifest = write_manifest(tmp_path / "m.toml")
-    out = tmp_path / "out"
-    build(manifest, out, jobs=1, progress=False)
-    density = iter([0.2, 0.3, 0.4])
-
-    def change_source_1() -> list[str]:
-        write_perturb_h5ad(
-            paths[1], n_cells=200, n_genes=40, n_perts=6, seed=1, density=next(density)
-        )
-        return build(manifest, out, jobs=1, progress=False).written
-
-    return out, change_source_1
+def dataset(rebuildable: Any) -> Any:
+    """A built 3-source dataset and a function that rewrites source 1 and rebuilds
+    (tests/conftest.py)."""
+    return rebuildable
 
 
 def test_push_uploads_every_object_index_last(dataset: Any, s3_bucket: str) -> None:

@@ -14,7 +14,8 @@ import pytest
 from loaders import ShardDataset, ShardLoader
 from loaders.remote import cache as cache_mod
 from loaders.remote.ahead import in_flight_bytes
-from loaders.remote.cache import CacheError, NodeCache, cache_bytes
+from loaders.remote.cache import CacheError, NodeCache
+from loaders.remote.ledger import cache_bytes
 from tests import hostile
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from loaders import ShardDataset
-from loaders.remote.cache import cache_bytes
+from loaders.remote.ledger import cache_bytes
 from tests import hostile
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

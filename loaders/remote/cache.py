@@ -26,7 +26,6 @@ import errno
 import fcntl
 import glob
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -36,15 +35,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from loaders.errors import FormatError
 from loaders.files import shard_digest_matches
-from loaders.remote.store import ObjectStore, RemoteNotFound, open_store
+from loaders.format import index_sha256
+from loaders.integrity import DatasetRebuilt
+from loaders.remote.ledger import PINS, evict, locked, remove_path, touch, write_size
+from loaders.remote.reuse import adopt_from_other_generation
+from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound, open_store
 from loaders.schema import ShardEntry
 
 THREADS = 8  # concurrent downloads per process (one connection each)
-PINS, TMP, LOCK = ".pins", ".tmp", ".shardsmith-cache.lock"
+TMP, LOCK = ".tmp", ".shardsmith-cache.lock"
 WAIT_S = 60.0  # how long a download waits for pinned space to free up before giving up
 
 
@@ -64,6 +67,7 @@ class NodeCache:
     limit: int | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
     downloads: int = 0  # shard objects this process downloaded (GETs of whole shards)
+    reused: int = 0  # shards taken from another generation's folder instead (loaders.remote.reuse)
     _store: ObjectStore | None = None
 
     def __post_init__(self) -> None:
@@ -129,8 +133,11 @@ class NodeCache:
         """Start the first window's downloads; the next window's when they are all done."""
         if not windows:
             return
-        with self._lock:
-            pending = [self._job(e) for e in windows[0]]
+        try:
+            with self._lock:
+                pending = [self._job(e) for e in windows[0]]
+        except RuntimeError:  # the interpreter is exiting (no new threads): nothing to prefetch for
+            return
         pending = [f for f in pending if f is not None and not f.done()]
         if not pending:
             return self._chain(windows[1:])
@@ -183,7 +190,7 @@ class NodeCache:
     def _pin(self, entry: ShardEntry) -> int:
         fd = os.open(self._pin_path(entry, ".pin"), os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(fd, fcntl.LOCK_SH)
-        _touch(fd)
+        touch(fd)
         return fd
 
     # -- download ---------------------------------------------------------------------------------
@@ -204,10 +211,13 @@ class NodeCache:
             self._reserve(entry)
             try:
                 size = self._download_checked(entry)
+            except RemoteNotFound as e:
+                write_size(self._pin_path(entry, ".pin"), 0)
+                raise self._gone(e) from None
             except BaseException:
-                _write_size(self._pin_path(entry, ".pin"), 0)
+                write_size(self._pin_path(entry, ".pin"), 0)
                 raise
-            _write_size(self._pin_path(entry, ".pin"), size)
+            write_size(self._pin_path(entry, ".pin"), size)
         finally:
             os.close(fd)
 
@@ -217,6 +227,8 @@ class NodeCache:
         tmp_dir.mkdir(exist_ok=True)
         for stale in tmp_dir.glob(f"{glob.escape(quote(entry.file, safe=''))}.*"):
             remove_path(stale)  # a process killed mid-download (this one holds the lock now)
+        if entry.digest and self._reuse(entry, tmp_dir):
+            return max(0, int(entry.bytes))
         problem = ""
         for _attempt in range(2):
             tmp = tmp_dir / f"{quote(entry.file, safe='')}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -237,6 +249,40 @@ class NodeCache:
             f"`shardsmith verify {self.url}`"
         )
         raise self._bad[entry.file]
+
+    def _gone(self, missing: RemoteNotFound) -> FormatError:
+        """A shard object of the opened generation that is not there: the dataset was pushed
+        again since (``index.json`` changed; a push deletes the generation before the previous
+        one), so :class:`DatasetRebuilt`, as for a local folder rebuilt under a reader; else the
+        not-found error itself (an object deleted by hand)."""
+        try:
+            now = index_sha256(self.store.get("index.json"))
+        except RemoteError:
+            return missing
+        if now.startswith(self.root.name):
+            return missing
+        return DatasetRebuilt(
+            f"{missing.url}: gone, because {self.url} was pushed again since this reader opened "
+            f"it (index.json is {now[:16]}... now): open the dataset again to read the new "
+            "generation (a new ShardDataset, or restart the run)"
+        )
+
+    def _reuse(self, entry: ShardEntry, tmp_dir: Path) -> bool:
+        """The shard from another generation's folder of this URL on this node, if one holds it
+        with the digest this index gives it (checked here, as a download is)."""
+        tmp = tmp_dir / f"{quote(entry.file, safe='')}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        try:
+            if adopt_from_other_generation(self.root, entry.file, tmp) and shard_digest_matches(
+                entry, tmp
+            ):
+                os.rename(tmp, self.path(entry))
+                self.reused += 1
+                return True
+        except OSError as e:
+            raise self._disk_error(e, entry) from None
+        finally:
+            remove_path(tmp)
+        return False
 
     def _download(self, entry: ShardEntry, tmp: Path) -> int:
         if self._objects is None and self.encoding == "zarr":
@@ -265,14 +311,14 @@ class NodeCache:
         (of any dataset in this cache folder); waits up to WAIT_S for pinned shards to go."""
         need = max(0, int(entry.bytes))
         if self.limit is None:
-            _write_size(self._pin_path(entry, ".pin"), need)
+            write_size(self._pin_path(entry, ".pin"), need)
             return
         deadline = time.monotonic() + WAIT_S
         while True:
-            with _locked(self.cache_dir / LOCK):
+            with locked(self.cache_dir / LOCK):
                 used, pinned = evict(self.cache_dir, self.limit - need)
                 if used + need <= self.limit:
-                    _write_size(self._pin_path(entry, ".pin"), need)
+                    write_size(self._pin_path(entry, ".pin"), need)
                     return
             if time.monotonic() > deadline:
                 raise CacheError(
@@ -309,84 +355,3 @@ def download_tree(
         return store.get_to_file(o.key, tmp / o.key[len(key) + 1 :])
 
     return sum(pool.map(get, objects) if pool is not None else map(get, objects))
-
-
-def evict(cache_dir: Path, target: int) -> tuple[int, int]:
-    """Evict least recently used, unpinned shards of every dataset under ``cache_dir`` until the
-    bytes held are at most ``target`` (the caller holds the folder's lock); ``(bytes held, bytes
-    pinned)`` after it."""
-    ledger = []
-    for pin in cache_dir.glob(f"*/*/{PINS}/*.pin"):
-        try:
-            size, mtime = _read_size(pin), pin.stat().st_mtime_ns
-        except OSError:
-            continue
-        if size:
-            ledger.append((mtime, pin, size))
-    used = sum(s for _, _, s in ledger)
-    pinned = 0
-    for _, pin, size in sorted(ledger, key=lambda t: t[0]):
-        if used <= target:
-            break
-        fd = os.open(pin, os.O_RDWR)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # pinned (or being downloaded): never evicted
-                pinned += size
-                continue
-            data = pin.parent.parent / "shards" / unquote(pin.name[: -len(".pin")])
-            remove_path(data)
-            os.ftruncate(fd, 0)
-            used -= size
-        finally:
-            os.close(fd)
-    return used, pinned
-
-
-def cache_bytes(cache_dir: str | Path) -> int:
-    """Bytes held in the cache folder per its ledger (shards cached or being downloaded)."""
-    return sum(_read_size(p) for p in Path(cache_dir).glob(f"*/*/{PINS}/*.pin"))
-
-
-def _read_size(pin: Path) -> int:
-    text = pin.read_text().strip()
-    return int(text) if text.isdigit() else 0
-
-
-def _write_size(pin: Path, size: int) -> None:
-    """The ledger entry of a shard: written in place (the file is a lock: never replaced)."""
-    fd = os.open(pin, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        os.ftruncate(fd, 0)
-        if size:
-            os.pwrite(fd, str(int(size)).encode(), 0)
-        _touch(fd)
-    finally:
-        os.close(fd)
-
-
-def _touch(fd: int) -> None:
-    """Last use, for least-recently-used eviction."""
-    try:
-        os.utime(fd)
-    except OSError:  # a file of another user on a shared cache: its order is only a hint
-        pass
-
-
-def remove_path(path: Path) -> None:
-    """A file or folder gone (a temporary download, an evicted shard)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -18,7 +18,8 @@ from typing import Any
 
 from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import FormatError, index_sha256, read_index
-from loaders.remote.cache import CacheError, NodeCache, download_tree, remove_path
+from loaders.remote.cache import CacheError, NodeCache, download_tree
+from loaders.remote.ledger import remove_path
 from loaders.remote.store import RemoteError, RemoteNotFound, is_url, local_path, open_store
 
 CACHE_ENV = "SHARDSMITH_CACHE"

@@ -33,6 +33,9 @@ PUSH_LOCK = "test_push::test_second_push_waits_then_exits_3"
 TWO_PUSHES = "test_push::test_two_pushes_at_once_one_exits_locked"
 OTHER_DATASET = "test_push::test_another_dataset_at_the_url_is_refused"
 REPLACED = "test_push::test_replaced_remote_object_is_uploaded_again"
+REUSE = "test_remote_generations::test_unchanged_shards_come_from_the_previous_generation"
+REOPEN = "test_remote_generations::test_a_reader_of_a_deleted_generation_is_told_to_reopen"
+BY_HAND = "test_remote_generations::test_an_object_deleted_by_hand_is_not_found_naming_it"
 
 _REMOTE_BAD = [  # (id stem, data, what is done)
     ("no-index", "no-index", "a prefix of an existing bucket that holds no index.json"),
@@ -204,6 +207,41 @@ CASES = [
         "the URL holds index.json of a dataset of another name",
         "exit 2 ('holds dataset ...'), the remote untouched; `--replace` pushes",
         OTHER_DATASET,
+    ),
+    Case(
+        "remote-new-generation",
+        17,
+        "a new generation pushed after a one-source rebuild, read on a node whose cache holds the "
+        "previous one",
+        "only the changed shards are downloaded; the unchanged ones are linked from the previous "
+        "generation's folder after a digest check; batches equal the local build's",
+        REUSE,
+        "clean",
+    ),
+    Case(
+        "remote-new-generation-damaged-copy",
+        17,
+        "the same, with the previous generation's cached copy of an unchanged shard altered",
+        "that shard fails the new index's digest and is downloaded (never served altered); "
+        "batches equal the local build's",
+        REUSE,
+        "damaged",
+    ),
+    Case(
+        "remote-opened-generation-deleted",
+        17,
+        "a reader opened generation N, then two pushes (N+2 deletes N's objects) before it "
+        "downloads its shards",
+        "`DatasetRebuilt`: the URL was pushed again since the reader opened it; open it again "
+        "(as for a local folder rebuilt under a reader)",
+        REOPEN,
+    ),
+    Case(
+        "remote-shard-deleted-by-hand",
+        17,
+        "every object of one shard deleted from the bucket by hand (index.json unchanged)",
+        "`RemoteNotFound` naming the shard's prefix ('has no objects') and the fix (push again)",
+        BY_HAND,
     ),
     Case(
         "push-remote-object-replaced",
