@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import pipeline_bench as pb
+from benchmarks.build_vs_annbatch import build_annbatch_section
 from benchmarks.extras_bench import extras_section
 from benchmarks.measure import machine_info, package_versions
 from benchmarks.remote_bench import remote_section
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(res["pipeline"]["skipped"])
     res["loader"] = loader_section(cfg, main_ds, roots, work, skip, notes)
     res["annbatch"] = annbatch_section(cfg, a, main_ds, roots, data_dir, work, skip)
+    res["build_annbatch"] = build_annbatch_section(
+        cfg, main_ds.files[0], work, data_dir, skip, a.torch_spec
+    )
     res["gpu"] = gpu_section(cfg, main_ds, roots, work, skip)
     res["spike"] = modality_section("spike", cfg, data_dir, work, skip, notes)
     res["ct"] = modality_section("ct", cfg, data_dir, work, skip, notes)

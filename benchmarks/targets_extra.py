@@ -5,11 +5,14 @@ read, issue 26.1)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from benchmarks.targets import target
 
 MB = 1e6
+SCALE_JSON = Path(__file__).with_name("scale.json")
 
 
 def reported(
@@ -169,9 +172,48 @@ def digest_targets(ex: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def build_targets(res: dict[str, Any], scale_json: Path = SCALE_JSON) -> list[dict[str, Any]]:
+    """26.3a from this run (benchmarks/build_vs_annbatch.py); 26.3b from the last
+    `make bench-scale` (benchmarks/scale.json: its 2M-cell build), which is not rerun here."""
+    b = res.get("build_annbatch") or {}
+    ok = "ratio" in b
+    try:
+        scale = json.loads(scale_json.read_text())
+        big = max(scale["sizes"], key=lambda s: s["n_cells"])
+    except (OSError, ValueError, KeyError):
+        scale, big = None, None
+    return [
+        target(
+            "26.3a",
+            "build of the main screen / annbatch's preshuffle (add_adatas), alternating "
+            "processes, median of per-pair ratios (>= 2.5x)",
+            b.get("ratio") if ok else None,
+            2.5,
+            True,
+            detail=f"ours {', '.join(f'{x:.2f}' for x in b['ours_s'])} s, annbatch "
+            f"{', '.join(f'{x:.2f}' for x in b['annbatch_s'])} s; --jobs {b['jobs']}"
+            if ok
+            else f"build vs annbatch: {b.get('skipped') or 'not run'}",
+        ),
+        target(
+            "26.3b",
+            "build at 2M cells: cells per CPU-second / the codec-bound limit's (>= 0.3x)",
+            big.get("vs_limit_cpu") if big else None,
+            0.3,
+            True,
+            detail=f"from benchmarks/scale.json ({scale['date']}): build CPU "
+            f"{big['build']['cpu_s']:.1f} s vs limit {big['limit_cpu_s']:.1f} s at "
+            f"{big['n_cells']:,} cells"
+            if big and scale
+            else "no benchmarks/scale.json: run `make bench-scale`",
+        ),
+    ]
+
+
 def extra_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     ex = res.get("extras") or {}
     return [
+        *build_targets(res),
         *remote_targets(res.get("remote") or {}),
         *ct_crop_targets(res.get("ct") or {}),
         *persistent_targets(ex),

@@ -279,3 +279,50 @@ def test_report_prints_the_skip_note_and_a_measured_row() -> None:
     )
     assert "annbatch: failed — pip install annbatch failed" in failed
     assert "### annbatch" not in markdown(minimal_results(None), {})
+
+
+def test_build_rows_take_the_median_ratio_and_the_scale_json(tmp_path: Path) -> None:
+    """26.3a is annbatch seconds / ours, median of the per-round ratios; 26.3b is the largest
+    size of the last bench-scale; either is 'not measured' with its reason when absent."""
+    from benchmarks.build_vs_annbatch import build_annbatch_section
+    from benchmarks.targets_extra import build_targets
+
+    scale = tmp_path / "scale.json"
+    scale.write_text(
+        '{"date": "d", "sizes": [{"n_cells": 2, "vs_limit_cpu": 0.9, "limit_cpu_s": 1.0,'
+        ' "build": {"cpu_s": 2.0}}, {"n_cells": 20, "vs_limit_cpu": 0.25, "limit_cpu_s": 5.0,'
+        ' "build": {"cpu_s": 20.0}}]}'
+    )
+    rec = {"ratio": 2.6, "ours_s": [1.0, 2.0], "annbatch_s": [2.6, 5.2], "jobs": 2}
+    a, b = build_targets({"build_annbatch": rec}, scale)
+    assert (a["name"], a["value"], a["status"]) == ("26.3a", 2.6, "met")
+    assert (b["name"], b["value"], b["status"]) == ("26.3b", 0.25, "missed")
+    a, b = build_targets({"build_annbatch": {"skipped": "no Python"}}, tmp_path / "none.json")
+    assert a["value"] is None and "no Python" in a["detail"]
+    assert b["value"] is None and "bench-scale" in b["detail"]
+    cfg = type("Cfg", (), {"mode": "quick"})()
+    assert (
+        "smoke" in build_annbatch_section(cfg, tmp_path, tmp_path, tmp_path, set(), "t")["skipped"]
+    )
+
+
+def test_build_vs_annbatch_alternates_and_divides_theirs_by_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import benchmarks.build_vs_annbatch as bva
+    from benchmarks.annbatch_bench import Interpreter
+
+    calls: list[str] = []
+    ours = iter([1.0, 2.0, 4.0])
+    theirs = iter([3.0, 2.0, 10.0])
+    monkeypatch.setattr(bva, "find_python", lambda: Interpreter("py", (3, 12, 0)))
+    monkeypatch.setattr(bva, "ensure_venv", lambda *a: "vpy")
+    monkeypatch.setattr(bva, "ours_once", lambda *a: calls.append("ours") or next(ours))
+    monkeypatch.setattr(
+        bva,
+        "run_worker",
+        lambda *a, **k: calls.append("annbatch") or {"convert_s": next(theirs)},
+    )
+    rec = bva.measure(tmp_path / "m.toml", tmp_path / "x.h5ad", tmp_path, 3)
+    assert calls == ["ours", "annbatch"] * 3
+    assert rec["ratios"] == [3.0, 1.0, 2.5] and rec["ratio"] == 2.5
