@@ -99,22 +99,6 @@ def measure(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("manifest", type=Path)
-    ap.add_argument("h5ad", type=Path)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data")
-    a = ap.parse_args(argv)
-    print(json.dumps(measure(a.manifest, a.h5ad, a.data_dir, a.rounds, a.jobs)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def build_annbatch_section(
     cfg: Any, main_h5ad: Path, work: Path, data_dir: Path, skip: set[str], torch: str
 ) -> dict[str, Any]:
@@ -132,3 +116,19 @@ def build_annbatch_section(
         return measure(manifest, main_h5ad, data_dir, 3, cfg.build_jobs, torch)
     except Exception as e:  # report what broke; the rest of the run stands
         return {"skipped": f"{type(e).__name__}: {e}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("manifest", type=Path)
+    ap.add_argument("h5ad", type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data")
+    a = ap.parse_args(argv)
+    print(json.dumps(measure(a.manifest, a.h5ad, a.data_dir, a.rounds, a.jobs)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
