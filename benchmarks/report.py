@@ -368,11 +368,13 @@ def markdown(res: dict[str, Any], plots: dict[str, str]) -> str:
         for f in sorted(
             Path(__file__).with_name("device").glob("*.json")
         ):  # runs on lent GPU nodes
-            command = json.loads(f.read_text()).get("command", "python -m benchmarks.device_check")
+            doc = json.loads(f.read_text())
+            command = doc.get("command", "python -m benchmarks.device_check")
+            where = doc.get("summarised_in", 'docs/LOADER.md, "On a GPU", and docs/SPIKE.md')
             L += [
                 "",
                 f"Measured on a lent GPU node instead: `benchmarks/device/{f.name}` "
-                f'(`{command}`; summarised in docs/LOADER.md, "On a GPU", and docs/SPIKE.md).',
+                f"(`{command}`; summarised in {where}).",
             ]
     else:
         L += [
