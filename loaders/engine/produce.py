@@ -32,6 +32,24 @@ from loaders.engine.schedule import Plan, Segment, WindowSchedule
 from loaders.gather import BatchRows
 
 
+# Callbacks on window futures reach their dataset weakly: the dataset keeps some of these futures
+# (its speculative decode of the next epoch's first window), and a future keeps its callbacks, so
+# a strong reference would be a cycle holding a dropped dataset (and its decoder process) until the
+# cyclic garbage collector happened to run.
+def _recycle(owner: weakref.ref[Any], fut: Future[Arena]) -> None:
+    """A decoded window's buffers back to its dataset's pool (if the dataset still lives)."""
+    me = owner()
+    if me is not None and not fut.cancelled() and fut.exception() is None:
+        fut.result().release(me.buffers())
+
+
+def _release_all(owner: weakref.ref[Any], held: list[Future[Arena]], _done: Future[Arena]) -> None:
+    me = owner()
+    if me is not None:
+        for fut in held:
+            me._release(fut)
+
+
 class BatchProduction:
     """Batches of windows in one process (see module docstring)."""
 
@@ -95,13 +113,7 @@ class BatchProduction:
         """Recycle a window's buffers once nothing decodes into them (a running decode is left to
         finish)."""
         if not fut.cancel():
-            fut.add_done_callback(
-                lambda f: (
-                    f.result().release(self.buffers())
-                    if not f.cancelled() and f.exception() is None
-                    else None
-                )
-            )
+            fut.add_done_callback(partial(_recycle, weakref.ref(self)))
 
     def _speculate(self, epoch: int, worker: int, n_workers: int) -> None:
         """Start decoding ``epoch``'s first window of this worker (the usual next epoch) in the
@@ -188,7 +200,7 @@ class BatchProduction:
             held, ahead = list(loaded.values()), self._ahead
             loaded.clear()
             if ahead is not None and not ahead[1].done():
-                ahead[1].add_done_callback(lambda _f: [self._release(f) for f in held])
+                ahead[1].add_done_callback(partial(_release_all, weakref.ref(self), held))
             else:
                 for fut in held:
                     self._release(fut)

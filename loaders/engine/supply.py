@@ -13,6 +13,7 @@ import os
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,20 @@ from loaders.engine.slab import DecoderError
 from loaders.engine.window import WindowReader
 from loaders.remote import ahead
 from loaders.remote.resolve import node_cache
+
+
+def _recycler(supply: weakref.ref[WindowSupply]) -> Callable[[Arena], None]:
+    """What a live window does with its buffers once no batch uses it: back to the dataset's pool.
+    Through a weak reference: a closure over the dataset itself, held by its own registry, is a
+    reference cycle, and a dropped dataset (and its decoder process) would live on until the
+    cyclic garbage collector happened to run."""
+
+    def recycle(arena: Arena) -> None:
+        owner = supply()
+        if owner is not None:
+            arena.release(owner.buffers())
+
+    return recycle
 
 
 class WindowSupply:
@@ -81,7 +96,7 @@ class WindowSupply:
     def live_windows(self) -> LiveWindows:
         """This process's registry of decoded windows still served (a fork starts its own)."""
         if self._live is None or self._live.pid != os.getpid():
-            self._live = LiveWindows(lambda arena: arena.release(self.buffers()))
+            self._live = LiveWindows(_recycler(weakref.ref(self)))
         return self._live
 
     def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
@@ -125,7 +140,10 @@ class WindowSupply:
         dec = self._decoder()
         if dec is None:
             return
-        b = Broker(dec, lambda e, w: int(self.reader.raw_bytes(e, w) * 1.1) + (1 << 20))
+        # the size hint reads the reader, never the dataset: the broker's thread keeps the broker
+        # alive, and a broker holding the dataset would keep it (and its decoder) alive for good
+        reader = self.reader
+        b = Broker(dec, lambda e, w: int(reader.raw_bytes(e, w) * 1.1) + (1 << 20))
         weakref.finalize(self, b.close)
         self._broker, self._broker_address, self._broker_pid = b, b.address, os.getpid()
 
