@@ -16,8 +16,9 @@ in cells/s)), the cold epoch's time to first batch, its peak cache bytes and net
 bytes the cache downloaded: each object once), and the warm epoch's (0). moto is Python on the
 same 2 cores as the loader: its GET rate is the limit here, not a real S3's.
 
-Why ``_settle``: a ShardDataset sits in reference cycles, so an epoch's loader is freed only by
-the cyclic GC, at some later allocation; until then its decoder process lives (and uses CPU).
+Why ``_settle``: a ShardDataset used to sit in reference cycles (fixed since: loaders/engine
+produce.py and supply.py, tests/test_loader_release.py), so an epoch's loader was freed only by
+the cyclic GC, at some later allocation; until then its decoder process lived (and used CPU).
 Opening a URL dataset creates an S3 client (many allocations), so the GC ran in the warm epoch's
 untimed open, while a local open allocates little and the earlier loaders' processes ran, or
 were stopped, inside the timed local epoch: warm read 1.3-8x "faster" than the same files on
@@ -105,8 +106,9 @@ def raw_get_mb_s(url: str, keys: list[str], tmp: Path) -> float:
 
 
 def _settle() -> None:
-    """Free the earlier epochs' loaders now, untimed: a ShardDataset is freed by the cyclic GC
-    (reference cycles), and its finalizer stops its decoder process."""
+    """Free the earlier epochs' loaders now, untimed (a dataset whose decode ahead was still
+    running when it was dropped goes a moment later), and their finalizers stop their decoder
+    processes; kept although datasets no longer sit in reference cycles."""
     gc.collect()
 
 
