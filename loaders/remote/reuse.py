@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import quote
 
-from loaders.remote.ledger import PINS
+from loaders.remote.ledger import PINS, remove_path
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -52,9 +52,7 @@ def adopt_from_other_generation(root: Path, name: str, dest: Path) -> bool:
                 _link_or_copy(str(src), str(dest))
             return True
         except OSError:
-            shutil.rmtree(dest, ignore_errors=True) if dest.is_dir() else dest.unlink(
-                missing_ok=True
-            )
+            remove_path(dest)
         finally:
             os.close(fd)
     return False
