@@ -90,19 +90,29 @@ def upload(root: Path, url: str) -> None:
     push(root, url, progress=False)
 
 
-def raw_get_mb_s(url: str, keys: list[str], tmp: Path) -> float:
-    """MB/s of GETting every key (8 at a time, to files: what the cache does)."""
-    from loaders.remote.cache import THREADS  # import weight: obstore, only this section
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raw_get(url: str, keys: list[str], tmp: Path, server_pid: int) -> dict[str, float]:
+    """MB/s of GETting every key (8 at a time, to files: what the cache does), and the cores the
+    server and this client kept busy meanwhile (CPU seconds / wall seconds): what a cold epoch
+    shares the machine's cores with besides its decode."""
+    from loaders.remote.cache import THREADS  # import weight: the S3 client, only this section
     from loaders.remote.store import open_store  # import weight: as the line above
 
     store = open_store(url)
-    t0 = time.perf_counter()
+    server0, client0, t0 = cpu_seconds(server_pid), time.process_time(), time.perf_counter()
     with ThreadPoolExecutor(THREADS) as pool:
         total = sum(pool.map(lambda k: store.get_to_file(k, tmp / k.replace("/", "_")), keys))
     dt = time.perf_counter() - t0
+    server, client = cpu_seconds(server_pid) - server0, time.process_time() - client0
     for p in tmp.iterdir():
         p.unlink()
-    return total / dt / 1e6
+    return {"mb_s": total / dt / 1e6, "server_cores": server / dt, "client_cores": client / dt}
 
 
 def _settle() -> None:
@@ -165,13 +175,13 @@ def run_remote_bench(
         epoch(url, batch_size, window, cache_dir=warm)  # fill the warm cache (and the page cache)
         epoch(root, batch_size, window)  # local disk warmed the same way: one untimed epoch
         runs: dict[str, list[dict[str, float]]] = {"local": [], "warm": [], "cold": []}
-        gets: list[float] = []
+        gets: list[dict[str, float]] = []
         peak: list[int] = []
         for r in range(rounds):
             pair = ["local", "warm"] if r % 2 == 0 else ["warm", "local"]
             for what in pair + (["get", "cold"] if r % 2 == 0 else ["cold", "get"]):
                 if what == "get":
-                    gets.append(raw_get_mb_s(url, keys, work / "get"))
+                    gets.append(raw_get(url, keys, work / "get", proc.pid))
                 elif what == "local":
                     runs["local"].append(epoch(root, batch_size, window))
                 elif what == "warm":
@@ -184,8 +194,8 @@ def run_remote_bench(
         cells = runs["local"][0]["cells"]
         per = {k: [cells / x["epoch_s"] for x in v] for k, v in runs.items()}  # rates, by round
         rate = {k: statistics.median(v) for k, v in per.items()}
-        get_mb_s = statistics.median(gets)
-        limits = [g * 1e6 * cells / max(1, shard_bytes) for g in gets]
+        get_mb_s = statistics.median(g["mb_s"] for g in gets)
+        limits = [g["mb_s"] * 1e6 * cells / max(1, shard_bytes) for g in gets]
         limit_cells = statistics.median(limits)
         warm_local = [w / lo for w, lo in zip(per["warm"], per["local"], strict=True)]
         cold_bound = [
@@ -202,6 +212,9 @@ def run_remote_bench(
             "(A B, B A), then GET and cold; loaders torn down between epochs; rates: medians, "
             "ratios: medians of per-round ratios",
             "raw_get_MB_s": round(get_mb_s, 1),
+            # cores busy during the raw GETs (medians): the server's and the client's
+            "raw_get_server_cores": round(statistics.median(g["server_cores"] for g in gets), 2),
+            "raw_get_client_cores": round(statistics.median(g["client_cores"] for g in gets), 2),
             "raw_get_limit_cells_s": round(limit_cells),
             "cells_per_s": {k: round(v) for k, v in rate.items()},
             "cells_per_s_by_round": {k: [round(x) for x in v] for k, v in per.items()},

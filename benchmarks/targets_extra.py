@@ -53,7 +53,9 @@ def remote_targets(rm: dict[str, Any]) -> list[dict[str, Any]]:
             0.8,
             True,
             detail=f"cold {rate.get('cold', 0):,} cells/s; local {local:,}; raw GET "
-            f"{rm.get('raw_get_MB_s', 0):,} MB/s = {limit:,} cells/s (8 concurrent GETs)"
+            f"{rm.get('raw_get_MB_s', 0):,} MB/s = {limit:,} cells/s (8 concurrent GETs; "
+            f"server {rm.get('raw_get_server_cores', '?')} + client "
+            f"{rm.get('raw_get_client_cores', '?')} cores busy meanwhile)"
             if ok
             else why,
         ),
