@@ -48,15 +48,8 @@ def _objects(out: Path) -> dict[str, int]:
     return keys
 
 
-@pytest.fixture
-def dataset(rebuildable: Any) -> Any:
-    """A built 3-source dataset and a function that rewrites source 1 and rebuilds
-    (tests/conftest.py)."""
-    return rebuildable
-
-
-def test_push_uploads_every_object_index_last(dataset: Any, s3_bucket: str) -> None:
-    out, _ = dataset
+def test_push_uploads_every_object_index_last(rebuildable: Any, s3_bucket: str) -> None:
+    out, _ = rebuildable
     store = Recording(f"{s3_bucket}/team/ds")
     res = push(out, store.url, progress=False, store=store)
     local = _objects(out)
@@ -72,8 +65,8 @@ def test_push_uploads_every_object_index_last(dataset: Any, s3_bucket: str) -> N
     assert res.unchanged == 0 and LOCK_KEY not in remote
 
 
-def test_repush_uploads_only_what_changed(dataset: Any, s3_bucket: str) -> None:
-    out, change_source_1 = dataset
+def test_repush_uploads_only_what_changed(rebuildable: Any, s3_bucket: str) -> None:
+    out, change_source_1 = rebuildable
     url = f"{s3_bucket}/ds"
     push(out, url, progress=False)
     again = push(out, url, progress=False)
@@ -92,9 +85,9 @@ def test_repush_uploads_only_what_changed(dataset: Any, s3_bucket: str) -> None:
 
 @hostile.parametrize
 def test_replaced_remote_object_is_uploaded_again(
-    case: hostile.Case, dataset: Any, s3_bucket: str, s3_client: Any
+    case: hostile.Case, rebuildable: Any, s3_bucket: str, s3_client: Any
 ) -> None:
-    out, _ = dataset
+    out, _ = rebuildable
     push(out, f"{s3_bucket}/ds", progress=False)
     key = sorted(k for k in _objects(out) if k.startswith("shards/"))[0]
     s3_client.put_object(Bucket=s3_bucket[5:], Key=f"ds/{key}", Body=b"tampered")
@@ -105,9 +98,9 @@ def test_replaced_remote_object_is_uploaded_again(
 
 @hostile.parametrize
 def test_previous_generation_kept_one_push_foreign_objects_never_deleted(
-    case: hostile.Case, dataset: Any, s3_bucket: str
+    case: hostile.Case, rebuildable: Any, s3_bucket: str
 ) -> None:
-    out, change_source_1 = dataset
+    out, change_source_1 = rebuildable
     url = f"{s3_bucket}/ds"
     store = open_store(url)
     store.put("shards/README.txt", b"not ours")
@@ -131,9 +124,9 @@ def test_previous_generation_kept_one_push_foreign_objects_never_deleted(
 
 @hostile.parametrize
 def test_second_push_waits_then_exits_3(
-    case: hostile.Case, dataset: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case, rebuildable: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out, _ = dataset
+    out, _ = rebuildable
     url = f"{s3_bucket}/ds"
     holder = {"token": "x", "pid": 1, "host": "node7", "since": time.time(), "url": url}
     if case.data == "stale":  # left by a push killed 7 h ago
@@ -154,13 +147,13 @@ def test_second_push_waits_then_exits_3(
 @hostile.parametrize
 def test_bad_input_exits_2_naming_the_url(
     case: hostile.Case,
-    dataset: Any,
+    rebuildable: Any,
     s3_bucket: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    out, _ = dataset
+    out, _ = rebuildable
     url = f"{s3_bucket}/ds"
     monkeypatch.setenv("SHARDSMITH_REMOTE_RETRY", "attempts=2,base_s=0.05,total_s=3")
     if case.data == "no bucket":
@@ -222,9 +215,9 @@ class IgnoresIfNoneMatch(ObjectStore):
 
 @hostile.parametrize
 def test_two_pushes_at_once_one_exits_locked(
-    case: hostile.Case, dataset: Any, s3_bucket: str
+    case: hostile.Case, rebuildable: Any, s3_bucket: str
 ) -> None:
-    out, _ = dataset
+    out, _ = rebuildable
     url = f"{s3_bucket}/ds"
     held = Held(url)
     kwargs = {"progress": False, "jobs": 1, "store": held}
@@ -246,9 +239,9 @@ def test_two_pushes_at_once_one_exits_locked(
 
 @hostile.parametrize
 def test_another_dataset_at_the_url_is_refused(
-    case: hostile.Case, dataset: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case, rebuildable: Any, s3_bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out, _ = dataset
+    out, _ = rebuildable
     url = f"{s3_bucket}/ds"
     other = json.loads((out / "index.json").read_bytes())
     other["name"] = "someone-elses"
@@ -261,9 +254,9 @@ def test_another_dataset_at_the_url_is_refused(
 
 @hostile.parametrize
 def test_a_tampered_record_deletes_nothing_foreign(
-    case: hostile.Case, dataset: Any, s3_bucket: str
+    case: hostile.Case, rebuildable: Any, s3_bucket: str
 ) -> None:
-    out, change_source_1 = dataset
+    out, change_source_1 = rebuildable
     url = f"{s3_bucket}/ds"
     store = open_store(url)
     store.put("shards/README.txt", b"not ours")

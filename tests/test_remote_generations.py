@@ -20,13 +20,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 KW: dict[str, Any] = {"split": "train", "batch_size": 32, "window": 2, "seed": 1}
 
 
-@pytest.fixture
-def two_generations(rebuildable: Any) -> Any:
-    """A built dataset and a function that changes one source and rebuilds it in place
-    (tests/conftest.py)."""
-    return rebuildable
-
-
 def _read_whole(url: str, cache: Path) -> list[Any]:
     """Every batch of one epoch (so every train shard is in the cache after it)."""
     return list(ShardDataset(url, cache_dir=cache, **KW))
@@ -35,14 +28,14 @@ def _read_whole(url: str, cache: Path) -> list[Any]:
 @hostile.parametrize
 def test_unchanged_shards_come_from_the_previous_generation(
     case: hostile.Case,
-    two_generations: Any,
+    rebuildable: Any,
     s3_proxy: Any,
     s3_bucket: str,
     upload: Callable[..., str],
     tmp_path: Path,
     assert_same: Callable[..., None],
 ) -> None:
-    out, change_source_1 = two_generations
+    out, change_source_1 = rebuildable
     url = upload(out, f"{s3_bucket}/ds")
     cache = tmp_path / "cache"
     _read_whole(url, cache)
@@ -68,12 +61,12 @@ def test_unchanged_shards_come_from_the_previous_generation(
 @hostile.parametrize
 def test_a_reader_of_a_deleted_generation_is_told_to_reopen(
     case: hostile.Case,
-    two_generations: Any,
+    rebuildable: Any,
     s3_bucket: str,
     upload: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    out, change_source_1 = two_generations
+    out, change_source_1 = rebuildable
     url = upload(out, f"{s3_bucket}/ds")
     opened = ShardDataset(url, cache_dir=tmp_path / "cache", **KW)  # nothing downloaded yet
     for _ in range(2):  # two pushes later, the opened generation's objects are deleted
@@ -86,12 +79,12 @@ def test_a_reader_of_a_deleted_generation_is_told_to_reopen(
 @hostile.parametrize
 def test_an_object_deleted_by_hand_is_not_found_naming_it(
     case: hostile.Case,
-    two_generations: Any,
+    rebuildable: Any,
     s3_bucket: str,
     upload: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    out, _ = two_generations
+    out, _ = rebuildable
     url = upload(out, f"{s3_bucket}/ds")
     opened = ShardDataset(url, cache_dir=tmp_path / "cache", **KW)
     store = open_store(url)
