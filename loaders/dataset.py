@@ -230,6 +230,7 @@ class ShardDataset(
                 "remote": remote,
             }
         )
+        self._cache_limit = remote["limit"] if remote else None
         if remote:
             check_limit(remote["limit"], self.url, [e.bytes for e in self.reader.entries], window)
         self.fingerprint = (
@@ -290,6 +291,13 @@ class ShardDataset(
 
     def __len__(self) -> int:
         return self.num_batches()
+
+    def check_cache_limit(self, workers: int) -> None:
+        """Refuse a ``cache_limit`` below what ``workers`` DataLoader workers keep in flight (each
+        pins its own windows); `ShardLoader` calls it, the open checked one reading process."""
+        if self._cache_limit is not None:
+            sizes = [e.bytes for e in self.entries]
+            check_limit(self._cache_limit, self.url, sizes, self.window, workers)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's order (and start it from its first batch)."""

@@ -120,6 +120,7 @@ class ShardLoader:
         # like a worker's
         dataset.staging = (cuda and pin_memory) if dev is not None and self.device_finish else None
         self._feeder = DeviceFeeder(dev, device_prefetch)
+        dataset.check_cache_limit(num_workers)  # a URL's cache: the workers' windows fit the limit
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
             raise ValueError(
                 f"worker_batches ({worker_batches}) and prefetch_factor ({prefetch_factor}) must be >= 1"

@@ -66,6 +66,25 @@ def test_eviction_keeps_the_limit_and_the_batches(
     )
 
 
+@hostile.parametrize
+def test_a_limit_too_small_for_the_loaders_workers_is_refused(
+    case: hostile.Case, built: Any, s3_bucket: str, upload: Callable[..., str], tmp_path: Path
+) -> None:
+    """Each DataLoader worker pins windows of its own: a limit that holds one reading process's
+    windows but not two workers' is refused when the loader is made, naming num_workers (it
+    used to wait on the pins for a minute, then fail)."""
+    url = upload(built.outs["tar"], f"{s3_bucket}/workers")
+    sizes = [e.bytes for e in ShardDataset(built.outs["tar"], **KW).entries]
+    one = in_flight_bytes(sizes, KW["window"])
+    assert in_flight_bytes(sizes, KW["window"], workers=2) == 2 * one
+    ds = ShardDataset(url, cache_dir=tmp_path / "c", cache_limit=one, **KW)
+    with pytest.raises(ValueError, match=r"smaller than the windows in flight.*num_workers=2"):
+        ShardLoader(ds, num_workers=2)
+    ShardLoader(ds, num_workers=1)  # one worker reads as the rank itself would
+    roomy = ShardDataset(url, cache_dir=tmp_path / "c", cache_limit=2 * one, **KW)
+    ShardLoader(roomy, num_workers=2)
+
+
 class FullDisk:
     """A store whose downloads write half of an object, then fail as a full disk does."""
 

@@ -53,24 +53,33 @@ def prefetch(ds: Any, cache: Any, epoch: int, w: int) -> None:
     cache.prefetch(windows, owner=id(ds))
 
 
-def in_flight_bytes(sizes: list[int], window: int, depth: int = PREFETCH_WINDOWS) -> int:
+def in_flight_bytes(
+    sizes: list[int], window: int, depth: int = PREFETCH_WINDOWS, workers: int = 0
+) -> int:
     """An upper bound on the bytes of the windows one process keeps in flight (the one read and
-    ``depth`` ahead), times the ranks on this node (``LOCAL_WORLD_SIZE``, as torchrun sets it)."""
+    ``depth`` ahead), times the reading processes of a rank (its DataLoader ``workers``, each
+    pinning windows of its own; the rank itself when there are none), times the ranks on this
+    node (``LOCAL_WORLD_SIZE``, as torchrun sets it)."""
     largest = np.sort(np.asarray(sizes, np.int64))[::-1][: (depth + 1) * window]
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return int(largest.sum()) * max(1, local)
+    return int(largest.sum()) * max(1, local) * max(1, workers)
 
 
-def check_limit(limit: int | None, url: str, sizes: list[int], window: int) -> None:
-    """A limit that cannot hold the windows in flight is refused at open (it would otherwise
-    wait on its own pins)."""
+def check_limit(
+    limit: int | None, url: str, sizes: list[int], window: int, workers: int = 0
+) -> None:
+    """A limit that cannot hold the windows in flight is refused (it would otherwise wait on its
+    own pins, then fail after a minute): at open for one reading process per rank, and again by
+    ``ShardLoader`` for its ``num_workers``."""
     if limit is None:
         return
-    need = in_flight_bytes(sizes, window)
+    need = in_flight_bytes(sizes, window, workers=workers)
     if limit < need:
+        readers = f"num_workers={workers}, " if workers > 1 else ""
         raise ValueError(
             f"cache_limit={limit} for {url} is smaller than the windows in flight on this node "
             f"({need} bytes: {PREFETCH_WINDOWS + 1} windows of {window} of its largest shards per "
-            f"rank, LOCAL_WORLD_SIZE={os.environ.get('LOCAL_WORLD_SIZE', '1')}): raise "
-            f"cache_limit to at least {need}, or read with a smaller window"
+            f"reading process, {readers}LOCAL_WORLD_SIZE="
+            f"{os.environ.get('LOCAL_WORLD_SIZE', '1')}): raise cache_limit to at least {need}, "
+            "or read with a smaller window or fewer workers"
         )

@@ -22,6 +22,7 @@ TAMPERED = "test_remote_read::test_tampered_object_is_caught"
 FAULTS = "test_remote_read::test_faults_between_loader_and_server_give_identical_batches"
 FULL_DISK = "test_remote_cache::test_full_disk_is_a_clear_error_and_keeps_no_partial_file"
 LIMIT = "test_remote_cache::test_eviction_keeps_the_limit_and_the_batches"
+WORKERS_LIMIT = "test_remote_cache::test_a_limit_too_small_for_the_loaders_workers_is_refused"
 PINNED = "test_remote_cache::test_pinned_shards_are_never_evicted_and_a_full_limit_fails_not_hangs"
 GENERATION = (
     "test_remote_cache::test_another_generation_at_the_same_url_is_never_served_from_the_old_cache"
@@ -117,6 +118,16 @@ CASES = [
         "cache never exceeds it, evicted shards are fetched again and the batches are the "
         "local folder's",
         LIMIT,
+    ),
+    Case(
+        "cache-limit-below-workers-windows",
+        17,
+        "`cache_limit` holds one reading process's windows in flight; "
+        "`ShardLoader(num_workers=2)` over it",
+        "refused when the loader is made (`ValueError` naming `num_workers=2` and the bytes "
+        "needed; was: a download failing after a minute's wait on the workers' pins); "
+        "`num_workers=1`, or twice the limit, is accepted",
+        WORKERS_LIMIT,
     ),
     Case(
         "cache-pinned-never-evicted",
