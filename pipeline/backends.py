@@ -52,6 +52,7 @@ class Backend(ABC):
 
     name: ClassVar[str]
     remote: ClassVar[bool] = False
+    shares_memory: ClassVar[bool] = False  # tasks run in the build's process (pipeline.parking)
 
     def __init__(self, jobs: int, scheduler: str | None = None) -> None:
         self.jobs, self.scheduler = jobs, scheduler
@@ -173,6 +174,7 @@ class _Joblib(Backend):
 @register_backend
 class ThreadingBackend(_Joblib):
     name = "threading"
+    shares_memory = True
 
 
 @register_backend

@@ -29,7 +29,7 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.plugins import PluginError
-from pipeline import generations
+from pipeline import generations, parking
 from pipeline.backends import get_backend
 from pipeline.commit import commit
 from pipeline.dryrun import drop_columns, nothing_to_do, plan_difference
@@ -344,6 +344,7 @@ def _build_locked(
         if adopted:
             ev.emit("resumed", shards=len(adopted))
             results.extend(adopted)
+        parking.open_park(spill, parking.PARK_BYTES if executor.shares_memory else 0)
         read, pack = kind.pack_tasks(manifest, plan, scanned, missing, cfg)
         on_result = partial(_shard_events, ev, plan.shards)
         for phase, tasks in (("read sources", read), ("pack shards", pack)):
@@ -364,6 +365,7 @@ def _build_locked(
         generations.failed(out, prev, journal, e)
         raise
     finally:
+        parking.close_park(spill)
         shutil.rmtree(spill, ignore_errors=True)
         if hasher is not None:
             hasher.shutdown(wait=True, cancel_futures=True)

@@ -15,6 +15,7 @@ import scipy.sparse as sp
 import torch
 
 import pipeline.modalities.perturbation.pack
+import pipeline.parking
 from loaders import format as fmt
 from loaders.modalities.perturbation.ops import densify
 from loaders.modalities.perturbation.torch_ops import densify_torch
@@ -104,6 +105,7 @@ def test_duplicate_columns_are_summed_once_at_build(
     if case.data["spill"]:
         monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
         monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 1)
+        monkeypatch.setattr(pipeline.parking, "PARK_BYTES", 0)  # files, not the memory park
     assert _build(_manifest(tmp_path), tmp_path / "out") == 0
     index, shards = read_all(tmp_path / "out")
     want = 0

@@ -28,7 +28,8 @@ from tests import hostile
 KILLED_BUILD = """
 import importlib, os, signal, sys
 import pipeline.modalities.perturbation.pack as pack
-pack.FUSE_BYTES, pack.SCATTER_BYTES = 0, 1
+import pipeline.parking as parking
+pack.FUSE_BYTES, pack.SCATTER_BYTES, parking.PARK_BYTES = 0, 1, 0
 manifest, out, target, after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 module, name = target.split(":")
 mod = importlib.import_module(module)

@@ -172,16 +172,21 @@ def test_spill_path_gives_the_same_shards(
     build_dataset: Callable[..., Any],
     write_manifest: Callable[..., Any],
 ) -> None:
-    """Big sources go through spill files instead of memory; the bytes must not change."""
+    """Big sources go through spill files (or the memory park) instead of one in-memory task; the
+    bytes must not change."""
     import pipeline.modalities.perturbation.pack
+    import pipeline.parking
 
     build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     fused = build(manifest, tmp_path / "fused", jobs=2, progress=False)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 1)
+    parked = build(manifest, tmp_path / "parked", jobs=2, progress=False)
+    monkeypatch.setattr(pipeline.parking, "PARK_BYTES", 0)
     spilled = build(manifest, tmp_path / "spilled", jobs=2, progress=False)
-    assert [(s["file"], s["digest"]) for s in fused.index["shards"]] == [
-        (s["file"], s["digest"]) for s in spilled.index["shards"]
-    ]
+    for other in (parked, spilled):
+        assert [(s["file"], s["digest"]) for s in fused.index["shards"]] == [
+            (s["file"], s["digest"]) for s in other.index["shards"]
+        ]
     assert not list((tmp_path / "spilled").glob(".spill-*"))

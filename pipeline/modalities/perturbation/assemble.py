@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders import format as fmt
+from pipeline import parking
 from pipeline.modalities.perturbation.spill import (
     ENTRY_ARRAYS,
     OBSM,
@@ -27,6 +28,8 @@ from pipeline.modalities.perturbation.spill import (
     Piece,
     ShardRows,
     file_pieces,
+    memory_piece,
+    parked_bytes,
 )
 from pipeline.model import PackConfig, PackResult, ShardPlan
 from pipeline.shardfile import finish_shard
@@ -67,14 +70,23 @@ def drop_consumed(cfg: PackConfig, paths: Sequence[Path]) -> None:
 
 
 def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> PackResult:
-    """Pack a shard from the spill files its source's scatter tasks wrote (in task order)."""
+    """Pack a shard from the pieces its source's scatter tasks left (in task order): parked in
+    memory (`pipeline.parking`) or in spill files."""
     names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, SUMMED, *(f"{OBSM}{k}" for k in cfg.options.obsm)]
     pieces: list[Piece] = []
     ranges = [np.zeros(0, np.int64)]
     summed = 0
     opened = OpenFiles()
+    held = 0  # bytes of parked pieces (pipeline.parking), given back once the shard is written
     try:
         for task in range(tasks):
+            segs = parking.take(cfg.spill, (t.number, task))
+            if segs is not None:  # this task's rows were kept in memory
+                held += parked_bytes(segs)
+                pieces += [memory_piece(seg) for seg in segs]
+                ranges += [seg[RANGE] for seg in segs]
+                summed += sum(int(seg[SUMMED].sum()) for seg in segs if SUMMED in seg)
+                continue
             files = {name: spill_file(cfg.spill, t.number, task, name) for name in names}
             if files["pos"].exists():
                 pieces += file_pieces(files, obsm_widths(cfg), opened)
@@ -84,6 +96,8 @@ def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> Pack
         result = write_shard(t.number, shard, pieces, cfg, np.concatenate(ranges), summed)
     finally:
         opened.close()
+        del pieces
+        parking.release(cfg.spill, held)
     drop_consumed(
         cfg,
         [spill_file(cfg.spill, t.number, task, name) for task in range(tasks) for name in names],

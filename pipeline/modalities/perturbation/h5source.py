@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
+from pipeline.modalities.perturbation.h5direct import DirectSlices
 from pipeline.modalities.perturbation.matrix import Categorical, MatrixSource, SourceMeta
 from pipeline.modalities.perturbation.obs_names import (
     ObsNames,
@@ -100,6 +101,7 @@ class H5Source(MatrixSource):
         self._pid: int | None = None
         self._layout: Layout | None = None
         self._obsm_layouts: dict[str, Layout] = {}
+        self._direct = DirectSlices(Path(path))  # uncompressed data and indices, read by pread
 
     # --- subclass hooks -------------------------------------------------------------------------
     def _var_names(self, var_path: str) -> tuple[str, ...] | None:
@@ -119,6 +121,7 @@ class H5Source(MatrixSource):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_h5"], state["_pid"] = None, None
+        state["_direct"] = DirectSlices(self._direct.path)
         return state
 
     def _file(self) -> h5py.File:
@@ -131,6 +134,7 @@ class H5Source(MatrixSource):
         if self._h5 is not None and self._pid == os.getpid():
             self._h5.close()
         self._h5, self._pid = None, None
+        self._direct.close()
 
     @contextmanager
     def _reading(self, what: str) -> Iterator[None]:
@@ -349,10 +353,10 @@ class H5Source(MatrixSource):
         validate_indptr(ptr, self.path, start)
         lo, hi = int(ptr[0]), int(ptr[-1])
         local = ptr - lo
-        raw = group["data"][lo:hi]
+        raw = self._direct.read(group["data"], lo, hi)
         check_float32_exact(raw, self.path, start, local, self.counts)
         data = raw.astype(np.float32, copy=False)
-        indices = group["indices"][lo:hi]
+        indices = self._direct.read(group["indices"], lo, hi)
         validate_block(
             CsrParts(data, indices, local, layout.shape[1]), self.path, start, self.counts
         )

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import parking
 from pipeline.errors import SourceError
 from pipeline.manifest import SourceSpec
 from pipeline.memory import trim_heap
@@ -57,6 +58,7 @@ from pipeline.modalities.perturbation.spill import (
     Scratch,
     gather_rows,
     memory_piece,
+    parked_bytes,
 )
 from pipeline.modalities.perturbation.validate import sum_duplicates, validate_block
 from pipeline.model import PackConfig, PackResult, ScannedSource, ShardPlan
@@ -83,8 +85,13 @@ def pack_options(counts: bool, obsm: tuple[str, ...]) -> MatrixPackOptions:
 
 
 def raw_bytes(t: Target, cfg: PackConfig) -> int:
+    return _bytes(t.nnz, t.rows.size, cfg)
+
+
+def _bytes(nnz: int, n_rows: int, cfg: PackConfig) -> int:
+    """What `n_rows` routed rows holding `nnz` entries take as pieces (`spill.parked_bytes`)."""
     width = sum(int(np.prod(s, dtype=np.int64)) for s in obsm_widths(cfg).values())
-    return 8 * t.nnz + t.rows.size * (16 + 4 * width)
+    return 8 * nnz + n_rows * (16 + 4 * width)
 
 
 def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -277,12 +284,14 @@ def pack_tasks(
                 ),
             }
         )
-        tasks = 0
+        tasks, row_nnz = 0, scanned[s].meta.row_nnz
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             lo, hi = np.searchsorted(rows, [a, b])
             if lo < hi:
                 part = _park_routed(cfg.spill, s, tasks, (rows[lo:hi], shard_of[lo:hi], pos[lo:hi]))
-                read.append((size // k, partial(_scatter, spec, n_rows, part, a, b, tasks, cfg)))
+                need = _bytes(int(row_nnz[rows[lo:hi]].sum()), int(hi - lo), cfg)
+                task = partial(_scatter, spec, n_rows, part, a, b, tasks, cfg, need)
+                read.append((size // k, task))
                 tasks += 1
         pack += [(raw_bytes(t, cfg), partial(_pack, t, sh, tasks, cfg)) for t, sh in items]
     return (
@@ -313,13 +322,42 @@ def _scatter(
     stop: int,
     task: int,
     cfg: PackConfig,
+    need: int = 0,
 ) -> list[PackResult]:
+    """Route source rows [start, stop) to their shards' pieces: kept in the build's memory park
+    when its budget grants the `need` bytes they take (`pipeline.parking`), else spill files."""
     rows, shard_of, pos = (np.load(p, allow_pickle=False) for p in part)
     drop_consumed(cfg, [Path(p) for p in part])
-    scatter_range(spec, n_rows, (rows, shard_of, pos), start, stop, task, cfg)
-    del rows, shard_of, pos
+    routed = (rows, shard_of, pos)
+    if need and parking.reserve(cfg.spill, need):
+        park_range(spec, n_rows, routed, start, stop, task, cfg, need)
+    else:
+        scatter_range(spec, n_rows, routed, start, stop, task, cfg)
+    del rows, shard_of, pos, routed
     trim_heap()  # each task's buffers, freed: their pages back to the OS (pipeline.memory)
     return []
+
+
+def park_range(
+    spec: SourceSpec,
+    n_rows: int,
+    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    start: int,
+    stop: int,
+    task: int,
+    cfg: PackConfig,
+    reserved: int,
+) -> None:
+    """`scatter_range` into memory: each shard's pieces of rows [start, stop) are parked under
+    (shard, task) for its pack task (`assemble.pack_shard`); the budget follows what they hold."""
+    parked: dict[int, list[dict[str, np.ndarray]]] = {}
+    for number, seg in _segments(spec, n_rows, routed, start, stop, cfg):
+        parked.setdefault(number, []).append(seg)
+    held = 0
+    for number, segs in parked.items():
+        held += parked_bytes(segs)
+        parking.put(cfg.spill, (number, task), segs)
+    parking.release(cfg.spill, reserved - held)  # the pieces' exact size, not the estimate
 
 
 def _whole_source(
@@ -329,7 +367,11 @@ def _whole_source(
     shards: Sequence[tuple[Target, ShardPlan]],
     cfg: PackConfig,
 ) -> list[PackResult]:
-    """One spilled source in one task: read it all (one scatter), then pack each of its shards."""
+    """One spilled source in one task: read it all (one scatter), then pack each of its shards.
+
+    Always through spill files: one task writes and reads back its own, and keeping its rows in
+    the memory park instead measured no cheaper (2.0-2.3 against 2.0-2.4 CPU-s a 250k-cell source)
+    while it added the source's ~400 MB to the peak (docs/PIPELINE.md, "Memory")."""
     _scatter(spec, n_rows, part, 0, n_rows, 0, cfg)
     return [r for t, sh in shards for r in _pack(t, sh, 1, cfg)]
 

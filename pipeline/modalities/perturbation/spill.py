@@ -11,7 +11,7 @@ copies of the shard.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +54,11 @@ def memory_piece(arrays: Mapping[str, np.ndarray]) -> Piece:
         out[...] = arrays[name][a:b]
 
     return Piece(arrays["pos"], arrays["lengths"], read)
+
+
+def parked_bytes(segs: Sequence[Mapping[str, np.ndarray]]) -> int:
+    """Bytes a shard's pieces hold in memory (`pipeline.parking`'s budget counts them)."""
+    return sum(a.nbytes for seg in segs for a in seg.values())
 
 
 class OpenFiles:
