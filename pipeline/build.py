@@ -206,6 +206,7 @@ def _build_locked(
     replace: bool = False,
     rehash: bool = False,
 ) -> BuildResult:
+    park_budget = parking.budget(executor.shares_memory)  # a bad $SHARDSMITH_PARK_MB: before work
     prev = previous_index(out)
     check_same_dataset(out, prev, manifest, replace)
     saved = read_record(out) if prev is not None else {}
@@ -344,7 +345,7 @@ def _build_locked(
         if adopted:
             ev.emit("resumed", shards=len(adopted))
             results.extend(adopted)
-        parking.open_park(spill, parking.PARK_BYTES if executor.shares_memory else 0)
+        parking.open_park(spill, park_budget)
         read, pack = kind.pack_tasks(manifest, plan, scanned, missing, cfg)
         on_result = partial(_shard_events, ev, plan.shards)
         for phase, tasks in (("read sources", read), ("pack shards", pack)):

@@ -1,5 +1,5 @@
 """What one task of a build leaves for a later task, kept in this process's memory while a byte
-budget shared by the build's tasks allows, instead of in spill files.
+budget shared by the build's tasks allows, instead of in spill files (opt-in: $SHARDSMITH_PARK_MB).
 
 Why: a spill file is written through the page cache and the file system, read back and deleted:
 ~0.8 CPU-s per 400 MB on this machine's ext4 against ~0.1 for the same bytes kept in memory
@@ -15,13 +15,20 @@ happened: a failed build leaves nothing behind in a long-lived process.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PARK_BYTES = 512 << 20  # default budget: one 250k-cell x 2,000-gene source's rows (~400 MB)
+from pipeline.errors import ShardsmithError
+
+# the default budget: none. Any park lets the peak grow with the source until the budget is full
+# (96 MiB: +45-55 MiB at 200k cells, past make bench 4b's flatness), so it is opt-in:
+# $SHARDSMITH_PARK_MB trades memory for speed (docs/PIPELINE.md, "Memory")
+PARK_BYTES = 0
+ENV = "SHARDSMITH_PARK_MB"
 
 
 @dataclass
@@ -39,6 +46,25 @@ def open_park(spill: Path, capacity: int) -> None:
     """Open the park of the build whose spill folder is `spill` (`close_park` when it ends)."""
     with _LOCK:
         _PARKS[str(spill)] = _Park(max(0, int(capacity)))
+
+
+def budget(shares_memory: bool) -> int:
+    """The park's size for a build: 0 where tasks run in other processes, else $SHARDSMITH_PARK_MB
+    (MiB) or `PARK_BYTES`."""
+    if not shares_memory:
+        return 0
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return PARK_BYTES
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0:
+        raise ShardsmithError(
+            f"${ENV}={raw!r}: expected MiB >= 0 (0: never park, spill files only)"
+        )
+    return int(mb * (1 << 20))
 
 
 def close_park(spill: Path) -> None:

@@ -86,6 +86,7 @@ def test_other_processes_never_park(
     split_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """loky's tasks run in other processes: a row parked in one would be missing in the other."""
+    monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30)
     parked = _count(monkeypatch, pack, "park_range")
     build(split_source, tmp_path / "loky", jobs=2, backend="loky", progress=False)
     assert parked[0] == 0
@@ -100,7 +101,33 @@ def test_a_failed_build_leaves_no_park(
         raise OSError("disk gone")
 
     monkeypatch.setattr(assemble, "write_shard", broken)
+    monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30)
     parked = _count(monkeypatch, pack, "park_range")
     with pytest.raises(OSError, match="disk gone"):
         build(split_source, tmp_path / "out", jobs=2, progress=False)
     assert parked[0] >= 1 and not parking._PARKS
+
+
+def test_the_budget_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.errors import ShardsmithError
+
+    monkeypatch.delenv(parking.ENV, raising=False)
+    assert parking.budget(True) == parking.PARK_BYTES and parking.budget(False) == 0
+    monkeypatch.setenv(parking.ENV, "512")
+    assert parking.budget(True) == 512 << 20 and parking.budget(False) == 0
+    monkeypatch.setenv(parking.ENV, "0")
+    assert parking.budget(True) == 0
+    for bad in ("-1", "lots", "nan"):
+        monkeypatch.setenv(parking.ENV, bad)
+        with pytest.raises(ShardsmithError, match="SHARDSMITH_PARK_MB.*expected MiB >= 0"):
+            parking.budget(True)
+
+
+def test_a_bad_budget_fails_the_build_before_any_work(
+    split_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.setenv(parking.ENV, "-5")
+    assert main(["build", str(split_source), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert not (tmp_path / "o" / "index.json").exists()

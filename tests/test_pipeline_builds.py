@@ -182,6 +182,7 @@ def test_spill_path_gives_the_same_shards(
     fused = build(manifest, tmp_path / "fused", jobs=2, progress=False)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 1)
+    monkeypatch.setattr(pipeline.parking, "PARK_BYTES", 1 << 30)  # opt-in: $SHARDSMITH_PARK_MB
     parked = build(manifest, tmp_path / "parked", jobs=2, progress=False)
     monkeypatch.setattr(pipeline.parking, "PARK_BYTES", 0)
     spilled = build(manifest, tmp_path / "spilled", jobs=2, progress=False)

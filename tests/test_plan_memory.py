@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import pipeline.modalities.perturbation.conditions as conditions
-import pipeline.parking
 from loaders import format as fmt
+from pipeline import parking
 
 
 @pytest.mark.parametrize("sizes", [(7, 3, 5), (1,), (300, 2, 9, 4)])
@@ -133,7 +133,7 @@ def test_every_pack_task_hands_its_freed_memory_back(
     for fuse, out in ((1 << 30, "fused"), (0, "spilled")):
         monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", fuse)
         monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
-        monkeypatch.setattr(pipeline.parking, "PARK_BYTES", 0)  # spill files, not the memory park
+        monkeypatch.setattr(parking, "PARK_BYTES", 0)  # spill files, not the memory park
         trims.clear()
         ev = EventLog()
         build(manifest, tmp_path / out, jobs=2, progress=False, events=ev)
@@ -161,7 +161,7 @@ def test_local_pack_tasks_delete_their_spill_files_as_they_go(
     manifest = write_manifest(tmp_path / "m.toml")
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
-    monkeypatch.setattr(pipeline.parking, "PARK_BYTES", 0)  # spill files, not the memory park
+    monkeypatch.setattr(parking, "PARK_BYTES", 0)  # spill files, not the memory park
     left: list[list[str]] = []
     real = pipeline.modalities.perturbation.pack.pack_shard
 
@@ -215,7 +215,7 @@ def test_whole_source_tasks_build_the_same_shards(
     manifest = write_manifest(tmp_path / "m.toml")
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", 0)
     monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
-    monkeypatch.setattr(pipeline.parking, "PARK_BYTES", 0)  # spill files, not the memory park
+    monkeypatch.setattr(parking, "PARK_BYTES", 0)  # spill files, not the memory park
     phases = {}
     for jobs in (
         1,

@@ -5,7 +5,8 @@ Why: h5py runs every call under one process-wide lock, so the build's read tasks
 their sources' ``data`` and ``indices`` in blocks on several threads, read one at a time; and its
 per-chunk path costs more than the copy. ``os.preadv`` into the block's own buffer releases the
 GIL and needs no lock. Reading the 200k-cell screen's source in 16,384-row blocks on 2 threads
-took 0.16-0.34 s of wall through h5py and 0.06-0.08 s this way (docs/PIPELINE.md, "The read").
+took 0.16-0.34 s of wall through h5py and 0.06-0.08 s this way (docs/PIPELINE.md, "the plan at
+half its CPU, reads without h5py's lock").
 
 Only where the bytes in the file are the values: a 1-d numeric dataset with no filters
 (compression, shuffle, checksums), no external or virtual storage, allocated storage (contiguous,

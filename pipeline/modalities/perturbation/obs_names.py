@@ -9,6 +9,7 @@ vectorised gather.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from loaders import format as fmt
 from pipeline.errors import SourceError
+from pipeline.modalities.perturbation.h5vlen import read_vlen_strings
 
 if TYPE_CHECKING:
     import h5py  # import weight: the plan imports this module
@@ -50,8 +52,18 @@ class ObsNames:
     def __len__(self) -> int:
         return int(self.offsets.size) - 1
 
+    @cached_property
+    def width(self) -> int:
+        """The length every name has (barcodes often share one), else -1."""
+        lengths = np.diff(self.offsets)
+        return int(lengths[0]) if lengths.size and (lengths == lengths[0]).all() else -1
+
     def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets, data) of ``rows``, in that order: the ragged field of a shard."""
+        """(offsets, data) of ``rows``, in that order: the ragged field of a shard. Names of one
+        width are gathered as items of that many bytes (no per-byte index)."""
+        if self.width > 0:
+            picked = np.take(self.data.view(f"V{self.width}"), rows).view(np.uint8)
+            return np.arange(rows.size + 1, dtype=np.int64) * self.width, picked
         starts, lengths = self.offsets[rows], np.diff(self.offsets)[rows]
         out = np.zeros(rows.size + 1, np.int64)
         np.cumsum(lengths, out=out[1:])
@@ -72,19 +84,20 @@ def concat(parts: list[ObsNames]) -> ObsNames:
     return ObsNames(offsets, np.concatenate([p.data for p in parts]))
 
 
-def _obs_index(obs: h5py.Group | h5py.Dataset | None) -> tuple[Any, int] | None:
-    """(read(start, stop) -> those rows' names, number of names) of the obs index of an h5ad /
-    H5-CSR file: ``obs/<obs.attrs['_index']>`` (modern and 0.7 anndata, cell-load), the first
-    field of a pre-0.7 compound obs table; None when there is none."""
+def _obs_index(obs: h5py.Group | h5py.Dataset | None) -> tuple[Any, int, Any] | None:
+    """(read(start, stop) -> those rows' names, number of names, the index dataset or None) of
+    the obs index of an h5ad / H5-CSR file: ``obs/<obs.attrs['_index']>`` (modern and 0.7
+    anndata, cell-load), the first field of a pre-0.7 compound obs table; None when there is
+    none."""
     import h5py  # import weight: the plan imports this module
 
     if isinstance(obs, h5py.Dataset) and obs.dtype.names:
         first = obs.dtype.names[0]
-        return (lambda a, b: obs.fields(first)[a:b]), obs.shape[0]
+        return (lambda a, b: obs.fields(first)[a:b]), obs.shape[0], None
     if isinstance(obs, h5py.Group):
         node = obs.get(attr_str(obs.attrs.get("_index", "_index")))
         if isinstance(node, h5py.Dataset) and node.ndim == 1:
-            return (lambda a, b: node[a:b]), node.shape[0]
+            return (lambda a, b: node[a:b]), node.shape[0], node
     return None
 
 
@@ -95,9 +108,15 @@ def read_obs_names(
     index = _obs_index(obs)
     if index is None:
         return ObsNames.default(n_rows)
-    read, total = index
-    names = concat(
-        [ObsNames.from_values(read(a, min(a + CHUNK, total))) for a in range(0, total, CHUNK)]
+    read, total, node = index
+    # vlen strings straight from the file's bytes (h5vlen: no Python object per name), else h5py
+    raw = None if node is None else read_vlen_strings(node)
+    names = (
+        ObsNames(*raw)
+        if raw is not None
+        else concat(
+            [ObsNames.from_values(read(a, min(a + CHUNK, total))) for a in range(0, total, CHUNK)]
+        )
     )
     if len(names) != n_rows:
         raise SourceError(path, f"obs index has {len(names)} names, the matrix has {n_rows} rows")

@@ -147,6 +147,7 @@ def _segments(
                         np.flatnonzero(~np.isfinite(a).all(axis=tuple(range(1, a.ndim))))[0]
                     )
                     raise SourceError(spec.path, f"obsm[{k!r}] has NaN/inf at row {bad}")
+            sorted_rows = bool(block.has_canonical_format)  # scipy caches it: no second pass
             ptr = block.indptr.astype(np.int32 if block.nnz < 2**31 else np.int64, copy=False)
             indices = block.indices.astype(ptr.dtype, copy=False)
             data = block.data.astype(np.float32, copy=False)
@@ -171,7 +172,7 @@ def _segments(
                     "indices": out_i.astype(np.int32, copy=False),
                     "lengths": lengths,
                     "pos": ps[u:v],
-                    RANGE: np.array([out_i.min(), out_i.max()] if n else [], np.int64),
+                    RANGE: _index_range(out_i, lengths, sorted_rows),
                     **{f"{OBSM}{k}": a[sel] for k, a in embeds.items()},
                 }
                 if summed is not None:
@@ -180,6 +181,21 @@ def _segments(
             del block, indices, data, ptr
             # per block: a whole-source task reads ~16 blocks before its end (pipeline.memory)
             trim_heap()
+
+
+def _index_range(indices: np.ndarray, lengths: np.ndarray, sorted_rows: bool) -> np.ndarray:
+    """(min, max) of a piece's column indices, for the format's range check. Rows whose columns
+    are sorted (a canonical block: nearly always) give them from each row's first and last entry,
+    O(rows) instead of two passes over every entry (~0.3 CPU-s of a 2M-cell build)."""
+    if not indices.size:
+        return np.array([], np.int64)
+    if not sorted_rows:
+        return np.array([indices.min(), indices.max()], np.int64)
+    ends = np.cumsum(lengths)
+    full = lengths > 0
+    return np.array(
+        [indices[(ends - lengths)[full]].min(), indices[ends[full] - 1].max()], np.int64
+    )
 
 
 def pack_source(

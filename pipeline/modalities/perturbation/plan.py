@@ -28,12 +28,15 @@ from pipeline.modalities.perturbation.conditions import (
 from pipeline.modalities.perturbation.matrix import source_obs_names
 from pipeline.modalities.perturbation.obs_names import obs_name_columns
 from pipeline.modalities.perturbation.pairing import (
+    AWAY,
     LEVELS,
     ControlPools,
     MatchContext,
     combine,
+    group_counts,
     make_pairs,
-    make_sentences,
+    sentence_picks,
+    stable_argsort,
 )
 from pipeline.modalities.perturbation.splits import (
     DROPPED,
@@ -67,9 +70,22 @@ def _bytes_per_cell(src: ScannedSource, rows: np.ndarray, n_codes: int, obsm_wid
     return nnz * 8.0 + 8 + 8 + 1 + 4 * (n_codes + 1) + 4 * obsm_width
 
 
+GATHER_ROWS = 2048  # slot-table rows gathered per step (~1 MB of int32 slots)
+
+
+def _gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``values[index]`` for a slot table, a block of rows at a time: numpy widens an int32 index
+    to intp first, and a whole table's widened copy (8 bytes a slot, far beyond the caches) cost
+    more than the gather itself."""
+    out = np.empty(index.shape, values.dtype)
+    for a in range(0, index.shape[0], GATHER_ROWS):
+        np.take(values, index[a : a + GATHER_ROWS], out=out[a : a + GATHER_ROWS])
+    return out
+
+
 def _slices(owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """A stable order grouping items by owner (0..n-1) and the n+1 bounds of each owner's slice."""
-    order = np.argsort(owner, kind="stable")
+    order = stable_argsort(owner)
     return order, np.searchsorted(owner[order], np.arange(n + 1))
 
 
@@ -149,19 +165,22 @@ def plan_source(
         # Sentence groups never cross a shard, so a shard's slot tables (the plan's biggest arrays,
         # ~40 slots per perturbed cell) are drawn here, one shard at a time, from a per-shard
         # generator.
-        spp, sc, level = make_sentences(
+        sent = sentence_picks(
             ctx,
             codes["perturbation"],
             batch,
             size,
             source_rng(seed, s, 2000 + local),
+            pools,
             cells=primary[~ctx.is_control[primary]],
-            pools=pools,
         )
-        slot_levels += np.bincount(level[:, 0], minlength=len(LEVELS)) * size
-        stats[f"check_sentences_{SPLIT_NAMES[k]}"] += int(spp.shape[0])
+        slot_levels += np.bincount(sent.level, minlength=len(LEVELS)) * size
+        stats[f"check_sentences_{SPLIT_NAMES[k]}"] += int(sent.pert.shape[0])
+        # the controls the sentences take from beyond the shard, marked over the pools (small)
+        used = np.zeros(pools.every.size, bool)
+        used[sent.ctrl[AWAY[sent.pool]]] = True
         wanted[pr[:, 0]] = True
-        wanted[sc.ravel()] = True
+        wanted[pools.every[used]] = True
         wanted[primary] = False
         dups = np.flatnonzero(wanted)
         wanted[dups] = False
@@ -182,8 +201,9 @@ def plan_source(
             **obs_name_columns(names, rows),
             **{fmt.OBS_PREFIX + f: cells.codes32(f, g) for f in fields},
             fmt.PAIRS: lut[pr].reshape(-1, 2),
-            fmt.SENTENCES_PERT: lut[spp].reshape(-1, size),
-            fmt.SENTENCES_CTRL: lut[sc].reshape(-1, size),
+            # one gather per slot table: shard rows of the sentence cells, then of the picks
+            fmt.SENTENCES_PERT: _gather(lut[sent.cells], sent.pert),
+            fmt.SENTENCES_CTRL: _gather(lut[pools.every32], sent.ctrl),
         }
         lut[members] = -1
         shard = ShardPlan(SPLIT_NAMES[k], s, part, rows, columns)
@@ -212,9 +232,7 @@ def group_checks(
     }
     out.update({f"check_sentences_{n}": 0 for n in SPLIT_NAMES})
     pert = np.flatnonzero(~ctx.is_control)
-    _, counts = np.unique(
-        combine(ctx.split[pert], ctx.cell_type[pert], perturbation[pert]), return_counts=True
-    )
+    counts = group_counts(combine(ctx.split[pert], ctx.cell_type[pert], perturbation[pert]))
     out["check_perturbation_groups"] = int(counts.size)
     out["check_short_perturbation_groups"] = int((counts < size).sum())
     return out
