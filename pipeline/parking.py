@@ -1,9 +1,9 @@
 """What one task of a build leaves for a later task, kept in this process's memory while a byte
 budget shared by the build's tasks allows, instead of in spill files (opt-in: $SHARDSMITH_PARK_MB).
 
-Why: a spill file is written through the page cache and the file system, read back and deleted:
-~0.8 CPU-s per 400 MB on this machine's ext4 against ~0.1 for the same bytes kept in memory
-(docs/PIPELINE.md, "Memory"), a fifth of a 2M-cell build. Only tasks that run in the build's own
+Why: a spill file is written through the page cache and the file system, read back and deleted
+(~0.8 CPU-s per 400 MB on this machine's ext4 against ~0.1 kept in memory: docs/PIPELINE.md,
+"Memory", where the measured builds are). Only tasks that run in the build's own
 process can share memory (the threading backend: `Backend.shares_memory`); elsewhere the budget is
 0 and every task spills as before. A task asks for its bytes before it reads (`reserve`): granted,
 it parks its arrays here; refused (the budget is taken by other tasks), it writes spill files. The
@@ -15,6 +15,7 @@ happened: a failed build leaves nothing behind in a long-lived process.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Hashable
@@ -60,7 +61,7 @@ def budget(shares_memory: bool) -> int:
         mb = float(raw)
     except ValueError:
         mb = -1.0
-    if not mb >= 0:
+    if not (math.isfinite(mb) and mb >= 0):
         raise ShardsmithError(
             f"${ENV}={raw!r}: expected MiB >= 0 (0: never park, spill files only)"
         )
@@ -109,7 +110,7 @@ def take(spill: Path, key: Hashable) -> Any | None:
 
 
 def in_use(spill: Path) -> tuple[int, int]:
-    """(bytes reserved, items waiting): for tests and the build's memory accounting."""
+    """(bytes reserved, items waiting): what tests check."""
     with _LOCK:
         park = _PARKS.get(str(spill))
         return (0, 0) if park is None else (park.used, len(park.items))

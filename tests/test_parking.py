@@ -117,7 +117,7 @@ def test_the_budget_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     assert parking.budget(True) == 512 << 20 and parking.budget(False) == 0
     monkeypatch.setenv(parking.ENV, "0")
     assert parking.budget(True) == 0
-    for bad in ("-1", "lots", "nan"):
+    for bad in ("-1", "lots", "nan", "inf"):
         monkeypatch.setenv(parking.ENV, bad)
         with pytest.raises(ShardsmithError, match="SHARDSMITH_PARK_MB.*expected MiB >= 0"):
             parking.budget(True)

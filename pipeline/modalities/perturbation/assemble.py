@@ -69,6 +69,16 @@ def drop_consumed(cfg: PackConfig, paths: Sequence[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
+def memory_pieces(
+    segs: Sequence[dict[str, np.ndarray]],
+) -> tuple[list[Piece], list[np.ndarray], int]:
+    """(pieces, index ranges, duplicates summed) of a shard's segments kept in memory: a fused
+    source's (`pack.pack_source`) or a parked read task's (`pipeline.parking`)."""
+    pieces = [memory_piece(seg) for seg in segs]
+    summed = sum(int(seg[SUMMED].sum()) for seg in segs if SUMMED in seg)
+    return pieces, [seg[RANGE] for seg in segs], summed
+
+
 def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> PackResult:
     """Pack a shard from the pieces its source's scatter tasks left (in task order): parked in
     memory (`pipeline.parking`) or in spill files."""
@@ -83,9 +93,8 @@ def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> Pack
             segs = parking.take(cfg.spill, (t.number, task))
             if segs is not None:  # this task's rows were kept in memory
                 held += parked_bytes(segs)
-                pieces += [memory_piece(seg) for seg in segs]
-                ranges += [seg[RANGE] for seg in segs]
-                summed += sum(int(seg[SUMMED].sum()) for seg in segs if SUMMED in seg)
+                more, more_ranges, more_summed = memory_pieces(segs)
+                pieces, ranges, summed = pieces + more, ranges + more_ranges, summed + more_summed
                 continue
             files = {name: spill_file(cfg.spill, t.number, task, name) for name in names}
             if files["pos"].exists():

@@ -5,8 +5,8 @@ Why: h5py runs every call under one process-wide lock, so the build's read tasks
 their sources' ``data`` and ``indices`` in blocks on several threads, read one at a time; and its
 per-chunk path costs more than the copy. ``os.preadv`` into the block's own buffer releases the
 GIL and needs no lock. Reading the 200k-cell screen's source in 16,384-row blocks on 2 threads
-took 0.16-0.34 s of wall through h5py and 0.06-0.08 s this way (docs/PIPELINE.md, "the plan at
-half its CPU, reads without h5py's lock").
+took 0.16-0.34 s of wall through h5py and 0.06-0.08 s this way (a throwaway timing;
+docs/PIPELINE.md, "the plan at half its CPU, reads without h5py's lock").
 
 Only where the bytes in the file are the values: a 1-d numeric dataset with no filters
 (compression, shuffle, checksums), no external or virtual storage, allocated storage (contiguous,
@@ -41,12 +41,19 @@ class Extent:
     starts: np.ndarray
 
 
+def raw_file(f: Any) -> bool:
+    """Whether offsets HDF5 reports in `f` are offsets in the file on disk: the default (or stdio)
+    driver, no user block. The rule every read from the file's own bytes follows (here and
+    `h5vlen`)."""
+    return f.userblock_size == 0 and f.driver in ("sec2", "stdio")
+
+
 def extent_of(dset: Any) -> Extent | None:
     """The dataset's storage as plain byte runs, or None where h5py must read it."""
     try:
         if dset.ndim != 1 or dset.dtype.kind not in "iuf" or dset.is_virtual:
             return None
-        if dset.file.userblock_size != 0 or dset.file.driver not in ("sec2", "stdio"):
+        if not raw_file(dset.file):
             return None
         plist = dset.id.get_create_plist()
         if plist.get_nfilters() != 0 or plist.get_external_count() != 0:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.modalities.perturbation.h5direct import raw_file
+
 if TYPE_CHECKING:
     import h5py
 
@@ -44,8 +46,7 @@ def _plain_vlen(ds: h5py.Dataset) -> int | None:
         or tid.get_strpad() != h5py.h5t.STR_NULLTERM
         or ds.id.get_create_plist().get_layout() != h5py.h5d.CONTIGUOUS
         or ds.external
-        or f.driver != "sec2"
-        or f.userblock_size != 0
+        or not raw_file(f)
         or f.id.get_create_plist().get_sizes() != (8, 8)
     ):
         return None

@@ -44,6 +44,7 @@ from pipeline.modalities.perturbation.assemble import (
     SUMMED,
     Target,
     drop_consumed,
+    memory_pieces,
     obsm_widths,
     pack_shard,
     spill_file,
@@ -54,10 +55,8 @@ from pipeline.modalities.perturbation.spill import (
     OBSM,
     RANGE,
     ROW_ARRAYS,
-    Piece,
     Scratch,
     gather_rows,
-    memory_piece,
     parked_bytes,
 )
 from pipeline.modalities.perturbation.validate import sum_duplicates, validate_block
@@ -186,7 +185,8 @@ def _segments(
 def _index_range(indices: np.ndarray, lengths: np.ndarray, sorted_rows: bool) -> np.ndarray:
     """(min, max) of a piece's column indices, for the format's range check. Rows whose columns
     are sorted (a canonical block: nearly always) give them from each row's first and last entry,
-    O(rows) instead of two passes over every entry (~0.3 CPU-s of a 2M-cell build)."""
+    O(rows) instead of two passes over every entry (0.27 s of py-spy samples in a 2M-cell
+    build)."""
     if not indices.size:
         return np.array([], np.int64)
     if not sorted_rows:
@@ -202,24 +202,28 @@ def pack_source(
     spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]], cfg: PackConfig
 ) -> list[PackResult]:
     """Read a source whose planned rows fit in memory and pack all its shards: no spill files."""
-    pieces: dict[int, list[Piece]] = {t.number: [] for t, _ in shards}
-    ranges: dict[int, list[np.ndarray]] = {t.number: [] for t, _ in shards}
-    summed = dict.fromkeys(pieces, 0)
-    for number, seg in _segments(spec, n_rows, route([t for t, _ in shards]), 0, n_rows, cfg):
-        pieces[number].append(memory_piece(seg))
-        ranges[number].append(seg[RANGE])
-        summed[number] += int(seg[SUMMED].sum()) if SUMMED in seg else 0
-    return [
-        write_shard(
-            t.number,
-            plan,
-            pieces.pop(t.number),
-            cfg,
-            np.concatenate(ranges.pop(t.number)),
-            summed[t.number],
-        )
-        for t, plan in shards
-    ]
+    segs = _in_memory(spec, n_rows, route([t for t, _ in shards]), 0, n_rows, cfg)
+    out = []
+    for t, plan in shards:
+        pieces, ranges, summed = memory_pieces(segs.pop(t.number, []))
+        out.append(write_shard(t.number, plan, pieces, cfg, np.concatenate(ranges), summed))
+    return out
+
+
+def _in_memory(
+    spec: SourceSpec,
+    n_rows: int,
+    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    start: int,
+    stop: int,
+    cfg: PackConfig,
+) -> dict[int, list[dict[str, np.ndarray]]]:
+    """Source rows [start, stop) routed to their shards and kept: shard -> its segments, in block
+    order (a fused source's whole read, or a parked read task's range)."""
+    segs: dict[int, list[dict[str, np.ndarray]]] = {}
+    for number, seg in _segments(spec, n_rows, routed, start, stop, cfg):
+        segs.setdefault(number, []).append(seg)
+    return segs
 
 
 def scatter_range(
@@ -366,11 +370,8 @@ def park_range(
 ) -> None:
     """`scatter_range` into memory: each shard's pieces of rows [start, stop) are parked under
     (shard, task) for its pack task (`assemble.pack_shard`); the budget follows what they hold."""
-    parked: dict[int, list[dict[str, np.ndarray]]] = {}
-    for number, seg in _segments(spec, n_rows, routed, start, stop, cfg):
-        parked.setdefault(number, []).append(seg)
     held = 0
-    for number, segs in parked.items():
+    for number, segs in _in_memory(spec, n_rows, routed, start, stop, cfg).items():
         held += parked_bytes(segs)
         parking.put(cfg.spill, (number, task), segs)
     parking.release(cfg.spill, reserved - held)  # the pieces' exact size, not the estimate
@@ -386,8 +387,8 @@ def _whole_source(
     """One spilled source in one task: read it all (one scatter), then pack each of its shards.
 
     Always through spill files: one task writes and reads back its own, and keeping its rows in
-    the memory park instead measured no cheaper (2.0-2.3 against 2.0-2.4 CPU-s a 250k-cell source)
-    while it added the source's ~400 MB to the peak (docs/PIPELINE.md, "Memory")."""
+    the memory park instead saved ~0.1 of ~2.1 CPU-s per 250k-cell source while it added the
+    source's ~400 MB to the peak (docs/PIPELINE.md, "Memory")."""
     _scatter(spec, n_rows, part, 0, n_rows, 0, cfg)
     return [r for t, sh in shards for r in _pack(t, sh, 1, cfg)]
 
