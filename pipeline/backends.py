@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -75,17 +75,23 @@ class Backend(ABC):
 
     def map(
         self,
-        tasks: Sequence[Task],
+        tasks: Iterable[Task],
         desc: str,
         progress: bool,
         on_result: OnResult | None = None,
         spill: Path | None = None,
+        total: int | None = None,
     ) -> list[Any]:
         """Run every task; results in task order. ``on_result`` is called in this process as each
-        completes."""
+        completes. ``tasks`` may be a lazy iterator (``total``: its expected length, for the bar):
+        local backends take from it as workers free up (``pipeline.pipelined``), remote ones list
+        it first."""
         done = on_result or (lambda r: None)
-        if not tasks:
-            return []
+        if self.remote or isinstance(tasks, Sequence):
+            tasks = list(tasks)
+            total = len(tasks)
+            if not tasks:
+                return []
         if self.remote:
             if spill is None:
                 raise ValueError(
@@ -93,12 +99,17 @@ class Backend(ABC):
                 )
             descriptors = describe(tasks, spill / f"tasks-{desc.replace(' ', '-')}")
             self.max_descriptor_bytes = max(_pickled_size(d) for d in descriptors)
-            return self._run(descriptors, desc, progress, done)
-        return self._run(list(tasks), desc, progress, done)
+            return self._run(descriptors, desc, progress, done, total)
+        return self._run(tasks, desc, progress, done, total)
 
     @abstractmethod
     def _run(
-        self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult
+        self,
+        tasks: Iterable[Any],
+        desc: str,
+        progress: bool,
+        on_result: OnResult,
+        total: int | None,
     ) -> list[Any]: ...
 
 
@@ -111,7 +122,7 @@ def _pickled_size(d: Descriptor) -> int:
     return len(cloudpickle.dumps(d))
 
 
-def _bar(total: int, desc: str, progress: bool) -> Any:
+def _bar(total: int | None, desc: str, progress: bool) -> Any:
     from tqdm.auto import tqdm  # import weight: a quiet or inline build never draws a bar
 
     return tqdm(total=total, desc=desc, unit="task", disable=not progress)
@@ -148,11 +159,18 @@ def missing_extra(backend: str, e: ImportError) -> BackendError:
 class _Joblib(Backend):
     """joblib's own backends: threads (one copy of the plan) or loky processes."""
 
-    def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
+    def _run(
+        self,
+        tasks: Iterable[Any],
+        desc: str,
+        progress: bool,
+        on_result: OnResult,
+        total: int | None,
+    ) -> list[Any]:
         out = []
-        with _bar(len(tasks), desc, progress) as bar:
+        with _bar(total, desc, progress) as bar:
             if (
-                self.jobs == 1 or len(tasks) == 1
+                self.jobs == 1 or total == 1
             ):  # inline, without importing joblib (~50 ms of a small rebuild)
                 gen: Any = (t() for t in tasks)
             else:
@@ -181,12 +199,19 @@ class ThreadingBackend(_Joblib):
 class LokyBackend(_Joblib):
     name = "loky"
 
-    def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
+    def _run(
+        self,
+        tasks: Iterable[Any],
+        desc: str,
+        progress: bool,
+        on_result: OnResult,
+        total: int | None,
+    ) -> list[Any]:
         from pipeline.orphans import (
             watched,
         )  # workers end when the build dies (kill -9), not minutes later
 
-        return super()._run([watched(t) for t in tasks], desc, progress, on_result)
+        return super()._run((watched(t) for t in tasks), desc, progress, on_result, total)
 
 
 @register_backend
@@ -223,7 +248,9 @@ class DaskBackend(Backend):
         if cluster is not None:
             cluster.close()
 
-    def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
+    def _run(
+        self, tasks: Any, desc: str, progress: bool, on_result: OnResult, total: int | None
+    ) -> list[Any]:
         from distributed import as_completed  # optional extra dask
 
         token = uuid.uuid4().hex[:8]
@@ -276,7 +303,9 @@ class RayBackend(Backend):
         if getattr(self, "started", False):
             ray.shutdown()
 
-    def _run(self, tasks: list[Any], desc: str, progress: bool, on_result: OnResult) -> list[Any]:
+    def _run(
+        self, tasks: Any, desc: str, progress: bool, on_result: OnResult, total: int | None
+    ) -> list[Any]:
         import ray  # optional extra ray
 
         refs = [self.task.remote(d) for d in tasks]

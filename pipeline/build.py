@@ -13,7 +13,6 @@ The commit step (shards made durable, the index assembled and written, retired f
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import shutil
@@ -25,8 +24,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from loaders import format as fmt
 from loaders.plugins import PluginError
 from pipeline import generations, parking
@@ -37,12 +34,13 @@ from pipeline.events import EventLog
 from pipeline.incremental import code_digest, known_sources, read_record, unchanged
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.memory import release_freed_memory, trim_heap
-from pipeline.model import Kind, KindPlan, PackConfig, PackResult, PlanContext, ShardPlan, get_kind
+from pipeline.model import Kind, PackResult, PlanContext, ShardPlan, get_kind
 from pipeline.paths import shard_inside
+from pipeline.pipelined import pack_pipelined, plan_stream
+from pipeline.planned import conditions_file, pack_config, park_tables, write_conditions
 from pipeline.refusals import check_kept, check_same_dataset
 from pipeline.resume import adopt_finished
-from pipeline.shardfile import shard_suffix, write_columns
-from pipeline.writers import Codec
+from pipeline.shardfile import shard_suffix
 
 if TYPE_CHECKING:
     from pipeline.dryrun import PlanDifference
@@ -76,60 +74,6 @@ def previous_index(out: Path) -> fmt.Index | None:
         if fmt.index_path(out).exists():
             log.warning("ignoring the previous index (%s): everything is rebuilt", e)
         return None
-
-
-def park_tables(spill: Path, reused: set[str], names: tuple[str, ...], shard: ShardPlan) -> None:
-    """Keep the plan's memory small: a new shard's big planned columns (``names``: the kind's
-    ``parked``; a name ending in "/" stands for every column under it) wait in the spill folder
-    as .npy files (its pack task loads them and lets them go); a reused shard's columns are not
-    needed at all."""
-    if shard.key in reused:
-        shard.columns.clear()
-        return
-    for name in [
-        c
-        for c in shard.columns
-        if any(c == n or (n.endswith("/") and c.startswith(n)) for n in names)
-    ]:
-        a = shard.columns.get(name)
-        if isinstance(a, np.ndarray) and a.nbytes > 1 << 16:
-            path = (
-                spill
-                / f"plan-{shard.source}-{shard.split}-{shard.part}-{name.replace('/', '~')}.npy"
-            )
-            np.save(path, a, allow_pickle=False)
-            shard.columns[name] = path
-
-
-def conditions_file(plan: KindPlan, cfg: PackConfig) -> str:
-    """The condition table's file name, from its content (so a rebuild with equal vectors reuses
-    it)."""
-    columns = plan.conditions or {}
-    h = hashlib.sha256()
-    for key in (
-        fmt.CONDITION_VECTORS,
-        fmt.CONDITION_CODES,
-    ):  # same digest as of the bytes joined, no copies
-        if key in columns:
-            h.update(np.ascontiguousarray(columns[key]))
-    return f"conditions-{h.hexdigest()[:16]}{shard_suffix(cfg)}"
-
-
-def write_conditions(out: Path, plan: KindPlan, cfg: PackConfig, name: str) -> fmt.ConditionsRef:
-    """The condition table beside index.json, as ``name`` (`conditions_file`)."""
-
-    columns = plan.conditions or {}
-    final = out / name
-    digest, stored = write_columns(columns, final, cfg)
-    vectors = columns[fmt.CONDITION_VECTORS]
-    return fmt.ConditionsRef(
-        file=final.name,
-        rows=int(vectors.shape[0]),
-        dim=int(vectors.shape[1]),
-        digest=digest,
-        bytes=stored,
-        segments=list(plan.condition_segments),
-    )
 
 
 def build(
@@ -262,22 +206,16 @@ def _build_locked(
             spill.mkdir(exist_ok=True)
             park = partial(park_tables, spill, set(reusable), kind.parked)
         known = known_sources(out, prev, saved) if prev is not None else None
-        plan = kind.plan(manifest, scanned, PlanContext(park, known, code_digest(), prev))
+        ctx = PlanContext(park, known, code_digest(), prev)
+        # a first build plans each source while the earlier ones are packed (pipeline.pipelined):
+        # then `plan` holds no shards yet, and gains them as the pack takes its tasks
+        stream = None if dry_run else plan_stream(kind, manifest, scanned, ctx, executor, jobs)
+        plan = stream.plan if stream is not None else kind.plan(manifest, scanned, ctx)
         t_plan = time.perf_counter()
-        # after planning: its many short-lived temporaries are cheaper from the heap
-        release_freed_memory()
-        cfg = PackConfig(
-            out=out.resolve(),
-            spill=spill,
-            encoding=manifest.format,
-            codec=Codec(manifest.codec, manifest.codec_level),
-            fields=plan.fields,
-            block_rows=manifest.block_rows,
-            tables=tuple(plan.tables),
-            samples=tuple(kind.samples),
-            drop_spill=not executor.remote,
-            jobs=jobs,
-            options=kind.pack_options(manifest),
+        if stream is None:  # after planning: its many temporaries are cheaper from the heap
+            release_freed_memory()  # (a pipelined plan calls it once planned: pipeline.pipelined)
+        cfg = pack_config(
+            manifest, kind, plan, out, spill, executor.remote, jobs, stream is not None
         )
         todo = [i for i, sh in enumerate(plan.shards) if sh.key not in reusable]
         moved = {
@@ -322,13 +260,14 @@ def _build_locked(
                 changed=diff.changed,
                 difference=diff,
             )
-        ev.emit(
-            "planned",
-            shards=len(plan.shards),
-            write=len(todo),
-            reuse=len(plan.shards) - len(todo),
-            seconds=round(t_plan - t_scan, 3),
-        )
+        if stream is None:
+            ev.emit(
+                "planned",
+                shards=len(plan.shards),
+                write=len(todo),
+                reuse=len(plan.shards) - len(todo),
+                seconds=round(t_plan - t_scan, 3),
+            )
         executor.start()
         started = True
         journal = generations.write_journal(
@@ -346,8 +285,16 @@ def _build_locked(
             ev.emit("resumed", shards=len(adopted))
             results.extend(adopted)
         parking.open_park(spill, park_budget)
-        read, pack = kind.pack_tasks(manifest, plan, scanned, missing, cfg)
         on_result = partial(_shard_events, ev, plan.shards)
+        if stream is not None:
+            journaled = [cond_file] if cond_file else []
+            run = pack_pipelined(
+                stream, kind, manifest, scanned, cfg, executor, progress, ev, on_result, journaled
+            )
+            results.extend(run.results)
+            t_plan = run.planned_at
+            todo = list(range(len(plan.shards)))  # a first build: every shard is new
+        read, pack = ([], []) if stream else kind.pack_tasks(manifest, plan, scanned, missing, cfg)
         for phase, tasks in (("read sources", read), ("pack shards", pack)):
             if tasks:
                 done = executor.map(tasks, phase, progress, on_result, spill)

@@ -12,7 +12,8 @@ Events (fields beyond ``event``/``t``):
 * ``start``: manifest, out, backend, jobs, dry_run
 * ``up_to_date``: shards (a no-change rebuild: nothing read, planned or written)
 * ``scanned``: sources, seconds
-* ``planned``: shards, write, reuse, delete (counts), seconds
+* ``planned``: shards, write, reuse, delete (counts), seconds; ``pipelined: true`` when the sources
+  were planned while the first ones were packed (pipeline.pipelined): it then comes after them
 * ``tasks``: phase, count, max_descriptor_bytes (what each task is sent: paths and row ranges)
 * ``shard``: file, records, bytes, seconds_since_start (one per shard written)
 * ``committed``: shards, written, reused, removed
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +48,7 @@ class EventLog:
     def __init__(self, target: str | Path | IO[str] | None = None) -> None:
         self.t0 = time.perf_counter()
         self.events: list[dict[str, Any]] = []  # kept for the caller (the summary, tests)
+        self._lock = threading.Lock()
         self._own = False
         self._fh: IO[str] | None
         if target is None:
@@ -60,10 +63,12 @@ class EventLog:
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         doc = {"event": event, "t": round(time.perf_counter() - self.t0, 4), **fields}
-        self.events.append(doc)
-        if self._fh is not None:
-            self._fh.write(json.dumps(doc, sort_keys=False, default=str) + "\n")
-            self._fh.flush()
+        line = json.dumps(doc, sort_keys=False, default=str) + "\n"
+        with self._lock:  # a pipelined build's plan emits from a worker thread (pipeline.pipelined)
+            self.events.append(doc)
+            if self._fh is not None:
+                self._fh.write(line)
+                self._fh.flush()
         return doc
 
     def close(self) -> None:

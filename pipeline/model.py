@@ -14,7 +14,7 @@ Registry in the style of numcodecs: :func:`register_kind` / :func:`get_kind`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +129,17 @@ class KindPlan:
 
 
 @dataclass
+class PlanStream:
+    """A plan made one source at a time (:meth:`Kind.plan_stream`): ``plan`` holds the dataset-wide
+    part from the start and gains each source's shards as ``sources`` advances; each step plans one
+    source and yields the indices of its shards in ``plan.shards``. Exhausted, the plan is whole
+    (stats and per-source keys included) and equal to :meth:`Kind.plan`'s."""
+
+    plan: KindPlan
+    sources: Iterator[range]
+
+
+@dataclass
 class PlanContext:
     """What the build hands the planner: where big tables may be parked, which shards can be reused,
     what an earlier build planned per source (``known``), and the code digest (``salt``)."""
@@ -185,6 +196,13 @@ class Kind(ABC):
         self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext
     ) -> KindPlan:
         """The plan: a pure function of (manifest, seed, scanned sources)."""
+
+    def plan_stream(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext
+    ) -> PlanStream | None:
+        """The plan one source at a time, for a build that packs each source while planning the
+        next (``pipeline.pipelined``); None (the default): this kind plans only whole."""
+        return None
 
     @abstractmethod
     def pack_tasks(
@@ -294,4 +312,7 @@ class PackConfig:
     drop_spill: bool = False
     # the build's parallelism: with 2 sources a job or more, a source is one task (pack_tasks)
     jobs: int = 1
+    # every source is one task whatever their number: a pipelined build hands the kind its
+    # sources one at a time (pipeline.pipelined)
+    whole_sources: bool = False
     options: Any = None  # the kind's own pack settings (Kind.pack_options), typed by the kind

@@ -10,7 +10,7 @@ referential checks ``verify`` adds (pairs join a control to a perturbed cell).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,11 +19,13 @@ import numpy as np
 
 from loaders import format as fmt
 from pipeline.modalities.perturbation.config import PerturbationConfig, parse_sections
-from pipeline.model import Kind, KindPlan, PlanContext, Task, register_kind
+from pipeline.model import Kind, KindPlan, PlanContext, PlanStream, Task, register_kind
 
 if TYPE_CHECKING:
     from pipeline.manifest import Manifest
-    from pipeline.model import PackConfig, ScannedSource
+    from pipeline.modalities.perturbation.cells import CellTable
+    from pipeline.modalities.perturbation.conditions import ConditionTable
+    from pipeline.model import PackConfig, ScannedSource, ShardPlan
 
 TABLES = (fmt.PAIRS, fmt.SENTENCES_PERT, fmt.SENTENCES_CTRL)
 
@@ -72,11 +74,62 @@ class PerturbationKind(Kind):
         )  # import weight: paid by builds only
 
         plan = make_plan(manifest, scanned, park=ctx.park, known=ctx.known, salt=ctx.salt)
+        out = self._kind_plan(manifest, scanned, plan.cells, plan.conditions, plan.shards)
+        out.stats = self._stats(plan.stats, scanned, len(plan.cells))
+        out.source_keys, out.source_stats = plan.source_keys, plan.source_stats
+        return out
+
+    def plan_stream(
+        self, manifest: Manifest, scanned: Sequence[ScannedSource], ctx: PlanContext
+    ) -> PlanStream:
+        """The same plan, one source at a time: a source's shards depend on the dataset-wide
+        tables and on that source only (module plan), so each can be packed while the next is
+        planned."""
+        from pipeline.modalities.perturbation.plan import (
+            plan_sources,
+            plan_stats,
+            plan_tables,
+        )  # import weight: paid by builds only
+
+        tables = plan_tables(manifest, scanned)
+        plan = self._kind_plan(manifest, scanned, tables.cells, tables.cond, [])
+
+        def sources() -> Iterator[range]:
+            steps = plan_sources(manifest, scanned, tables, ctx.park, ctx.known, ctx.salt)
+            for key, shards, stats in steps:
+                first = len(plan.shards)
+                plan.shards.extend(shards)
+                plan.source_keys.append(key)
+                plan.source_stats.append(stats)
+                yield range(first, len(plan.shards))
+            totals = plan_stats(tables, plan.source_stats)
+            plan.stats = self._stats(totals, scanned, len(tables.cells))
+
+        return PlanStream(plan, sources())
+
+    @staticmethod
+    def _stats(
+        stats: Mapping[str, Any], scanned: Sequence[ScannedSource], cells: int
+    ) -> dict[str, Any]:
+        return {
+            **stats,
+            "source_rows": int(sum(s.meta.n_rows for s in scanned)),
+            "cells": cells,
+        }
+
+    def _kind_plan(
+        self,
+        manifest: Manifest,
+        scanned: Sequence[ScannedSource],
+        cells: CellTable,
+        cond: ConditionTable,
+        shards: list[ShardPlan],
+    ) -> KindPlan:
+        """The plan as the build takes it, less its stats and per-source keys."""
         cfg = manifest.config
-        vocab = plan.cells.vocabularies
-        cond = plan.conditions
+        vocab = cells.vocabularies
         return KindPlan(
-            shards=plan.shards,
+            shards=shards,
             fields=self.schema(manifest, scanned, vocab, int(cond.vectors.shape[0])),
             tables=TABLES,
             conditions={fmt.CONDITION_VECTORS: cond.vectors, fmt.CONDITION_CODES: cond.codes},
@@ -93,14 +146,7 @@ class PerturbationKind(Kind):
                 "split": cfg.split.index_section(),
                 "var_names": list(scanned[0].meta.var_names),
             },
-            stats={
-                **plan.stats,
-                "source_rows": int(sum(s.meta.n_rows for s in scanned)),
-                "cells": len(plan.cells),
-            },
-            primary_records=len(plan.cells),
-            source_keys=plan.source_keys,
-            source_stats=plan.source_stats,
+            primary_records=len(cells),
         )
 
     def schema(

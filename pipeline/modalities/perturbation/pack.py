@@ -269,7 +269,8 @@ def pack_tasks(
     that spill, and each of its shards is a phase-2 task. Tasks are listed biggest first so that
     parallel jobs finish together.
 
-    With at least two sources a job (`cfg.jobs`), each spilled source is instead one phase-1 task
+    With at least two sources a job (`cfg.jobs`), or `cfg.whole_sources` (a pipelined build hands
+    the sources over one at a time), each spilled source is instead one phase-1 task
     that reads it and then packs its shards (`_whole_source`): every job stays busy without
     splitting files, there is no barrier between the phases, and only the sources being worked on
     wait in spill files (all of them did, ~4 GB at 2M cells: past the kernel's dirty-page limits,
@@ -289,7 +290,7 @@ def pack_tasks(
             read.append((size, partial(_fused, spec, n_rows, items, cfg)))
             continue
         rows, shard_of, pos = route([t for t, _ in items])
-        if len(by_source) >= 2 * cfg.jobs:
+        if cfg.whole_sources or len(by_source) >= 2 * cfg.jobs:
             part = _park_routed(cfg.spill, s, 0, (rows, shard_of, pos))
             read.append((size, partial(_whole_source, spec, n_rows, part, items, cfg)))
             continue

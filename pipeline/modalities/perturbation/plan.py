@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +47,7 @@ from pipeline.modalities.perturbation.splits import (
 from pipeline.model import ScannedSource, ShardPlan
 from pipeline.seeding import source_rng
 
-__all__ = ["Park", "Plan", "ShardPlan", "make_plan", "source_key"]
+__all__ = ["Park", "Plan", "PlanTables", "ShardPlan", "make_plan", "plan_sources", "source_key"]
 
 
 Park = Callable[[ShardPlan], None]
@@ -284,6 +284,96 @@ def source_key(manifest: Manifest, src: ScannedSource, offset: int, tables: str,
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
+@dataclass
+class PlanTables:
+    """The dataset-wide part of the plan, made before any source is planned: the cell table, the
+    splits, the condition table and where each source's cells lie in the cell table."""
+
+    cells: CellTable
+    split: np.ndarray
+    pool_split: np.ndarray | None
+    cond: ConditionTable
+    digest: str  # of the vocabularies and condition codes (see source_key)
+    order: np.ndarray | None  # None: the cell table lists sources in order
+    bounds: np.ndarray
+
+
+def plan_tables(manifest: Manifest, scanned: Sequence[ScannedSource]) -> PlanTables:
+    """The dataset-wide tables (cheap beside the per-source plans, ~0.3 of ~2.3 s at 2M cells)."""
+    cells = build_cell_table(manifest, scanned)
+    split = assign_splits(cells, manifest, [s.spec.path for s in scanned])
+    if (split == DROPPED).any():
+        keep = split != DROPPED
+        cells, split = cells.subset(keep, "not used by the cell-load experiment"), split[keep]
+    pool_split = control_split(manifest, split)
+    cfg = manifest.config.fields
+    opts = VectorOptions(
+        cfg.combination_separator,
+        cfg.control,
+        cfg.numeric_covariates,
+        cfg.numeric_transform,
+        str(manifest.path),
+    )
+    features = None
+    if cfg.perturbation_features is not None:
+        names = cells.vocabularies["perturbation"]
+        if cfg.combination_separator is not None:  # features are per single perturbation
+            names = split_combinations(names, cfg.combination_separator, cfg.control)[0]
+        features = load_features(cfg.perturbation_features, names, cfg.control)
+    cond = build_conditions(cells.codes, cfg.obs_fields, cells.vocabularies, features, opts)
+    tables = hashlib.sha256(json.dumps(cells.vocabularies, sort_keys=True).encode())
+    tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())
+    tables.update(np.ascontiguousarray(cond.codes))
+    # the cell table lists sources in order (build_cell_table fills it source by source): a source's
+    # cells are a slice, so no per-cell sort order is held while planning (8 bytes a cell); any
+    # other order is sorted
+    grouped = bool((cells.source[1:] >= cells.source[:-1]).all())
+    order = None if grouped else np.argsort(cells.source, kind="stable")
+    bounds = np.searchsorted(
+        cells.source if order is None else cells.source[order], np.arange(len(scanned) + 1)
+    )
+    return PlanTables(cells, split, pool_split, cond, tables.hexdigest(), order, bounds)
+
+
+def plan_sources(
+    manifest: Manifest,
+    scanned: Sequence[ScannedSource],
+    t: PlanTables,
+    park: Park | None = None,
+    known: Mapping[str, tuple[list[ShardPlan], dict[str, int]]] | None = None,
+    salt: str = "",
+) -> Iterator[tuple[str, list[ShardPlan], dict[str, int]]]:
+    """(source key, shards, stats) of each source in turn, each planned only when asked for: a
+    pipelined build packs a source's shards while the next source is planned."""
+    offset = 0
+    for src in scanned:
+        key = source_key(manifest, src, offset, t.digest, salt)
+        offset += src.meta.n_rows
+        if known is not None and key in known:
+            yield key, *known[key]
+            continue
+        lo, hi = int(t.bounds[src.ordinal]), int(t.bounds[src.ordinal + 1])
+        idx = np.arange(lo, hi, dtype=np.int64) if t.order is None else t.order[lo:hi]
+        yield key, *plan_source(manifest, src, t.cells, idx, t.split, t.cond, park, t.pool_split)
+
+
+def plan_stats(t: PlanTables, per_source: Sequence[Mapping[str, int]]) -> dict[str, object]:
+    """The plan's stats once every source is planned: pairing levels and the warnings' counts
+    summed over the sources, cells per split, and the dropped cells."""
+    totals: dict[str, int] = {}
+    for src_stats in per_source:
+        for k, v in src_stats.items():
+            totals[k] = totals.get(k, 0) + v
+    return {
+        "dropped": dict(t.cells.dropped),
+        "pairing": {k: v for k, v in totals.items() if not k.startswith("check_")},
+        "checks": {
+            k.removeprefix("check_"): v for k, v in totals.items() if k.startswith("check_")
+        },
+        "cells_per_split": {n: int((t.split == i).sum()) for i, n in enumerate(SPLIT_NAMES)},
+    }
+
+
 def make_plan(
     manifest: Manifest,
     scanned: Sequence[ScannedSource],
@@ -299,63 +389,11 @@ def make_plan(
     (stubs: keys and names) and stats; a source whose key is known is not planned again. The
     dataset-wide tables are always rebuilt, since any source can change them and with them every
     other source's codes."""
-    cells = build_cell_table(manifest, scanned)
-    split = assign_splits(cells, manifest, [s.spec.path for s in scanned])
-    if (split == DROPPED).any():
-        keep = split != DROPPED
-        cells, split = cells.subset(keep, "not used by the cell-load experiment"), split[keep]
-    pool_split = control_split(manifest, split)
-    cfg = manifest.config.fields
-    fields = cfg.obs_fields
-    opts = VectorOptions(
-        cfg.combination_separator,
-        cfg.control,
-        cfg.numeric_covariates,
-        cfg.numeric_transform,
-        str(manifest.path),
-    )
-    features = None
-    if cfg.perturbation_features is not None:
-        names = cells.vocabularies["perturbation"]
-        if cfg.combination_separator is not None:  # features are per single perturbation
-            names = split_combinations(names, cfg.combination_separator, cfg.control)[0]
-        features = load_features(cfg.perturbation_features, names, cfg.control)
-    cond = build_conditions(cells.codes, fields, cells.vocabularies, features, opts)
-    tables = hashlib.sha256(json.dumps(cells.vocabularies, sort_keys=True).encode())
-    tables.update(f"{cond.codes.dtype.str}{cond.codes.shape}".encode())
-    tables.update(np.ascontiguousarray(cond.codes))
-    # the cell table lists sources in order (build_cell_table fills it source by source): a source's
-    # cells are a slice, so no per-cell sort order is held while planning (8 bytes a cell); any
-    # other order is sorted
-    grouped = bool((cells.source[1:] >= cells.source[:-1]).all())
-    order = None if grouped else np.argsort(cells.source, kind="stable")
-    bounds = np.searchsorted(
-        cells.source if order is None else cells.source[order], np.arange(len(scanned) + 1)
-    )
+    t = plan_tables(manifest, scanned)
     shards: list[ShardPlan] = []
-    stats: dict[str, object] = {"dropped": dict(cells.dropped)}
-    totals: dict[str, int] = {}
     keys, per_source = [], []
-    offset = 0
-    for src in scanned:
-        key = source_key(manifest, src, offset, tables.hexdigest(), salt)
-        offset += src.meta.n_rows
-        if known is not None and key in known:
-            src_shards, src_stats = known[key]
-        else:
-            lo, hi = int(bounds[src.ordinal]), int(bounds[src.ordinal + 1])
-            idx = np.arange(lo, hi, dtype=np.int64) if order is None else order[lo:hi]
-            src_shards, src_stats = plan_source(
-                manifest, src, cells, idx, split, cond, park, pool_split
-            )
+    for key, src_shards, src_stats in plan_sources(manifest, scanned, t, park, known, salt):
         keys.append(key)
         per_source.append(src_stats)
         shards.extend(src_shards)
-        for k, v in src_stats.items():
-            totals[k] = totals.get(k, 0) + v
-    stats["pairing"] = {k: v for k, v in totals.items() if not k.startswith("check_")}
-    stats["checks"] = {
-        k.removeprefix("check_"): v for k, v in totals.items() if k.startswith("check_")
-    }
-    stats["cells_per_split"] = {n: int((split == i).sum()) for i, n in enumerate(SPLIT_NAMES)}
-    return Plan(cells, cond, shards, stats, keys, per_source)
+    return Plan(t.cells, t.cond, shards, plan_stats(t, per_source), keys, per_source)
