@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from loaders import format as fmt
 from loaders.plugins import PluginError
-from pipeline import generations, parking
+from pipeline import generations, parking, pipelined
 from pipeline.backends import get_backend
 from pipeline.commit import commit
 from pipeline.dryrun import drop_columns, nothing_to_do, plan_difference
@@ -36,7 +36,6 @@ from pipeline.manifest import Manifest, load_manifest
 from pipeline.memory import release_freed_memory, trim_heap
 from pipeline.model import Kind, PackResult, PlanContext, ShardPlan, get_kind
 from pipeline.paths import shard_inside
-from pipeline.pipelined import pack_pipelined, plan_stream
 from pipeline.planned import conditions_file, pack_config, park_tables, write_conditions
 from pipeline.refusals import check_kept, check_same_dataset
 from pipeline.resume import adopt_finished
@@ -151,6 +150,7 @@ def _build_locked(
     rehash: bool = False,
 ) -> BuildResult:
     park_budget = parking.budget(executor.shares_memory)  # a bad $SHARDSMITH_PARK_MB: before work
+    pipelined.wanted()  # a bad $SHARDSMITH_PIPELINE_PLAN likewise
     prev = previous_index(out)
     check_same_dataset(out, prev, manifest, replace)
     saved = read_record(out) if prev is not None else {}
@@ -207,9 +207,11 @@ def _build_locked(
             park = partial(park_tables, spill, set(reusable), kind.parked)
         known = known_sources(out, prev, saved) if prev is not None else None
         ctx = PlanContext(park, known, code_digest(), prev)
-        # a first build plans each source while the earlier ones are packed (pipeline.pipelined):
+        # a first build may plan each source while the earlier ones are packed (pipeline.pipelined):
         # then `plan` holds no shards yet, and gains them as the pack takes its tasks
-        stream = None if dry_run else plan_stream(kind, manifest, scanned, ctx, executor, jobs)
+        stream = (
+            None if dry_run else pipelined.plan_stream(kind, manifest, scanned, ctx, executor, jobs)
+        )
         plan = stream.plan if stream is not None else kind.plan(manifest, scanned, ctx)
         t_plan = time.perf_counter()
         if stream is None:  # after planning: its many temporaries are cheaper from the heap
@@ -288,7 +290,7 @@ def _build_locked(
         on_result = partial(_shard_events, ev, plan.shards)
         if stream is not None:
             journaled = [cond_file] if cond_file else []
-            run = pack_pipelined(
+            run = pipelined.pack_pipelined(
                 stream, kind, manifest, scanned, cfg, executor, progress, ev, on_result, journaled
             )
             results.extend(run.results)

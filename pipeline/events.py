@@ -13,7 +13,7 @@ Events (fields beyond ``event``/``t``):
 * ``up_to_date``: shards (a no-change rebuild: nothing read, planned or written)
 * ``scanned``: sources, seconds
 * ``planned``: shards, write, reuse, delete (counts), seconds; ``pipelined: true`` when the sources
-  were planned while the first ones were packed (pipeline.pipelined): it then comes after them
+  were planned while the first ones were packed ($SHARDSMITH_PIPELINE_PLAN=1): it then comes last
 * ``tasks``: phase, count, max_descriptor_bytes (what each task is sent: paths and row ranges)
 * ``shard``: file, records, bytes, seconds_since_start (one per shard written)
 * ``committed``: shards, written, reused, removed

@@ -15,15 +15,27 @@ are parked in spill files, as in the serial build. Shards, the index and results
 serial build, byte for byte: the same per-source plans, in the same order
 (``tests/test_pipelined.py``).
 
-When: a first build of OUT (no index to reuse shards from: reuse decisions need every key), with
-more than one job on the threading backend (loky's workers are processes the permits cannot gate;
-a cluster backend takes its tasks as one list), at least two sources a job (each source is then
-one task: no barrier between a read and a pack phase), and a kind that plans per source
-(:meth:`pipeline.model.Kind.plan_stream`). Otherwise the build plans first, as before.
+When: ``$SHARDSMITH_PIPELINE_PLAN=1``, and a first build of OUT (no index to reuse shards from:
+reuse decisions need every key), with more than one job on the threading backend (loky's workers
+are processes the permits cannot gate; a cluster backend takes its tasks as one list), at least two
+sources a job (each source is then one task: no barrier between a read and a pack phase), and a
+kind that plans per source (:meth:`pipeline.model.Kind.plan_stream`). Otherwise the build plans
+first.
+
+Measured, and why it is off by default: on 2 cores at 2M cells (8 sources, ``--jobs 2``),
+``SHARDSMITH_PIPELINE_PLAN=1 python -m benchmarks.build_ab --before 42aacb3 --sizes 2000000
+--rounds 7`` gave 1.05x wall and 1.03x CPU (1.02x and 1.12x wall in two earlier runs of the same
+code), and a peak RSS of 318 MiB instead of 245: the plan's working set (the dataset-wide tables
+and one source's temporaries, ~80 MiB) now sits beside a pack task's. That breaks the scale rule
+(peak RSS within 20% from 200k to 2M cells). Under the pack's 1 MiB mmap threshold
+(``pipeline.memory``) the plan's peak is lower (282 MiB) but each source's plan takes ~1.5x the
+CPU (fresh pages for every big temporary): 0.94x wall, 0.88x CPU. So on few cores the plan-first
+build stays the default; the pipeline is for nodes where the serial plan idles many cores.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -35,6 +47,7 @@ from typing import Any
 from loaders import format as fmt
 from pipeline import generations
 from pipeline.backends import Backend, OnResult
+from pipeline.errors import ShardsmithError
 from pipeline.events import EventLog
 from pipeline.manifest import Manifest
 from pipeline.memory import release_freed_memory
@@ -50,6 +63,20 @@ from pipeline.model import (
 from pipeline.resume import adopt_finished
 from pipeline.shardfile import shard_suffix
 
+ENV = "SHARDSMITH_PIPELINE_PLAN"
+
+
+def wanted() -> bool:
+    """$SHARDSMITH_PIPELINE_PLAN: "1" pipelines a first build's plan (module doc, "When"); unset or
+    "0" plans first (the default: module doc, "Measured"). Read when the build starts, so a bad
+    value fails before any work."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw in ("", "0", "1"):
+        return raw == "1"
+    raise ShardsmithError(
+        f"${ENV}={raw!r}: expected 1 (plan each source while the earlier ones are packed) or 0"
+    )
+
 
 def plan_stream(
     kind: Kind,
@@ -62,7 +89,8 @@ def plan_stream(
     """The kind's per-source plan when this build can pipeline it (module doc, "When"), else
     None (plan whole)."""
     if (
-        ctx.previous is not None
+        not wanted()
+        or ctx.previous is not None
         or ctx.known
         or jobs < 2
         or not executor.shares_memory

@@ -1,6 +1,7 @@
-"""A first build with two sources a job or more plans each source while the earlier ones are packed
-(pipeline.pipelined): same bytes as the plan-first build, the plan really overlaps the pack, never
-more than `jobs` threads of work, and a failure on either side ends the build cleanly."""
+"""With $SHARDSMITH_PIPELINE_PLAN=1, a first build with two sources a job or more plans each source
+while the earlier ones are packed (pipeline.pipelined): same bytes as the plan-first build, the plan
+really overlaps the pack, never more than `jobs` threads of work, and a failure on either side ends
+the build cleanly. Unset (the default), builds plan first."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ from typing import Any
 
 import pytest
 
-import pipeline.build
 from loaders import format as fmt
 from pipeline.build import build
+from pipeline.errors import ShardsmithError
 from pipeline.events import EventLog
 from pipeline.modalities.perturbation import pack, plan
+from pipeline.pipelined import ENV
 
 SOURCES = 5
+
+
+@pytest.fixture(autouse=True)
+def pipeline_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "1")
 
 
 @pytest.fixture
@@ -47,7 +54,7 @@ def test_pipelined_build_equals_the_plan_first_build(
     ev = EventLog()
     build(manifest, tmp_path / "a", jobs=2, progress=False, encoding=fmt_name, events=ev)
     assert _planned(ev).get("pipelined") is True
-    monkeypatch.setattr(pipeline.build, "plan_stream", lambda *a, **k: None)
+    monkeypatch.setenv(ENV, "0")
     ev = EventLog()
     build(manifest, tmp_path / "b", jobs=2, progress=False, encoding=fmt_name, events=ev)
     assert "pipelined" not in _planned(ev)
@@ -136,7 +143,7 @@ def test_plan_first_build_does_not_overlap(
     """The instrument above can see the difference: with the pipeline off, no overlap."""
     watch = Watch()
     _watched(monkeypatch, watch)
-    monkeypatch.setattr(pipeline.build, "plan_stream", lambda *a, **k: None)
+    monkeypatch.setenv(ENV, "0")
     monkeypatch.setattr(
         watch.pack_started, "wait", lambda timeout=None: watch.pack_started.is_set()
     )
@@ -162,7 +169,7 @@ def test_a_plan_error_fails_the_build_and_a_rerun_finishes_it(
     assert not [t for t in threading.enumerate() if t.name == "plan"]
     monkeypatch.setattr(plan, "plan_source", plan_source)
     build(manifest, out, jobs=2, progress=False)
-    monkeypatch.setattr(pipeline.build, "plan_stream", lambda *a, **k: None)
+    monkeypatch.setenv(ENV, "0")
     build(manifest, tmp_path / "ref", jobs=2, progress=False)
     assert fmt.read_index(out).raw == fmt.read_index(tmp_path / "ref").raw
 
@@ -188,3 +195,16 @@ def test_a_pack_error_stops_the_planner(
     assert not [t for t in threading.enumerate() if t.name == "plan"]
     assert len(planned) < SOURCES
     assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_builds_plan_first_unless_asked(
+    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV)
+    ev = EventLog()
+    build(manifest, tmp_path / "out", jobs=2, progress=False, events=ev)
+    assert "pipelined" not in _planned(ev)
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ShardsmithError, match=f"{ENV}='yes'"):
+        build(manifest, tmp_path / "bad", jobs=2, progress=False)
+    assert not (tmp_path / "bad").exists()
