@@ -159,6 +159,11 @@ def missing_extra(backend: str, e: ImportError) -> BackendError:
 class _Joblib(Backend):
     """joblib's own backends: threads (one copy of the plan) or loky processes."""
 
+    @staticmethod
+    def _wrap(task: Any) -> Any:
+        """What a worker runs for ``task`` (loky: the task, watched)."""
+        return task
+
     def _run(
         self,
         tasks: Iterable[Any],
@@ -181,7 +186,7 @@ class _Joblib(Backend):
                 )
 
                 with parallel_config(backend=self.name, n_jobs=self.jobs):
-                    gen = Parallel(return_as="generator")(delayed(t)() for t in tasks)
+                    gen = Parallel(return_as="generator")(delayed(self._wrap(t))() for t in tasks)
             for r in gen:  # in task order (joblib's generator yields in submission order)
                 on_result(r)
                 out.append(r)
@@ -199,19 +204,13 @@ class ThreadingBackend(_Joblib):
 class LokyBackend(_Joblib):
     name = "loky"
 
-    def _run(
-        self,
-        tasks: Iterable[Any],
-        desc: str,
-        progress: bool,
-        on_result: OnResult,
-        total: int | None,
-    ) -> list[Any]:
+    @staticmethod
+    def _wrap(task: Any) -> Any:
         from pipeline.orphans import (
             watched,
         )  # workers end when the build dies (kill -9), not minutes later
 
-        return super()._run((watched(t) for t in tasks), desc, progress, on_result, total)
+        return watched(task)
 
 
 @register_backend

@@ -150,7 +150,7 @@ def _build_locked(
     rehash: bool = False,
 ) -> BuildResult:
     park_budget = parking.budget(executor.shares_memory)  # a bad $SHARDSMITH_PARK_MB: before work
-    pipelined.wanted()  # a bad $SHARDSMITH_PIPELINE_PLAN likewise
+    pipeline_plan = pipelined.wanted()  # a bad $SHARDSMITH_PIPELINE_PLAN likewise
     prev = previous_index(out)
     check_same_dataset(out, prev, manifest, replace)
     saved = read_record(out) if prev is not None else {}
@@ -210,7 +210,9 @@ def _build_locked(
         # a first build may plan each source while the earlier ones are packed (pipeline.pipelined):
         # then `plan` holds no shards yet, and gains them as the pack takes its tasks
         stream = (
-            None if dry_run else pipelined.plan_stream(kind, manifest, scanned, ctx, executor, jobs)
+            pipelined.plan_stream(kind, manifest, scanned, ctx, executor, jobs)
+            if pipeline_plan and not dry_run
+            else None
         )
         plan = stream.plan if stream is not None else kind.plan(manifest, scanned, ctx)
         t_plan = time.perf_counter()
@@ -291,7 +293,17 @@ def _build_locked(
         if stream is not None:
             journaled = [cond_file] if cond_file else []
             run = pipelined.pack_pipelined(
-                stream, kind, manifest, scanned, cfg, executor, progress, ev, on_result, journaled
+                stream,
+                kind,
+                manifest,
+                scanned,
+                cfg,
+                executor,
+                progress,
+                ev,
+                on_result,
+                journaled,
+                since=t_scan,
             )
             results.extend(run.results)
             t_plan = run.planned_at

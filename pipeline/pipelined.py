@@ -26,11 +26,12 @@ Measured, and why it is off by default: on 2 cores at 2M cells (8 sources, ``--j
 ``SHARDSMITH_PIPELINE_PLAN=1 python -m benchmarks.build_ab --before 42aacb3 --sizes 2000000
 --rounds 7`` gave 1.05x wall and 1.03x CPU (1.02x and 1.12x wall in two earlier runs of the same
 code), and a peak RSS of 318 MiB instead of 245: the plan's working set (the dataset-wide tables
-and one source's temporaries, ~80 MiB) now sits beside a pack task's. That breaks the scale rule
-(peak RSS within 20% from 200k to 2M cells). Under the pack's 1 MiB mmap threshold
-(``pipeline.memory``) the plan's peak is lower (282 MiB) but each source's plan takes ~1.5x the
-CPU (fresh pages for every big temporary): 0.94x wall, 0.88x CPU. So on few cores the plan-first
-build stays the default; the pipeline is for nodes where the serial plan idles many cores.
+and one source's temporaries, ~80 MiB in a throwaway tracemalloc run) now sits beside a pack
+task's. That breaks the scale rule (peak RSS within 20% from 200k to 2M cells). Under the pack's
+1 MiB mmap threshold (``pipeline.memory``) the plan's peak is lower (282 MiB) but each source's
+plan takes ~1.5x the CPU (fresh pages for every big temporary): 0.94x wall, 0.88x CPU. So on few
+cores the plan-first build stays the default; the pipeline is for nodes where the serial plan idles
+many cores.
 """
 
 from __future__ import annotations
@@ -86,11 +87,10 @@ def plan_stream(
     executor: Backend,
     jobs: int,
 ) -> PlanStream | None:
-    """The kind's per-source plan when this build can pipeline it (module doc, "When"), else
-    None (plan whole)."""
+    """The kind's per-source plan when this build can pipeline it (module doc, "When"; the build
+    asks only when `wanted`), else None (plan whole)."""
     if (
-        not wanted()
-        or ctx.previous is not None
+        ctx.previous is not None
         or ctx.known
         or jobs < 2
         or not executor.shares_memory
@@ -119,11 +119,13 @@ def pack_pipelined(
     ev: EventLog,
     on_result: OnResult,
     journaled: list[str],
+    since: float,
 ) -> Pipelined:
     """Pack every source's shards while the later sources are planned (module doc). The build
     has started the executor and journaled (``generations.write_journal``) the files in
-    ``journaled``; each source's shard files join the journal before its tasks are made."""
-    t0, plan, files = time.perf_counter(), stream.plan, list(journaled)
+    ``journaled``; each source's shard files join the journal before its tasks are made. ``since``:
+    when planning began (the "planned" event's seconds, as in the plan-first build)."""
+    plan, files = stream.plan, list(journaled)
     done = Pipelined()
     # the plan is one of the build's jobs: while it runs, one task fewer packs, so the build never
     # has more than `jobs` threads of work, nor more than one plan and jobs - 1 tasks in memory
@@ -154,7 +156,7 @@ def pack_pipelined(
                 shards=len(plan.shards),
                 write=len(plan.shards),
                 reuse=0,
-                seconds=round(done.planned_at - t0, 3),
+                seconds=round(done.planned_at - since, 3),
                 pipelined=True,
             )
         except BaseException as e:  # raised in the build's thread, by the task iterator
