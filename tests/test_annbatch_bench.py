@@ -313,7 +313,7 @@ def test_build_vs_annbatch_alternates_and_divides_theirs_by_ours(
     from benchmarks.annbatch_bench import Interpreter
 
     calls: list[str] = []
-    ours = iter([1.0, 2.0, 4.0])
+    ours = iter([(1.0, 0.4), (2.0, 0.5), (4.0, 0.3)])
     theirs = iter([3.0, 2.0, 10.0])
     monkeypatch.setattr(bva, "find_python", lambda: Interpreter("py", (3, 12, 0)))
     monkeypatch.setattr(bva, "ensure_venv", lambda *a: "vpy")
@@ -326,3 +326,21 @@ def test_build_vs_annbatch_alternates_and_divides_theirs_by_ours(
     rec = bva.measure(tmp_path / "m.toml", tmp_path / "x.h5ad", tmp_path, 3)
     assert calls == ["ours", "annbatch"] * 3
     assert rec["ratios"] == [3.0, 1.0, 2.5] and rec["ratio"] == 2.5
+    assert rec["ours_s"] == [1.0, 2.0, 4.0] and rec["ours_imports_s"] == [0.4, 0.5, 0.3]
+
+
+def test_our_build_child_imports_before_it_runs_the_cli() -> None:
+    """The child of 26.3a imports `PRELOAD` first and says how long it took, then runs the
+    CLI with the rest of its arguments (here `--help`: exit 0, the CLI's usage)."""
+    import benchmarks.build_vs_annbatch as bva
+
+    repo = Path(bva.__file__).resolve().parents[1]
+    preload = "json,zarr,pipeline.build"
+    code = bva.CHILD.replace("from pipeline.cli", "assert 'zarr' in sys.modules\nfrom pipeline.cli")
+    assert code != bva.CHILD
+    p = subprocess.run(
+        [sys.executable, "-c", code, preload, "--help"], cwd=repo, capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr
+    assert "build" in p.stdout
+    assert json.loads(p.stderr.splitlines()[0])["imports_s"] > 0
