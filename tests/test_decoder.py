@@ -147,3 +147,20 @@ def test_workers_forked_after_the_main_process_decoded_do_their_own(
     assert (
         ds._decoder_state is not None and ds._decoder_state[1].proc.poll() is None
     )  # still serving the parent
+
+
+def test_a_one_window_split_decodes_here_and_never_starts_a_decoder_process(
+    fx: Any, batches: Helper, assert_same: Helper
+) -> None:
+    """With the whole split in one window it is decoded once and served live to later epochs, so
+    a decoder process (~0.45 CPU-s to start) would sit idle: none starts. With several windows
+    an epoch one does (it decodes the next windows while one is served). Same batches."""
+    kw: dict[str, Any] = {"batch_size": 33, "seed": 3}
+    one = ShardDataset(fx.root, decode_process=True, window=64, **kw)
+    several = ShardDataset(fx.root, decode_process=True, window=1, **kw)
+    got = batches(one)
+    assert one._decoder_state is None
+    assert_same(got, batches(ShardDataset(fx.root, decode_process=False, window=64, **kw)))
+    assert len(got) > 0 and len(several.entries) > 1
+    batches(several)
+    assert several._decoder_state is not None

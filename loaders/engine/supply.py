@@ -102,7 +102,11 @@ class WindowSupply:
     def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR
         matrix: by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
-        decoder, arena = self._decoder(), None
+        # a split of one window is decoded once, then served live to every later epoch: a
+        # decoder process would start (~0.45 CPU-s) only to sit idle, competing with this decode
+        # (and a cold cache's downloads); one already up (DataLoader workers' broker) is used
+        several = -(-len(self.reader.entries) // max(1, self.window)) > 1
+        decoder, arena = (self._decoder() if several else self._running_decoder()), None
         if self._broker_address is not None and get_worker_info() is not None:
             arena = self._from_broker(epoch, w)
         try:
@@ -179,6 +183,12 @@ class WindowSupply:
         if self._skip_flags is not None:
             ids.update(i for i, f in enumerate(self._skip_flags) if f)
         return [self.entries[i].file for i in sorted(ids)]
+
+    def _running_decoder(self) -> Decoder | None:
+        """This process's decoder process if one was started here, without starting one."""
+        with self._ahead_lock:
+            state = self._decoder_state
+        return state[1] if state is not None and state[0] == os.getpid() else None
 
     def _decoder(self) -> Decoder | None:
         """This process's decoder process (started on first use), if decoding runs in one here."""
