@@ -37,6 +37,25 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)  # and hand back what the plan's temporaries left in the heap
 
 
+def bound_heaps(nbytes: int = 8 << 20) -> None:
+    """While the plan runs beside pack tasks (`pipeline.pipelined`): blocks of ``nbytes`` and more
+    are mapped (returned at free), and a thread's heap keeps at most ``nbytes`` free at its top.
+
+    Under glibc's dynamic threshold (each freed mapped block raises it, up to 32 MiB, and the trim
+    threshold to twice that) the pack's chunk buffers come from its thread's heap, where they
+    fragment it, and a thread heap's free top goes back to the OS only past the trim threshold
+    (malloc_trim cuts the main heap's top, no thread's): at 2M cells the pack thread's and the
+    planner's heaps held ~50 and ~60 MiB beside the mapped blocks. 8 MiB keeps the plan's per-cell
+    temporaries and a shard's slot tables (up to ~8 MB) in its heap: 4 MiB cost the plan ~20%
+    more CPU (fresh pages for every shard's tables), 1 MiB ~50%. The 1 MiB threshold
+    (`release_freed_memory`) follows once the plan is done.
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, nbytes)  # M_TRIM_THRESHOLD
+
+
 def trim_heap() -> None:
     """Return the free pages inside glibc's heaps (every thread's arena) to the OS, after a pack
     task.

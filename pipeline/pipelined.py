@@ -22,16 +22,12 @@ sources a job (each source is then one task: no barrier between a read and a pac
 kind that plans per source (:meth:`pipeline.model.Kind.plan_stream`). Otherwise the build plans
 first.
 
-Measured, and why it is off by default: on 2 cores at 2M cells (8 sources, ``--jobs 2``),
-``SHARDSMITH_PIPELINE_PLAN=1 python -m benchmarks.build_ab --before 42aacb3 --sizes 2000000
---rounds 7`` gave 1.05x wall and 1.03x CPU (1.02x and 1.12x wall in two earlier runs of the same
-code), and a peak RSS of 318 MiB instead of 245: the plan's working set (the dataset-wide tables
-and one source's temporaries, ~80 MiB in a throwaway tracemalloc run) now sits beside a pack
-task's. That breaks the scale rule (peak RSS within 20% from 200k to 2M cells). Under the pack's
-1 MiB mmap threshold (``pipeline.memory``) the plan's peak is lower (282 MiB) but each source's
-plan takes ~1.5x the CPU (fresh pages for every big temporary): 0.94x wall, 0.88x CPU. So on few
-cores the plan-first build stays the default; the pipeline is for nodes where the serial plan idles
-many cores.
+Measured, and why it is off by default: on 2 cores at 2M cells (8 sources, ``--jobs 2``) it first
+gave 1.05x wall but a peak RSS of 318 MiB instead of 245 (the scale rule allows ~258). With the
+condition vectors dropped once written, a leaner per-source plan and glibc's heaps bounded while the
+plan runs beside the pack (``bound_heaps``) its peak is 240 MiB, and it is then 1.00-1.02x the wall
+of the plan-first build: nothing to gain on few cores, so the plan-first build stays the default
+(docs/PIPELINE.md, "Planning pipelined with packing, opt-in").
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ from pipeline.backends import Backend, OnResult
 from pipeline.errors import ShardsmithError
 from pipeline.events import EventLog
 from pipeline.manifest import Manifest
-from pipeline.memory import release_freed_memory
+from pipeline.memory import bound_heaps, release_freed_memory
 from pipeline.model import (
     Kind,
     PackConfig,
@@ -170,6 +166,7 @@ def pack_pipelined(
                 raise item
             yield item
 
+    bound_heaps()  # the plan beside pack tasks, under one glibc (pipeline.memory)
     planner = threading.Thread(target=plan_sources, name="plan", daemon=True)
     planner.start()
     try:

@@ -208,3 +208,24 @@ def test_builds_plan_first_unless_asked(
     with pytest.raises(ShardsmithError, match=f"{ENV}='yes'"):
         build(manifest, tmp_path / "bad", jobs=2, progress=False)
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_planner_drops_the_written_condition_vectors(
+    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipelined build writes the condition vectors before it plans the sources; the planner
+    then drops them (27 MB at 2M cells, held beside every source's plan otherwise). The bytes are
+    those of the plan-first build (test above)."""
+    from pipeline.modalities.perturbation.conditions import ConditionTable
+
+    held: list[bool] = []
+    drop = ConditionTable.drop_vectors
+
+    def spy(self: ConditionTable) -> None:
+        held.append("vectors" in self.__dict__)
+        drop(self)
+        assert "vectors" not in self.__dict__
+
+    monkeypatch.setattr(ConditionTable, "drop_vectors", spy)
+    build(manifest, tmp_path / "out", jobs=2, progress=False)
+    assert held == [True]

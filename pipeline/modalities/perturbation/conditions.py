@@ -54,6 +54,11 @@ class ConditionTable:
         np.ndarray | None
     ]  # per field: its vector part of each label [V, size], None for one-hot
 
+    def drop_vectors(self) -> None:
+        """Forget the vectors once written (a pipelined build writes them before it plans the
+        sources): the next `vectors` makes them again."""
+        self.__dict__.pop("vectors", None)
+
     @cached_property
     def vectors(self) -> np.ndarray:
         """float32 [C, D]: each field's part of every condition's vector, filled in place (no

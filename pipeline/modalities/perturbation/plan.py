@@ -74,10 +74,10 @@ GATHER_ROWS = 2048  # slot-table rows gathered per step (~1 MB of int32 slots)
 
 
 def _gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """``values[index]`` for a slot table, a block of rows at a time: numpy widens an int32 index
-    to intp first, and a whole table's widened copy (8 bytes a slot, far beyond the caches) cost
-    more than the gather itself."""
-    out = np.empty(index.shape, values.dtype)
+    """``values[index]`` for a slot table, a block of rows at a time (numpy widens an int32 index
+    to intp first: a whole table's widened copy, 8 bytes a slot, cost more than the gather), over
+    ``index`` (picks, used once) when the types agree: no second table in the plan's peak."""
+    out = index if index.dtype == values.dtype else np.empty(index.shape, values.dtype)
     for a in range(0, index.shape[0], GATHER_ROWS):
         np.take(values, index[a : a + GATHER_ROWS], out=out[a : a + GATHER_ROWS])
     return out
@@ -103,6 +103,8 @@ def plan_source(
     is keyed and handed to `park` as soon as it is planned (see make_plan). `pool_split`: see
     splits.control_split. Stats: pairing levels, plus "check_*" counts that feed the build's
     warnings (pipeline.modalities.perturbation.plan.checks)."""
+    # one source's barcodes (scan.compact_meta), read first: its temporaries meet no pairing's
+    names = source_obs_names(src)
     seed, s = manifest.seed, src.ordinal
     fields = manifest.config.fields.obs_fields
     obsm_width = sum(int(np.prod(src.meta.obsm[k][0][1:])) for k in manifest.config.fields.obsm)
@@ -156,9 +158,6 @@ def plan_source(
     duplicates = 0
     wanted = np.zeros(idx.size, bool)  # scratch, reset after each shard: O(shard) work per shard
     lut = np.full(idx.size, -1, np.int32)  # source cell -> local row, reset likewise
-    names = source_obs_names(
-        src
-    )  # one source's barcodes at a time (pipeline.modalities.perturbation.scan.compact_meta)
     for local, (k, part) in enumerate(parts):
         primary = by_home[cell_bounds[local] : cell_bounds[local + 1]]
         pr = pairs[pair_bounds[local] : pair_bounds[local + 1]]
@@ -191,9 +190,7 @@ def plan_source(
         is_primary = np.concatenate([np.ones(primary.size, bool), np.zeros(dups.size, bool)])[order]
         lut[members] = np.arange(members.size, dtype=np.int32)
         g = idx[members]
-        rows = cells.row[
-            g
-        ]  # int32 (the cell table's type): every shard's rows wait in memory until packed
+        rows = cells.row[g]  # int32 (the cell table's): every shard's rows wait until packed
         columns = {
             fmt.SAMPLE_ID: cells.sample_ids(g),
             fmt.PRIMARY: is_primary,
@@ -205,6 +202,7 @@ def plan_source(
             fmt.SENTENCES_PERT: _gather(lut[sent.cells], sent.pert),
             fmt.SENTENCES_CTRL: _gather(lut[pools.every32], sent.ctrl),
         }
+        del sent  # its tables are the columns now: parked below, not held while the next is drawn
         lut[members] = -1
         shard = ShardPlan(SPLIT_NAMES[k], s, part, rows, columns)
         shard.key = plan_key(shard, src, manifest)
@@ -345,6 +343,9 @@ def plan_sources(
 ) -> Iterator[tuple[str, list[ShardPlan], dict[str, int]]]:
     """(source key, shards, stats) of each source in turn, each planned only when asked for: a
     pipelined build packs a source's shards while the next source is planned."""
+    # a pipelined build wrote the condition vectors (27 MB at 2M cells) before it asks for a
+    # source: the table keeps no copy beside the per-source temporaries (ConditionTable)
+    t.cond.drop_vectors()
     offset = 0
     for src in scanned:
         key = source_key(manifest, src, offset, t.digest, salt)
