@@ -179,9 +179,7 @@ def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> No
             and index.section()["bit_order"] == "frame_major"
         )
     plain = fmt.read_index(builds["plain"])
-    assert (
-        plain.field("spikes").codec is None and plain.raw["version"] == fmt.INDEX_VERSION == 4
-    )
+    assert plain.field("spikes").codec is None and plain.raw["version"] == fmt.INDEX_VERSION == 4
     assert plain.section()["codec"] == "dataset"
 
 
