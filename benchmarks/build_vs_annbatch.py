@@ -7,13 +7,14 @@ apart, so each round's ratio (annbatch seconds / our seconds, both timed inside 
 interpreter start-up and imports excluded on both sides) is taken from two runs seconds apart,
 and the figure is the median of the per-round ratios. Our child imports the libraries and
 modules the build uses (`PRELOAD`) before it calls the CLI's build, as annbatch's worker imports
-annbatch before its clock starts; their time is reported beside (``ours_imports_s``). Ours is the CLI build (``--jobs 2``,
-threads, blosc-lz4, the bench's manifest) and its time the build's own ``seconds`` from
-``--log-json``; annbatch's is ``benchmarks/annbatch_worker.py``'s ``convert`` task, in the
-annbatch venv of ``benchmarks/annbatch_bench.py`` (skipped, with the reason, where there is no
-Python >= 3.12 or annbatch cannot be installed).
+annbatch before its clock starts; their time is reported beside (``ours_imports_s``). Ours is
+the CLI build (``--jobs 2``, threads, blosc-lz4, the bench's manifest) and its time the build's
+own ``seconds`` from ``--log-json``; annbatch's is ``benchmarks/annbatch_worker.py``'s
+``convert`` task, in the annbatch venv of ``benchmarks/annbatch_bench.py`` (skipped, with the
+reason, where there is no Python >= 3.12 or annbatch cannot be installed).
 
     python -m benchmarks.build_vs_annbatch MANIFEST H5AD --rounds 7
+    python -m benchmarks.build_vs_annbatch MANIFEST H5AD --rounds 8 --imports-cost
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ PRELOAD = (
 CHILD = """
 import importlib, json, sys, time
 t = time.perf_counter()
-for m in sys.argv[1].split(","):
+for m in filter(None, sys.argv[1].split(",")):
     importlib.import_module(m)
 print(json.dumps({"imports_s": time.perf_counter() - t}), file=sys.stderr, flush=True)
 from pipeline.cli import main
@@ -74,14 +75,16 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def ours_once(manifest: Path, out: Path, jobs: int) -> tuple[float, float]:
+def ours_once(
+    manifest: Path, out: Path, jobs: int, preload: tuple[str, ...] = PRELOAD
+) -> tuple[float, float]:
     """(seconds of one CLI build into an empty `out`, as the build reports them; seconds of the
-    imports done before it) -- the build runs in a child that imported `PRELOAD` first, as
+    imports done before it) -- the build runs in a child that imported `preload` first, as
     annbatch's worker imports annbatch before its clock starts."""
     shutil.rmtree(out, ignore_errors=True)
     log = out.with_suffix(".events.jsonl")
     log.unlink(missing_ok=True)  # --log-json appends
-    cmd = [sys.executable, "-c", CHILD, ",".join(PRELOAD), "build", str(manifest), "--out"]
+    cmd = [sys.executable, "-c", CHILD, ",".join(preload), "build", str(manifest), "--out"]
     cmd += [str(out), "--jobs", str(jobs), "--no-progress", "--log-json", str(log)]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if p.returncode != 0:
@@ -144,6 +147,24 @@ def measure(
     }
 
 
+def imports_cost(manifest: Path, rounds: int, jobs: int = 2) -> dict[str, Any]:
+    """What `PRELOAD` takes off our build's own `seconds`: the build with nothing imported first
+    (as users run the CLI) and with `PRELOAD` first, alternating; per-round differences."""
+    lazy, first = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for pre in (True, False) if r % 2 == 0 else (False, True):
+                seconds, _ = ours_once(manifest, Path(tmp) / "ours", jobs, PRELOAD if pre else ())
+                (first if pre else lazy).append(seconds)
+    diffs = [a - b for a, b in zip(lazy, first, strict=True)]
+    return {
+        "lazy_s": lazy,
+        "preloaded_s": first,
+        "diffs": diffs,
+        "median": statistics.median(diffs),
+    }
+
+
 def build_annbatch_section(
     cfg: Any, main_h5ad: Path, work: Path, data_dir: Path, skip: set[str], torch: str
 ) -> dict[str, Any]:
@@ -170,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data")
+    ap.add_argument(
+        "--imports-cost", action="store_true", help="only time our build with and without PRELOAD"
+    )
     a = ap.parse_args(argv)
+    if a.imports_cost:
+        print(json.dumps(imports_cost(a.manifest, a.rounds, a.jobs)), flush=True)
+        return 0
     print(json.dumps(measure(a.manifest, a.h5ad, a.data_dir, a.rounds, a.jobs)), flush=True)
     return 0
 

@@ -194,9 +194,12 @@ def build_targets(res: dict[str, Any], scale_json: Path = SCALE_JSON) -> list[di
             2.5,
             True,
             detail=f"ours {', '.join(f'{x:.2f}' for x in b['ours_s'])} s, annbatch "
-            f"{', '.join(f'{x:.2f}' for x in b['annbatch_s'])} s; --jobs {b['jobs']}; "
-            f"imports before both clocks (ours: "
-            f"{statistics.median(b.get('ours_imports_s') or [0.0]):.2f} s)"
+            f"{', '.join(f'{x:.2f}' for x in b['annbatch_s'])} s; --jobs {b['jobs']}"
+            + (
+                f"; imports before both clocks (ours: {statistics.median(b['ours_imports_s']):.2f} s)"
+                if b.get("ours_imports_s")
+                else ""
+            )
             if ok
             else f"build vs annbatch: {b.get('skipped') or 'not run'}",
         ),

@@ -56,6 +56,11 @@ def shard_permutation(n_shards: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0]).permutation(n_shards).astype(np.int64)
 
 
+def window_count(n_shards: int, window: int) -> int:
+    """Windows an epoch of ``n_shards`` shards is decoded in (the last may be short)."""
+    return -(-n_shards // window)
+
+
 def window_bounds(
     counts: np.ndarray | list[int], seed: int, epoch: int, window: int, shuffle: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +73,7 @@ def window_bounds(
     _check(seed, epoch, window)
     c = _counts(counts)
     order = shard_permutation(c.size, seed, epoch) if shuffle else np.arange(c.size, dtype=np.int64)
-    n_windows = -(-c.size // window)
+    n_windows = window_count(c.size, window)
     per_window = (
         np.add.reduceat(c[order], np.arange(0, c.size, window)) if c.size else np.zeros(0, np.int64)
     )

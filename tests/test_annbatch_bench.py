@@ -344,3 +344,27 @@ def test_our_build_child_imports_before_it_runs_the_cli() -> None:
     assert p.returncode == 0, p.stderr
     assert "build" in p.stdout
     assert json.loads(p.stderr.splitlines()[0])["imports_s"] > 0
+    nothing = subprocess.run(  # --imports-cost's other side: nothing imported first
+        [sys.executable, "-c", bva.CHILD, "", "--help"], cwd=repo, capture_output=True, text=True
+    )
+    assert nothing.returncode == 0, nothing.stderr
+
+
+def test_imports_cost_alternates_lazy_and_preloaded_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--imports-cost`: our build with nothing imported first and with PRELOAD first, taking
+    turns (A B, B A), and the per-round differences lazy - preloaded."""
+    import benchmarks.build_vs_annbatch as bva
+
+    calls: list[bool] = []
+
+    def once(manifest: Path, out: Path, jobs: int, preload: tuple[str, ...]) -> tuple[float, float]:
+        calls.append(bool(preload))
+        return (1.0, 0.4) if preload else (1.5 + len(calls), 0.0)
+
+    monkeypatch.setattr(bva, "ours_once", once)
+    rec = bva.imports_cost(tmp_path / "m.toml", 2)
+    assert calls == [True, False, False, True]
+    assert rec["lazy_s"] == [3.5, 4.5] and rec["preloaded_s"] == [1.0, 1.0]
+    assert rec["diffs"] == [2.5, 3.5] and rec["median"] == 3.0

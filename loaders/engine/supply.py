@@ -105,8 +105,8 @@ class WindowSupply:
         # a split of one window is decoded once, then served live to every later epoch: a
         # decoder process would start (~0.45 CPU-s) only to sit idle, competing with this decode
         # (and a cold cache's downloads); one already up (DataLoader workers' broker) is used
-        several = -(-len(self.reader.entries) // max(1, self.window)) > 1
-        decoder, arena = (self._decoder() if several else self._running_decoder()), None
+        several = order.window_count(len(self.reader.entries), self.window) > 1
+        decoder, arena = self._decoder(start=several), None
         if self._broker_address is not None and get_worker_info() is not None:
             arena = self._from_broker(epoch, w)
         try:
@@ -184,18 +184,15 @@ class WindowSupply:
             ids.update(i for i, f in enumerate(self._skip_flags) if f)
         return [self.entries[i].file for i in sorted(ids)]
 
-    def _running_decoder(self) -> Decoder | None:
-        """This process's decoder process if one was started here, without starting one."""
-        with self._ahead_lock:
-            state = self._decoder_state
-        return state[1] if state is not None and state[0] == os.getpid() else None
-
-    def _decoder(self) -> Decoder | None:
-        """This process's decoder process (started on first use), if decoding runs in one here."""
+    def _decoder(self, start: bool = True) -> Decoder | None:
+        """This process's decoder process (started on first use, unless not `start`), if decoding
+        runs in one here."""
         if not self.decode_process or get_worker_info() is not None:
             return None
         with self._ahead_lock:
             if self._decoder_state is None or self._decoder_state[0] != os.getpid():
+                if not start:
+                    return None
                 dec = Decoder(self.reader.spec, self.decoder_threads, timeout=self.decode_timeout)
                 weakref.finalize(self, dec.close)
                 self._decoder_state = (os.getpid(), dec)

@@ -73,11 +73,10 @@ def _bytes_per_cell(src: ScannedSource, rows: np.ndarray, n_codes: int, obsm_wid
 GATHER_ROWS = 2048  # slot-table rows gathered per step (~1 MB of int32 slots)
 
 
-def _gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """``values[index]`` for a slot table, a block of rows at a time (numpy widens an int32 index
-    to intp first: a whole table's widened copy, 8 bytes a slot, cost more than the gather), over
-    ``index`` (picks, used once) when the types agree: no second table in the plan's peak."""
-    out = index if index.dtype == values.dtype else np.empty(index.shape, values.dtype)
+def _gather(values: np.ndarray, index: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``values[index]`` into ``out`` for a slot table, a block of rows at a time (numpy widens an
+    int32 index to intp first: a whole table's widened copy, 8 bytes a slot, cost more than the
+    gather). The plan passes the picks as both: used once, so no second table in its peak."""
     for a in range(0, index.shape[0], GATHER_ROWS):
         np.take(values, index[a : a + GATHER_ROWS], out=out[a : a + GATHER_ROWS])
     return out
@@ -199,8 +198,8 @@ def plan_source(
             **{fmt.OBS_PREFIX + f: cells.codes32(f, g) for f in fields},
             fmt.PAIRS: lut[pr].reshape(-1, 2),
             # one gather per slot table: shard rows of the sentence cells, then of the picks
-            fmt.SENTENCES_PERT: _gather(lut[sent.cells], sent.pert),
-            fmt.SENTENCES_CTRL: _gather(lut[pools.every32], sent.ctrl),
+            fmt.SENTENCES_PERT: _gather(lut[sent.cells], sent.pert, out=sent.pert),
+            fmt.SENTENCES_CTRL: _gather(lut[pools.every32], sent.ctrl, out=sent.ctrl),
         }
         del sent  # its tables are the columns now: parked below, not held while the next is drawn
         lut[members] = -1
