@@ -46,13 +46,18 @@ def stage_times(log: Path) -> dict[str, float]:
     return out
 
 
-def measure(n: int, data_dir: Path, work: Path, jobs: int, files: int) -> dict[str, Any]:
+def measure(
+    n: int, data_dir: Path, work: Path, jobs: int, files: int, encoding: str = "zarr"
+) -> dict[str, Any]:
+    """One size: the limit, then the build. Its output stays until every size is built (`main`
+    deletes them): thousands of inodes freed just before a build made ext4 scan past them for
+    every file the build created, ~1-2 CPU-s at 2M cells (docs/PIPELINE.md, "Builds back to back")."""
     ds = ensure_dataset(
         SynthParams(n_cells=n, n_genes=2_000, n_files=files, per_file=True), data_dir
     )
     limit = pb.codec_bound_limit(list(ds.files), "blosc-lz4", repeats=1)
     manifest = write_manifest(work / f"scale-{n}.toml", ds, name=f"scale-{n}", codec="blosc-lz4")
-    out, log = work / f"shards-{n}", work / f"events-{n}.jsonl"
+    out, log = work / f"shards-{n}-{encoding}", work / f"events-{n}.jsonl"
     shutil.rmtree(out, ignore_errors=True)
     log.unlink(missing_ok=True)
     run = pb.run_build(
@@ -64,9 +69,8 @@ def measure(n: int, data_dir: Path, work: Path, jobs: int, files: int) -> dict[s
         codec="blosc-lz4",
         source_bytes=ds.csr_bytes,
         log_dir=work / "logs",
-        extra=("--log-json", str(log)),
+        extra=("--log-json", str(log), "--format", encoding),
     )
-    shutil.rmtree(out, ignore_errors=True)
     per_job = run.cells_per_s / jobs
     res = {
         "n_cells": n,
@@ -99,7 +103,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Command: `{doc['command']}` ({doc['date']}; load average {doc['load_avg'][0]:.1f} at the start on "
         f"{doc['machine'].get('cpu_count_logical', '?')} cores). h5ad sources of up to 250k cells x 2,000 genes, "
-        "10% nonzero, `--jobs 2`, blosc-lz4, threads. The limit is one job's codec-bound rate on the same files "
+        f"10% nonzero, `--jobs 2`, {doc.get('format', 'zarr')} shards, blosc-lz4, threads. The limit is one job's codec-bound rate on the same files "
         "(h5py 8 MiB block reads + Blosc, nothing else), measured just before the build.",
         "",
         "`x limit (CPU)` compares cells per CPU-second (build: all its threads; limit: its one thread): what "
@@ -154,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         default=250_000,
         help="sources of this many cells (a bigger screen is more files, as real collections grow)",
     )
+    ap.add_argument(
+        "--format", default="zarr", choices=("zarr", "tar"), help="the shards' encoding"
+    )
     ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks")
     a = ap.parse_args(argv)
@@ -169,10 +176,16 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "load_avg": list(os.getloadavg()),
         "jobs": a.jobs,
+        "format": a.format,
     }
-    doc["sizes"] = [
-        measure(n, a.data_dir.resolve(), work, a.jobs, -(-n // a.cells_per_file)) for n in sizes
-    ]
+    try:
+        doc["sizes"] = [
+            measure(n, a.data_dir.resolve(), work, a.jobs, -(-n // a.cells_per_file), a.format)
+            for n in sizes
+        ]
+    finally:
+        for n in sizes:
+            shutil.rmtree(work / f"shards-{n}-{a.format}", ignore_errors=True)
     ok = [r for r in doc["sizes"] if r["build"]["rc"] == 0]
     if len(ok) >= 2:
         x = np.array([r["n_cells"] / 1e6 for r in ok])

@@ -23,7 +23,7 @@ from loaders.columns import validate_columns
 from loaders.shardio import READERS, read_shard
 from pipeline.verify import verify
 from pipeline.writers import Codec, get_writer
-from pipeline.writers.tar_writer import BLOCK_RECORDS, TarShardWriter
+from pipeline.writers.tar_writer import BLOCK_RECORDS, TarShardWriter, TarStream
 
 N_GENES = 50
 VOXELS, COORDS, VALUES = "voxels", "coords", "values"  # a spike-like and a CT-like field
@@ -169,6 +169,26 @@ class ShardEncodingConformance:
         assert str(path) in str(e.value)
 
 
+class SlicedOnly:
+    """A lazy column (shape, dtype, contiguous row slices) that refuses to be materialised whole and
+    records the length of every slice asked of it."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a, self.shape, self.dtype, self.ndim = a, a.shape, a.dtype, a.ndim
+        self.sizes: list[int] = []
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        out = self.a[key].copy()
+        self.sizes.append(out.shape[0])
+        return out
+
+    def __array__(self, *args: object, **kwargs: object) -> np.ndarray:
+        raise AssertionError("a lazy column was materialised whole")
+
+
 class TestZarr(ShardEncodingConformance):
     encoding = "zarr"
 
@@ -249,6 +269,44 @@ class TestTar(ShardEncodingConformance):
             for b in samples[1:-1]
         ]
         np.testing.assert_array_equal(np.concatenate(got), cols[VOXELS])
+
+    def test_stream_writes_what_tarfile_writes(self, tmp_path: Path) -> None:
+        """TarStream frames members as the stdlib does (pax headers for long or non-ASCII names,
+        512-byte padding, end blocks and record padding): byte for byte."""
+        members = [
+            ("_meta.json", b"{}"),
+            ("b000000.empty.npy", b""),
+            ("b000000.exact.npy", bytes(range(256)) * 4),  # 1,024 bytes: no padding
+            ("b000000." + "long_" * 30 + ".npy", b"x" * 1000),  # > 100 chars: a pax header
+            ("tables.caf\u00e9.npy", b"y" * 513),
+        ]
+        ours, stdlib = tmp_path / "ours.tar", tmp_path / "stdlib.tar"
+        with TarStream(ours) as tar:
+            for name, data in members:
+                tar.add(name, [data[:7], np.frombuffer(data[7:], np.uint8)])
+        with tarfile.open(stdlib, mode="x:", format=tarfile.PAX_FORMAT) as tf:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tf.addfile(info, io.BytesIO(data))
+        assert ours.read_bytes() == stdlib.read_bytes()
+        with pytest.raises(FileExistsError):  # created exclusively, as tarfile's mode "x"
+            TarStream(ours).__enter__()
+
+    def test_lazy_columns_are_sliced_a_block_at_a_time(self, tmp_path: Path) -> None:
+        """A spilled shard's columns are never materialised whole: the writer asks for one block's
+        entries at a time, and the shard equals the one written from plain arrays."""
+        cols = make_columns(BIG)
+        lazy = {k: SlicedOnly(v) for k, v in cols.items() if k in ("X/data", "X/indices", VOXELS)}
+        path, plain = tmp_path / "lazy.tar", tmp_path / "plain.tar"
+        TarShardWriter(Codec()).write(path, {**cols, **lazy}, TABLES)
+        TarShardWriter(Codec()).write(plain, cols, TABLES)
+        assert path.read_bytes() == plain.read_bytes()
+        ptr = cols["X/indptr"]
+        most = max(ptr[min(b + BLOCK_RECORDS, BIG)] - ptr[b] for b in range(0, BIG, BLOCK_RECORDS))
+        assert max(lazy["X/data"].sizes) == most and max(lazy[VOXELS].sizes) == BLOCK_RECORDS
 
     def _rewrite(
         self, path: Path, edit: dict[str, bytes | None], extra: tuple[str, bytes] | None = None

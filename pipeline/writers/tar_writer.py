@@ -18,6 +18,13 @@ is the exception: each block's member is a 1-d uint8 ``.npy`` of the encoded byt
 Determinism: members are written in sorted name order (``_meta`` < ``b000000`` < ... <
 ``tables``) with mtime 0, uid/gid 0, empty user/group names and mode 0644, so equal columns give
 byte-identical files.
+
+Streaming: each member goes to the file as its ``.npy`` header and then the block's slice itself
+(`TarStream`: the stdlib's header encoding and padding, nothing copied), and a lazy column (a spilled
+shard's rows, `pipeline.modalities.perturbation.spill.LazyColumn`) is fetched one block at a time.
+Through ``tarfile`` every byte was copied three times into fresh memory (the whole shard first,
+then each member's ``.npy`` bytes twice): a 2M-cell build faulted in 2.4 million pages and peaked
+at twice the zarr build's memory (docs/PIPELINE.md, "Tar shards stream").
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import json
 import tarfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -66,9 +73,7 @@ class TarShardWriter(ShardWriter):
         codecs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
 
-        cols = {
-            k: np.ascontiguousarray(v) for k, v in columns.items()
-        }  # np.save of a Fortran array differs
+        cols = {k: _array_like(v) for k, v in columns.items()}
         for k, a in cols.items():
             if a.dtype.hasobject or a.ndim == 0:
                 raise ValueError(
@@ -107,26 +112,28 @@ class TarShardWriter(ShardWriter):
                 for k, c in own.items()
             }
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # as zarr's LocalStore does
-        with tarfile.open(path, mode="x:", format=tarfile.PAX_FORMAT) as tf:
-            _add(
-                tf,
-                f"{TAR_META_KEY}.json",
-                json.dumps(meta, sort_keys=True, separators=(",", ":")).encode(),
-            )
+        payload_of = {p: k for k, ps in groups.items() for p in ps}
+        with TarStream(path) as tar:
+            meta_json = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+            tar.add(f"{TAR_META_KEY}.json", [meta_json])
             for b in range(blocks):
                 key = tar_block_key(b, blocks)
-                block = _block(
-                    cols,
-                    records,
-                    groups,
-                    b * self.block_records,
-                    min(n, (b + 1) * self.block_records),
-                )
+                start, stop = b * self.block_records, min(n, (b + 1) * self.block_records)
                 for name, k in sorted((names[k], k) for k in records):
-                    a = np.frombuffer(own[k].encode(block[k]), np.uint8) if k in own else block[k]
-                    _add(tf, f"{key}.{name}.npy", _npy_bytes(a))
+                    a = _block_column(cols, k, groups, payload_of, start, stop)
+                    if k in own:
+                        a = np.frombuffer(own[k].encode(np.asarray(a)), np.uint8)
+                    tar.add(f"{key}.{name}.npy", _npy_parts(a))
             for name, k in sorted((names[k], k) for k in tables):
-                _add(tf, f"{TAR_TABLES_KEY}.{name}.npy", _npy_bytes(cols[k]))
+                tar.add(f"{TAR_TABLES_KEY}.{name}.npy", _npy_parts(np.asarray(cols[k])))
+
+
+def _array_like(a: Any) -> Any:
+    """ndarrays (and lists) as C-contiguous arrays (np.save of a Fortran array differs); lazy
+    columns (shape, dtype, row slicing: a spilled shard's rows) as they are, sliced per block."""
+    if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
+        return np.ascontiguousarray(a)
+    return a
 
 
 def _record_count(
@@ -154,37 +161,72 @@ def _record_count(
     return next(iter(counts.values()), 0)
 
 
-def _block(
-    cols: Mapping[str, np.ndarray],
-    records: list[str],
-    groups: dict[str, list[str]],
+def _block_column(
+    cols: Mapping[str, Any],
+    k: str,
+    groups: Mapping[str, list[str]],
+    payload_of: Mapping[str, str],
     start: int,
     stop: int,
-) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    payloads = {p for ps in groups.values() for p in ps}
-    for k in records:
-        if k in groups:
-            ptr = cols[k][start : stop + 1]
-            lo, hi = int(ptr[0]), int(ptr[-1])
-            out[k] = ptr - ptr[0]
-            for p in groups[k]:
-                out[p] = cols[p][lo:hi]
-        elif k not in payloads:
-            out[k] = cols[k][start:stop]
-    return out
+) -> np.ndarray:
+    """Records [start, stop) of column ``k``: a pointer rebased to 0, a payload's entries between
+    its pointer's bounds, any other column's rows. A lazy column's slice is a view of its reused
+    buffers: write it before the next slice."""
+    if k in groups:
+        ptr = cols[k][start : stop + 1]
+        return ptr - ptr[0]
+    if k in payload_of:
+        ptr = cols[payload_of[k]]
+        return np.ascontiguousarray(cols[k][int(ptr[start]) : int(ptr[stop])])
+    return np.ascontiguousarray(cols[k][start:stop])
 
 
-def _npy_bytes(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
+def _npy_parts(a: np.ndarray) -> list[Any]:
+    """A ``.npy`` file as (header, the array's own bytes): what ``np.save`` writes, uncopied."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(a))
+    return [head.getvalue(), a.reshape(-1).view(np.uint8)]  # C-contiguous: its bytes, in order
 
 
-def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    tf.addfile(info, io.BytesIO(data))
+class TarStream:
+    """A POSIX (pax) tar written member by member from buffers, as ``tarfile`` writes it (its own
+    header encoding, 512-byte padding and end blocks), without copying them: the file is created
+    exclusively (mode ``"x"``, as ``tarfile.open(mode="x:")``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.fh: BinaryIO | None = None
+
+    def __enter__(self) -> TarStream:
+        self.fh = open(self.path, "xb")  # noqa: SIM115  (closed by __exit__)
+        return self
+
+    def add(self, name: str, parts: list[Any]) -> None:
+        """One regular file member: ``parts`` (bytes or 1-d uint8 arrays) back to back."""
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = sum(len(x) for x in parts), 0, 0o644
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.type = tarfile.REGTYPE
+        self._write(info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
+        for x in parts:
+            self._write(x)
+        self._pad(tarfile.BLOCKSIZE)
+
+    def _write(self, data: Any) -> None:
+        assert self.fh is not None
+        self.offset += self.fh.write(data)
+
+    def _pad(self, unit: int) -> None:
+        if self.offset % unit:
+            self._write(tarfile.NUL * (unit - self.offset % unit))
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        assert self.fh is not None
+        try:
+            if exc_type is None:  # tarfile's end: two zero blocks, then up to a whole record
+                self._write(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
+                self._pad(tarfile.RECORDSIZE)
+        finally:
+            self.fh.close()
