@@ -92,7 +92,7 @@ def read_tar_shard(
             if data is None
             else tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf
         ):
-            return _read_tar(tf, path, keys)
+            return _read_tar(tf, path, keys, None if data is None else memoryview(data))
     except FileNotFoundError:
         raise FormatError(f"{path}: shard is missing") from None
     except FormatError:
@@ -107,7 +107,10 @@ def read_tar_shard(
         ) from e
 
 
-def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
+def _read_tar(
+    tf: tarfile.TarFile, path: Path, keys: Sequence[str], buffer: memoryview | None = None
+) -> dict[str, np.ndarray]:
+    """``buffer``: the whole file's bytes (``tf`` reads them), whose members are viewed in place."""
     meta: dict[str, Any] | None = None
     field_key: dict[str, str] = {}
     tables: set[str] = set()
@@ -153,7 +156,7 @@ def _read_tar(tf: tarfile.TarFile, path: Path, keys: Sequence[str]) -> dict[str,
         elif sample != TAR_TABLES_KEY:
             raise FormatError(f"{path}: unexpected tar member {info.name!r}")
         if key in wanted:
-            a = _npy(tf, info, path)
+            a = _npy(tf, info, path, buffer)
             parts[key].append(codecs[key](a, info.name) if key in codecs else a)
     if meta is None:
         raise FormatError(f"{path}: empty tar shard (no {TAR_META_KEY}.json)")
@@ -204,11 +207,17 @@ def _decoder(
     return decode
 
 
-def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytearray:
-    """The member's bytes in one readinto (a bytearray, so arrays viewing it are writable, with no
-    copy)."""
+def _member_bytes(
+    tf: tarfile.TarFile, info: tarfile.TarInfo, buffer: memoryview | None = None
+) -> bytearray | memoryview:
+    """The member's bytes: a slice of ``buffer`` (the whole file's bytes) if given, else one readinto
+    (a bytearray, so arrays viewing it are writable, with no copy)."""
     if info.issparse():
         raise EOFError(f"member {info.name!r} is a sparse file")
+    if buffer is not None:
+        if info.offset_data + info.size > len(buffer):
+            raise EOFError(f"member {info.name!r} truncated")
+        return buffer[info.offset_data : info.offset_data + info.size]
     data = bytearray(info.size)
     tf.fileobj.seek(info.offset_data)
     if tf.fileobj.readinto(data) != info.size:
@@ -233,11 +242,14 @@ def read_npy_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...],
         return read(fh)
 
 
-def _npy(tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> np.ndarray:
+def _npy(
+    tf: tarfile.TarFile, info: tarfile.TarInfo, path: Path, buffer: memoryview | None = None
+) -> np.ndarray:
     """Parse the .npy header with numpy and view the payload in place: np.load(BytesIO) copies the
     data twice more (halving the read speed) and would also open a zip as an .npz. Object arrays
-    (pickles) are refused."""
-    data = _member_bytes(tf, info)  # a short read is truncation, reported by read_tar_shard
+    (pickles) are refused. With ``buffer`` (the file's bytes, already read and checked) the member
+    is a view of them: no copy (read-only arrays; the window decode copies them into its own)."""
+    data = _member_bytes(tf, info, buffer)  # a short read is truncation, reported by read_tar_shard
     try:
         head = io.BytesIO(memoryview(data)[:_NPY_HEAD])
         version = np.lib.format.read_magic(head)

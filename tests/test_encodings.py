@@ -21,6 +21,7 @@ import pytest
 from loaders import format as fmt
 from loaders.columns import validate_columns
 from loaders.shardio import READERS, read_shard
+from loaders.tarshard import read_tar_shard
 from pipeline.verify import verify
 from pipeline.writers import Codec, get_writer
 from pipeline.writers.tar_writer import BLOCK_RECORDS, TarShardWriter, TarStream
@@ -269,6 +270,20 @@ class TestTar(ShardEncodingConformance):
             for b in samples[1:-1]
         ]
         np.testing.assert_array_equal(np.concatenate(got), cols[VOXELS])
+
+    def test_checked_bytes_are_viewed_not_copied(self, tmp_path: Path) -> None:
+        """Given the file's bytes (read and checked by loaders.integrity), a member is a view of
+        them: one copy fewer per shard than reading each member again. A cut buffer is still a
+        FormatError naming the shard."""
+        cols = make_columns(50)
+        path = self.write(tmp_path, cols)
+        data = path.read_bytes()
+        got = read_tar_shard(path, KEYS, data)
+        assert_same_columns(got, cols)
+        whole = np.frombuffer(data, np.uint8)
+        assert np.shares_memory(got[fmt.PAIRS], whole) and np.shares_memory(got[VOXELS], whole)
+        with pytest.raises(fmt.FormatError, match=str(path)):
+            read_tar_shard(path, KEYS, data[: len(data) // 2])
 
     def test_stream_writes_what_tarfile_writes(self, tmp_path: Path) -> None:
         """TarStream frames members as the stdlib does (pax headers for long or non-ASCII names,
