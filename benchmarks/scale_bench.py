@@ -14,6 +14,10 @@ benchmarks/), which BENCHMARKS.md includes.
     python -m benchmarks.scale_bench                      # 200k,500k,1M,2M: ~10 min on 2 idle
     cores, ~8 GB disk
     python -m benchmarks.scale_bench --sizes 200000,500000
+    python -m benchmarks.scale_bench --format tar --out /tmp/scale-tar   # the same sizes in tar
+
+Outputs stay until the last size is built: deleting thousands of files just before a build made
+ext4 charge that build ~1-2 CPU-s at 2M cells (docs/PIPELINE.md, "Builds back to back").
 """
 
 from __future__ import annotations
