@@ -39,6 +39,16 @@ class Codec:
         return {"name": self.name, "level": self.level}
 
 
+def contiguous_or_lazy(a: Any) -> Any:
+    """A column as a writer takes it: an ndarray (or a list) as a C-contiguous array (the bytes a
+    writer stores follow memory order); a lazy column (shape, dtype, contiguous row slices: a
+    spilled shard's rows, `pipeline.modalities.perturbation.spill.LazyColumn`) as it is, for the
+    writer to slice a chunk or block at a time."""
+    if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
+        return np.ascontiguousarray(a)
+    return a
+
+
 class ShardWriter(ABC):
     encoding: ClassVar[str]
     suffix: ClassVar[str]

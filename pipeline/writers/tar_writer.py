@@ -47,7 +47,7 @@ from loaders.tarshard import (
     tar_block_key,
     tar_field_names,
 )
-from pipeline.writers.base import Codec, ShardWriter, register_writer
+from pipeline.writers.base import Codec, ShardWriter, contiguous_or_lazy, register_writer
 
 BLOCK_RECORDS = (
     4096  # ~4-8 MB blocks for expression shards: few members, and a block decodes in one go
@@ -73,7 +73,7 @@ class TarShardWriter(ShardWriter):
         codecs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
 
-        cols = {k: _array_like(v) for k, v in columns.items()}
+        cols = {k: contiguous_or_lazy(v) for k, v in columns.items()}  # np.save follows order
         for k, a in cols.items():
             if a.dtype.hasobject or a.ndim == 0:
                 raise ValueError(
@@ -126,14 +126,6 @@ class TarShardWriter(ShardWriter):
                     tar.add(f"{key}.{name}.npy", _npy_parts(a))
             for name, k in sorted((names[k], k) for k in tables):
                 tar.add(f"{TAR_TABLES_KEY}.{name}.npy", _npy_parts(np.asarray(cols[k])))
-
-
-def _array_like(a: Any) -> Any:
-    """ndarrays (and lists) as C-contiguous arrays (np.save of a Fortran array differs); lazy
-    columns (shape, dtype, row slicing: a spilled shard's rows) as they are, sliced per block."""
-    if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
-        return np.ascontiguousarray(a)
-    return a
 
 
 def _record_count(

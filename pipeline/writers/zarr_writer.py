@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from loaders.fieldcodecs import zarr_codec
-from pipeline.writers.base import Codec, ShardWriter, register_writer
+from pipeline.writers.base import Codec, ShardWriter, contiguous_or_lazy, register_writer
 
 CHUNK_BYTES = (
     8 << 20
@@ -41,12 +41,9 @@ def chunk_rows(a: Any) -> int:
 
 
 def _array_like(a: Any) -> Any:
-    """ndarrays as little-endian contiguous arrays; lazy columns (shape, dtype, row slicing) as they
-    are."""
-    if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
-        a = np.ascontiguousarray(a)
-        return a.astype(a.dtype.newbyteorder("<"), copy=False)
-    return a
+    """`contiguous_or_lazy`, with arrays little-endian (zarr's bytes codec stores little-endian)."""
+    a = contiguous_or_lazy(a)
+    return a.astype(a.dtype.newbyteorder("<"), copy=False) if isinstance(a, np.ndarray) else a
 
 
 @register_writer
