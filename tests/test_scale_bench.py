@@ -1,0 +1,57 @@
+"""`make bench-scale`'s rounds: the limit and the build interleaved, the median ratio reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+
+def test_limit_and_build_alternate_and_the_median_round_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks import scale_bench
+    from benchmarks.pipeline_bench import BuildRun
+
+    calls: list[str] = []
+    limits, builds = iter([4.0, 3.0, 5.0]), iter([20.0, 10.0, 25.0])  # ratios 0.2, 0.3, 0.2
+
+    def limit(files: Any, codec: str, repeats: int = 3) -> dict[str, float]:
+        calls.append("limit")
+        cpu = next(limits)
+        return {"cpu_seconds": cpu, "seconds": cpu, "cells_per_s": 100.0 / cpu}
+
+    def build(label: str, manifest: Path, out: Path, jobs: int, **kw: Any) -> BuildRun:
+        calls.append(f"build {out.name}")
+        cpu = next(builds)
+        return BuildRun(label, 100, jobs, "blosc-lz4", 1, cpu / 2, -1, 50.0 + cpu, 0, cpu_s=cpu)
+
+    data = SimpleNamespace(files=[tmp_path / "a.h5ad"], csr_bytes=1, file_bytes=1)
+    monkeypatch.setattr(scale_bench, "ensure_dataset", lambda *a, **k: data)
+    monkeypatch.setattr(scale_bench, "write_manifest", lambda path, *a, **k: path)
+    monkeypatch.setattr(scale_bench.pb, "codec_bound_limit", limit)
+    monkeypatch.setattr(scale_bench.pb, "run_build", build)
+    res = scale_bench.measure(100, tmp_path, tmp_path, 2, 1, "zarr", rounds=3)
+    assert calls == [
+        "limit",
+        "build shards-100-zarr-r0",
+        "limit",
+        "build shards-100-zarr-r1",
+        "limit",
+        "build shards-100-zarr-r2",
+    ]
+    assert [round(r["vs_limit_cpu"], 3) for r in res["rounds"]] == [0.2, 0.3, 0.2]
+    assert res["vs_limit_cpu"] == pytest.approx(0.2)  # the median round, not the best
+    assert res["build"]["cpu_s"] in (20.0, 25.0) and res["limit_cpu_s"] in (4.0, 5.0)
+    assert "0.200, 0.300, 0.200" in scale_bench.markdown(
+        {
+            "sizes": [res],
+            "command": "c",
+            "date": "d",
+            "load_avg": [0.0],
+            "machine": {},
+            "jobs": 2,
+        }
+    )
