@@ -84,6 +84,33 @@ def test_same_files_as_zarr_python(
     )  # the fast path ran
 
 
+def test_chunks_are_written_round_robin_over_the_arrays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunk i of every array, then chunk i + 1: columns sliced from one source (a shard's
+    X/data and X/indices, gathered together) ask for the same rows one after the other, so a
+    source that keeps its last slice gathers each range once. The files are zarr-python's."""
+    monkeypatch.setattr(zarr_writer, "CHUNK_BYTES", 4000)  # 1,000 float32 / int32 rows a chunk
+    asked: list[tuple[str, int]] = []
+
+    class Logged(Lazy):
+        def __init__(self, name: str, a: np.ndarray) -> None:
+            super().__init__(a)
+            self.name = name
+
+        def __getitem__(self, key: slice) -> np.ndarray:
+            asked.append((self.name, key.start))
+            return super().__getitem__(key)
+
+    rng = np.random.default_rng(2)
+    data, indices = rng.random(2500).astype(np.float32), rng.integers(0, 99, 2500).astype(np.int32)
+    cols = {"X/data": Logged("data", data), "X/indices": Logged("indices", indices)}
+    zarr_writer.ZarrShardWriter(CODECS[0]).write(tmp_path / "direct", cols)
+    assert asked == [(n, lo) for lo in (0, 1000, 2000) for n in ("data", "indices")]
+    zarr_python(tmp_path / "zarr", {"X/data": data, "X/indices": indices}, CODECS[0])
+    assert tree(tmp_path / "direct") == tree(tmp_path / "zarr")
+
+
 def test_an_unverified_signature_goes_through_zarr_python(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -243,20 +243,39 @@ def write_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def write_array(root: Path, key: str, t: ArrayTemplate, a: Any, rows: int, made: set[Path]) -> None:
-    """Array ``key`` of the group at ``root``, with the zarr.json of every parent group zarr-python
-    would create (``made``: folders this shard already has)."""
-    folder = root / key
-    for parent in [*reversed(folder.relative_to(root).parents)][1:]:
-        if root / parent not in made:
-            (root / parent).mkdir(exist_ok=True)
-            write_file(root / parent / "zarr.json", group_json())
-            made.add(root / parent)
-    folder.mkdir()
-    write_file(folder / "zarr.json", t.metadata(a.shape, (rows, *a.shape[1:])))
-    for name, data in chunks(t, a, rows):
-        path = folder / name
-        if path.parent not in made:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            made.add(path.parent)
-        write_file(path, data)
+def write_arrays(
+    root: Path, arrays: Sequence[tuple[str, ArrayTemplate, Any, int]], made: set[Path]
+) -> None:
+    """Arrays ``(key, template, array, chunk rows)`` of the group at ``root``, with the zarr.json
+    of every parent group zarr-python would create (``made``: folders this shard already has).
+
+    Chunks are written round-robin (chunk 0 of every array, then chunk 1, ...), not array after
+    array: the same files, but columns sliced from one source together (a shard's `X/data` and
+    `X/indices` from its spilled rows: one gather gives both) are asked for the same rows one
+    after the other, so the source's last-slice cache serves the second. Written array after
+    array, every chunk of a 2M-cell build's shards was gathered twice."""
+    pending = []
+    for key, t, a, rows in arrays:
+        folder = root / key
+        for parent in [*reversed(folder.relative_to(root).parents)][1:]:
+            if root / parent not in made:
+                (root / parent).mkdir(exist_ok=True)
+                write_file(root / parent / "zarr.json", group_json())
+                made.add(root / parent)
+        folder.mkdir()
+        write_file(folder / "zarr.json", t.metadata(a.shape, (rows, *a.shape[1:])))
+        pending.append((folder, chunks(t, a, rows)))
+    while pending:
+        still = []
+        for folder, encoded in pending:
+            step = next(encoded, None)
+            if step is None:
+                continue
+            name, data = step
+            path = folder / name
+            if path.parent not in made:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                made.add(path.parent)
+            write_file(path, data)
+            still.append((folder, encoded))
+        pending = still

@@ -83,8 +83,11 @@ class ZarrShardWriter(ShardWriter):
             path.mkdir(parents=True)
             zarr_direct.write_file(path / "zarr.json", zarr_direct.group_json())
         made = {path}
-        for key, t in direct.items():
-            zarr_direct.write_array(path, key, t, arrays[key], chunk_rows(arrays[key]), made)
+        zarr_direct.write_arrays(
+            path,
+            [(key, t, arrays[key], chunk_rows(arrays[key])) for key, t in direct.items()],
+            made,
+        )
 
 
 def codecs_of(

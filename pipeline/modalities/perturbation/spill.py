@@ -249,7 +249,8 @@ class ShardRows:
 
     def rows(self, r0: int, r1: int, entries: bool) -> dict[str, np.ndarray]:
         """Final rows [r0, r1): their entry arrays (`entries`) or their obsm rows. The last result
-        is kept, so the data and the indices chunk of one range cost one fetch and one gather.
+        is kept, so the data and the indices chunk of one range cost one fetch and one gather (the
+        writers ask for them one after the other: `zarr_direct.write_arrays`).
         Entry arrays live in reused scratch buffers: valid until the next call."""
         key = (r0, r1, entries)
         if self._cached is not None and self._cached[0] == key:
