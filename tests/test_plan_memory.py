@@ -206,24 +206,10 @@ def test_whole_source_tasks_build_the_same_shards(
     write_manifest: Callable[..., Any],
 ) -> None:
     """With two spilled sources a job, a source is one task (read, then pack its shards): no phase-2
-    tasks, and the same bytes as the two phases of row-range reads and per-shard packs. The one
-    task's shards gather their rows straight from the mapped spill files (`MappedEntries`); the
-    two phases' read them into a staging buffer first."""
+    tasks, and the same bytes as the two phases of row-range reads and per-shard packs."""
     import pipeline.modalities.perturbation.pack
-    import pipeline.modalities.perturbation.spill as spill
     from pipeline.build import build
     from pipeline.events import EventLog
-
-    mapped = {1: 0, 2: 0}
-    jobs_now = [0]
-    gather = spill.MappedEntries.gather
-
-    def counting(self: Any, *a: Any) -> bool:
-        done = gather(self, *a)
-        mapped[jobs_now[0]] += done
-        return done
-
-    monkeypatch.setattr(spill.MappedEntries, "gather", counting)
 
     build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
@@ -235,68 +221,12 @@ def test_whole_source_tasks_build_the_same_shards(
         1,
         2,
     ):  # 2 sources: one job has two a job (whole sources), two jobs do not (two phases)
-        ev, jobs_now[0] = EventLog(), jobs
+        ev = EventLog()
         build(manifest, tmp_path / f"j{jobs}", jobs=jobs, progress=False, events=ev)
         phases[jobs] = {e["phase"]: e["count"] for e in ev.events if e["event"] == "tasks"}
     assert phases[1] == {"read sources": 2} and phases[2]["pack shards"] > 2
-    assert mapped[1] > 0 and mapped[2] == 0  # the mapped gather ran, and only where it can
     assert (
         fmt.index_path(tmp_path / "j1").read_bytes() == fmt.index_path(tmp_path / "j2").read_bytes()
     )
     for a in sorted((tmp_path / "j1" / "shards").iterdir()):
         assert fmt.content_hash(a) == fmt.content_hash(tmp_path / "j2" / "shards" / a.name)
-
-
-def _mapped_rss_kib(path: Path) -> int:
-    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
-    total, ours = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
-            ours = line.endswith(str(path))
-        elif ours and line.startswith("Rss:"):
-            total += int(head[1])
-    return total
-
-
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
-def test_mapped_spill_gather_equals_the_staged_one_and_keeps_no_pages(tmp_path: Path) -> None:
-    """A shard's rows gathered from its mapped spill files equal the staged read's, in planned
-    order, and no page of the mapping stays in the process after the gather."""
-    from pipeline.modalities.perturbation import spill
-
-    rng = np.random.default_rng(0)
-    n = 3000
-    lengths = rng.integers(0, 400, n).astype(np.int64)
-    perm = rng.permutation(n)
-    pos = np.concatenate([np.sort(perm[:1700]), np.sort(perm[1700:])]).astype(np.int64)
-    nnz = int(lengths.sum())
-    arrays = {
-        "pos": pos,
-        "lengths": lengths,
-        "data": rng.random(nnz).astype(np.float32),
-        "indices": rng.integers(0, 2000, nnz).astype(np.int32),
-    }
-    files = {name: tmp_path / f"{name}.bin" for name in arrays}
-    for name, a in arrays.items():
-        a.tofile(files[name])
-    starts = np.r_[0, np.cumsum(lengths)]
-    planned = np.argsort(pos)  # final row r is file row planned[r]
-    want = {
-        name: np.concatenate([arrays[name][starts[i] : starts[i + 1]] for i in planned])
-        for name in ("data", "indices")
-    }
-    opened = spill.OpenFiles()
-    try:
-        pieces = spill.file_pieces(files, {}, opened)
-        assert len(pieces) == 2 and all(p.backing is pieces[0].backing for p in pieces)
-        mapped = spill.ShardRows(pieces, n, 2000, {}, "mapped").rows(0, n, True)
-        assert opened.maps, "the gather did not map the spill files"
-        for name in want:
-            np.testing.assert_array_equal(mapped[name], want[name])
-        assert _mapped_rss_kib(files["data"]) == 0 and _mapped_rss_kib(files["indices"]) == 0
-        staged = spill.ShardRows(spill.file_pieces(files, {}, None), n, 2000, {}, "staged")
-        for name, got in staged.rows(0, n, True).items():
-            np.testing.assert_array_equal(got, want[name])
-    finally:
-        opened.close()

@@ -10,7 +10,6 @@ copies of the shard.
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,8 +38,6 @@ class Piece:
     pos: np.ndarray
     lengths: np.ndarray
     read: Callable[[str, int, int, np.ndarray], None]
-    backing: MappedEntries | None = None  # its spill file set, mapped (None: in memory)
-    row0: int = 0  # its first row's position among the rows of `backing`
 
     def __post_init__(self) -> None:
         self.starts = np.zeros(self.pos.size + 1, np.int64)
@@ -66,12 +63,11 @@ def parked_bytes(segs: Sequence[Mapping[str, np.ndarray]]) -> int:
 
 class OpenFiles:
     """Spill files opened once for all the reads of one pack task (a shard's chunks read each
-    piece's range of every file: ~10,000 open/close pairs per million cells otherwise), and their
-    mappings (`MappedEntries`); `close` when the task is done."""
+    piece's range of every file: ~10,000 open/close pairs per million cells otherwise); `close`
+    when the task is done."""
 
     def __init__(self) -> None:
         self.fds: dict[Path, int] = {}
-        self.maps: list[mmap.mmap] = []
 
     def fd(self, path: Path) -> int:
         fd = self.fds.get(path)
@@ -79,60 +75,10 @@ class OpenFiles:
             fd = self.fds[path] = os.open(path, os.O_RDONLY)
         return fd
 
-    def mapped(self, path: Path) -> mmap.mmap | None:
-        """The whole file mapped read-only; None when it is empty or cannot be mapped."""
-        try:
-            m = mmap.mmap(self.fd(path), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):  # empty, or a file system that cannot map files
-            return None
-        self.maps.append(m)
-        return m
-
     def close(self) -> None:
-        for m in self.maps:
-            m.close()
-        self.maps.clear()
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
-
-
-class MappedEntries:
-    """The entry arrays of one spill file set, gathered from straight where they lie: a chunk's
-    rows are copied once (into the chunk) instead of twice (read into a staging buffer, then
-    gathered). Mapping, not reading, is safe here for the reason it is for the build's digests
-    (loaders.digests.feed_mapped): files this build wrote in its own spill folder, which nothing
-    else changes while the task runs. After each gather the mapping's pages leave this process's
-    page tables (they stay in the page cache), so its RSS holds one chunk's pages at most."""
-
-    def __init__(self, files: Mapping[str, Path], entry0: np.ndarray, opened: OpenFiles) -> None:
-        self.files, self.opened = files, opened
-        self.ptr = entry0.astype(np.int32) if entry0[-1] < 2**31 else entry0
-        self.maps: dict[str, mmap.mmap | None] = {}
-
-    def _map(self, name: str) -> mmap.mmap | None:
-        if name not in self.maps:
-            m = self.opened.mapped(self.files[name])
-            want = int(self.ptr[-1]) * ENTRY_ARRAYS[name].itemsize
-            if m is not None and len(m) < want:
-                raise RuntimeError(f"spill file {self.files[name]} is shorter than its rows say")
-            self.maps[name] = m
-        return self.maps[name]
-
-    def gather(self, rows: np.ndarray, out_indices: np.ndarray, out_data: np.ndarray) -> bool:
-        """Rows `rows` (of this file set) into the buffers; False when the files cannot be
-        mapped (the caller reads them instead)."""
-        maps = [self._map("indices"), self._map("data")]
-        if maps[0] is None or maps[1] is None:
-            return False
-        n = int(self.ptr[-1])
-        indices = np.frombuffer(maps[0], ENTRY_ARRAYS["indices"], n)
-        data = np.frombuffer(maps[1], ENTRY_ARRAYS["data"], n)
-        kernels.row_gather(self.ptr, indices, data, rows, out_indices, out_data)
-        del indices, data  # no view outlives the gather: `OpenFiles.close` can unmap
-        for m in maps:
-            m.madvise(mmap.MADV_DONTNEED)
-        return True
 
 
 def file_pieces(
@@ -167,9 +113,8 @@ def file_pieces(
         return read
 
     cuts = np.r_[0, np.flatnonzero(np.diff(pos) < 0) + 1, pos.size]
-    backing = MappedEntries(files, entry0, opened) if opened is not None else None
     return [
-        Piece(pos[a:b], lengths[a:b], reader(int(a)), backing, int(a))
+        Piece(pos[a:b], lengths[a:b], reader(int(a)))
         for a, b in zip(cuts[:-1], cuts[1:], strict=True)
         if b > a
     ]
@@ -270,9 +215,6 @@ class ShardRows:
                 for name in names
             }
         pos = np.concatenate([p.pos[a:b] for p, a, b in ranges])
-        if entries and (out := self._gather_mapped(ranges, pos, r0, r1)) is not None:
-            self._cached = (key, out)
-            return out
         order = np.empty(r1 - r0, np.int64)
         order[pos - r0] = np.arange(r1 - r0)
         if entries:
@@ -301,22 +243,6 @@ class ShardRows:
                 out[f"{OBSM}{k}"] = stage_k[order]
         self._cached = (key, out)
         return out
-
-    def _gather_mapped(
-        self, ranges: list[tuple[Piece, int, int]], pos: np.ndarray, r0: int, r1: int
-    ) -> dict[str, np.ndarray] | None:
-        """Final rows [r0, r1) gathered straight from their mapped spill files, when every piece
-        they come from lies in one file set (one scatter task: a whole-source build); else None."""
-        backing = ranges[0][0].backing
-        if backing is None or any(p.backing is not backing for p, _, _ in ranges):
-            return None
-        rows = np.empty(r1 - r0, backing.ptr.dtype)  # final row -> row of the file set
-        rows[pos - r0] = np.concatenate(
-            [np.arange(p.row0 + a, p.row0 + b, dtype=rows.dtype) for p, a, b in ranges]
-        )
-        n = int(sum(int(p.starts[b] - p.starts[a]) for p, a, b in ranges))
-        out = {name: self.scratch.get(f"out-{name}", dt, n) for name, dt in ENTRY_ARRAYS.items()}
-        return out if backing.gather(rows, out["indices"], out["data"]) else None
 
     def entries(self, name: str, e0: int, e1: int) -> np.ndarray:
         """Entries [e0, e1) of the shard's entry array `name`: the rows overlapping them, then a
