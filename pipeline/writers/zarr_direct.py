@@ -29,6 +29,7 @@ for byte,
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import threading
@@ -254,7 +255,7 @@ def write_arrays(
     `X/indices` from its spilled rows: one gather gives both) are asked for the same rows one
     after the other, so the source's last-slice cache serves the second. Written array after
     array, every chunk of a 2M-cell build's shards was gathered twice."""
-    pending = []
+    folders, encoded = [], []
     for key, t, a, rows in arrays:
         folder = root / key
         for parent in [*reversed(folder.relative_to(root).parents)][1:]:
@@ -264,18 +265,14 @@ def write_arrays(
                 made.add(root / parent)
         folder.mkdir()
         write_file(folder / "zarr.json", t.metadata(a.shape, (rows, *a.shape[1:])))
-        pending.append((folder, chunks(t, a, rows)))
-    while pending:
-        still = []
-        for folder, encoded in pending:
-            step = next(encoded, None)
-            if step is None:
+        folders.append(folder)
+        encoded.append(chunks(t, a, rows))
+    for step in itertools.zip_longest(*encoded):  # chunk i of every array that has one
+        for folder, chunk in zip(folders, step, strict=True):
+            if chunk is None:
                 continue
-            name, data = step
-            path = folder / name
+            path = folder / chunk[0]
             if path.parent not in made:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 made.add(path.parent)
-            write_file(path, data)
-            still.append((folder, encoded))
-        pending = still
+            write_file(path, chunk[1])
