@@ -29,7 +29,7 @@ def release_freed_memory() -> None:
     after which chunk-sized numpy temporaries are carved from per-thread heaps that are rarely
     trimmed: peak RSS then grows with every task a thread runs (+150 MiB at 400k cells, --jobs
     2). The price is a fresh mmap per big temporary, hence the pack's reused buffers
-    (`pipeline.modalities.perturbation.spill.Scratch`), and the plan runs before this is set.
+    (`pipeline.buffers`), and the plan runs before this is set.
     """
     libc = _libc()
     if libc is not None:

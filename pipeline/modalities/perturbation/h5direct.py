@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.buffers import STAGE, Scratch
 from pipeline.lazy import LazyModule
 
 if TYPE_CHECKING:
@@ -104,14 +105,20 @@ class DirectSlices:
             self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
         return self._fd
 
-    def read(self, dset: Any, lo: int, hi: int) -> np.ndarray:
+    def read(self, dset: Any, lo: int, hi: int, into: Scratch | None = None) -> np.ndarray:
+        """Values [lo, hi) of a 1-D dataset; with `into`, in its buffer for the dataset's column
+        (a view, valid until the next read of that column: pipeline.buffers)."""
         name = dset.name
         if name not in self._extents:
             self._extents[name] = extent_of(dset)
         ext = self._extents[name]
         if ext is None or not 0 <= lo <= hi <= dset.shape[0]:
             return dset[lo:hi]
-        out = np.empty(hi - lo, ext.dtype)
+        out = (
+            np.empty(hi - lo, ext.dtype)
+            if into is None
+            else into.get(STAGE + name.rsplit("/", 1)[-1], ext.dtype, hi - lo)
+        )
         view, size, fd = memoryview(out).cast("B"), ext.dtype.itemsize, self._handle()
         pos = lo
         while pos < hi:

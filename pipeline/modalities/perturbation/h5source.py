@@ -353,10 +353,10 @@ class H5Source(MatrixSource):
         validate_indptr(ptr, self.path, start)
         lo, hi = int(ptr[0]), int(ptr[-1])
         local = ptr - lo
-        raw = self._direct.read(group["data"], lo, hi)
+        raw = self._direct.read(group["data"], lo, hi, self.buffers)
         check_float32_exact(raw, self.path, start, local, self.counts)
         data = raw.astype(np.float32, copy=False)
-        indices = self._direct.read(group["indices"], lo, hi)
+        indices = self._direct.read(group["indices"], lo, hi, self.buffers)
         validate_block(
             CsrParts(data, indices, local, layout.shape[1]), self.path, start, self.counts
         )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from pipeline.buffers import Scratch
 from pipeline.errors import SourceError
 from pipeline.modalities.perturbation.obs_names import ObsNames
 from pipeline.source import Source, get_source
@@ -77,6 +78,10 @@ class MatrixSource(Source):
     def __init__(self, path: str | Path, matrix: str = "X", **options: object) -> None:
         super().__init__(path)
         self.matrix = matrix
+        # Buffers `read_rows` may read a block's entries into (a source type that can), reused
+        # by the next read: set by a reader done with each block before it reads the next (the
+        # pack), which then faults in no fresh pages per block (pipeline.buffers).
+        self.buffers: Scratch | None = None
 
     @abstractmethod
     def meta(

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import parking
+from pipeline.buffers import Scratch, thread_scratch
 from pipeline.errors import SourceError
 from pipeline.manifest import SourceSpec
 from pipeline.memory import trim_heap
@@ -55,7 +56,6 @@ from pipeline.modalities.perturbation.spill import (
     OBSM,
     RANGE,
     ROW_ARRAYS,
-    Scratch,
     gather_rows,
     parked_bytes,
 )
@@ -124,6 +124,7 @@ def _segments(
     valid until the next segment (for a consumer that writes them out at once)."""
     rows, shard_of, pos = routed
     with open_source(spec.type, spec.path, spec.matrix, counts=cfg.options.counts) as src:
+        src.buffers = thread_scratch()  # each block is done with before the next is read
         for b in range(start, min(stop, n_rows), cfg.block_rows):
             e = min(b + cfg.block_rows, n_rows, stop)
             lo, hi = np.searchsorted(rows, [b, e])

@@ -19,6 +19,7 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders import kernels
+from pipeline.buffers import STAGE, thread_scratch
 
 ENTRY_ARRAYS = {
     "data": np.dtype(np.float32),
@@ -120,22 +121,6 @@ def file_pieces(
     ]
 
 
-class Scratch:
-    """Buffers reused from chunk to chunk: on this kind of VM a fresh page costs about as much as
-    copying it, and a shard's chunks would otherwise fault in ~4x their size in new pages each."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, np.ndarray] = {}
-
-    def get(self, name: str, dtype: np.dtype, n: int) -> np.ndarray:
-        buf = self.buffers.get(name)
-        if buf is None or buf.size < n or buf.dtype != dtype:
-            buf = self.buffers[name] = np.empty(
-                max(n, int(1.25 * (buf.size if buf is not None else 0))), dtype
-            )
-        return buf[:n]
-
-
 def gather_rows(
     ptr: np.ndarray,
     indices: np.ndarray,
@@ -188,9 +173,9 @@ class ShardRows:
         self.indptr = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=self.indptr[1:])
         self._cached: tuple[tuple[int, int, bool], dict[str, np.ndarray]] | None = None
-        self.scratch = (
-            Scratch()
-        )  # the entry arrays of one chunk, staged and gathered; reused for the next
+        # the entry arrays of one chunk, staged and gathered, in the thread's buffers (reused
+        # for the next chunk and the next shard: pipeline.buffers)
+        self.scratch = thread_scratch()
 
     def rows(self, r0: int, r1: int, entries: bool) -> dict[str, np.ndarray]:
         """Final rows [r0, r1): their entry arrays (`entries`) or their obsm rows. The last result
@@ -198,7 +183,7 @@ class ShardRows:
         writers ask for them one after the other: `zarr_direct.write_arrays`).
         Entry arrays live in reused scratch buffers: valid until the next call."""
         key = (r0, r1, entries)
-        if self._cached is not None and self._cached[0] == key:
+        if self._cached is not None and self._cached[0] == key and self.scratch.owner is self:
             return self._cached[1]
         self._cached = (
             None  # drop views of the scratch buffers, so that growing them frees the old ones
@@ -222,7 +207,7 @@ class ShardRows:
             ptr = np.zeros(r1 - r0 + 1, np.int64)
             np.cumsum(lengths, out=ptr[1:])
             stage = {
-                name: self.scratch.get(f"stage-{name}", dt, int(ptr[-1]))
+                name: self.scratch.get(STAGE + name, dt, int(ptr[-1]))
                 for name, dt in ENTRY_ARRAYS.items()
             }
             at = 0
@@ -236,6 +221,7 @@ class ShardRows:
                 for name, dt in ENTRY_ARRAYS.items()
             }
             gather_rows(ptr, stage["indices"], stage["data"], order, out["indices"], out["data"])
+            self.scratch.owner = self  # its views hold this range until someone refills them
         else:
             out = {}
             for k, shape in self.obsm_shapes.items():

@@ -1,0 +1,60 @@
+"""Buffers reused from one chunk, block and task to the next, one set per thread.
+
+Why: on this kind of VM a fresh page costs about as much as copying it (a fault, and the kernel
+zeroes it, 2 MiB at a time under transparent huge pages), and the build's chunk-sized temporaries
+are all fresh pages: above the 1 MiB mmap threshold the build sets (`pipeline.memory`) each one is
+a new mapping, returned at free. In a 2M-cell build a fifth of the CPU samples were page faults
+(`perf record -g`: reads into fresh blocks, gathers into fresh chunks). A thread's `Scratch`
+keeps them instead: the pack's working set (a few chunks) stays mapped for the thread's life,
+which is what its peak held anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+# Entries staged before a row gather: a source block's entry arrays as read, or a chunk's spilled
+# entries. One role, so the two never hold separate buffers: a task reads its source before it
+# packs (`pipeline.modalities.perturbation.pack`).
+STAGE = "stage-"
+
+
+class Scratch:
+    """Named buffers, each grown as needed and handed out as a view of its start.
+
+    A view is valid until the next `get` of the same name. `owner` lets a user of several views
+    check that nobody else refilled them since (`ShardRows` keeps its last chunk that way).
+    Buffers are typed, not bytes viewed as a type: scipy copies an index or data array whose base
+    is over twice its size (`_prune_array`, on every CSR it checks), and a byte buffer's view is
+    always that."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+        self.owner: object = None
+
+    def get(self, name: str, dtype: np.dtype | type, n: int) -> np.ndarray:
+        dt = np.dtype(dtype)
+        buf = self.buffers.get(name)
+        if buf is None or buf.dtype != dt or buf.size < n:
+            grown = int(1.25 * buf.size) if buf is not None and buf.dtype == dt else 0
+            # the old buffer goes first, so growing never holds both
+            self.buffers.pop(name, None)
+            buf = self.buffers[name] = np.empty(max(n, grown), dt)
+        return buf[:n]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers.values())
+
+
+_THREAD = threading.local()
+
+
+def thread_scratch() -> Scratch:
+    """This thread's scratch (a pack task's reads and chunks; freed when the thread ends)."""
+    scratch = getattr(_THREAD, "scratch", None)
+    if scratch is None:
+        scratch = _THREAD.scratch = Scratch()
+    return scratch
