@@ -161,11 +161,15 @@ def _segments(
                 lengths = row_len[sel]
                 n = int(lengths.sum())
                 out_i = (
-                    scratch.get("indices", indices.dtype, n)
+                    scratch.get("segment-indices", indices.dtype, n)
                     if scratch
                     else np.empty(n, indices.dtype)
                 )
-                out_d = scratch.get("data", data.dtype, n) if scratch else np.empty(n, data.dtype)
+                out_d = (
+                    scratch.get("segment-data", data.dtype, n)
+                    if scratch
+                    else np.empty(n, data.dtype)
+                )
                 gather_rows(ptr, indices, data, sel, out_i, out_d)  # one row gather per piece
                 seg = {
                     "data": out_d,
@@ -241,7 +245,7 @@ def scatter_range(
     handles: dict[tuple[int, str], Any] = {}
     routed_rows = 0
     try:
-        for number, seg in _segments(spec, n_rows, routed, start, stop, cfg, Scratch()):
+        for number, seg in _segments(spec, n_rows, routed, start, stop, cfg, thread_scratch()):
             for name, a in seg.items():
                 fh = handles.get((number, name))
                 if fh is None:
