@@ -19,13 +19,18 @@ import numpy as np
 # entries. One role, so the two never hold separate buffers: a task reads its source before it
 # packs (`pipeline.modalities.perturbation.pack`).
 STAGE = "stage-"
+# Entries after a row gather: a source block's rows of one shard (spilled at once), or a chunk's
+# rows in planned order. Shared for the same reason: a thread that reads holds no more buffers
+# than one that packs.
+GATHERED = "gathered-"
 
 
 class Scratch:
     """Named buffers, each grown as needed and handed out as a view of its start.
 
     A view is valid until the next `get` of the same name. `owner` lets a user of several views
-    check that nobody else refilled them since (`ShardRows` keeps its last chunk that way).
+    check that nobody got a buffer since it filled them (every `get` clears it; `ShardRows` keeps
+    its last chunk that way).
     Buffers are typed, not bytes viewed as a type: scipy copies an index or data array whose base
     is over twice its size (`_prune_array`, on every CSR it checks), and a byte buffer's view is
     always that."""
@@ -35,6 +40,7 @@ class Scratch:
         self.owner: object = None
 
     def get(self, name: str, dtype: np.dtype | type, n: int) -> np.ndarray:
+        self.owner = None
         dt = np.dtype(dtype)
         buf = self.buffers.get(name)
         if buf is None or buf.dtype != dt or buf.size < n:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import parking
-from pipeline.buffers import Scratch, thread_scratch
+from pipeline.buffers import GATHERED, Scratch, thread_scratch
 from pipeline.errors import SourceError
 from pipeline.manifest import SourceSpec
 from pipeline.memory import trim_heap
@@ -161,12 +161,12 @@ def _segments(
                 lengths = row_len[sel]
                 n = int(lengths.sum())
                 out_i = (
-                    scratch.get("segment-indices", indices.dtype, n)
+                    scratch.get(GATHERED + "indices", indices.dtype, n)
                     if scratch
                     else np.empty(n, indices.dtype)
                 )
                 out_d = (
-                    scratch.get("segment-data", data.dtype, n)
+                    scratch.get(GATHERED + "data", data.dtype, n)
                     if scratch
                     else np.empty(n, data.dtype)
                 )

@@ -19,7 +19,7 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders import kernels
-from pipeline.buffers import STAGE, thread_scratch
+from pipeline.buffers import GATHERED, STAGE, thread_scratch
 
 ENTRY_ARRAYS = {
     "data": np.dtype(np.float32),
@@ -217,7 +217,7 @@ class ShardRows:
                     p.read(name, lo, hi, stage[name][at : at + hi - lo])
                 at += hi - lo
             out = {
-                name: self.scratch.get(f"out-{name}", dt, int(ptr[-1]))
+                name: self.scratch.get(GATHERED + name, dt, int(ptr[-1]))
                 for name, dt in ENTRY_ARRAYS.items()
             }
             gather_rows(ptr, stage["indices"], stage["data"], order, out["indices"], out["data"])
