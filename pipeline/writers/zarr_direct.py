@@ -29,7 +29,6 @@ for byte,
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import os
 import threading
@@ -39,18 +38,28 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.writers.blosc_into import blosc_into
+
 GROUP_JSON: bytes | None = (
     None  # an implicit group's zarr.json, as zarr-python writes it (see group_json)
 )
 _TEMPLATES: dict[tuple[Any, ...], ArrayTemplate | None] = {}
 _LOCK = threading.Lock()  # pack tasks on threads probe the same signatures at once
-Encoder = Callable[[np.ndarray], bytes]
+# bytes, or a view of a reused buffer valid until the encoder's next call in this thread
+Encoder = Callable[[np.ndarray], Any]
 
 
 def _blosc(conf: dict[str, Any]) -> Encoder:
     import numcodecs  # import weight: ~0.2 s, a no-change rebuild writes nothing
 
     shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[conf["shuffle"]]
+    if conf.get("typesize") is not None:
+        # into a reused buffer (pipeline.writers.blosc_into): numcodecs' own call, no fresh pages
+        into = blosc_into(
+            conf["cname"], conf["clevel"], shuffle, conf["blocksize"], conf["typesize"]
+        )
+        if into is not None:
+            return into.encode
     codec = numcodecs.Blosc(
         cname=conf["cname"],
         clevel=conf["clevel"],
@@ -99,11 +108,13 @@ class ArrayTemplate:
             .to_bytes()
         )
 
-    def encode(self, chunk: np.ndarray) -> bytes:
+    def encode(self, chunk: np.ndarray) -> bytes | memoryview:
+        """The chunk's file bytes: valid until this template's next encode in this thread (an
+        encoder may write into a reused buffer)."""
         out: Any = np.ascontiguousarray(chunk).view(np.uint8).reshape(-1)
         for enc in self.encoders:
             out = enc(out)
-        return bytes(out) if not isinstance(out, bytes) else out
+        return out if isinstance(out, bytes | memoryview) else memoryview(out).cast("B")
 
 
 def _zarr_files(
@@ -198,12 +209,13 @@ def array_files(t: ArrayTemplate, a: Any, rows: int) -> list[tuple[str, bytes]]:
     small array (one chunk)."""
     return [
         ("zarr.json", t.metadata(a.shape, (rows, *a.shape[1:]))),
-        *((name, data) for name, data in chunks(t, a, rows)),
+        *((name, bytes(data)) for name, data in chunks(t, a, rows)),
     ]
 
 
 def chunks(t: ArrayTemplate, a: Any, rows: int) -> Any:
-    """Yield (relative path, encoded bytes) of each chunk; one chunk's rows in memory at a time."""
+    """Yield (relative path, encoded bytes) of each chunk; one chunk's rows in memory at a time.
+    The bytes are valid until the next chunk (`ArrayTemplate.encode`)."""
     n = int(a.shape[0])
     if n == 0 or int(np.prod(a.shape, dtype=np.int64)) == 0:
         return
@@ -232,7 +244,7 @@ def _pad_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return buf[:nbytes].view(dtype).reshape(shape)
 
 
-def write_file(path: Path, data: bytes) -> None:
+def write_file(path: Path, data: bytes | memoryview) -> None:
     """One file in one write (the shard folder is a temporary name until the writer's caller renames
     it)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
@@ -267,9 +279,12 @@ def write_arrays(
         write_file(folder / "zarr.json", t.metadata(a.shape, (rows, *a.shape[1:])))
         folders.append(folder)
         encoded.append(chunks(t, a, rows))
-    for step in itertools.zip_longest(*encoded):  # chunk i of every array that has one
-        for folder, chunk in zip(folders, step, strict=True):
+    live = list(zip(folders, encoded, strict=True))
+    while live:  # chunk i of every array that has one, each written before the next is encoded
+        for folder, gen in list(live):
+            chunk = next(gen, None)
             if chunk is None:
+                live.remove((folder, gen))
                 continue
             path = folder / chunk[0]
             if path.parent not in made:
