@@ -354,11 +354,15 @@ class H5Source(MatrixSource):
         lo, hi = int(ptr[0]), int(ptr[-1])
         local = ptr - lo
         raw = self._direct.read(group["data"], lo, hi, self.buffers)
-        check_float32_exact(raw, self.path, start, local, self.counts)
+        extremes = check_float32_exact(raw, self.path, start, local, self.counts)
         data = raw.astype(np.float32, copy=False)
         indices = self._direct.read(group["indices"], lo, hi, self.buffers)
         validate_block(
-            CsrParts(data, indices, local, layout.shape[1]), self.path, start, self.counts
+            CsrParts(data, indices, local, layout.shape[1]),
+            self.path,
+            start,
+            self.counts,
+            extremes if data is raw else None,  # the same values: measured once
         )
         return sp.csr_matrix((data, indices, local), shape=(stop - start, layout.shape[1]))
 

@@ -110,6 +110,15 @@ def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return rows, shard_of[order], pos[order]
 
 
+def _between(rows: np.ndarray, a: int, b: int) -> tuple[int, int]:
+    """Where source rows [a, b) lie in the sorted `rows`. The bounds go in `rows`' own dtype
+    where it holds them: as a list they are int64, and searchsorted would cast all of `rows` (a
+    source's, int32) to int64 for every block."""
+    dt = rows.dtype if b <= np.iinfo(rows.dtype).max else np.dtype(np.int64)
+    lo, hi = np.searchsorted(rows, np.array([a, b], dt))
+    return int(lo), int(hi)
+
+
 def _segments(
     spec: SourceSpec,
     n_rows: int,
@@ -127,7 +136,7 @@ def _segments(
         src.buffers = thread_scratch()  # each block is done with before the next is read
         for b in range(start, min(stop, n_rows), cfg.block_rows):
             e = min(b + cfg.block_rows, n_rows, stop)
-            lo, hi = np.searchsorted(rows, [b, e])
+            lo, hi = _between(rows, b, e)
             if lo == hi:
                 continue
             block = src.read_rows(
@@ -312,7 +321,7 @@ def pack_tasks(
         )
         tasks, row_nnz = 0, scanned[s].meta.row_nnz
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-            lo, hi = np.searchsorted(rows, [a, b])
+            lo, hi = _between(rows, a, b)
             if lo < hi:
                 part = _park_routed(cfg.spill, s, tasks, (rows[lo:hi], shard_of[lo:hi], pos[lo:hi]))
                 need = _bytes(int(row_nnz[rows[lo:hi]].sum()), int(hi - lo), cfg)

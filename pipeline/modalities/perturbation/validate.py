@@ -111,14 +111,15 @@ def _first_fraction(data: np.ndarray) -> int | None:
     return None
 
 
-def _check_values(data: np.ndarray, counts: bool) -> tuple[int, str] | None:
-    """(first bad entry, problem) for non-finite or (counts) negative values, else None."""
+def _check_values(
+    data: np.ndarray, counts: bool, extremes: tuple[float, float] | None = None
+) -> tuple[int, str] | None:
+    """(first bad entry, problem) for non-finite or (counts) negative values, else None.
+    `extremes`: data's (min, max) where the caller has them (`check_float32_exact`)."""
     lo = None
     if data.dtype.kind == "f" and data.size:
-        lo, hi = (
-            data.min(),
-            data.max(),
-        )  # NaN propagates into both, an inf is an extreme: finite -> all are
+        # NaN propagates into both, an inf is an extreme: finite -> all are
+        lo, hi = extremes if extremes is not None else (data.min(), data.max())
         if not (np.isfinite(lo) and np.isfinite(hi)):
             at = _first(~np.isfinite(data))
             return at, f"NaN or inf value ({data[at]}) in data"
@@ -144,9 +145,10 @@ def validate_block(
     path: str | Path,
     row0: int,
     counts: bool,
+    extremes: tuple[float, float] | None = None,
 ) -> None:
     """Raise SourceError for the first structural or value problem in a CSR block starting at file
-    row `row0`.
+    row `row0`. `extremes`: the data's (min, max), where the caller has measured them.
 
     Accepts a scipy CSR matrix or the raw (data, indices, indptr, n_cols) parts: sources check
     the parts they read from disk before building the matrix, because scipy's constructor either
@@ -183,7 +185,7 @@ def validate_block(
                 path,
                 f"row {row0 + _row_of(at, indptr)}: column index {int(indices[at])} out of range [0, {parts.n_cols})",
             )
-    bad = _check_values(data, counts)
+    bad = _check_values(data, counts, extremes)
     if bad is not None:
         at, problem = bad
         raise SourceError(path, f"row {row0 + _row_of(at, indptr)}: {problem}")
@@ -235,12 +237,13 @@ FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32; 2**
 
 def check_float32_exact(
     values: np.ndarray, path: str | Path, row0: int, indptr: np.ndarray | None, counts: bool
-) -> None:
+) -> tuple[float, float] | None:
     """Refuse values that float32 (the stored dtype of matrix values) would change: integers (from
     integer sources, and from float sources declared as counts: `[fields] values = "counts"`)
     beyond +-2**24, which it would round, and wider floats beyond float32's range, which would
     become inf. `indptr`: block-local row pointers to name the row of an entry (None: `values` is
-    a dense 2-D block)."""
+    a dense 2-D block). Returns the values' (min, max) when it measured them (validate_block
+    reuses them: two fewer passes over every block), else None."""
     values = np.asarray(values)
     kind = values.dtype.kind
     if (
@@ -248,17 +251,16 @@ def check_float32_exact(
         or kind not in "iuf"
         or (kind == "f" and values.dtype.itemsize <= 4 and not counts)
     ):
-        return
+        return None
     whole = kind in "iu" or counts
     limit = float(FLOAT32_EXACT) if whole else float(np.finfo(np.float32).max)
-    if (
-        -limit <= values.min() and values.max() <= limit
-    ):  # two reductions, no copies (NaN: the slow path)
-        return
+    lo, hi = values.min(), values.max()  # two reductions, no copies (NaN: the slow path)
+    if -limit <= lo and hi <= limit:
+        return lo, hi
     mag = np.abs(values.astype(np.float64, copy=False))  # float64 holds every int < 2**53
     big = (mag > limit) & (mag != np.inf)  # inf and NaN: reported as such by validate_block
     if not big.any():
-        return
+        return None
     at = _first(big.ravel())
     row = row0 + (at // values.shape[1] if indptr is None else _row_of(at, indptr))
     if not whole:
