@@ -12,6 +12,8 @@ which is what its peak held anyway.
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -56,6 +58,9 @@ class Scratch:
 
 
 _THREAD = threading.local()
+# Other per-thread buffers a build keeps between tasks (Blosc's destinations), dropped with the
+# scratch: methods that drop the calling thread's, held weakly (their owners may go first).
+_RELEASERS: list[weakref.WeakMethod[Callable[[], None]]] = []
 
 
 def thread_scratch() -> Scratch:
@@ -64,3 +69,24 @@ def thread_scratch() -> Scratch:
     if scratch is None:
         scratch = _THREAD.scratch = Scratch()
     return scratch
+
+
+def on_release(drop: Callable[[], None]) -> None:
+    """Have `release_thread_buffers` also call ``drop``, a bound method that frees the calling
+    thread's own buffers of some kind, while its object lives."""
+    _RELEASERS[:] = [r for r in _RELEASERS if r() is not None]
+    _RELEASERS.append(weakref.WeakMethod(drop))  # type: ignore[arg-type]
+
+
+def release_thread_buffers() -> None:
+    """Drop the calling thread's buffers. A build calls it when its tasks are done: a build run
+    inline (one job, or one task) runs them on the caller's thread, and a process that goes on
+    after `build()` (a notebook, a trainer) should not keep a pack's working set."""
+    scratch = getattr(_THREAD, "scratch", None)
+    if scratch is not None:
+        scratch.buffers.clear()
+        scratch.owner = None
+    for ref in list(_RELEASERS):
+        drop = ref()
+        if drop is not None:
+            drop()

@@ -28,6 +28,7 @@ from loaders import format as fmt
 from loaders.plugins import PluginError
 from pipeline import generations, parking, pipelined
 from pipeline.backends import get_backend
+from pipeline.buffers import release_thread_buffers
 from pipeline.commit import commit
 from pipeline.dryrun import drop_columns, nothing_to_do, plan_difference
 from pipeline.events import EventLog
@@ -329,6 +330,7 @@ def _build_locked(
     finally:
         parking.close_park(spill)
         shutil.rmtree(spill, ignore_errors=True)
+        release_thread_buffers()  # inline tasks ran on this thread (pipeline.buffers)
         if hasher is not None:
             hasher.shutdown(wait=True, cancel_futures=True)
         if started:

@@ -5,15 +5,20 @@ never served after another shard refilled the buffers."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from pipeline.buffers import STAGE, Scratch, thread_scratch
+from pipeline.build import build
 from pipeline.modalities.perturbation.h5direct import DirectSlices
 from pipeline.modalities.perturbation.spill import ShardRows, memory_piece
+from pipeline.writers import blosc_into, zarr_direct
 
 
 def test_a_name_reuses_its_memory_and_grows_once() -> None:
@@ -84,3 +89,23 @@ def test_a_shards_cached_chunk_is_refetched_after_another_shard_used_the_buffers
     want = one.rows(0, 20, True)["data"].copy()
     two.rows(0, 20, True)  # the same thread's buffers, refilled with another shard's rows
     assert np.array_equal(one.rows(0, 20, True)["data"], want)
+
+
+def test_a_build_leaves_no_buffers_on_the_callers_thread(
+    tmp_path: Path, small_manifest: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One job runs the tasks inline, on the caller's thread: the build drops that thread's
+    scratch and Blosc's destinations when its tasks are done."""
+    made: list[blosc_into.BloscInto] = []
+    real = blosc_into.BloscInto.__init__
+
+    def init(self: blosc_into.BloscInto, *a: Any, **kw: Any) -> None:
+        real(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(blosc_into.BloscInto, "__init__", init)
+    monkeypatch.setattr(zarr_direct, "_TEMPLATES", {})  # this process's encoders, made anew
+    build(small_manifest(tmp_path), tmp_path / "out", jobs=1, progress=False)
+    assert made  # the build did compress through them
+    assert thread_scratch().nbytes == 0
+    assert all(getattr(e.local, "dest", None) is None for e in made)

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.buffers import on_release
+
 MAX_OVERHEAD = 16  # BLOSC_MAX_OVERHEAD: the header a chunk may add to its raw size
 
 
@@ -65,6 +67,10 @@ class BloscInto:
             typesize,
         )
         self.local = threading.local()
+        on_release(self._drop)  # held weakly; one encoder per template signature in a build
+
+    def _drop(self) -> None:
+        self.local.__dict__.pop("dest", None)
 
     def encode(self, buf: np.ndarray) -> memoryview:
         src = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
