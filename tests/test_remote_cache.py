@@ -179,3 +179,40 @@ def test_pinned_shards_are_never_evicted_and_a_full_limit_fails_not_hangs(
     with two.ready([e2]):  # unpinned now: the least recently used goes
         assert two.cached(e2) and not one.cached(e1)
     assert cache_bytes(tmp_path / "c") == 100
+
+
+def test_a_downloaded_size_is_recorded_under_the_folder_lock(
+    built: Any,
+    s3_bucket: str,
+    upload: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every ledger entry written with a size under a limit is written while this process holds
+    the cache folder's lock: rewriting an entry truncates it first, so an evictor on another
+    thread that read it unlocked took it for empty and let one shard too many in."""
+    import fcntl
+    import os
+
+    url = upload(built.outs["tar"], f"{s3_bucket}/locked")
+    lock = tmp_path / "c" / cache_mod.LOCK
+    unlocked: list[int] = []
+    real = cache_mod.write_size
+
+    def checked(pin: Path, size: int) -> None:
+        if size:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody holds it
+                unlocked.append(size)
+            except BlockingIOError:
+                pass  # held (by this process: nothing else uses this folder)
+            finally:
+                os.close(fd)
+        real(pin, size)
+
+    monkeypatch.setattr(cache_mod, "write_size", checked)
+    sizes = [e.bytes for e in ShardDataset(built.outs["tar"], **KW).entries]
+    ds = ShardDataset(url, cache_dir=tmp_path / "c", cache_limit=2 * sum(sizes), **KW)
+    assert sum(1 for _ in ShardLoader(ds)) > 0
+    assert cache_bytes(tmp_path / "c") > 0 and unlocked == []

@@ -217,9 +217,22 @@ class NodeCache:
             except BaseException:
                 write_size(self._pin_path(entry, ".pin"), 0)
                 raise
-            write_size(self._pin_path(entry, ".pin"), size)
+            self._record(entry, size)
         finally:
             os.close(fd)
+
+    def _record(self, entry: ShardEntry, size: int) -> None:
+        """The downloaded shard's size in its ledger entry, under the folder's lock when there is
+        a limit: rewriting an entry truncates it first, and an evictor reading it meanwhile (a
+        reservation on another thread) took it for empty, left it out of the bytes held and let
+        one shard too many in (the eviction test saw 4 shards under a limit of 3, once, under
+        load)."""
+        pin = self._pin_path(entry, ".pin")
+        if self.limit is None:
+            write_size(pin, size)
+            return
+        with locked(self.cache_dir / LOCK):
+            write_size(pin, size)
 
     def _download_checked(self, entry: ShardEntry) -> int:
         """Download to a temporary name, check the digest (one retry), rename; its bytes."""
