@@ -12,8 +12,6 @@ which is what its peak held anyway.
 from __future__ import annotations
 
 import threading
-import weakref
-from collections.abc import Callable
 
 import numpy as np
 
@@ -30,19 +28,20 @@ GATHERED = "gathered-"
 class Scratch:
     """Named buffers, each grown as needed and handed out as a view of its start.
 
-    A view is valid until the next `get` of the same name. `owner` lets a user of several views
-    check that nobody got a buffer since it filled them (every `get` clears it; `ShardRows` keeps
-    its last chunk that way).
+    A view is valid until the next `get` of the same name. A user that keeps views across calls
+    `claim`s their names and asks `holds` before reusing them: a `get` of a claimed name drops
+    the claim (`ShardRows` keeps its last gathered chunk that way, while reads into the staging
+    buffers and Blosc's destinations leave it alone).
     Buffers are typed, not bytes viewed as a type: scipy copies an index or data array whose base
     is over twice its size (`_prune_array`, on every CSR it checks), and a byte buffer's view is
     always that."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, np.ndarray] = {}
-        self.owner: object = None
+        self.claims: dict[str, object] = {}
 
     def get(self, name: str, dtype: np.dtype | type, n: int) -> np.ndarray:
-        self.owner = None
+        self.claims.pop(name, None)
         dt = np.dtype(dtype)
         buf = self.buffers.get(name)
         if buf is None or buf.dtype != dt or buf.size < n:
@@ -52,30 +51,29 @@ class Scratch:
             buf = self.buffers[name] = np.empty(max(n, grown), dt)
         return buf[:n]
 
+    def claim(self, owner: object, names: list[str]) -> None:
+        """``owner`` keeps views of these buffers until one of them is handed out again."""
+        self.claims.update(dict.fromkeys(names, owner))
+
+    def holds(self, owner: object, names: list[str]) -> bool:
+        """Whether ``owner``'s views of these buffers are still what it left in them."""
+        return all(self.claims.get(n) is owner for n in names)
+
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers.values())
 
 
 _THREAD = threading.local()
-# Other per-thread buffers a build keeps between tasks (Blosc's destinations), dropped with the
-# scratch: methods that drop the calling thread's, held weakly (their owners may go first).
-_RELEASERS: list[weakref.WeakMethod[Callable[[], None]]] = []
 
 
 def thread_scratch() -> Scratch:
-    """This thread's scratch (a pack task's reads and chunks; freed when the thread ends)."""
+    """This thread's scratch (a pack task's reads, chunks and Blosc's destinations; freed when
+    the thread ends)."""
     scratch = getattr(_THREAD, "scratch", None)
     if scratch is None:
         scratch = _THREAD.scratch = Scratch()
     return scratch
-
-
-def on_release(drop: Callable[[], None]) -> None:
-    """Have `release_thread_buffers` also call ``drop``, a bound method that frees the calling
-    thread's own buffers of some kind, while its object lives."""
-    _RELEASERS[:] = [r for r in _RELEASERS if r() is not None]
-    _RELEASERS.append(weakref.WeakMethod(drop))  # type: ignore[arg-type]
 
 
 def release_thread_buffers() -> None:
@@ -85,8 +83,4 @@ def release_thread_buffers() -> None:
     scratch = getattr(_THREAD, "scratch", None)
     if scratch is not None:
         scratch.buffers.clear()
-        scratch.owner = None
-    for ref in list(_RELEASERS):
-        drop = ref()
-        if drop is not None:
-            drop()
+        scratch.claims.clear()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
@@ -91,21 +90,32 @@ def test_a_shards_cached_chunk_is_refetched_after_another_shard_used_the_buffers
     assert np.array_equal(one.rows(0, 20, True)["data"], want)
 
 
+def test_a_cached_chunk_survives_other_buffers_of_the_thread() -> None:
+    """Only a get of the chunk's own gathered buffers drops it: reads into the staging buffers
+    and Blosc's destination (used between a chunk's data and its indices) keep it, so one gather
+    serves both arrays."""
+    one = _rows(3, 40)
+    first = one.rows(0, 20, True)
+    thread_scratch().get(STAGE + "data", np.float32, 10)
+    thread_scratch().get("blosc-test", np.uint8, 10)
+    assert one.rows(0, 20, True) is first
+
+
 def test_a_build_leaves_no_buffers_on_the_callers_thread(
     tmp_path: Path, small_manifest: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One job runs the tasks inline, on the caller's thread: the build drops that thread's
-    scratch and Blosc's destinations when its tasks are done."""
-    made: list[blosc_into.BloscInto] = []
-    real = blosc_into.BloscInto.__init__
+    scratch, Blosc's destinations with it, when its tasks are done."""
+    held: list[bool] = []  # each encode: its destination is a buffer of the thread's scratch
+    real = blosc_into.BloscInto.encode
 
-    def init(self: blosc_into.BloscInto, *a: Any, **kw: Any) -> None:
-        real(self, *a, **kw)
-        made.append(self)
+    def encode(self: blosc_into.BloscInto, buf: np.ndarray) -> memoryview:
+        out = real(self, buf)
+        held.append(np.shares_memory(np.asarray(out), thread_scratch().buffers[self.name]))
+        return out
 
-    monkeypatch.setattr(blosc_into.BloscInto, "__init__", init)
+    monkeypatch.setattr(blosc_into.BloscInto, "encode", encode)
     monkeypatch.setattr(zarr_direct, "_TEMPLATES", {})  # this process's encoders, made anew
     build(small_manifest(tmp_path), tmp_path / "out", jobs=1, progress=False)
-    assert made  # the build did compress through them
+    assert held and all(held)  # the build compressed into the scratch
     assert thread_scratch().nbytes == 0
-    assert all(getattr(e.local, "dest", None) is None for e in made)

@@ -2,11 +2,12 @@
 
 Why: ``numcodecs.Blosc.encode`` allocates each chunk's destination (its raw size + 16 bytes) as a
 new bytes object. Above the build's 1 MiB mmap threshold (`pipeline.memory`) that is a fresh
-mapping whose pages fault in as Blosc writes them and go back at free: 7.9 against 6.0 ms per
-8 MiB chunk (lz4, level 5, byte shuffle, int32 and float32 counts; one process, interleaved,
+mapping whose pages fault in as Blosc writes them and go back at free: 7.4 against 6.1 ms of CPU
+per 8 MiB chunk (lz4, level 5, byte shuffle, int32 and float32 counts; one process, interleaved,
 `python -m benchmarks.blosc_into`). Here the C function numcodecs itself calls when Blosc's
 global threads are off (``blosc_compress_ctx`` of the c-blosc built into numcodecs' extension,
-with the same arguments) writes into one buffer per encoder and thread.
+with the same arguments) writes into one buffer per encoder in the thread's scratch
+(`pipeline.buffers`), which a build drops with the rest when its tasks are done.
 
 Where that extension does not export the function, `blosc_into` returns None and the caller keeps
 numcodecs' encode. Either way the zarr writer's template probe compares the files it writes with
@@ -16,14 +17,15 @@ zarr-python's before it uses them (`pipeline.writers.zarr_direct`).
 from __future__ import annotations
 
 import ctypes
-import threading
+import itertools
 from typing import Any
 
 import numpy as np
 
-from pipeline.buffers import on_release
+from pipeline.buffers import thread_scratch
 
 MAX_OVERHEAD = 16  # BLOSC_MAX_OVERHEAD: the header a chunk may add to its raw size
+_NUMBERS = itertools.count()  # each encoder's own buffer name (encoders may be chained)
 
 
 def _compress_ctx() -> Any:
@@ -53,7 +55,7 @@ def _compress_ctx() -> Any:
 
 class BloscInto:
     """``encode(buf) -> memoryview``: ``buf`` (contiguous bytes) compressed into this encoder's
-    buffer for the calling thread, valid until its next call there. ctypes releases the GIL for
+    buffer in the calling thread's scratch, valid until its next call there. ctypes releases the GIL for
     the call, so pack threads compress in parallel as with numcodecs."""
 
     def __init__(
@@ -66,19 +68,12 @@ class BloscInto:
             blocksize,
             typesize,
         )
-        self.local = threading.local()
-        on_release(self._drop)  # held weakly; one encoder per template signature in a build
-
-    def _drop(self) -> None:
-        self.local.__dict__.pop("dest", None)
+        self.name = f"blosc-{next(_NUMBERS)}"  # in the thread's scratch (pipeline.buffers)
 
     def encode(self, buf: np.ndarray) -> memoryview:
         src = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
         need = src.nbytes + MAX_OVERHEAD
-        dest = getattr(self.local, "dest", None)
-        if dest is None or dest.size < need:
-            self.local.dest = None  # the old buffer goes first
-            dest = self.local.dest = np.empty(need, np.uint8)
+        dest = thread_scratch().get(self.name, np.uint8, need)
         n = self.fn(
             self.clevel,
             self.shuffle,

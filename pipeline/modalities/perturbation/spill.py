@@ -25,6 +25,7 @@ ENTRY_ARRAYS = {
     "data": np.dtype(np.float32),
     "indices": np.dtype(np.int32),
 }  # one value per stored entry
+GATHERED_NAMES = [GATHERED + name for name in ENTRY_ARRAYS]  # a chunk's gathered entry arrays
 ROW_ARRAYS = {"lengths": np.dtype(np.int64), "pos": np.dtype(np.int64)}  # one value per row
 OBSM = "obsm~"  # obsm~<key>: float32 rows of an embedding
 # int64 (min, max) of each delivered piece's column indices, for the format's range check
@@ -183,7 +184,8 @@ class ShardRows:
         writers ask for them one after the other: `zarr_direct.write_arrays`).
         Entry arrays live in reused scratch buffers: valid until the next call."""
         key = (r0, r1, entries)
-        if self._cached is not None and self._cached[0] == key and self.scratch.owner is self:
+        held = not entries or self.scratch.holds(self, GATHERED_NAMES)  # obsm rows: fresh arrays
+        if self._cached is not None and self._cached[0] == key and held:
             return self._cached[1]
         self._cached = (
             None  # drop views of the scratch buffers, so that growing them frees the old ones
@@ -221,7 +223,7 @@ class ShardRows:
                 for name, dt in ENTRY_ARRAYS.items()
             }
             gather_rows(ptr, stage["indices"], stage["data"], order, out["indices"], out["data"])
-            self.scratch.owner = self  # its views hold this range until someone refills them
+            self.scratch.claim(self, GATHERED_NAMES)  # its views: this range, until refilled
         else:
             out = {}
             for k, shape in self.obsm_shapes.items():
