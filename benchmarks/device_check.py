@@ -3,7 +3,8 @@ tools of ours).
 
     python -m benchmarks.device_check --prepare --data .devdata     # here, on the CPU machine (~1
     min)
-    python -m benchmarks.device_check --data .devdata --out $OUT    # there
+    python -m benchmarks.device_check --data .devdata --out $OUT    # there (after
+    python -m pip install --no-index --no-deps .whl/*.whl: the node's bare pip is another Python's)
 
 Everything it reads is made beforehand on the CPU machine by ``--prepare``, under ``--data`` (~46
 MB, under the device tool's 64 MiB with zarr/numcodecs wheels): ``cells/`` (shards of the bench's
