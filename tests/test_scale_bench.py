@@ -1,4 +1,5 @@
-"""`make bench-scale`'s rounds: the limit and the build interleaved, the median ratio reported."""
+"""`make bench-scale`'s rounds: each build between two limits (L B L B L), the median ratio
+reported."""
 
 from __future__ import annotations
 
@@ -9,19 +10,26 @@ from typing import Any
 import pytest
 
 
-def test_limit_and_build_alternate_and_the_median_round_is_reported(
+def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from benchmarks import scale_bench
     from benchmarks.pipeline_bench import BuildRun
 
     calls: list[str] = []
-    limits, builds = iter([4.0, 3.0, 5.0]), iter([20.0, 10.0, 25.0])  # ratios 0.2, 0.3, 0.2
+    # round limits (4+4)/2, (4+2)/2, (2+4)/2 over builds 20, 10, 15: ratios 0.2, 0.3, 0.2
+    limits, builds = iter([4.0, 4.0, 2.0, 4.0]), iter([20.0, 10.0, 15.0])
 
     def limit(files: Any, codec: str, repeats: int = 3) -> dict[str, float]:
         calls.append("limit")
         cpu = next(limits)
-        return {"cpu_seconds": cpu, "seconds": cpu, "cells_per_s": 100.0 / cpu}
+        return {
+            "cpu_seconds": cpu,
+            "seconds": cpu,
+            "read_seconds": 0.0,
+            "cells": 100,
+            "cells_per_s": 100.0 / cpu,
+        }
 
     def build(label: str, manifest: Path, out: Path, jobs: int, **kw: Any) -> BuildRun:
         calls.append(f"build {out.name}")
@@ -41,10 +49,12 @@ def test_limit_and_build_alternate_and_the_median_round_is_reported(
         "build shards-100-zarr-r1",
         "limit",
         "build shards-100-zarr-r2",
+        "limit",
     ]
     assert [round(r["vs_limit_cpu"], 3) for r in res["rounds"]] == [0.2, 0.3, 0.2]
     assert res["vs_limit_cpu"] == pytest.approx(0.2)  # the median round, not the best
-    assert res["build"]["cpu_s"] in (20.0, 25.0) and res["limit_cpu_s"] in (4.0, 5.0)
+    assert res["build"]["cpu_s"] in (20.0, 15.0) and res["limit_cpu_s"] in (4.0, 3.0)
+    assert [r["limit_cpu_s_before_after"] for r in res["rounds"]] == [[4, 4], [4, 2], [2, 4]]
     assert "0.200, 0.300, 0.200" in scale_bench.markdown(
         {
             "sizes": [res],
