@@ -119,17 +119,17 @@ def test_every_pack_task_hands_its_freed_memory_back(
     """Read, pack and fused tasks each end with a heap trim (pipeline.memory.trim_heap): freed
     blocks otherwise stay resident, and the build's RSS crept up with the number of tasks it ran."""
     import pipeline.modalities.perturbation.pack
+    import pipeline.modalities.perturbation.routing
     from pipeline.build import build
     from pipeline.events import EventLog
 
     build_dataset(tmp_path, "sources", sources=2, cells=300)
     manifest = write_manifest(tmp_path / "m.toml")
     trims: list[str] = []
-    monkeypatch.setattr(
-        pipeline.modalities.perturbation.pack,
-        "trim_heap",
-        lambda: trims.append(sys._getframe(1).f_code.co_name),
-    )
+    for module in (pipeline.modalities.perturbation.pack, pipeline.modalities.perturbation.routing):
+        monkeypatch.setattr(
+            module, "trim_heap", lambda: trims.append(sys._getframe(1).f_code.co_name)
+        )
     for fuse, out in ((1 << 30, "fused"), (0, "spilled")):
         monkeypatch.setattr(pipeline.modalities.perturbation.pack, "FUSE_BYTES", fuse)
         monkeypatch.setattr(pipeline.modalities.perturbation.pack, "SCATTER_BYTES", 40_000)
@@ -139,9 +139,9 @@ def test_every_pack_task_hands_its_freed_memory_back(
         build(manifest, tmp_path / out, jobs=2, progress=False, events=ev)
         tasks = sum(e["count"] for e in ev.events if e["event"] == "tasks")
         at_end = [
-            t for t in trims if t != "_segments"
+            t for t in trims if t != "read_routed"
         ]  # and after every block read (a long task's blocks)
-        assert tasks >= 2 and len(at_end) == tasks and trims.count("_segments") >= 2
+        assert tasks >= 2 and len(at_end) == tasks and trims.count("read_routed") >= 2
 
 
 def test_local_pack_tasks_delete_their_spill_files_as_they_go(
@@ -208,6 +208,7 @@ def test_whole_source_tasks_build_the_same_shards(
     """With two spilled sources a job, a source is one task (read, then pack its shards): no phase-2
     tasks, and the same bytes as the two phases of row-range reads and per-shard packs."""
     import pipeline.modalities.perturbation.pack
+    import pipeline.modalities.perturbation.routing
     from pipeline.build import build
     from pipeline.events import EventLog
 

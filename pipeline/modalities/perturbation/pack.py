@@ -7,28 +7,27 @@ A shard is a uniform random sample of its source, so its rows are complete only 
 source has been read. Until then they wait, as sorted pieces
 (`pipeline.modalities.perturbation.spill`):
 
-* in memory (`pack_source`), when the source's planned rows fit `MatrixPackOptions.fuse_bytes`: one
-task reads the
-  source and packs its shards, with no intermediate files;
+* in memory (`pack_source`), when the source's planned rows fit `MatrixPackOptions.fuse_bytes`:
+  one task reads the source and packs its shards, with no intermediate files;
 * in spill files (`scatter_range` then `pack_shard`), for bigger sources: several tasks read row
-ranges of
-  the source (so a single big file still keeps every job busy) and append each shard's rows to plain
-  binary
-  files; one task per shard packs it from its files. With two sources or more a job there is no need
-  to
-  split files: one task reads a source and then packs its shards (`_whole_source`).
+  ranges of the source (so a single big file still keeps every job busy) and append each shard's
+  rows to plain binary files; one task per shard packs it from its files. With two sources or
+  more a job there is no need to split files: one task reads a source and then packs its shards
+  (`_whole_source`).
 
 Packing streams: each compressed chunk is gathered from the pieces on demand, so a pack task
 holds a few chunks, never a whole shard. Peak memory follows `fuse_bytes` and the block size, not
 the dataset size.
 
-This module reads, routes and sizes the tasks; a shard's pieces become its file in
-`pipeline.modalities.perturbation.assemble` (`write_shard`, and `pack_shard` from spill files).
+This module sizes the tasks and keeps the routed rows (memory, park or spill files); the read and
+route of each block is `pipeline.modalities.perturbation.routing`, and a shard's pieces become its
+file in `pipeline.modalities.perturbation.assemble` (`write_shard`, and `pack_shard` from spill
+files).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,12 +36,10 @@ from typing import Any
 import numpy as np
 
 from pipeline import parking
-from pipeline.buffers import GATHERED, Scratch, thread_scratch
-from pipeline.errors import SourceError
+from pipeline.buffers import thread_scratch
 from pipeline.manifest import SourceSpec
 from pipeline.memory import trim_heap
 from pipeline.modalities.perturbation.assemble import (
-    SUMMED,
     Target,
     drop_consumed,
     memory_pieces,
@@ -51,15 +48,8 @@ from pipeline.modalities.perturbation.assemble import (
     spill_file,
     write_shard,
 )
-from pipeline.modalities.perturbation.matrix import open_source
-from pipeline.modalities.perturbation.spill import (
-    OBSM,
-    RANGE,
-    ROW_ARRAYS,
-    gather_rows,
-    parked_bytes,
-)
-from pipeline.modalities.perturbation.validate import sum_duplicates, validate_block
+from pipeline.modalities.perturbation.routing import Routed, read_routed, route, rows_between
+from pipeline.modalities.perturbation.spill import parked_bytes
 from pipeline.model import PackConfig, PackResult, ScannedSource, ShardPlan
 
 FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
@@ -93,125 +83,6 @@ def _bytes(nnz: int, n_rows: int, cfg: PackConfig) -> int:
     return 8 * nnz + n_rows * (16 + 4 * width)
 
 
-def route(targets: Sequence[Target]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(source row, shard number, position in the shard) of every planned row, sorted by source row;
-    int32 where the values fit (the read tasks of a big source hold these until they run: 12
-    bytes a row, not 24)."""
-    rows = np.concatenate([t.rows for t in targets])
-    small = np.int32 if max((t.rows.size for t in targets), default=0) < 2**31 else np.int64
-    shard_of = np.concatenate(
-        [np.full(t.rows.size, t.number, np.int32) for t in targets]
-    )  # plan's shard numbers
-    pos = np.concatenate([np.arange(t.rows.size, dtype=small) for t in targets])
-    order = np.argsort(rows, kind="stable")
-    rows = rows[order]
-    if rows.size and rows[-1] < 2**31:
-        rows = rows.astype(np.int32)
-    return rows, shard_of[order], pos[order]
-
-
-def _between(rows: np.ndarray, a: int, b: int) -> tuple[int, int]:
-    """Where source rows [a, b) lie in the sorted `rows`. The bounds go in `rows`' own dtype
-    where it holds them: as a list they are int64, and searchsorted would cast all of `rows` (a
-    source's, int32) to int64 for every block."""
-    dt = rows.dtype if b <= np.iinfo(rows.dtype).max else np.dtype(np.int64)
-    lo, hi = np.searchsorted(rows, np.array([a, b], dt))
-    return int(lo), int(hi)
-
-
-def _segments(
-    spec: SourceSpec,
-    n_rows: int,
-    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
-    start: int,
-    stop: int,
-    cfg: PackConfig,
-    scratch: Scratch | None = None,
-) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-    """Read source rows [start, stop) block by block; yield (shard, rows of that shard from the
-    block), each sorted by planned position. With `scratch` the entry arrays are reused buffers,
-    valid until the next segment (for a consumer that writes them out at once)."""
-    rows, shard_of, pos = routed
-    with open_source(spec.type, spec.path, spec.matrix, counts=cfg.options.counts) as src:
-        src.buffers = thread_scratch()  # each block is done with before the next is read
-        for b in range(start, min(stop, n_rows), cfg.block_rows):
-            e = min(b + cfg.block_rows, n_rows, stop)
-            lo, hi = _between(rows, b, e)
-            if lo == hi:
-                continue
-            block = src.read_rows(
-                b, e
-            )  # validated by the source: structure, NaN/inf, negative counts
-            block, summed = sum_duplicates(
-                block
-            )  # one canonical CSR for every reader (counted per shard)
-            if summed is not None:
-                validate_block(
-                    block, spec.path, b, cfg.options.counts
-                )  # a sum can overflow float32
-            embeds = {k: src.read_obsm(k, b, e) for k in cfg.options.obsm}
-            for k, a in embeds.items():
-                if not np.isfinite(a).all():
-                    bad = b + int(
-                        np.flatnonzero(~np.isfinite(a).all(axis=tuple(range(1, a.ndim))))[0]
-                    )
-                    raise SourceError(spec.path, f"obsm[{k!r}] has NaN/inf at row {bad}")
-            sorted_rows = bool(block.has_canonical_format)  # scipy caches it: no second pass
-            ptr = block.indptr.astype(np.int32 if block.nnz < 2**31 else np.int64, copy=False)
-            indices = block.indices.astype(ptr.dtype, copy=False)
-            data = block.data.astype(np.float32, copy=False)
-            row_len = np.diff(ptr).astype(np.int64)
-            by_shard = np.lexsort((pos[lo:hi], shard_of[lo:hi]))
-            local, sh = rows[lo:hi][by_shard] - b, shard_of[lo:hi][by_shard]
-            ps = pos[lo:hi][by_shard].astype(ROW_ARRAYS["pos"], copy=False)  # spilled as raw int64
-            cuts = np.r_[0, np.flatnonzero(np.diff(sh)) + 1, sh.size]
-            for u, v in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-                sel = local[u:v]
-                lengths = row_len[sel]
-                n = int(lengths.sum())
-                out_i = (
-                    scratch.get(GATHERED + "indices", indices.dtype, n)
-                    if scratch
-                    else np.empty(n, indices.dtype)
-                )
-                out_d = (
-                    scratch.get(GATHERED + "data", data.dtype, n)
-                    if scratch
-                    else np.empty(n, data.dtype)
-                )
-                gather_rows(ptr, indices, data, sel, out_i, out_d)  # one row gather per piece
-                seg = {
-                    "data": out_d,
-                    "indices": out_i.astype(np.int32, copy=False),
-                    "lengths": lengths,
-                    "pos": ps[u:v],
-                    RANGE: _index_range(out_i, lengths, sorted_rows),
-                    **{f"{OBSM}{k}": a[sel] for k, a in embeds.items()},
-                }
-                if summed is not None:
-                    seg[SUMMED] = np.array([summed[sel].sum()], np.int64)
-                yield int(sh[u]), seg
-            del block, indices, data, ptr
-            # per block: a whole-source task reads ~16 blocks before its end (pipeline.memory)
-            trim_heap()
-
-
-def _index_range(indices: np.ndarray, lengths: np.ndarray, sorted_rows: bool) -> np.ndarray:
-    """(min, max) of a piece's column indices, for the format's range check. Rows whose columns
-    are sorted (a canonical block: nearly always) give them from each row's first and last entry,
-    O(rows) instead of two passes over every entry (0.27 s of py-spy samples in a 2M-cell
-    build)."""
-    if not indices.size:
-        return np.array([], np.int64)
-    if not sorted_rows:
-        return np.array([indices.min(), indices.max()], np.int64)
-    ends = np.cumsum(lengths)
-    full = lengths > 0
-    return np.array(
-        [indices[(ends - lengths)[full]].min(), indices[ends[full] - 1].max()], np.int64
-    )
-
-
 def pack_source(
     spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]], cfg: PackConfig
 ) -> list[PackResult]:
@@ -227,7 +98,7 @@ def pack_source(
 def _in_memory(
     spec: SourceSpec,
     n_rows: int,
-    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    routed: Routed,
     start: int,
     stop: int,
     cfg: PackConfig,
@@ -235,7 +106,7 @@ def _in_memory(
     """Source rows [start, stop) routed to their shards and kept: shard -> its segments, in block
     order (a fused source's whole read, or a parked read task's range)."""
     segs: dict[int, list[dict[str, np.ndarray]]] = {}
-    for number, seg in _segments(spec, n_rows, routed, start, stop, cfg):
+    for number, seg in read_routed(spec, n_rows, routed, start, stop, cfg):
         segs.setdefault(number, []).append(seg)
     return segs
 
@@ -243,7 +114,7 @@ def _in_memory(
 def scatter_range(
     spec: SourceSpec,
     n_rows: int,
-    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    routed: Routed,
     start: int,
     stop: int,
     task: int,
@@ -254,7 +125,7 @@ def scatter_range(
     handles: dict[tuple[int, str], Any] = {}
     routed_rows = 0
     try:
-        for number, seg in _segments(spec, n_rows, routed, start, stop, cfg, thread_scratch()):
+        for number, seg in read_routed(spec, n_rows, routed, start, stop, cfg, thread_scratch()):
             for name, a in seg.items():
                 fh = handles.get((number, name))
                 if fh is None:
@@ -321,7 +192,7 @@ def pack_tasks(
         )
         tasks, row_nnz = 0, scanned[s].meta.row_nnz
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-            lo, hi = _between(rows, a, b)
+            lo, hi = rows_between(rows, a, b)
             if lo < hi:
                 part = _park_routed(cfg.spill, s, tasks, (rows[lo:hi], shard_of[lo:hi], pos[lo:hi]))
                 need = _bytes(int(row_nnz[rows[lo:hi]].sum()), int(hi - lo), cfg)
@@ -376,7 +247,7 @@ def _scatter(
 def park_range(
     spec: SourceSpec,
     n_rows: int,
-    routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    routed: Routed,
     start: int,
     stop: int,
     task: int,
