@@ -119,3 +119,18 @@ def test_a_build_leaves_no_buffers_on_the_callers_thread(
     build(small_manifest(tmp_path), tmp_path / "out", jobs=1, progress=False)
     assert held and all(held)  # the build compressed into the scratch
     assert thread_scratch().nbytes == 0
+
+
+def test_edge_chunks_are_padded_in_the_threads_scratch() -> None:
+    """The zarr writer pads a short last chunk in the thread's scratch (one byte buffer for every
+    dtype), so a build's release drops it with the rest; the padded chunk is the rows, then
+    zeros."""
+    scratch = thread_scratch()
+    pad = zarr_direct._pad_buffer((4, 3), np.dtype(np.float32))
+    assert np.shares_memory(pad, scratch.buffers[zarr_direct.PAD])
+    ints = zarr_direct._pad_buffer((5,), np.dtype(np.int64))
+    assert np.shares_memory(ints, scratch.buffers[zarr_direct.PAD])  # the same bytes, reused
+    template = zarr_direct.ArrayTemplate.__new__(zarr_direct.ArrayTemplate)
+    template.encoders = []  # raw chunk bytes: the padding itself is what is checked
+    got = dict(zarr_direct.chunks(template, np.arange(6, dtype=np.int32), 4))
+    assert np.frombuffer(bytes(got["c/1"]), np.int32).tolist() == [4, 5, 0, 0]

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,12 +227,8 @@ class NodeCache:
         reservation on another thread) took it for empty, left it out of the bytes held and let
         one shard too many in (the eviction test saw 4 shards under a limit of 3, once, under
         load)."""
-        pin = self._pin_path(entry, ".pin")
-        if self.limit is None:
-            write_size(pin, size)
-            return
-        with locked(self.cache_dir / LOCK):
-            write_size(pin, size)
+        with nullcontext() if self.limit is None else locked(self.cache_dir / LOCK):
+            write_size(self._pin_path(entry, ".pin"), size)
 
     def _download_checked(self, entry: ShardEntry) -> int:
         """Download to a temporary name, check the digest (one retry), rename; its bytes."""

@@ -38,12 +38,14 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.buffers import thread_scratch
 from pipeline.writers.blosc_into import blosc_into
 
 GROUP_JSON: bytes | None = (
     None  # an implicit group's zarr.json, as zarr-python writes it (see group_json)
 )
 _TEMPLATES: dict[tuple[Any, ...], ArrayTemplate | None] = {}
+PAD = "pad"  # the thread's scratch buffer that edge chunks are padded in
 _LOCK = threading.Lock()  # pack tasks on threads probe the same signatures at once
 # bytes, or a view of a reused buffer valid until the encoder's next call in this thread
 Encoder = Callable[[np.ndarray], Any]
@@ -229,19 +231,12 @@ def chunks(t: ArrayTemplate, a: Any, rows: int) -> Any:
         yield chunk_key(i, len(a.shape)), t.encode(block)
 
 
-_PAD = (
-    threading.local()
-)  # per thread: the buffer edge chunks are padded in, reused (fresh pages cost a copy)
-
-
 def _pad_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A reused buffer of this shape and dtype (contents undefined), one per thread, grown as
-    needed."""
+    """A reused buffer of this shape and dtype (contents undefined) in the thread's scratch
+    (`pipeline.buffers`: fresh pages cost a copy; a build drops it with the rest). Bytes viewed
+    as the dtype: edge chunks of every array share it, and it only ever goes to Blosc."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    buf = getattr(_PAD, "buf", None)
-    if buf is None or buf.size < nbytes:
-        buf = _PAD.buf = np.empty(nbytes, np.uint8)
-    return buf[:nbytes].view(dtype).reshape(shape)
+    return thread_scratch().get(PAD, np.uint8, nbytes).view(dtype).reshape(shape)
 
 
 def write_file(path: Path, data: bytes | memoryview) -> None:
