@@ -29,6 +29,7 @@ from benchmarks import pipeline_bench as pb
 from benchmarks.build_vs_annbatch import build_annbatch_section
 from benchmarks.extras_bench import extras_section
 from benchmarks.measure import machine_info, package_versions
+from benchmarks.modality_sections import modality_section
 from benchmarks.remote_bench import remote_section
 from benchmarks.report import write_report
 from benchmarks.run_config import parse_args
@@ -37,7 +38,6 @@ from benchmarks.run_sections import (
     datasets,
     gpu_section,
     loader_section,
-    modality_section,
     pipeline_section,
 )
 from benchmarks.targets import SMOKE_NOTE, as_smoke, evaluate
