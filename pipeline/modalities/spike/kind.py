@@ -29,6 +29,13 @@ from pipeline.errors import ManifestError, SourceError
 from pipeline.modalities.spike.checks import frame_facts, frame_warnings
 from pipeline.modalities.spike.config import BITS, SPIKE_CODECS, SpikeConfig, parse_sections
 from pipeline.modalities.spike.dat import count_frames, pack_frames, read_frames
+from pipeline.modalities.spike.tree import (
+    IMAGE_SUFFIXES,
+    SPLIT_FOLDERS,
+    frame_key,
+    read_image,
+    unpaired_images,
+)
 from pipeline.model import KindPlan, PlanContext, register_kind
 from pipeline.records import Record, RecordKind, SkipRecord
 
@@ -37,18 +44,12 @@ if TYPE_CHECKING:
     from pipeline.model import ScannedSource
 
 log = logging.getLogger(__name__)
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
-SPLIT_FOLDERS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
 UNSERVED = (
     "records_in_no_clip",
     "clips_lost_at_shard_cuts",
     "images_without_spikes",
     "sequences_without_spikes",
 )
-
-
-def _frame_key(stem: str) -> tuple[int, str]:
-    return (int(stem), stem) if stem.isdigit() else (-1, stem)
 
 
 @register_kind
@@ -87,7 +88,7 @@ class SpikeKind(RecordKind):
             )
         seq_dir, split = spec.path.parent.parent, SPLIT_FOLDERS.get(parts[-4].lower())
         group = f"{parts[-4]}/{parts[-3]}" if split else parts[-3]
-        key = _frame_key(spec.path.stem)
+        key = frame_key(spec.path.stem)
         info["frame_no"] = key[0]
         info["images"] = {
             name: next(
@@ -143,7 +144,7 @@ class SpikeKind(RecordKind):
         for line in frame_warnings(facts):
             log.warning("%s: %s", manifest.path, line)
         if manifest.config.layout == "gopro":
-            plan.stats.update(_unpaired(manifest, [s.spec.path for s in scanned]))
+            plan.stats.update(unpaired_images(manifest, [s.spec.path for s in scanned]))
         if (
             manifest.config.clip_len > 1
         ):  # clips are per shard: count those a shard cut splits (never silent)
@@ -273,7 +274,7 @@ class SpikeKind(RecordKind):
             path = record.info["images"].get(name)
             if path is None:
                 raise SkipRecord(f"no {name} image for the spike frame", str(spec.path))
-            out[name] = _read_image(Path(path))
+            out[name] = read_image(Path(path))
             if out[name].shape != self._shapes[name]:
                 raise SkipRecord(
                     f"{name} image size differs from the dataset's", f"{path}: {out[name].shape}"
@@ -350,58 +351,3 @@ def _per_file(facts: Mapping[str, int] | None) -> str | None:
         return None
     lo, hi, n = facts["min"], facts["max"], facts["files"]
     return f"{lo} (all {n} files)" if lo == hi else f"{lo}-{hi} over {n} files"
-
-
-def _unpaired(manifest: Manifest, dats: list[Path]) -> dict[str, Any]:
-    """A GoPro tree's images that no spike file pairs (per image folder), and the sequence folders
-    beside the found ones that hold no spike file at all: not records, but issue 10's bad input,
-    so counted and logged."""
-    cfg: SpikeConfig = manifest.config
-    stems: dict[Path, set[str]] = {}
-    for dat in dats:
-        stems.setdefault(dat.parent.parent, set()).add(dat.stem)
-    empty = sorted(
-        d
-        for parent in {q.parent for q in stems}
-        for d in parent.iterdir()
-        if d.is_dir()
-        and d not in stems
-        and any((d / n).is_dir() for n in ("spike", *cfg.images))
-        and not any((d / "spike").glob("*.dat"))
-    )
-    extra = {
-        name: sorted(
-            p
-            for d in [*stems, *empty]
-            if (d / name).is_dir()
-            for p in (d / name).iterdir()
-            if p.suffix.lower() in IMAGE_SUFFIXES and p.stem not in stems.get(d, ())
-        )
-        for name in cfg.images
-    }
-    for d in empty:
-        log.warning("%s: sequence %s is empty (no .dat under spike/): no records", manifest.path, d)
-    for name, paths in extra.items():
-        if paths:
-            log.warning(
-                "%s: %d %s images without a spike file (first: %s): not stored",
-                manifest.path,
-                len(paths),
-                name,
-                paths[0],
-            )
-    return {
-        "images_without_spikes": {n: len(p) for n, p in extra.items()},
-        "sequences_without_spikes": len(empty),
-    }
-
-
-def _read_image(path: Path) -> np.ndarray:
-    import PIL.Image  # optional extra images
-
-    try:
-        with PIL.Image.open(path) as im:
-            a = np.asarray(im.convert("L" if im.mode in ("L", "1", "I;16") else "RGB"))
-    except OSError as e:
-        raise SkipRecord("unreadable image", f"{path}: {e}") from None
-    return a[None] if a.ndim == 2 else np.ascontiguousarray(a.transpose(2, 0, 1))
