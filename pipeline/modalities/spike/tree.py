@@ -16,7 +16,7 @@ from pipeline.records import SkipRecord
 if TYPE_CHECKING:
     from pipeline.manifest import Manifest
 
-log = logging.getLogger("pipeline.modalities.spike.kind")  # the kind's logger: one place to filter
+log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 SPLIT_FOLDERS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
 
