@@ -35,45 +35,22 @@ def test_budget_is_taken_and_given_back(tmp_path: Path) -> None:
         parking.put(spill, (0, 0), ["rows"])
 
 
-@pytest.fixture
-def split_source(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    build_dataset: Callable[..., Any],
-    write_manifest: Callable[..., Any],
-) -> Path:
-    """One source read by several row-range tasks, then packed shard by shard (what a single big
-    source gets): the case the park is for."""
-    build_dataset(tmp_path, "sources", sources=1, cells=600)
-    monkeypatch.setattr(pack, "FUSE_BYTES", 0)
-    monkeypatch.setattr(pack, "SCATTER_BYTES", 20_000)
-    return write_manifest(tmp_path / "m.toml", shard_size_mb=0.01)
-
-
 def _digests(out: Path) -> list[tuple[str, str]]:
     return [(e.file, e.digest) for e in fmt.read_index(out).shards]
 
 
-def _count(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
-    calls = [0]
-    real = getattr(module, name)
-
-    def counted(*a: Any, **k: Any) -> Any:
-        calls[0] += 1
-        return real(*a, **k)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
-
-
 @pytest.mark.parametrize("budget", ["all", "some"])
 def test_parked_rows_make_the_same_bytes_as_spill_files(
-    budget: str, split_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    budget: str,
+    split_source: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count_calls: Callable[..., list[int]],
 ) -> None:
     monkeypatch.setattr(parking, "PARK_BYTES", 0)
     build(split_source, tmp_path / "files", jobs=2, progress=False)
-    parked = _count(monkeypatch, pack, "park_range")
-    spilled = _count(monkeypatch, pack, "scatter_range")
+    parked = count_calls(monkeypatch, pack, "park_range")
+    spilled = count_calls(monkeypatch, pack, "scatter_range")
     # "some": room for about one read task's rows, so the others spill
     monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30 if budget == "all" else 30_000)
     build(split_source, tmp_path / "parked", jobs=2, progress=False)
@@ -83,11 +60,14 @@ def test_parked_rows_make_the_same_bytes_as_spill_files(
 
 
 def test_other_processes_never_park(
-    split_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    split_source: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count_calls: Callable[..., list[int]],
 ) -> None:
     """loky's tasks run in other processes: a row parked in one would be missing in the other."""
     monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30)
-    parked = _count(monkeypatch, pack, "park_range")
+    parked = count_calls(monkeypatch, pack, "park_range")
     build(split_source, tmp_path / "loky", jobs=2, backend="loky", progress=False)
     assert parked[0] == 0
     build(split_source, tmp_path / "threads", jobs=2, progress=False)
@@ -95,14 +75,17 @@ def test_other_processes_never_park(
 
 
 def test_a_failed_build_leaves_no_park(
-    split_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    split_source: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count_calls: Callable[..., list[int]],
 ) -> None:
     def broken(*a: Any, **k: Any) -> Any:
         raise OSError("disk gone")
 
     monkeypatch.setattr(assemble, "write_shard", broken)
     monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30)
-    parked = _count(monkeypatch, pack, "park_range")
+    parked = count_calls(monkeypatch, pack, "park_range")
     with pytest.raises(OSError, match="disk gone"):
         build(split_source, tmp_path / "out", jobs=2, progress=False)
     assert parked[0] >= 1 and not parking._PARKS

@@ -21,6 +21,7 @@ from loaders import format as fmt
 from pipeline import parking
 from pipeline.modalities.perturbation.spill import (
     ENTRY_ARRAYS,
+    NARROW,
     OBSM,
     RANGE,
     ROW_ARRAYS,
@@ -32,6 +33,7 @@ from pipeline.modalities.perturbation.spill import (
     parked_bytes,
 )
 from pipeline.model import PackConfig, PackResult, ShardPlan
+from pipeline.planned import load_column
 from pipeline.shardfile import finish_shard
 
 SUMMED = "summed"  # int64 per delivered piece: duplicate entries summed away in its rows
@@ -82,7 +84,14 @@ def memory_pieces(
 def pack_shard(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> PackResult:
     """Pack a shard from the pieces its source's scatter tasks left (in task order): parked in
     memory (`pipeline.parking`) or in spill files."""
-    names = [*ENTRY_ARRAYS, *ROW_ARRAYS, RANGE, SUMMED, *(f"{OBSM}{k}" for k in cfg.options.obsm)]
+    names = [
+        *ENTRY_ARRAYS,
+        NARROW,
+        *ROW_ARRAYS,
+        RANGE,
+        SUMMED,
+        *(f"{OBSM}{k}" for k in cfg.options.obsm),
+    ]
     pieces: list[Piece] = []
     ranges = [np.zeros(0, np.int64)]
     summed = 0
@@ -140,7 +149,7 @@ def write_shard(
         index_ranges,
     )
     planned = {
-        k: np.load(v, allow_pickle=False) if isinstance(v, Path) else v
+        k: load_column(v, matrix.scratch) if isinstance(v, Path) else v
         for k, v in shard.columns.items()
     }
     entry = finish_shard({**planned, **matrix.columns()}, shard, cfg)

@@ -37,6 +37,7 @@ import numpy as np
 
 from pipeline import parking
 from pipeline.buffers import thread_scratch
+from pipeline.errors import SourceError
 from pipeline.manifest import SourceSpec
 from pipeline.memory import trim_heap
 from pipeline.modalities.perturbation.assemble import (
@@ -49,8 +50,9 @@ from pipeline.modalities.perturbation.assemble import (
     write_shard,
 )
 from pipeline.modalities.perturbation.routing import Routed, read_routed, route, rows_between
-from pipeline.modalities.perturbation.spill import parked_bytes
+from pipeline.modalities.perturbation.spill import NARROW, NARROW_LIMIT, RANGE, parked_bytes
 from pipeline.model import PackConfig, PackResult, ScannedSource, ShardPlan
+from pipeline.planned import release_columns
 
 FUSE_BYTES = 96 << 20  # sources up to this many raw bytes are packed in memory, without spill files
 SCATTER_BYTES = 64 << 20  # raw bytes of a source read by one scatter task
@@ -124,9 +126,13 @@ def scatter_range(
     never pickled; one file per shard, task and array, so tasks never share a file)."""
     handles: dict[tuple[int, str], Any] = {}
     routed_rows = 0
+    narrow = cfg.fields[0].shape[0] <= NARROW_LIMIT  # every valid column index fits a uint16
+    scratch = thread_scratch()
     try:
-        for number, seg in read_routed(spec, n_rows, routed, start, stop, cfg, thread_scratch()):
+        for number, seg in read_routed(spec, n_rows, routed, start, stop, cfg, scratch):
             for name, a in seg.items():
+                if name == "indices" and narrow:
+                    name, a = NARROW, narrowed(a, seg[RANGE], scratch, spec)
                 fh = handles.get((number, name))
                 if fh is None:
                     fh = handles[(number, name)] = open(
@@ -138,6 +144,19 @@ def scatter_range(
         for fh in handles.values():
             fh.close()
     return routed_rows
+
+
+def narrowed(indices: np.ndarray, irange: np.ndarray, scratch: Any, spec: SourceSpec) -> np.ndarray:
+    """A piece's column indices as uint16 (`spill.NARROW`), in a reused buffer. The source's
+    checks keep indices within its columns; a piece whose measured range does not fit stops the
+    build rather than wrap."""
+    if irange.size and (int(irange[0]) < 0 or int(irange[1]) >= NARROW_LIMIT):
+        raise SourceError(
+            spec.path, f"column indices {irange.tolist()} do not fit the matrix's columns"
+        )
+    out = scratch.get(NARROW, np.uint16, indices.size)
+    np.copyto(out, indices, casting="unsafe")
+    return out
 
 
 def pack_tasks(
@@ -276,11 +295,15 @@ def _whole_source(
     the memory park instead saved ~0.1 of ~2.1 CPU-s per 250k-cell source while it added the
     source's ~400 MB to the peak (docs/PIPELINE.md, "Memory")."""
     _scatter(spec, n_rows, part, 0, n_rows, 0, cfg)
-    return [r for t, sh in shards for r in _pack(t, sh, 1, cfg)]
+    out = [pack_shard(t, sh, 1, cfg) for t, sh in shards]
+    release_columns(thread_scratch())  # reused by this source's shards, not held for the next
+    trim_heap()
+    return out
 
 
 def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[PackResult]:
     out = [pack_shard(t, shard, tasks, cfg)]
+    release_columns(thread_scratch())
     trim_heap()
     return out
 

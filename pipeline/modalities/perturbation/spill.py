@@ -30,6 +30,13 @@ ROW_ARRAYS = {"lengths": np.dtype(np.int64), "pos": np.dtype(np.int64)}  # one v
 OBSM = "obsm~"  # obsm~<key>: float32 rows of an embedding
 # int64 (min, max) of each delivered piece's column indices, for the format's range check
 RANGE = "irange"
+# Column indices spilled as uint16, where every index of the file fits (a matrix of at most
+# 65,536 columns: scPerturb's and STATE's gene spaces do). Why: the spill is written to fresh
+# page-cache pages, the dearest bytes a build writes on a VM that returns free memory to its host
+# (benchmarks/ANALYSIS.md, 26.3b); a quarter fewer of them. Read back, they are widened into the
+# int32 stage the gather takes.
+NARROW = "indices16"
+NARROW_LIMIT = 1 << 16  # column indices below this fit NARROW
 
 
 @dataclass
@@ -97,20 +104,27 @@ def file_pieces(
     entry0 = np.zeros(pos.size + 1, np.int64)
     np.cumsum(lengths, out=entry0[1:])
     widths = {f"{OBSM}{k}": int(np.prod(s, dtype=np.int64)) for k, s in obsm_shapes.items()}
+    narrow = NARROW in files and files[NARROW].exists()
+
+    def pread(path: Path, first: int, out: np.ndarray) -> None:
+        buf = [memoryview(out).cast("B")]  # preadv into the caller's buffer: no fresh pages
+        if opened is not None:
+            got = os.preadv(opened.fd(path), buf, first * out.itemsize)
+        else:
+            with open(path, "rb") as fh:
+                got = os.preadv(fh.fileno(), buf, first * out.itemsize)
+        if got != out.nbytes:
+            raise RuntimeError(f"spill file {path} is shorter than its rows say")
 
     def reader(row0: int) -> Callable[[str, int, int, np.ndarray], None]:
         def read(name: str, a: int, b: int, out: np.ndarray) -> None:
             first = entry0[row0] + a if name in ENTRY_ARRAYS else (row0 + a) * widths[name]
-            buf = [
-                memoryview(out).cast("B")
-            ]  # preadv into the caller's buffer: no fresh pages per chunk
-            if opened is not None:
-                got = os.preadv(opened.fd(files[name]), buf, int(first) * out.itemsize)
+            if name == "indices" and narrow:
+                short = thread_scratch().get(NARROW, np.uint16, out.size)
+                pread(files[NARROW], int(first), short)
+                out[...] = short
             else:
-                with open(files[name], "rb") as fh:
-                    got = os.preadv(fh.fileno(), buf, int(first) * out.itemsize)
-            if got != out.nbytes:
-                raise RuntimeError(f"spill file {files[name]} is shorter than its rows say")
+                pread(files[name], int(first), out)
 
         return read
 
