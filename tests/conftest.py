@@ -32,6 +32,7 @@ pytest_plugins = [
     "tests.s3_fixtures",
     "tests.remote_fixtures",
     "tests.gloo_fixtures",
+    "tests.pack_fixtures",
 ]
 
 
@@ -389,33 +390,3 @@ def rebuildable(tmp_path: Path) -> tuple[Path, Callable[[], list[str]]]:
         return build(manifest, out, jobs=1, progress=False).written
 
     return out, change_source_1
-
-
-@pytest.fixture
-def split_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A manifest over one 600-cell source read by several row-range tasks, then packed shard by
-    shard (what a single big source gets: spill files, or the memory park where it has room)."""
-    import pipeline.modalities.perturbation.pack as pack  # import weight: these tests only
-
-    build_dataset(tmp_path, "sources", sources=1, cells=600)
-    monkeypatch.setattr(pack, "FUSE_BYTES", 0)
-    monkeypatch.setattr(pack, "SCATTER_BYTES", 20_000)
-    return write_manifest(tmp_path / "m.toml", shard_size_mb=0.01)
-
-
-def count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
-    """Replace ``module.name`` with a wrapper counting its calls: ``[calls]``, updated in place."""
-    calls = [0]
-    real = getattr(module, name)
-
-    def counted(*a: Any, **k: Any) -> Any:
-        calls[0] += 1
-        return real(*a, **k)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
-
-
-@pytest.fixture(scope="session", name="count_calls")
-def count_calls_fixture() -> Callable[..., list[int]]:
-    return count_calls

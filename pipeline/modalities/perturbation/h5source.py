@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,6 +24,7 @@ import numpy as np
 from pipeline.errors import SourceError
 from pipeline.lazy import LazyModule
 from pipeline.modalities.perturbation.h5direct import DirectSlices
+from pipeline.modalities.perturbation.h5open import READ_ERRORS, Layout, open_h5, var_path_for
 from pipeline.modalities.perturbation.matrix import Categorical, MatrixSource, SourceMeta
 from pipeline.modalities.perturbation.obs_names import (
     ObsNames,
@@ -46,37 +46,6 @@ if TYPE_CHECKING:
 else:  # imported on first use (pipeline.lazy: declaring a source costs no heavy import)
     h5py = LazyModule("h5py")
     sp = LazyModule("scipy.sparse")
-
-# What h5py / HDF5 / anndata raise on damaged content after the file opened fine.
-READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError)
-
-
-def open_h5(path: Path) -> h5py.File:
-    """Open read-only, telling missing, foreign and damaged files apart in the error."""
-    if not path.exists():
-        raise SourceError(path, "file not found")
-    if path.is_dir():
-        raise SourceError(path, "is a directory, expected an HDF5 file")
-    try:
-        return h5py.File(path, "r")
-    except OSError as exc:
-        try:
-            is_hdf5 = h5py.is_hdf5(path)
-        except OSError:
-            is_hdf5 = False
-        if not is_hdf5:
-            raise SourceError(path, f"not an HDF5 file ({exc})") from exc
-        raise SourceError(path, f"corrupt or truncated HDF5 file ({exc})") from exc
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a matrix lives, as plain data so it survives pickling while the h5py handle does not."""
-
-    name: str  # HDF5 path of the group/dataset
-    kind: str  # "csr" | "dense" | "field" (a field of a legacy compound obsm dataset)
-    shape: tuple[int, int]
-    field: str = ""
 
 
 class H5Source(MatrixSource):
@@ -178,7 +147,7 @@ class H5Source(MatrixSource):
                 )
             shape_attr = node.attrs.get("shape", node.attrs.get("h5sparse_shape"))
             if shape_attr is None:
-                names = self._var_names(_var_path_for(name))
+                names = self._var_names(var_path_for(name))
                 if names is None:
                     raise SourceError(
                         self.path,
@@ -289,7 +258,7 @@ class H5Source(MatrixSource):
                 key = self.matrix.strip("/")[len("obsm/") :]
                 var_names: tuple[str, ...] = tuple(f"{key}_{i}" for i in range(n_cols))
             else:
-                declared = self._var_names(_var_path_for(layout.name))
+                declared = self._var_names(var_path_for(layout.name))
                 var_names = (
                     declared if declared is not None else tuple(f"gene_{i}" for i in range(n_cols))
                 )
@@ -397,12 +366,3 @@ class H5Source(MatrixSource):
             block = self._read_dense(layout, start, stop)
         validate_dense(block, self.path, start, counts=False, n_cols=layout.shape[1])
         return block
-
-
-def _var_path_for(matrix_name: str) -> str:
-    """raw/X pairs with raw/var, legacy raw.X with raw.var; X and layers share var."""
-    if matrix_name.startswith("raw/"):
-        return "raw/var"
-    if matrix_name.startswith("raw."):
-        return "raw.var"
-    return "var"
