@@ -1,7 +1,7 @@
 """Hostile cases of issue 13 about the output folder: two writers (point 1), folders that are not
 ours (2), generations seen from the build side (4), leftovers of killed builds (6), permissions
 (9), a full disk or read-only folder (10). Tests: tests/test_out_folder.py,
-tests/test_generations.py."""
+tests/test_out_folder_failures.py, tests/test_generations.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ RACE = "test_out_folder::test_two_builds_with_different_manifests_never_mix"
 FOREIGN = "test_out_folder::test_a_folder_that_is_not_ours_is_refused_untouched"
 USER = "test_out_folder::test_user_files_in_a_dataset_survive_rebuilds"
 UMASK = "test_out_folder::test_index_and_shards_get_the_umask_permissions"
-FULL = "test_out_folder::test_a_failed_write_keeps_the_previous_dataset"
+FULL = "test_out_folder_failures::test_a_failed_write_keeps_the_previous_dataset"
 KEEP = "test_generations::test_a_reader_of_generation_n_keeps_its_files_until_n_plus_2"
 TOUCH = "test_generations::test_a_touch_keeps_the_older_generation_protected"
 KILLED = "test_generations::test_leftovers_of_a_killed_build_are_removed_by_the_next_build"
@@ -209,7 +209,7 @@ CASES = [
         "half a generation more: the second does not fit beside the first; then the mount is made read-only",
         "exit 1 with ENOSPC, the first generation committed, intact and alone (the failed build's files removed); "
         "then exit 2 with EROFS (the lock file cannot be opened) and the dataset still verifies",
-        "test_out_folder::test_a_real_full_and_read_only_file_system",
+        "test_out_folder_failures::test_a_real_full_and_read_only_file_system",
     ),
     Case(
         "read-only-out",
