@@ -86,12 +86,12 @@ def park_column(stem: Path, a: np.ndarray) -> Path:
     return path
 
 
-def load_column(path: Path, scratch: Scratch) -> np.ndarray:
-    """A parked column (`park_column`), read into this thread's reused buffers: valid until the
-    next load of a column of the same name. Why not ``np.load``: a fresh array per shard was
-    ~40% of a 2M-cell build's page faults (``perf record -e page-faults``). A narrowed column is
-    widened a slice at a time, so only its final form is held."""
-    key = path.name.split("-", 4)[-1].split(".", 1)[0]  # the column's name, not its shard's
+def load_column(path: Path, name: str, scratch: Scratch) -> np.ndarray:
+    """Column ``name`` of a shard, parked at ``path`` (`park_column`), read into this thread's
+    buffer for that column name: valid until the next load of a column of the same name (the
+    next shard's). Why not ``np.load``: a fresh array per shard was ~40% of a 2M-cell build's
+    page faults (``perf record -e page-faults``). A narrowed column is widened a slice at a time,
+    so only its final form is held."""
     with open(path, "rb") as fh:
         version = np.lib.format.read_magic(fh)
         header = (
@@ -105,7 +105,7 @@ def load_column(path: Path, scratch: Scratch) -> np.ndarray:
         n = math.prod(shape)
         narrowed = path.name.endswith(NARROWED)
         wide = np.dtype(path.name[: -len(NARROWED)].rsplit(".", 1)[-1]) if narrowed else dtype
-        out = scratch.get(f"{PARKED}{key}", wide, n)
+        out = scratch.get(f"{PARKED}{name}", wide, n)
         step = SLICE if narrowed else max(n, 1)
         for i in range(0, n, step):
             part = (

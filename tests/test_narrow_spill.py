@@ -69,7 +69,7 @@ def test_parked_columns_come_back_equal(values: np.ndarray, narrow: bool, tmp_pa
     path = park_column(tmp_path / "plan-0-train-0-sentences~pert", values)
     assert path.name.endswith(NARROWED) == narrow
     scratch = Scratch()
-    got = load_column(path, scratch)
+    got = load_column(path, "sentences/pert", scratch)
     assert got.dtype == values.dtype and got.shape == values.shape
     np.testing.assert_array_equal(got, values)
 
@@ -78,17 +78,34 @@ def test_a_column_of_the_next_shard_reuses_its_buffer(tmp_path: Path) -> None:
     scratch = Scratch()
     a = park_column(tmp_path / "plan-0-train-0-pairs", np.arange(300_000, dtype=np.int32) % 999)
     b = park_column(tmp_path / "plan-0-train-1-pairs", np.arange(200_000, dtype=np.int32) % 7)
-    first = load_column(a, scratch)
+    first = load_column(a, "pairs", scratch)
     base = first.base if first.base is not None else first
-    second = load_column(b, scratch)
+    second = load_column(b, "pairs", scratch)
     assert np.shares_memory(second, base)  # no fresh pages for the next shard
     np.testing.assert_array_equal(second, np.arange(200_000, dtype=np.int32) % 7)
     release_columns(scratch)
     assert not [n for n in scratch.buffers if n.startswith("parked-")]
 
 
+def test_columns_of_one_shard_never_share_a_buffer(tmp_path: Path) -> None:
+    """Names alike up to a dot (covariates "t.a" and "t.b") are still two columns, held at once
+    while their shard is written."""
+    scratch = Scratch()
+    want = {
+        "obs/t.a": np.arange(5000, dtype=np.int32),
+        "obs/t.b": np.arange(5000, dtype=np.int32)[::-1].copy(),
+    }
+    paths = {
+        k: park_column(tmp_path / f"plan-0-train-0-{k.replace('/', '~')}", v)
+        for k, v in want.items()
+    }
+    got = {k: load_column(p, k, scratch) for k, p in paths.items()}
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
 def test_a_cut_parked_column_is_an_error(tmp_path: Path) -> None:
     path = park_column(tmp_path / "plan-0-train-0-pairs", np.arange(5000, dtype=np.int32))
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(RuntimeError, match="shorter than its header says"):
-        load_column(path, Scratch())
+        load_column(path, "pairs", Scratch())

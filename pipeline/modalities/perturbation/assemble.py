@@ -149,7 +149,7 @@ def write_shard(
         index_ranges,
     )
     planned = {
-        k: load_column(v, matrix.scratch) if isinstance(v, Path) else v
+        k: load_column(v, k, matrix.scratch) if isinstance(v, Path) else v
         for k, v in shard.columns.items()
     }
     entry = finish_shard({**planned, **matrix.columns()}, shard, cfg)

@@ -259,7 +259,7 @@ def _scatter(
     else:
         scatter_range(spec, n_rows, routed, start, stop, task, cfg)
     del rows, shard_of, pos, routed
-    trim_heap()  # each task's buffers, freed: their pages back to the OS (pipeline.memory)
+    _end_task()
     return []
 
 
@@ -296,21 +296,27 @@ def _whole_source(
     source's ~400 MB to the peak (docs/PIPELINE.md, "Memory")."""
     _scatter(spec, n_rows, part, 0, n_rows, 0, cfg)
     out = [pack_shard(t, sh, 1, cfg) for t, sh in shards]
-    release_columns(thread_scratch())  # reused by this source's shards, not held for the next
-    trim_heap()
+    _end_task()
     return out
 
 
 def _pack(t: Target, shard: ShardPlan, tasks: int, cfg: PackConfig) -> list[PackResult]:
     out = [pack_shard(t, shard, tasks, cfg)]
+    _end_task()
+    return out
+
+
+def _end_task() -> None:
+    """What every task of this module does when it is done: the planned columns' buffers go (a
+    task's shards reuse them, the next source's read does not need them), then the heap's free
+    pages go back to the OS (pipeline.memory)."""
     release_columns(thread_scratch())
     trim_heap()
-    return out
 
 
 def _fused(
     spec: SourceSpec, n_rows: int, shards: Sequence[tuple[Target, ShardPlan]], cfg: PackConfig
 ) -> list[PackResult]:
     out = pack_source(spec, n_rows, shards, cfg)
-    trim_heap()
+    _end_task()
     return out
