@@ -220,6 +220,45 @@ def codec_bound_limit(
     }
 
 
+def codec_floor(files: list[Path], codec: str, level: int = 5, block_bytes: int = 8 << 20) -> float:
+    """CPU-seconds of `codec_bound_limit`'s work with its memory reused: each block read into one
+    buffer per dtype (``read_direct``) and compressed into one destination (the build's own
+    `BloscInto`). Why: `codec_bound_limit` reads into fresh arrays and compresses into fresh
+    bytes, and on a VM that hands free memory back to its host their pages cost more or less
+    from one run to the next (3.4-4.2 CPU-s over the 2M screen, against 3.2-3.5 for this, four
+    rounds each way in one process: benchmarks/ANALYSIS.md, 26.3b). This is the stable floor of
+    that work; scale_bench reports the build against it beside the limit."""
+    import h5py
+    import numcodecs.blosc
+
+    from pipeline.writers.blosc_into import blosc_into  # the pack's encoder (a reused buffer)
+
+    numcodecs.blosc.set_nthreads(1)
+    comp = blosc_codec(codec, level)
+    cname = codec.split("-", 1)[1] if codec.startswith("blosc-") else ""
+    buffers: dict[str, np.ndarray] = {}
+    c0 = time.process_time()
+    for path in files:
+        with h5py.File(path, "r") as f:
+            for key in ("indptr", "indices", "data"):
+                ds = f["X"][key]
+                step = max(1, block_bytes // ds.dtype.itemsize)
+                buf = buffers.setdefault(ds.dtype.str, np.empty(step, ds.dtype))
+                into = (
+                    blosc_into(cname, level, numcodecs.blosc.SHUFFLE, 0, ds.dtype.itemsize)
+                    if cname
+                    else None
+                )
+                for s in range(0, ds.shape[0], step):
+                    n = min(step, ds.shape[0] - s)
+                    ds.read_direct(buf, np.s_[s : s + n], np.s_[0:n])
+                    if into is not None:
+                        into.encode(buf[:n])
+                    elif comp is not None:
+                        comp.encode(buf[:n])
+    return time.process_time() - c0
+
+
 def digest_seconds(files: list[Path]) -> float:
     """Seconds to digest every source as a build's fingerprint does (xxh3-128, loaders.digests)."""
     t0 = time.perf_counter()

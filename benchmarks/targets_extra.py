@@ -212,6 +212,12 @@ def build_targets(res: dict[str, Any], scale_json: Path = SCALE_JSON) -> list[di
             detail=f"from benchmarks/scale.json ({scale['date']}): build CPU "
             f"{big['build']['cpu_s']:.1f} s vs limit {big['limit_cpu_s']:.1f} s at "
             f"{big['n_cells']:,} cells"
+            + (
+                f"; against the floor (the limit's work in reused memory, "
+                f"{big['floor_cpu_s']:.1f} s) {big['vs_floor_cpu']:.2f}x"
+                if "floor_cpu_s" in big
+                else ""
+            )
             if big and scale
             else "no benchmarks/scale.json: run `make bench-scale`",
         ),

@@ -291,12 +291,13 @@ def test_build_rows_take_the_median_ratio_and_the_scale_json(tmp_path: Path) -> 
     scale.write_text(
         '{"date": "d", "sizes": [{"n_cells": 2, "vs_limit_cpu": 0.9, "limit_cpu_s": 1.0,'
         ' "build": {"cpu_s": 2.0}}, {"n_cells": 20, "vs_limit_cpu": 0.25, "limit_cpu_s": 5.0,'
-        ' "build": {"cpu_s": 20.0}}]}'
+        ' "build": {"cpu_s": 20.0}, "floor_cpu_s": 4.0, "vs_floor_cpu": 0.2}]}'
     )
     rec = {"ratio": 2.6, "ours_s": [1.0, 2.0], "annbatch_s": [2.6, 5.2], "jobs": 2}
     a, b = build_targets({"build_annbatch": rec}, scale)
     assert (a["name"], a["value"], a["status"]) == ("26.3a", 2.6, "met")
     assert (b["name"], b["value"], b["status"]) == ("26.3b", 0.25, "missed")
+    assert "against the floor (the limit's work in reused memory, 4.0 s) 0.20x" in b["detail"]
     a, b = build_targets({"build_annbatch": {"skipped": "no Python"}}, tmp_path / "none.json")
     assert a["value"] is None and "no Python" in a["detail"]
     assert b["value"] is None and "bench-scale" in b["detail"]

@@ -36,13 +36,21 @@ def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
         cpu = next(builds)
         return BuildRun(label, 100, jobs, "blosc-lz4", 1, cpu / 2, -1, 50.0 + cpu, 0, cpu_s=cpu)
 
+    floors = iter([3.0, 1.0])  # the floor's two measurements: before the rounds, after them
+
+    def floor(files: Any, codec: str) -> float:
+        calls.append("floor")
+        return next(floors)
+
     data = SimpleNamespace(files=[tmp_path / "a.h5ad"], csr_bytes=1, file_bytes=1)
     monkeypatch.setattr(scale_bench, "ensure_dataset", lambda *a, **k: data)
     monkeypatch.setattr(scale_bench, "write_manifest", lambda path, *a, **k: path)
     monkeypatch.setattr(scale_bench.pb, "codec_bound_limit", limit)
     monkeypatch.setattr(scale_bench.pb, "run_build", build)
+    monkeypatch.setattr(scale_bench.pb, "codec_floor", floor)
     res = scale_bench.measure(100, tmp_path, tmp_path, 2, 1, "zarr", rounds=3)
     assert calls == [
+        "floor",
         "limit",
         "build shards-100-zarr-r0",
         "limit",
@@ -50,12 +58,16 @@ def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
         "limit",
         "build shards-100-zarr-r2",
         "limit",
+        "floor",
     ]
+    # the floor: the mean of its two measurements (2.0) against each build (20, 10, 15), median
+    assert res["floor_cpu_s"] == pytest.approx(2.0) and res["floor_cpu_s_before_after"] == [3, 1]
+    assert res["vs_floor_cpu"] == pytest.approx(2.0 / 15.0)
     assert [round(r["vs_limit_cpu"], 3) for r in res["rounds"]] == [0.2, 0.3, 0.2]
     assert res["vs_limit_cpu"] == pytest.approx(0.2)  # the median round, not the best
     assert res["build"]["cpu_s"] in (20.0, 15.0) and res["limit_cpu_s"] in (4.0, 3.0)
     assert [r["limit_cpu_s_before_after"] for r in res["rounds"]] == [[4, 4], [4, 2], [2, 4]]
-    assert "0.200, 0.300, 0.200" in scale_bench.markdown(
+    text = scale_bench.markdown(
         {
             "sizes": [res],
             "command": "c",
@@ -65,3 +77,5 @@ def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
             "jobs": 2,
         }
     )
+    assert "0.200, 0.300, 0.200" in text
+    assert "x floor (CPU) 100: 0.133 (floor 2.00 CPU-s)" in text
