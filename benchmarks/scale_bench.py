@@ -10,7 +10,10 @@ the codec-bound limit of the same files (h5py block reads + Blosc-lz4, one threa
 job; a round's limit is the mean of the two measured just before and just after its build), then
 the build through the CLI in a child process (RSS of its whole tree
 sampled), with its stage times from `--log-json`. Reports cells/s per job against the limit, peak
-RSS, and time against cells (a linear fit). Writes SCALE.md and scale.json under --out (default
+RSS, and time against cells (a linear fit). Also the limit's floor (`pipeline_bench.codec_floor`: the
+same reads and compression into reused memory, before the first round and after the last): the
+limit's fresh arrays cost 3.4-4.8 CPU-s at 2M cells from run to run here, the floor 3.2-3.5, so
+the build is reported against both. Writes SCALE.md and scale.json under --out (default
 benchmarks/), which BENCHMARKS.md includes.
 
     python -m benchmarks.scale_bench                      # 200k,500k,1M,2M, 5 rounds each: ~3 min
@@ -88,6 +91,7 @@ def measure(
     )
     manifest = write_manifest(work / f"scale-{n}.toml", ds, name=f"scale-{n}", codec="blosc-lz4")
     runs: list[dict[str, Any]] = []
+    warm_page_cache(list(ds.files))
     floors = [pb.codec_floor(list(ds.files), "blosc-lz4")]  # and again after the last round
     before = pb.codec_bound_limit(list(ds.files), "blosc-lz4", repeats=1)
     for r in range(rounds):
@@ -156,6 +160,17 @@ def measure(
         flush=True,
     )
     return res
+
+
+def warm_page_cache(files: list[Path]) -> None:
+    """Read every source once, untimed, so that no measurement pays for bringing them into the
+    page cache: the first one at a size used to (the floor at 1M cells read 2.09 CPU-s first,
+    1.50 after the rounds)."""
+    buf = bytearray(8 << 20)
+    for p in files:
+        with open(p, "rb", buffering=0) as fh:
+            while fh.readinto(buf):
+                pass
 
 
 def peak_rss_mb(size: dict[str, Any]) -> float:

@@ -48,8 +48,10 @@ def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
     monkeypatch.setattr(scale_bench.pb, "codec_bound_limit", limit)
     monkeypatch.setattr(scale_bench.pb, "run_build", build)
     monkeypatch.setattr(scale_bench.pb, "codec_floor", floor)
+    monkeypatch.setattr(scale_bench, "warm_page_cache", lambda files: calls.append("warm"))
     res = scale_bench.measure(100, tmp_path, tmp_path, 2, 1, "zarr", rounds=3)
     assert calls == [
+        "warm",
         "floor",
         "limit",
         "build shards-100-zarr-r0",
