@@ -220,8 +220,10 @@ def codec_bound_limit(
     }
 
 
-def codec_floor(files: list[Path], codec: str, level: int = 5, block_bytes: int = 8 << 20) -> float:
-    """CPU-seconds of `codec_bound_limit`'s work with its memory reused: each block read into one
+def codec_floor(
+    files: list[Path], codec: str, level: int = 5, block_bytes: int = 8 << 20
+) -> dict[str, Any]:
+    """CPU-seconds (and raw bytes) of `codec_bound_limit`'s work with its memory reused: each block read into one
     buffer per dtype (``read_direct``) and compressed into one destination (the build's own
     `BloscInto`). Why: `codec_bound_limit` reads into fresh arrays and compresses into fresh
     bytes, and on a VM that hands free memory back to its host their pages cost more or less
@@ -231,12 +233,15 @@ def codec_floor(files: list[Path], codec: str, level: int = 5, block_bytes: int 
     import h5py
     import numcodecs.blosc
 
+    from pipeline.buffers import release_thread_buffers  # the encoders' destinations live there
     from pipeline.writers.blosc_into import blosc_into  # the pack's encoder (a reused buffer)
 
     numcodecs.blosc.set_nthreads(1)
     comp = blosc_codec(codec, level)
     cname = codec.split("-", 1)[1] if codec.startswith("blosc-") else ""
-    buffers: dict[str, np.ndarray] = {}
+    buffers: dict[str, np.ndarray] = {}  # dtype -> the block buffer
+    encoders: dict[int, Any] = {}  # item size -> one encoder (one destination) for every file
+    raw = stored = 0
     c0 = time.process_time()
     for path in files:
         with h5py.File(path, "r") as f:
@@ -244,19 +249,21 @@ def codec_floor(files: list[Path], codec: str, level: int = 5, block_bytes: int 
                 ds = f["X"][key]
                 step = max(1, block_bytes // ds.dtype.itemsize)
                 buf = buffers.setdefault(ds.dtype.str, np.empty(step, ds.dtype))
-                into = (
-                    blosc_into(cname, level, numcodecs.blosc.SHUFFLE, 0, ds.dtype.itemsize)
-                    if cname
-                    else None
-                )
+                size = ds.dtype.itemsize
+                if cname and size not in encoders:
+                    encoders[size] = blosc_into(cname, level, numcodecs.blosc.SHUFFLE, 0, size)
+                into = encoders.get(size)
                 for s in range(0, ds.shape[0], step):
                     n = min(step, ds.shape[0] - s)
                     ds.read_direct(buf, np.s_[s : s + n], np.s_[0:n])
+                    raw += n * size
                     if into is not None:
-                        into.encode(buf[:n])
-                    elif comp is not None:
-                        comp.encode(buf[:n])
-    return time.process_time() - c0
+                        stored += len(into.encode(buf[:n]))
+                    else:
+                        stored += len(comp.encode(buf[:n])) if comp is not None else n * size
+    seconds = time.process_time() - c0
+    release_thread_buffers()
+    return {"cpu_seconds": seconds, "raw_bytes": raw, "compressed_bytes": stored}
 
 
 def digest_seconds(files: list[Path]) -> float:

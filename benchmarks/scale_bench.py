@@ -92,7 +92,8 @@ def measure(
     manifest = write_manifest(work / f"scale-{n}.toml", ds, name=f"scale-{n}", codec="blosc-lz4")
     runs: list[dict[str, Any]] = []
     warm_page_cache(list(ds.files))
-    floors = [pb.codec_floor(list(ds.files), "blosc-lz4")]  # and again after the last round
+    # the floor: before the first round and after the last
+    floors = [pb.codec_floor(list(ds.files), "blosc-lz4")["cpu_seconds"]]
     before = pb.codec_bound_limit(list(ds.files), "blosc-lz4", repeats=1)
     for r in range(rounds):
         out, log = work / f"shards-{n}-{encoding}-r{r}", work / f"events-{n}-r{r}.jsonl"
@@ -114,8 +115,9 @@ def measure(
         before = after  # the next round's limit before its build
         ratio = limit["cpu_seconds"] / run.cpu_s if run.cpu_s > 0 else 0.0
         runs.append({"limit": limit, "run": run, "ratio": ratio, "log": log})
-    floors.append(pb.codec_floor(list(ds.files), "blosc-lz4"))
+    floors.append(pb.codec_floor(list(ds.files), "blosc-lz4")["cpu_seconds"])
     floor = sum(floors) / len(floors)
+    floor_ratios = [floor / x["run"].cpu_s for x in runs if x["run"].cpu_s > 0]
     mid = sorted(runs, key=lambda x: x["ratio"])[(len(runs) - 1) // 2]  # the median round
     limit, run, log = mid["limit"], mid["run"], mid["log"]
     per_job = run.cells_per_s / jobs
@@ -135,9 +137,7 @@ def measure(
         # the same work with reused memory (pb.codec_floor): the stable floor of the limit
         "floor_cpu_s": floor,
         "floor_cpu_s_before_after": floors,
-        "vs_floor_cpu": float(np.median([floor / x["run"].cpu_s for x in runs if x["run"].cpu_s > 0]))
-        if any(x["run"].cpu_s > 0 for x in runs)
-        else 0.0,
+        "vs_floor_cpu": float(np.median(floor_ratios)) if floor_ratios else 0.0,
         "rounds": [
             {
                 "limit_cpu_s": x["limit"]["cpu_seconds"],

@@ -38,9 +38,9 @@ def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
 
     floors = iter([3.0, 1.0])  # the floor's two measurements: before the rounds, after them
 
-    def floor(files: Any, codec: str) -> float:
+    def floor(files: Any, codec: str) -> dict[str, float]:
         calls.append("floor")
-        return next(floors)
+        return {"cpu_seconds": next(floors)}
 
     data = SimpleNamespace(files=[tmp_path / "a.h5ad"], csr_bytes=1, file_bytes=1)
     monkeypatch.setattr(scale_bench, "ensure_dataset", lambda *a, **k: data)
@@ -81,3 +81,30 @@ def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
     )
     assert "0.200, 0.300, 0.200" in text
     assert "x floor (CPU) 100: 0.133 (floor 2.00 CPU-s)" in text
+
+
+def test_the_floor_reads_and_compresses_what_the_limit_does(tmp_path: Path) -> None:
+    """codec_floor does codec_bound_limit's work (every block of the CSR arrays) with reused
+    memory: the same raw bytes, block by block, including a last partial block."""
+    import h5py
+    import numpy as np
+
+    from benchmarks.pipeline_bench import codec_bound_limit, codec_floor
+
+    rng = np.random.default_rng(0)
+    files = []
+    for i, n in enumerate((1000, 3001)):
+        path = tmp_path / f"part_{i}.h5ad"
+        with h5py.File(path, "w") as f:
+            x = f.create_group("X")
+            x.attrs["shape"] = (n // 10, 50)
+            x["indptr"] = np.arange(0, n + 1, 10, dtype=np.int64)[: n // 10 + 1]
+            x["indices"] = rng.integers(0, 50, n, dtype=np.int32)
+            x["data"] = rng.integers(1, 9, n).astype(np.float32)
+        files.append(path)
+    limit = codec_bound_limit(files, "blosc-lz4", block_bytes=4096, repeats=1)
+    floor = codec_floor(files, "blosc-lz4", block_bytes=4096)
+    assert floor["raw_bytes"] == limit["raw_bytes"] > 4096 * 3
+    # the same blocks compressed to the same sizes: the same bytes were read and encoded
+    assert floor["compressed_bytes"] == limit["compressed_bytes"]
+    assert floor["cpu_seconds"] > 0
