@@ -228,7 +228,7 @@ def codec_floor(
     `BloscInto`). Why: `codec_bound_limit` reads into fresh arrays and compresses into fresh
     bytes, and on a VM that hands free memory back to its host their pages cost more or less
     from one run to the next (3.4-4.2 CPU-s over the 2M screen, against 3.2-3.5 for this, four
-    rounds each way in one process: benchmarks/ANALYSIS.md, 26.3b). This is the stable floor of
+    rounds each way in one process: benchmarks/ANALYSIS.md, 26.3b). This is the steadier floor of
     that work; scale_bench reports the build against it beside the limit."""
     import h5py
     import numcodecs.blosc
