@@ -168,18 +168,32 @@ def blosc_codec(codec: str, level: int = 5) -> Any:
 
 
 def codec_bound_limit(
-    files: list[Path], codec: str, level: int = 5, block_bytes: int = 8 << 20, repeats: int = 3
+    files: list[Path],
+    codec: str,
+    level: int = 5,
+    block_bytes: int = 8 << 20,
+    repeats: int = 3,
+    reuse: bool = False,
 ) -> dict[str, Any]:
     """Read the source CSR with h5py in large contiguous blocks and compress the same bytes; nothing
     else.
 
     Single-threaded (blosc nthreads = 1, as the pipeline sets per task): the limit of one job.
+    Each block is a fresh array compressed into fresh bytes; with ``reuse`` (`codec_floor`) it is
+    read into one buffer per dtype (``read_direct``) and compressed into one destination per item
+    size (the build's own `BloscInto`).
     """
     import h5py
     import numcodecs.blosc
 
+    from pipeline.buffers import release_thread_buffers  # the encoders' destinations live there
+    from pipeline.writers.blosc_into import blosc_into  # the pack's encoder (a reused buffer)
+
     numcodecs.blosc.set_nthreads(1)
     comp = blosc_codec(codec, level)
+    cname = codec.split("-", 1)[1] if reuse and codec.startswith("blosc-") else ""
+    buffers: dict[str, np.ndarray] = {}  # dtype -> the block buffer (reuse)
+    encoders: dict[int, Any] = {}  # item size -> one encoder for every file (reuse)
     times, read_times, cpu_times, raw, stored, cells = [], [], [], 0, 0, 0
     for _ in range(repeats):
         raw = stored = cells = 0
@@ -192,15 +206,31 @@ def codec_bound_limit(
                 for key in ("indptr", "indices", "data"):
                     ds = g[key]
                     step = max(1, block_bytes // ds.dtype.itemsize)
+                    size = ds.dtype.itemsize
+                    if reuse:
+                        buf = buffers.setdefault(ds.dtype.str, np.empty(step, ds.dtype))
+                        if cname and size not in encoders:
+                            encoders[size] = blosc_into(
+                                cname, level, numcodecs.blosc.SHUFFLE, 0, size
+                            )
+                    into = encoders.get(size)  # None: numcodecs' own encode
+                    encode = into.encode if into is not None else comp.encode if comp else None
                     for s in range(0, ds.shape[0], step):
                         tr = time.perf_counter()
-                        a = ds[s : s + step]
+                        if reuse:
+                            n = min(step, ds.shape[0] - s)
+                            ds.read_direct(buf, np.s_[s : s + n], np.s_[0:n])
+                            a = buf[:n]
+                        else:
+                            a = ds[s : s + step]
                         t_read += time.perf_counter() - tr
                         raw += a.nbytes
-                        stored += len(comp.encode(a)) if comp is not None else a.nbytes
+                        stored += len(encode(a)) if encode is not None else a.nbytes
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
         read_times.append(t_read)
+    if reuse:
+        release_thread_buffers()
     t = statistics.median(times)
     return {
         "codec": codec,
@@ -217,53 +247,19 @@ def codec_bound_limit(
         "repeats": times,
         "block_bytes": block_bytes,
         "threads": 1,
+        "reuse": reuse,
     }
 
 
 def codec_floor(
     files: list[Path], codec: str, level: int = 5, block_bytes: int = 8 << 20
 ) -> dict[str, Any]:
-    """CPU-seconds (and raw bytes) of `codec_bound_limit`'s work with its memory reused: each block read into one
-    buffer per dtype (``read_direct``) and compressed into one destination (the build's own
-    `BloscInto`). Why: `codec_bound_limit` reads into fresh arrays and compresses into fresh
-    bytes, and on a VM that hands free memory back to its host their pages cost more or less
-    from one run to the next (3.4-4.2 CPU-s over the 2M screen, against 3.2-3.5 for this, four
-    rounds each way in one process: benchmarks/ANALYSIS.md, 26.3b). This is the steadier floor of
-    that work; scale_bench reports the build against it beside the limit."""
-    import h5py
-    import numcodecs.blosc
-
-    from pipeline.buffers import release_thread_buffers  # the encoders' destinations live there
-    from pipeline.writers.blosc_into import blosc_into  # the pack's encoder (a reused buffer)
-
-    numcodecs.blosc.set_nthreads(1)
-    comp = blosc_codec(codec, level)
-    cname = codec.split("-", 1)[1] if codec.startswith("blosc-") else ""
-    buffers: dict[str, np.ndarray] = {}  # dtype -> the block buffer
-    encoders: dict[int, Any] = {}  # item size -> one encoder (one destination) for every file
-    raw = stored = 0
-    c0 = time.process_time()
-    for path in files:
-        with h5py.File(path, "r") as f:
-            for key in ("indptr", "indices", "data"):
-                ds = f["X"][key]
-                step = max(1, block_bytes // ds.dtype.itemsize)
-                buf = buffers.setdefault(ds.dtype.str, np.empty(step, ds.dtype))
-                size = ds.dtype.itemsize
-                if cname and size not in encoders:
-                    encoders[size] = blosc_into(cname, level, numcodecs.blosc.SHUFFLE, 0, size)
-                into = encoders.get(size)
-                for s in range(0, ds.shape[0], step):
-                    n = min(step, ds.shape[0] - s)
-                    ds.read_direct(buf, np.s_[s : s + n], np.s_[0:n])
-                    raw += n * size
-                    if into is not None:
-                        stored += len(into.encode(buf[:n]))
-                    else:
-                        stored += len(comp.encode(buf[:n])) if comp is not None else n * size
-    seconds = time.process_time() - c0
-    release_thread_buffers()
-    return {"cpu_seconds": seconds, "raw_bytes": raw, "compressed_bytes": stored}
+    """`codec_bound_limit`'s work with its memory reused, once. Why: the limit reads into fresh
+    arrays and compresses into fresh bytes, and on a VM that hands free memory back to its host
+    their pages cost more or less from one run to the next (over the 2M screen 3.4-4.8 CPU-s from
+    run to run, this 3.2-3.5: benchmarks/ANALYSIS.md, 26.3b). The steadier floor of that work;
+    scale_bench reports the build against it beside the limit."""
+    return codec_bound_limit(files, codec, level, block_bytes, repeats=1, reuse=True)
 
 
 def digest_seconds(files: list[Path]) -> float:

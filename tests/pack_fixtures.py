@@ -30,10 +30,10 @@ def split_source(
 
 @pytest.fixture
 def count_calls(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[int]]:
-    """``count_calls(monkeypatch, module, name) -> [calls]``: ``module.name`` replaced by a
+    """``count_calls(module, name) -> [calls]``: ``module.name`` replaced, for this test, by a
     wrapper that counts its calls (the list is updated in place)."""
 
-    def wrap(mp: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    def wrap(module: Any, name: str) -> list[int]:
         calls = [0]
         real = getattr(module, name)
 
@@ -41,7 +41,7 @@ def count_calls(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[int]]:
             calls[0] += 1
             return real(*a, **k)
 
-        mp.setattr(module, name, counted)
+        monkeypatch.setattr(module, name, counted)
         return calls
 
     return wrap

@@ -32,7 +32,7 @@ def test_narrow_and_wide_spills_make_the_same_shards(
     count_calls: Callable[..., list[int]],
 ) -> None:
     monkeypatch.setattr(parking, "PARK_BYTES", 0)  # spill files, never the memory park
-    narrowed = count_calls(monkeypatch, pack, "narrowed")
+    narrowed = count_calls(pack, "narrowed")
     build(split_source, tmp_path / "narrow", jobs=2, progress=False)
     assert narrowed[0] > 0  # the spill really went through uint16
     monkeypatch.setattr(pack, "NARROW_LIMIT", 0)  # no matrix fits: int32 spill files, as before

@@ -49,8 +49,8 @@ def test_parked_rows_make_the_same_bytes_as_spill_files(
 ) -> None:
     monkeypatch.setattr(parking, "PARK_BYTES", 0)
     build(split_source, tmp_path / "files", jobs=2, progress=False)
-    parked = count_calls(monkeypatch, pack, "park_range")
-    spilled = count_calls(monkeypatch, pack, "scatter_range")
+    parked = count_calls(pack, "park_range")
+    spilled = count_calls(pack, "scatter_range")
     # "some": room for about one read task's rows, so the others spill
     monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30 if budget == "all" else 30_000)
     build(split_source, tmp_path / "parked", jobs=2, progress=False)
@@ -67,7 +67,7 @@ def test_other_processes_never_park(
 ) -> None:
     """loky's tasks run in other processes: a row parked in one would be missing in the other."""
     monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30)
-    parked = count_calls(monkeypatch, pack, "park_range")
+    parked = count_calls(pack, "park_range")
     build(split_source, tmp_path / "loky", jobs=2, backend="loky", progress=False)
     assert parked[0] == 0
     build(split_source, tmp_path / "threads", jobs=2, progress=False)
@@ -85,7 +85,7 @@ def test_a_failed_build_leaves_no_park(
 
     monkeypatch.setattr(assemble, "write_shard", broken)
     monkeypatch.setattr(parking, "PARK_BYTES", 1 << 30)
-    parked = count_calls(monkeypatch, pack, "park_range")
+    parked = count_calls(pack, "park_range")
     with pytest.raises(OSError, match="disk gone"):
         build(split_source, tmp_path / "out", jobs=2, progress=False)
     assert parked[0] >= 1 and not parking._PARKS
