@@ -1,5 +1,5 @@
 """Reading a dataset from object storage through the node cache, against the same folder on local
-disk (docs/REMOTE.md, "Measured").
+disk (docs/REMOTE.md, "Measured"; every run so far: docs/REMOTE_MEASURED.md).
 
     .venv/bin/python -m benchmarks.remote_bench DATASET_DIR [--rounds 3] [--batch-size 256]
 
@@ -14,7 +14,10 @@ before each epoch starts (``_settle``). Reports medians: rates in cells/s, the r
 judge as medians of per-round ratios (warm >= 0.95x local; cold >= 0.8x min(local, the GET limit
 in cells/s)), the cold epoch's time to first batch, its peak cache bytes and network bytes (shard
 bytes the cache downloaded: each object once), and the warm epoch's (0). moto is Python on the
-same 2 cores as the loader: its GET rate is the limit here, not a real S3's.
+same 2 cores as the loader: its GET rate is the limit here, not a real S3's. Hence also the CPU
+seconds per million cells of each epoch kind (this process and its ended children, i.e. the
+decoder processes; the server's for the GETs and the cold epoch), and `cpu_ceiling`: the cold
+rate the machine's cores allow while the server shares them.
 
 Why ``_settle``: a ShardDataset used to sit in reference cycles (fixed since: loaders/engine
 produce.py and supply.py, tests/test_loader_release.py), so an epoch's loader was freed only by
@@ -31,6 +34,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -97,6 +101,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that have ended (an epoch's
+    decoder process is one: stopped and waited for when its loader is torn down)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cpu_ceiling(cores: int, local_cpu_per_cell: float, get_cpu_per_cell: float) -> float:
+    """The most cells/s a cold epoch can reach when the server shares the machine's cores with
+    the loader: each cell costs at least what a local epoch spends on it (decode, batches) plus
+    what the raw GETs spend on its bytes (server and client), and ``cores`` CPU-seconds pass per
+    second. Why: on the 2-core machine the cold target sits above this (docs/REMOTE.md)."""
+    need = local_cpu_per_cell + get_cpu_per_cell
+    return cores / need if need > 0 else float("inf")
+
+
 def raw_get(url: str, keys: list[str], tmp: Path, server_pid: int) -> dict[str, float]:
     """MB/s of GETting every key (8 at a time, to files: what the cache does), and the cores the
     server and this client kept busy meanwhile (CPU seconds / wall seconds): what a cold epoch
@@ -112,7 +142,12 @@ def raw_get(url: str, keys: list[str], tmp: Path, server_pid: int) -> dict[str, 
     server, client = cpu_seconds(server_pid) - server0, time.process_time() - client0
     for p in tmp.iterdir():
         p.unlink()
-    return {"mb_s": total / dt / 1e6, "server_cores": server / dt, "client_cores": client / dt}
+    return {
+        "mb_s": total / dt / 1e6,
+        "server_cores": server / dt,
+        "client_cores": client / dt,
+        "cpu_s": server + client,
+    }
 
 
 def _settle() -> None:
@@ -129,7 +164,7 @@ def epoch(root: str | Path, batch_size: int, window: int = WINDOW, **kw: Any) ->
     from loaders import ShardDataset, ShardLoader  # import weight: torch, only when measuring
 
     _settle()
-    t0 = time.perf_counter()
+    cpu0, t0 = own_cpu_seconds(), time.perf_counter()
     ds = ShardDataset(root, split=SPLIT, batch_size=batch_size, window=window, seed=0, **kw)
     t1 = time.perf_counter()
     n, first, b = 0, None, None
@@ -139,7 +174,13 @@ def epoch(root: str | Path, batch_size: int, window: int = WINDOW, **kw: Any) ->
     dt = time.perf_counter() - t1
     del ds, b
     _settle()
-    return {"open_s": t1 - t0, "first_batch_s": float(first or 0), "epoch_s": dt, "cells": n}
+    return {
+        "open_s": t1 - t0,
+        "first_batch_s": float(first or 0),
+        "epoch_s": dt,
+        "cells": n,
+        "cpu_s": own_cpu_seconds() - cpu0,  # its open, decode (any process) and teardown
+    }
 
 
 def run_remote_bench(
@@ -188,7 +229,9 @@ def run_remote_bench(
                     runs["warm"].append(epoch(url, batch_size, window, cache_dir=warm))
                 else:
                     cold = work / f"cold{r}"
+                    server0 = cpu_seconds(proc.pid)
                     runs["cold"].append(epoch(url, batch_size, window, cache_dir=cold))
+                    runs["cold"][-1]["server_cpu_s"] = cpu_seconds(proc.pid) - server0
                     peak.append(cache_bytes(cold))
                     shutil.rmtree(cold, ignore_errors=True)
         cells = runs["local"][0]["cells"]
@@ -205,6 +248,7 @@ def run_remote_bench(
             statistics.median(warm_local),
             statistics.median(cold_bound),
         )
+        cpu = cpu_figures(runs, gets, cells, min(rate["local"], limit_cells))
         out = {
             "setup": f"{root.name}: {len(entries)} {index.encoding} shards of {SPLIT}, "
             f"{shard_bytes / 1e6:.1f} MB, {cells} cells; window {window}, batch {batch_size}; "
@@ -234,6 +278,7 @@ def run_remote_bench(
             "cold_peak_cache_bytes": max(peak),
             "cold_network_bytes_per_epoch": max(peak),  # every shard object, downloaded once
             "warm_network_bytes_per_epoch": 0,
+            **cpu,
             "load_avg_start": load_start,
             "load_avg": list(os.getloadavg()),
         }
@@ -242,6 +287,34 @@ def run_remote_bench(
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def cpu_figures(
+    runs: dict[str, list[dict[str, float]]],
+    gets: list[dict[str, float]],
+    cells: int,
+    bound: float,
+) -> dict[str, Any]:
+    """CPU seconds per million cells (medians over rounds) of a local epoch, of the raw GETs of
+    the split's objects (server + client) and of a cold epoch (this process, its decoder process
+    and the server), the cores the cold epoch kept busy, and `cpu_ceiling` over ``bound``."""
+    per_m = {
+        "local": statistics.median(x["cpu_s"] for x in runs["local"]) * 1e6 / cells,
+        "raw_get": statistics.median(g["cpu_s"] for g in gets) * 1e6 / cells,
+        "cold": statistics.median(x["cpu_s"] + x["server_cpu_s"] for x in runs["cold"])
+        * 1e6
+        / cells,
+    }
+    cores = usable_cores()
+    ceiling = cpu_ceiling(cores, per_m["local"] / 1e6, per_m["raw_get"] / 1e6)
+    busy = statistics.median((x["cpu_s"] + x["server_cpu_s"]) / x["epoch_s"] for x in runs["cold"])
+    return {
+        "cores": cores,
+        "cpu_s_per_million_cells": {k: round(v, 3) for k, v in per_m.items()},
+        "cold_cores_busy": round(busy, 2),
+        "cpu_ceiling_cells_s": round(ceiling),
+        "cpu_ceiling_over_bound": round(ceiling / bound, 3) if bound > 0 else None,
+    }
 
 
 def remote_section(

@@ -32,6 +32,21 @@ def reported(
     }
 
 
+def cpu_bound(rm: dict[str, Any]) -> str:
+    """23b's CPU accounting (benchmarks/remote_bench.py, `cpu_figures`), where it was measured:
+    what a cold epoch may reach while the server shares the loader's cores."""
+    per_m = rm.get("cpu_s_per_million_cells")
+    if not per_m or rm.get("cpu_ceiling_over_bound") is None:
+        return ""
+    return (
+        f"; CPU-s per million cells: local epoch {per_m['local']:.2f}, raw GETs "
+        f"{per_m['raw_get']:.2f} (server + client), cold epoch {per_m['cold']:.2f} (with the "
+        f"server's); {rm['cores']} cores allow a cold epoch at most "
+        f"{rm['cpu_ceiling_cells_s']:,} cells/s = {rm['cpu_ceiling_over_bound']:.2f}x the bound "
+        f"(local + GET CPU per cell); the cold epochs kept {rm['cold_cores_busy']:.2f} cores busy"
+    )
+
+
 def remote_targets(rm: dict[str, Any]) -> list[dict[str, Any]]:
     ok = "cells_per_s" in rm
     rate = rm.get("cells_per_s", {})
@@ -56,7 +71,7 @@ def remote_targets(rm: dict[str, Any]) -> list[dict[str, Any]]:
             detail=f"cold {rate.get('cold', 0):,} cells/s; local {local:,}; raw GET "
             f"{rm.get('raw_get_MB_s', 0):,} MB/s = {limit:,} cells/s (8 concurrent GETs; "
             f"server {rm.get('raw_get_server_cores', '?')} + client "
-            f"{rm.get('raw_get_client_cores', '?')} cores busy meanwhile)"
+            f"{rm.get('raw_get_client_cores', '?')} cores busy meanwhile){cpu_bound(rm)}"
             if ok
             else why,
         ),
