@@ -2,10 +2,12 @@
 disk (docs/REMOTE.md, "Measured"; every run so far: docs/REMOTE_MEASURED.md).
 
     .venv/bin/python -m benchmarks.remote_bench DATASET_DIR [--rounds 3] [--batch-size 256]
+        [--window 4] [--epochs-per-round 4]
 
 Starts moto_server on 127.0.0.1, uploads DATASET_DIR, warms both readers (one untimed epoch from
-local disk and one that fills the warm cache), then per round, in this one process: an epoch from
-local disk and an epoch on the warm cache, interleaved (A B, then B A the next round), then the
+local disk and one that fills the warm cache), then per round, in this one process: epochs from
+local disk and on the warm cache, interleaved (A B A B ..., then B A B A ... the next round: a
+round's rate is all its cells over all its time), then the
 server's raw GET throughput for the split's shard objects (8 concurrent requests, as the cache
 downloads: the limit a cold epoch cannot beat) and a cold epoch (a fresh cache folder: every shard
 downloaded while the epoch runs). Local and warm epochs are measured identically: same options,
@@ -48,6 +50,10 @@ from pathlib import Path
 from typing import Any
 
 SPLIT, WINDOW, BUCKET = "train", 4, "bench"
+# local and warm epochs per round, alternating (A B A B ...). Why several: a single epoch of a
+# one-window split moves ~2x here (fresh huge pages for its window: docs/REMOTE_MEASURED.md), and
+# five rounds of one epoch each left 23a's median between 0.68 and 1.08 from run to run.
+EPOCHS_PER_ROUND = 4
 
 
 def start_moto() -> tuple[subprocess.Popen[bytes], str]:
@@ -183,8 +189,26 @@ def epoch(root: str | Path, batch_size: int, window: int = WINDOW, **kw: Any) ->
     }
 
 
+def merge_epochs(epochs: list[dict[str, float]]) -> dict[str, float]:
+    """One round's local (or warm) epochs as one: the mean epoch time and CPU (so cells / epoch_s
+    is the round's rate: all its cells over all its time), the first epoch's open and first
+    batch."""
+    return {
+        "open_s": epochs[0]["open_s"],
+        "first_batch_s": epochs[0]["first_batch_s"],
+        "epoch_s": statistics.fmean(x["epoch_s"] for x in epochs),
+        "cells": epochs[0]["cells"],
+        "cpu_s": statistics.fmean(x["cpu_s"] for x in epochs),
+        "epochs": len(epochs),
+    }
+
+
 def run_remote_bench(
-    root: Path, rounds: int = 3, batch_size: int = 256, window: int = WINDOW
+    root: Path,
+    rounds: int = 3,
+    batch_size: int = 256,
+    window: int = WINDOW,
+    epochs_per_round: int = EPOCHS_PER_ROUND,
 ) -> dict[str, Any]:
     from loaders.format import read_index  # import weight: the loader, only when measuring
     from loaders.remote.ledger import cache_bytes  # import weight: as the line above
@@ -220,13 +244,16 @@ def run_remote_bench(
         peak: list[int] = []
         for r in range(rounds):
             pair = ["local", "warm"] if r % 2 == 0 else ["warm", "local"]
-            for what in pair + (["get", "cold"] if r % 2 == 0 else ["cold", "get"]):
+            held: dict[str, list[dict[str, float]]] = {"local": [], "warm": []}
+            for _ in range(epochs_per_round):  # A B A B ...: each pair meets the same drift
+                for what in pair:
+                    where, kw = (root, {}) if what == "local" else (url, {"cache_dir": warm})
+                    held[what].append(epoch(where, batch_size, window, **kw))
+            for what in pair:
+                runs[what].append(merge_epochs(held[what]))
+            for what in ["get", "cold"] if r % 2 == 0 else ["cold", "get"]:
                 if what == "get":
                     gets.append(raw_get(url, keys, work / "get", proc.pid))
-                elif what == "local":
-                    runs["local"].append(epoch(root, batch_size, window))
-                elif what == "warm":
-                    runs["warm"].append(epoch(url, batch_size, window, cache_dir=warm))
                 else:
                     cold = work / f"cold{r}"
                     server0 = cpu_seconds(proc.pid)
@@ -252,9 +279,10 @@ def run_remote_bench(
         out = {
             "setup": f"{root.name}: {len(entries)} {index.encoding} shards of {SPLIT}, "
             f"{shard_bytes / 1e6:.1f} MB, {cells} cells; window {window}, batch {batch_size}; "
-            f"moto_server on 127.0.0.1; both warmed; {rounds} rounds of local/warm interleaved "
-            "(A B, B A), then GET and cold; loaders torn down between epochs; rates: medians, "
-            "ratios: medians of per-round ratios",
+            f"moto_server on 127.0.0.1; both warmed; {rounds} rounds of {epochs_per_round} local "
+            "and warm epochs interleaved (A B A B ..., B A B A ... the next round), then a raw GET "
+            "and a cold epoch; loaders torn down between epochs; rates: medians of the rounds' "
+            "rates, ratios: medians of per-round ratios",
             "raw_get_MB_s": round(get_mb_s, 1),
             # cores busy during the raw GETs (medians): the server's and the client's
             "raw_get_server_cores": round(statistics.median(g["server_cores"] for g in gets), 2),
@@ -344,8 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--window", type=int, default=WINDOW, help="shards decoded together")
+    ap.add_argument(
+        "--epochs-per-round",
+        type=int,
+        default=EPOCHS_PER_ROUND,
+        help="local and warm epochs per round, alternating",
+    )
     a = ap.parse_args(argv)
-    res = run_remote_bench(a.root.resolve(), a.rounds, a.batch_size, a.window)
+    res = run_remote_bench(a.root.resolve(), a.rounds, a.batch_size, a.window, a.epochs_per_round)
     print(json.dumps(res, indent=1))
     return 0
 

@@ -74,3 +74,16 @@ def test_23b_line_says_the_ceiling_only_when_measured() -> None:
     line = next(t for t in remote_targets(rm) if t["name"] == "23b")["detail"]
     assert "2 cores allow a cold epoch at most 220,806 cells/s = 0.70x the bound" in line
     assert "local epoch 4.40, raw GETs 4.66 (server + client), cold epoch 9.80" in line
+
+
+def test_a_round_of_epochs_reads_as_all_its_cells_over_all_its_time() -> None:
+    epochs = [
+        {"open_s": 0.1, "first_batch_s": 0.2, "epoch_s": 0.5, "cells": 1000, "cpu_s": 0.6},
+        {"open_s": 0.3, "first_batch_s": 0.4, "epoch_s": 1.5, "cells": 1000, "cpu_s": 1.0},
+        {"open_s": 0.3, "first_batch_s": 0.4, "epoch_s": 1.0, "cells": 1000, "cpu_s": 0.8},
+    ]
+    one = remote_bench.merge_epochs(epochs)
+    # 3,000 cells in 3.0 s: 1,000 cells/s, which cells / epoch_s must give
+    assert one["cells"] / one["epoch_s"] == pytest.approx(1000.0)
+    assert one["cpu_s"] == pytest.approx(0.8)  # per epoch, as cpu_figures divides by cells
+    assert (one["open_s"], one["first_batch_s"], one["epochs"]) == (0.1, 0.2, 3)
