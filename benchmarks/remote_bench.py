@@ -107,14 +107,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def own_cpu_seconds() -> float:
-    """User + system CPU seconds of this process and of its children that have ended (an epoch's
-    decoder process is one: stopped and waited for when its loader is torn down)."""
-    me, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's children that have ended (an epoch's decoder
+    process is one: stopped and waited for when its loader is torn down)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
 
 
 def usable_cores() -> int:
@@ -128,7 +125,8 @@ def cpu_ceiling(cores: int, local_cpu_per_cell: float, get_cpu_per_cell: float) 
     """The most cells/s a cold epoch can reach when the server shares the machine's cores with
     the loader: each cell costs at least what a local epoch spends on it (decode, batches) plus
     what the raw GETs spend on its bytes (server and client), and ``cores`` CPU-seconds pass per
-    second. Why: on the 2-core machine the cold target sits above this (docs/REMOTE.md)."""
+    second. Why: it tells a cold epoch held back by the cores from one held back by the order
+    of its work (docs/REMOTE.md, "What a cold epoch needs on 2 cores")."""
     need = local_cpu_per_cell + get_cpu_per_cell
     return cores / need if need > 0 else float("inf")
 
@@ -163,30 +161,45 @@ def _settle() -> None:
     gc.collect()
 
 
-def epoch(root: str | Path, batch_size: int, window: int = WINDOW, **kw: Any) -> dict[str, float]:
+def epoch(
+    root: str | Path,
+    batch_size: int,
+    window: int = WINDOW,
+    server_pid: int | None = None,
+    **kw: Any,
+) -> dict[str, float]:
     """One epoch of ``cells`` batches in the training process (default engine: decoder
     process); open, first batch and whole-epoch times. Earlier loaders are torn down before it
     starts and this one after it ends (``_settle``), outside the times."""
     from loaders import ShardDataset, ShardLoader  # import weight: torch, only when measuring
 
     _settle()
-    cpu0, t0 = own_cpu_seconds(), time.perf_counter()
+    t0 = time.perf_counter()
     ds = ShardDataset(root, split=SPLIT, batch_size=batch_size, window=window, seed=0, **kw)
-    t1 = time.perf_counter()
+    kids0 = children_cpu_seconds()
+    server0 = cpu_seconds(server_pid) if server_pid else 0.0
+    me0, t1 = time.process_time(), time.perf_counter()
     n, first, b = 0, None, None
     for b in ShardLoader(ds):
         n += int(next(iter(b.values())).shape[0])
         first = first if first is not None else time.perf_counter() - t1
     dt = time.perf_counter() - t1
+    me = time.process_time() - me0
+    server = cpu_seconds(server_pid) - server0 if server_pid else 0.0
     del ds, b
     _settle()
-    return {
+    out = {
         "open_s": t1 - t0,
         "first_batch_s": float(first or 0),
         "epoch_s": dt,
         "cells": n,
-        "cpu_s": own_cpu_seconds() - cpu0,  # its open, decode (any process) and teardown
+        # CPU of the timed epoch, as its rate: this process's over epoch_s, plus its decoder
+        # process's (known once it has ended, at the teardown: its start and its decode)
+        "cpu_s": me + children_cpu_seconds() - kids0,
     }
+    if server_pid:
+        out["server_cpu_s"] = server  # the server's over epoch_s
+    return out
 
 
 def merge_epochs(epochs: list[dict[str, float]]) -> dict[str, float]:
@@ -256,9 +269,7 @@ def run_remote_bench(
                     gets.append(raw_get(url, keys, work / "get", proc.pid))
                 else:
                     cold = work / f"cold{r}"
-                    server0 = cpu_seconds(proc.pid)
-                    runs["cold"].append(epoch(url, batch_size, window, cache_dir=cold))
-                    runs["cold"][-1]["server_cpu_s"] = cpu_seconds(proc.pid) - server0
+                    runs["cold"].append(epoch(url, batch_size, window, proc.pid, cache_dir=cold))
                     peak.append(cache_bytes(cold))
                     shutil.rmtree(cold, ignore_errors=True)
         cells = runs["local"][0]["cells"]

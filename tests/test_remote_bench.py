@@ -5,6 +5,8 @@ No server here: the figures come from measurements given by hand."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -44,10 +46,11 @@ def test_cpu_figures_take_medians_per_million_cells(monkeypatch: pytest.MonkeyPa
     assert fig["cold_cores_busy"] == 1.25
 
 
-def test_own_cpu_counts_this_process() -> None:
-    before = remote_bench.own_cpu_seconds()
-    sum(i * i for i in range(300_000))
-    assert remote_bench.own_cpu_seconds() > before
+def test_children_cpu_counts_an_ended_child() -> None:
+    before = remote_bench.children_cpu_seconds()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert remote_bench.children_cpu_seconds() - before >= 0.3  # the child's, not this process's
 
 
 def test_23b_line_says_the_ceiling_only_when_measured() -> None:
