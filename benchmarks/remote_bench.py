@@ -18,8 +18,10 @@ in cells/s)), the cold epoch's time to first batch, its peak cache bytes and net
 bytes the cache downloaded: each object once), and the warm epoch's (0). moto is Python on the
 same 2 cores as the loader: its GET rate is the limit here, not a real S3's. Hence also the CPU
 seconds per million cells of each epoch kind (this process and its ended children, i.e. the
-decoder processes; the server's for the GETs and the cold epoch), and `cpu_ceiling`: the cold
-rate the machine's cores allow while the server shares them.
+decoder processes; the server's for the GETs and the cold epoch), and two ceilings on the cold
+rate (benchmarks/remote_limits.py): what the machine's cores allow while the server shares them
+(`cpu_ceiling`), and what the order of the work allows (`order_ceiling`: a window's batches
+wait for all its shards).
 
 Why ``_settle``: a ShardDataset used to sit in reference cycles (fixed since: loaders/engine
 produce.py and supply.py, tests/test_loader_release.py), so an epoch's loader was freed only by
@@ -36,7 +38,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import shutil
 import socket
 import statistics
@@ -48,6 +49,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from benchmarks.remote_limits import (
+    children_cpu_seconds,
+    cpu_figures,
+    cpu_seconds,
+    order_figures,
+)
 
 SPLIT, WINDOW, BUCKET = "train", 4, "bench"
 # local and warm epochs per round, alternating (A B A B ...). Why several: a single epoch of a
@@ -98,37 +106,6 @@ def upload(root: Path, url: str) -> None:
     from pipeline.push import push  # import weight: the store's client, only this section
 
     push(root, url, progress=False)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (/proc)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_seconds() -> float:
-    """User + system CPU seconds of this process's children that have ended (an epoch's decoder
-    process is one: stopped and waited for when its loader is torn down)."""
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return kids.ru_utime + kids.ru_stime
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def cpu_ceiling(cores: int, local_cpu_per_cell: float, get_cpu_per_cell: float) -> float:
-    """The most cells/s a cold epoch can reach when the server shares the machine's cores with
-    the loader: each cell costs at least what a local epoch spends on it (decode, batches) plus
-    what the raw GETs spend on its bytes (server and client), and ``cores`` CPU-seconds pass per
-    second. Why: it tells a cold epoch held back by the cores from one held back by the order
-    of its work (docs/REMOTE.md, "What a cold epoch needs on 2 cores")."""
-    need = local_cpu_per_cell + get_cpu_per_cell
-    return cores / need if need > 0 else float("inf")
 
 
 def raw_get(url: str, keys: list[str], tmp: Path, server_pid: int) -> dict[str, float]:
@@ -192,6 +169,7 @@ def epoch(
         "open_s": t1 - t0,
         "first_batch_s": float(first or 0),
         "epoch_s": dt,
+        "serve_s": dt - float(first or 0),  # from the first batch to the last
         "cells": n,
         # CPU of the timed epoch, as its rate: this process's over epoch_s, plus its decoder
         # process's (known once it has ended, at the teardown: its start and its decode)
@@ -210,6 +188,7 @@ def merge_epochs(epochs: list[dict[str, float]]) -> dict[str, float]:
         "open_s": epochs[0]["open_s"],
         "first_batch_s": epochs[0]["first_batch_s"],
         "epoch_s": statistics.fmean(x["epoch_s"] for x in epochs),
+        "serve_s": statistics.fmean(x["serve_s"] for x in epochs),
         "cells": epochs[0]["cells"],
         "cpu_s": statistics.fmean(x["cpu_s"] for x in epochs),
         "epochs": len(epochs),
@@ -287,6 +266,7 @@ def run_remote_bench(
             statistics.median(cold_bound),
         )
         cpu = cpu_figures(runs, gets, cells, min(rate["local"], limit_cells))
+        windows = -(-len(entries) // max(1, window))  # this one rank reads them all
         out = {
             "setup": f"{root.name}: {len(entries)} {index.encoding} shards of {SPLIT}, "
             f"{shard_bytes / 1e6:.1f} MB, {cells} cells; window {window}, batch {batch_size}; "
@@ -318,6 +298,9 @@ def run_remote_bench(
             "cold_network_bytes_per_epoch": max(peak),  # every shard object, downloaded once
             "warm_network_bytes_per_epoch": 0,
             **cpu,
+            **order_figures(
+                cells, limits, per["local"], [x["serve_s"] for x in runs["local"]], windows
+            ),
             "load_avg_start": load_start,
             "load_avg": list(os.getloadavg()),
         }
@@ -326,34 +309,6 @@ def run_remote_bench(
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-
-
-def cpu_figures(
-    runs: dict[str, list[dict[str, float]]],
-    gets: list[dict[str, float]],
-    cells: int,
-    bound: float,
-) -> dict[str, Any]:
-    """CPU seconds per million cells (medians over rounds) of a local epoch, of the raw GETs of
-    the split's objects (server + client) and of a cold epoch (this process, its decoder process
-    and the server), the cores the cold epoch kept busy, and `cpu_ceiling` over ``bound``."""
-    per_m = {
-        "local": statistics.median(x["cpu_s"] for x in runs["local"]) * 1e6 / cells,
-        "raw_get": statistics.median(g["cpu_s"] for g in gets) * 1e6 / cells,
-        "cold": statistics.median(x["cpu_s"] + x["server_cpu_s"] for x in runs["cold"])
-        * 1e6
-        / cells,
-    }
-    cores = usable_cores()
-    ceiling = cpu_ceiling(cores, per_m["local"] / 1e6, per_m["raw_get"] / 1e6)
-    busy = statistics.median((x["cpu_s"] + x["server_cpu_s"]) / x["epoch_s"] for x in runs["cold"])
-    return {
-        "cores": cores,
-        "cpu_s_per_million_cells": {k: round(v, 3) for k, v in per_m.items()},
-        "cold_cores_busy": round(busy, 2),
-        "cpu_ceiling_cells_s": round(ceiling),
-        "cpu_ceiling_over_bound": round(ceiling / bound, 3) if bound > 0 else None,
-    }
 
 
 def remote_section(

@@ -33,7 +33,7 @@ def reported(
 
 
 def cpu_bound(rm: dict[str, Any]) -> str:
-    """23b's CPU accounting (benchmarks/remote_bench.py, `cpu_figures`), where it was measured:
+    """23b's CPU accounting (benchmarks/remote_limits.py, `cpu_figures`), where it was measured:
     what a cold epoch may reach while the server shares the loader's cores."""
     per_m = rm.get("cpu_s_per_million_cells")
     if not per_m or rm.get("cpu_ceiling_over_bound") is None:
@@ -44,6 +44,25 @@ def cpu_bound(rm: dict[str, Any]) -> str:
         f"server's); {rm['cores']} cores allow a cold epoch at most "
         f"{rm['cpu_ceiling_cells_s']:,} cells/s = {rm['cpu_ceiling_over_bound']:.2f}x the bound "
         f"(local + GET CPU per cell); the cold epochs kept {rm['cold_cores_busy']:.2f} cores busy"
+        f"{order_bound(rm)}"
+    )
+
+
+def order_bound(rm: dict[str, Any]) -> str:
+    """23b's ordering ceiling (`benchmarks.remote_limits.order_figures`), where it was measured:
+    over all rounds, and over the rounds whose bound was the GET limit."""
+    if rm.get("order_ceiling_over_bound") is None:
+        return ""
+    n, got = rm["windows"], rm.get("order_ceiling_get_bound")
+    by_get = (
+        f", {got:.2f}x in the {rm['rounds_get_bound']} rounds bound by the GET limit"
+        if got is not None
+        else ""
+    )
+    return (
+        f"; the order of the work allows at most {rm['order_ceiling_over_bound']:.2f}x{by_get} "
+        f"({n} window{'s' if n != 1 else ''}: a window serves no batch before all its shards are "
+        "in the cache, so at least its serving follows the last download)"
     )
 
 
