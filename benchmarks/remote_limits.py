@@ -83,7 +83,8 @@ def order_ceiling(cells: int, get_s: float, serve_s: float, windows: int, bound:
     (``get_s``: the split's bytes at the raw GET rate) at least the last window's batches are
     still to serve, ``serve_s / windows`` (``serve_s``: a local epoch's time from its first batch
     to its end, windows taken as equal). One window: nothing of the serving overlaps a
-    download."""
+    download, and the bound is exact. Several: ``serve_s`` also holds any wait for a later
+    window's decode, so the figure is a guide, not a bound."""
     need = get_s + serve_s / max(1, windows)
     return cells / need / bound if need > 0 and bound > 0 else float("inf")
 
