@@ -44,8 +44,6 @@ def cpu_ceiling(cores: int, local_cpu_per_cell: float, get_cpu_per_cell: float) 
     return cores / need if need > 0 else float("inf")
 
 
-
-
 def cpu_figures(
     runs: dict[str, list[dict[str, float]]],
     gets: list[dict[str, float]],
@@ -74,8 +72,6 @@ def cpu_figures(
     }
 
 
-
-
 def order_ceiling(cells: int, get_s: float, serve_s: float, windows: int, bound: float) -> float:
     """The most a cold epoch can reach over ``bound`` (cells/s) by the order of its work alone,
     however well it overlaps the rest: a window serves no batch before every one of its shards
@@ -83,8 +79,9 @@ def order_ceiling(cells: int, get_s: float, serve_s: float, windows: int, bound:
     (``get_s``: the split's bytes at the raw GET rate) at least the last window's batches are
     still to serve, ``serve_s / windows`` (``serve_s``: a local epoch's time from its first batch
     to its end, windows taken as equal). One window: nothing of the serving overlaps a
-    download, and the bound is exact. Several: ``serve_s`` also holds any wait for a later
-    window's decode, so the figure is a guide, not a bound."""
+    download, so this is a true ceiling (a generous one: it leaves out the window's decode after
+    its last shard lands). Several: ``serve_s`` also holds any wait for a later window's decode,
+    so the figure is a guide, not a bound."""
     need = get_s + serve_s / max(1, windows)
     return cells / need / bound if need > 0 and bound > 0 else float("inf")
 

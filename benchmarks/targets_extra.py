@@ -44,7 +44,6 @@ def cpu_bound(rm: dict[str, Any]) -> str:
         f"server's); {rm['cores']} cores allow a cold epoch at most "
         f"{rm['cpu_ceiling_cells_s']:,} cells/s = {rm['cpu_ceiling_over_bound']:.2f}x the bound "
         f"(local + GET CPU per cell); the cold epochs kept {rm['cold_cores_busy']:.2f} cores busy"
-        f"{order_bound(rm)}"
     )
 
 
@@ -91,6 +90,7 @@ def remote_targets(rm: dict[str, Any]) -> list[dict[str, Any]]:
             f"{rm.get('raw_get_MB_s', 0):,} MB/s = {limit:,} cells/s (8 concurrent GETs; "
             f"server {rm.get('raw_get_server_cores', '?')} + client "
             f"{rm.get('raw_get_client_cores', '?')} cores busy meanwhile){cpu_bound(rm)}"
+            f"{order_bound(rm)}"
             if ok
             else why,
         ),
