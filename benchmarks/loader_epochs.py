@@ -1,7 +1,9 @@
 """Dense-cells loader throughput of one checkout, for A/B runs of two checkouts as whole processes.
 
-    farm-bench -n 6 --vs "python benchmarks/loader_epochs.py OLD_CHECKOUT DATASET 6" -- \\
-        python benchmarks/loader_epochs.py NEW_CHECKOUT DATASET 6
+    for i in 1 2 3 4 5 6; do
+        /usr/bin/time -f "old %U %S %e" python benchmarks/loader_epochs.py OLD_CHECKOUT DATASET 6
+        /usr/bin/time -f "new %U %S %e" python benchmarks/loader_epochs.py NEW_CHECKOUT DATASET 6
+    done
 
 ``CHECKOUT`` goes first on ``sys.path``, so each side imports its own ``loaders``; the dataset is read
 the same by both (``num_workers=0``, 256 cells a batch, shuffled, ``EPOCHS`` epochs). Prints cells/s.

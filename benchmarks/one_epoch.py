@@ -1,6 +1,7 @@
 """One process opens a dataset and reads one epoch of a split, then says its wall and CPU
 (its own and its children's: the decoder process): for whole-process A/B timings with
-``farm-bench --vs`` between two checkouts, where start-up costs count.
+two checkouts run in turn (A B A B, e.g. each under ``/usr/bin/time -v``), where start-up
+costs count.
 
     python -m benchmarks.one_epoch DATASET [--split val] [--batch-size 256]
 """

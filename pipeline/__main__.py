@@ -2,6 +2,6 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.cli import main
+from pipeline.entry import main
 
 sys.exit(main())
