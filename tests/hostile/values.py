@@ -225,6 +225,23 @@ CASES = [
         ),
     ),
     Case(
+        "covariate-empty-name",
+        8,
+        '`covariates = ""` (found by fuzzing: a bare string is read as a list of one)',
+        "exit 2: `[fields.covariates]` says the name is empty and shows the list form (was "
+        "accepted: a covariate column named '')",
+        VALIDATE,
+        (_sub('covariates = ["timepoint"]', 'covariates = ""'), "fields.covariates", "empty name"),
+    ),
+    Case(
+        "obsm-empty-key",
+        8,
+        '`obsm = ["X_pca", ""]`',
+        "exit 2: `[fields.obsm]` says the key is empty (was: a missing obsm key '' at scan)",
+        VALIDATE,
+        (_sub('obsm = ["X_pca"]', 'obsm = ["X_pca", ""]'), "fields.obsm", "empty name"),
+    ),
+    Case(
         "verify-vocab-label-edited",
         8,
         "a vocabulary label in index.json edited (e.g. a perturbation renamed)",

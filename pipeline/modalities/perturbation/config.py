@@ -180,12 +180,23 @@ def check_fields(path: Path, fields: Fields, split: Split) -> None:
 
 def _check_covariates(path: Path, fields: Fields) -> None:
     """A covariate is an extra obs field: one named like a standard field (or twice) would be two
-    condition columns with one name."""
+    condition columns with one name; an empty name (`covariates = ""`, which a bare string turns
+    into a list of one, found by fuzzing) names no column at all."""
     taken = {"perturbation", "cell_type", "batch"}  # "batch" even when unset: Fields.column maps it
     for key, name in [
         *(("covariates", c) for c in fields.covariates),
         *(("numeric_covariates", c) for c in fields.numeric_covariates),
+        *(("obsm", c) for c in fields.obsm),
     ]:
+        if not name.strip():
+            raise ManifestError(
+                path,
+                f"fields.{key}",
+                f"has an empty name ({name!r}): list the obs column (obsm key) names, "
+                f'e.g. {key} = ["timepoint"], or leave {key} out for none',
+            )
+        if key == "obsm":
+            continue
         if name in taken:
             raise ManifestError(
                 path,
