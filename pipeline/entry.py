@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import os
 
-BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}  # read once, when OpenBLAS loads (numpy's import)
-
 
 def quiet_blas() -> None:
-    """One BLAS thread for this process, unless the environment already says how many."""
-    for key, value in BLAS_THREADS.items():
-        os.environ.setdefault(key, value)
+    """One BLAS thread for this process, unless the environment already says how many (OpenBLAS
+    reads it once, when it loads: numpy's import)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def main() -> int:

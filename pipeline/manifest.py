@@ -100,6 +100,22 @@ class Table:
             raise ManifestError(self.path, f"{self.name}.{key}", "must be a list of strings")
         return tuple(v)
 
+    def names(self, key: str) -> tuple[str, ...]:
+        """A list of names (columns, keys, files; none when absent): `strings`, where an empty
+        name is refused, as it names nothing (`covariates = ""`, which the bare-string form turns
+        into a list of one, was a column named '': found by fuzzing). Labels, where "" can be a
+        value, stay `strings`."""
+        v = self.strings(key, ()) or ()
+        for s in v:
+            if not s.strip():
+                raise ManifestError(
+                    self.path,
+                    f"{self.name}.{key}",
+                    f'has an empty name ({s!r}): list the names, as {key} = ["..."], or leave '
+                    f"{key} out for none",
+                )
+        return v
+
 
 def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
     """Import each plug-in module and its build half (``BUILD_MODULE``), so its kinds and sources
@@ -142,7 +158,7 @@ def load_manifest(path: str | Path) -> Manifest:
     if not isinstance(raw.get("dataset"), dict):
         raise ManifestError(path, "dataset", "is required (a [dataset] table)")
     ds = Table(path, "dataset", raw["dataset"], DATASET_KEYS)
-    plugins = ds.strings("plugins", ()) or ()
+    plugins = ds.strings("plugins", ()) or ()  # an empty one: load_plugins says why
     load_plugins(path, plugins)
     kind_name = ds.get("kind", str, None) or default_kind(path)
     try:

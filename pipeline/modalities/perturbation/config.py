@@ -115,13 +115,13 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
         control=fl.strings("control", ("control",)) or (),
         cell_type=fl.get("cell_type", str, "") or None,
         batch=fl.get("batch", str, "") or None,
-        covariates=fl.strings("covariates", ()) or (),
+        covariates=fl.names("covariates"),
         combination_separator=fl.get("combination_separator", str, "") or None,
-        numeric_covariates=fl.strings("numeric_covariates", ()) or (),
+        numeric_covariates=fl.names("numeric_covariates"),
         numeric_transform=fl.get("numeric_transform", str, "log1p", NUMERIC_TRANSFORMS),
         matrix=matrix,
         values=fl.get("values", str, "any", VALUE_KINDS),
-        obsm=fl.strings("obsm", ()) or (),
+        obsm=fl.names("obsm"),
         perturbation_features=Path(fpath) if features is not None else None,
     )
     if not fields.control:
@@ -180,23 +180,12 @@ def check_fields(path: Path, fields: Fields, split: Split) -> None:
 
 def _check_covariates(path: Path, fields: Fields) -> None:
     """A covariate is an extra obs field: one named like a standard field (or twice) would be two
-    condition columns with one name; an empty name (`covariates = ""`, which a bare string turns
-    into a list of one, found by fuzzing) names no column at all."""
+    condition columns with one name."""
     taken = {"perturbation", "cell_type", "batch"}  # "batch" even when unset: Fields.column maps it
     for key, name in [
         *(("covariates", c) for c in fields.covariates),
         *(("numeric_covariates", c) for c in fields.numeric_covariates),
-        *(("obsm", c) for c in fields.obsm),
     ]:
-        if not name.strip():
-            raise ManifestError(
-                path,
-                f"fields.{key}",
-                f"has an empty name ({name!r}): list the obs column (obsm key) names, "
-                f'e.g. {key} = ["timepoint"], or leave {key} out for none',
-            )
-        if key == "obsm":
-            continue
         if name in taken:
             raise ManifestError(
                 path,

@@ -87,7 +87,7 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> SpikeConfig:
         frames=None if frames == "all" else frames,
         num_bins=t.get("num_bins", int, 5),
         layout=t.get("layout", str, "files", LAYOUTS),
-        images=t.strings("images", ()) or (),
+        images=t.names("images"),
         clip_len=t.get("clip_len", int, 1),
         codec=t.get("codec", str, "spikebits", tuple(SPIKE_CODECS)),
         val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
