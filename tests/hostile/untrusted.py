@@ -95,3 +95,45 @@ CASES = [
         "no-digest",
     ),
 ]
+
+# -- the node cache when this node's disk fails it (items 10-11) ---------------------------------
+DAMAGED = "test_remote_cache_faults::test_a_damaged_cached_copy_is_downloaded_again_once"
+REMOVED = "test_remote_cache_faults::test_the_cache_folder_removed_mid_epoch_is_made_again"
+FULL = "test_remote_cache_faults::test_a_real_full_disk_is_the_documented_cache_error"
+
+CASES += [
+    Case(
+        "cache-copy-damaged",
+        20,
+        "one byte of a cached shard flipped after its checked download; a new reader, then "
+        "`shardsmith verify s3://...` on the warm cache; then a disk that damages it again",
+        "downloaded again once (one GET), same batches; `verify` exits 0; damaged again after "
+        "that download: `CacheError` naming the cache folder and `cache_dir=` (was: every later "
+        "process failed on it, `verify` reported the remote damaged)",
+        DAMAGED,
+    ),
+    Case(
+        "cache-folder-removed-mid-epoch",
+        20,
+        "the cache folder removed (`rm -rf`) after the second batch of an epoch",
+        "the folder is made again (index.json put back) and the epoch's batches are those of "
+        "the local folder (was: a raw `FileNotFoundError` on a `.pins` path)",
+        REMOVED,
+    ),
+    *[
+        Case(
+            f"cache-real-full-disk-{stem}",
+            20,
+            f"the cache on a 2 MiB tmpfs (mounted by the test, as root) with {what} free",
+            "`CacheError`: 'cache folder ... is full while downloading ...; nothing partial was "
+            "kept: free space, set cache_limit=, ...' (was: 'GET failed (OSError: No space left "
+            "on device); see the message')",
+            FULL,
+            leave,
+        )
+        for stem, what, leave in (
+            ("ledger", "nothing", 0.0),
+            ("download", "half the smallest shard", 0.5),
+        )
+    ],
+]
