@@ -137,3 +137,34 @@ CASES += [
         )
     ],
 ]
+
+INSIDE = "test_untrusted_dataset::test_a_name_reaching_the_cache_another_way_stays_inside"
+CASES += [
+    Case(
+        "cache-pin-name-outside",
+        20,
+        "a pin file planted in the cache's `.pins/` whose name unquotes to `../../../../outside/"
+        "victim.txt`, then an eviction to 0 bytes",
+        "the victim is kept: a pin name that is not a plain build name is skipped (was: deleted)",
+        INSIDE,
+        "pin",
+    ),
+    Case(
+        "zarr-listing-name-outside",
+        20,
+        "the server lists a zarr shard's objects with one key `shards/x.zarr/../../../../zz.pth`",
+        "`RemoteError` naming that object ('is no object of the dataset file'); nothing written "
+        "outside the temporary folder",
+        INSIDE,
+        "listing",
+    ),
+    Case(
+        "cache-path-outside",
+        20,
+        "a shard entry named `../../../outside/victim.txt` built in code (past the index parser)",
+        "`CacheError` from `NodeCache.path`: 'outside the cache folder' (the cache checks the "
+        "path again)",
+        INSIDE,
+        "entry",
+    ),
+]
