@@ -131,7 +131,7 @@ def assert_same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor
             np.testing.assert_array_equal(x[k].numpy(), y[k].numpy(), err_msg=k)
 
 
-# -- the independent CT reference (pinned to hand-made volumes by tests/test_ct_reference.py) ---
+# -- the independent CT reference (pinned to hand-made volumes by tests/modalities/ct/test_ct_reference.py) ---
 def reference_body(
     hu: np.ndarray, threshold: float = -500.0, axial_axis: int = -1, fill_3d: bool = False
 ) -> np.ndarray:

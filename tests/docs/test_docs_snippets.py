@@ -38,8 +38,8 @@ README = ROOT / "README.md"
 # a dataset `make shards` writes: shards/<demo manifest>-<format>
 MADE = re.compile(r"""["']shards/(?P<manifest>\w+?)-(?P<format>zarr|tar)["']""")
 OWN_TEST = {
-    "EXTENDING.md": "tests/test_docs_extending.py",  # a plug-in module, its manifest, commands
-    "PERTURBATION.md": "tests/test_docs_perturbation.py",
+    "EXTENDING.md": "tests/docs/test_docs_extending.py",  # a plug-in module, its manifest, commands
+    "PERTURBATION.md": "tests/docs/test_docs_perturbation.py",
 }  # manifest + experiment files, then Python
 DOCS = [
     ROOT / "README.md",

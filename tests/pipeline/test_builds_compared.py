@@ -2,7 +2,7 @@
 byte-identical shards; changing one source rewrites only its shards (the previous generation's kept
 for its readers, then retired); every AnnData flavour (legacy, dense, a layer) and cell-load's h5
 build the same cells. What one build holds (traceability, pairing, sentences, splits):
-tests/test_pipeline.py."""
+tests/modalities/perturbation/test_build_contents.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A kind, a source and a sample type defined only in the tests (tests/plugin_toy.py) build, verify,
 inspect and load end to end through the registries, for zarr and tar, with no change to library
 code; a record kind rebuilds only what changed. A record kind with a csr field and a shard table:
-tests/test_kinds_csr.py."""
+tests/pipeline/test_kinds_csr.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The output folder (issue 13, cases 1, 2 and 9): one writer per --out, only our own files are
 deleted, index.json and shards get the umask's permissions. Concurrency is tested with real
-processes. Failed writes: tests/test_out_folder_failures.py."""
+processes. Failed writes: tests/pipeline/test_out_folder_failures.py."""
 
 from __future__ import annotations
 

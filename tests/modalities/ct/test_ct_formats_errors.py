@@ -1,6 +1,6 @@
 """Bad NIfTI/NRRD input: each a clear error naming the file and what to do, from the header at scan
 time (nothing written), never a traceback; a missing reader names the install command. DICOM series:
-tests/test_ct_formats_dicom.py."""
+tests/modalities/ct/test_ct_formats_dicom.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """CT end to end: .npy volumes -> build (zarr, tar) -> ShardDataset(sample="ct") equals the
 independent reference; skips counted; subsample deterministic; budget batches; crops/flips; a
 folder source and verify's check; conformance. Bad input, manifest errors, split groups and the
-shipped manifests: tests/test_ct_pipeline_inputs.py. The manifest and build helpers are the
+shipped manifests: tests/modalities/ct/test_ct_pipeline_inputs.py. The manifest and build helpers are the
 ``ct_npy`` fixture (tests/plugin_fixtures.py)."""
 
 from __future__ import annotations

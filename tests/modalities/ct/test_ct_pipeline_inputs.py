@@ -1,7 +1,7 @@
 """What a CT build from .npy volumes refuses and what it accepts: a bad volume (pickled objects,
 2-D, truncated, NaN) is a clear error naming the file, through the API and the CLI, and nothing is
 written; a manifest error names its key; the split keeps a patient's folder together; the shipped
-manifests build and verify. Building and loading end to end: tests/test_ct_pipeline.py."""
+manifests build and verify. Building and loading end to end: tests/modalities/ct/test_ct_pipeline.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """End-to-end pipeline behaviour: what one build holds (traceability, obs and obsm, pairing,
 sentences, splits, condition vectors), verify and the CLI on it, and what the pipeline imports.
-Determinism, incremental rebuilds and source flavours: tests/test_pipeline_builds.py."""
+Determinism, incremental rebuilds and source flavours: tests/pipeline/test_builds_compared.py."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ SMALL = {
     "n_perts": 5,
     "seed": 7,
     "obsm_dim": 6,
-}  # as tests/test_sources.py
+}  # as tests/modalities/perturbation/test_sources.py
 
 
 def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:

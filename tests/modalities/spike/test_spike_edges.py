@@ -1,4 +1,4 @@
-"""Spike modality corners that tests/test_spike.py leaves out: GoPro trees without train/test
+"""Spike modality corners that tests/modalities/spike/test_spike.py leaves out: GoPro trees without train/test
 folders (splits drawn per sequence), one-byte-per-pixel files with a width that is not a multiple
 of 8 and ``frames = "all"``, images at a non-integer scale of the spikes, and the GPU benchmark's
 parity check (dry run on the CPU)."""
