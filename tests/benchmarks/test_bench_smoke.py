@@ -15,6 +15,8 @@ pytest.importorskip("psutil")
 from benchmarks import run  # noqa: E402
 from benchmarks.synth import SynthParams, ensure_dataset, random_csr  # noqa: E402
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

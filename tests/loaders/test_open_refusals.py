@@ -126,6 +126,7 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children()}
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_stopped_worker_is_named_within_the_bound(case: hostile.Case, built: Path) -> None:
     ds = ShardDataset(built, batch_size=8, window=1, decode_process=False)

@@ -21,6 +21,7 @@ from pipeline.verify import verify
 N_GENES = 120  # build_dataset's genes per source (its default)
 
 
+@pytest.mark.process
 def test_jobs_do_not_change_bytes(
     tmp_path: Path, build_dataset: Callable[..., Any], write_manifest: Callable[..., Any]
 ) -> None:

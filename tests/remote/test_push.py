@@ -20,6 +20,8 @@ from pipeline.errors import LockHeldError
 from pipeline.push import LOCK_KEY, RECORD_KEY, push
 from tests import hostile
 
+pytestmark = pytest.mark.s3  # a moto S3 server (tests/s3_fixtures.py)
+
 
 class Recording(ObjectStore):
     """The store, remembering the order of its writes."""

@@ -113,6 +113,7 @@ def test_real_4d_nifti_from_nibabel_is_refused(tmp_path: Path) -> None:
         get_source("nifti")(real).header()
 
 
+@pytest.mark.process
 def test_cli_exits_2_naming_the_file_without_a_traceback(
     ct: Any, tmp_path: Path, chest: np.ndarray
 ) -> None:

@@ -52,6 +52,7 @@ def _nan_volume() -> np.ndarray:
     return v
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_volumes_are_clear_errors_naming_the_file(
     tmp_path: Path, case: str, ct_npy: Any
@@ -99,6 +100,7 @@ def test_manifest_errors_name_the_key(tmp_path: Path, ct_npy: Any) -> None:
             load_manifest(tmp_path / "m.toml")
 
 
+@pytest.mark.process
 def test_shipped_manifests_build(tmp_path: Path) -> None:
     """data_manifests/demo_ct.toml over `write_ct_demo` (as `make shards` runs it), and the folder
     example with its path pointed at a patient-folder layout: every key in them is valid and they
