@@ -9,7 +9,7 @@ JOBS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install shards test lint bench bench-quick bench-scale clean
+.PHONY: install shards test test-fast lint bench bench-quick bench-scale clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ shards: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the fast lane: pure functions and in-process builds, no test that needs more (README.md, "Tests")
+FAST ?= not (process or cluster or s3 or browser or gpu or root or bench)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "$(FAST)"
 
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline loaders tests benchmarks

@@ -152,6 +152,7 @@ def test_images_crop_inside_the_image_at_any_scale(shape: tuple[int, int]) -> No
         )
 
 
+@pytest.mark.bench  # a test of the benchmark harness (benchmarks/gpu_spike.py)
 def test_gpu_bench_dry_run_checks_parity_and_fails_on_a_wrong_finisher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
