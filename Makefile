@@ -48,7 +48,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run --full --out . --torch-spec "$(TORCH_SPEC)"
 
 # a smoke run (~2 min): small sizes check that every benchmark runs; only `make bench` judges the targets
-# the build from 200k to 2M cells (~3.3 GB of sources at 2M; ~10 min on 2 idle cores): writes benchmarks/SCALE.md
+# the build from 200k to 2M cells (~3.3 GB of sources at 2M; ~10 min on 2 idle cores): writes docs/benchmarks/SCALE.md
 bench-scale: $(STAMP)
 	$(PY) -m benchmarks.scale_bench
 

@@ -85,7 +85,7 @@ def test_harness_tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         ]
     )
     assert rc == 0
-    res = json.loads((out / "benchmarks" / "results.json").read_text())
+    res = json.loads((out / "docs" / "benchmarks" / "results.json").read_text())
     for key in (
         "date",
         "config",
