@@ -9,7 +9,7 @@ JOBS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install shards test test-fast lint bench bench-quick bench-scale clean
+.PHONY: install shards test test-fast lint bench bench-quick bench-scale bench-micro clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench: $(STAMP)
 # the build from 200k to 2M cells (~3.3 GB of sources at 2M; ~10 min on 2 idle cores): writes docs/benchmarks/SCALE.md
 bench-scale: $(STAMP)
 	$(PY) -m benchmarks.scale_bench
+
+# micro-benchmarks (pytest-benchmark, tests/benchmarks/test_micro_*.py): timings side by side, no verdicts
+bench-micro: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/benchmarks -k micro --benchmark-only --benchmark-group-by=group
 
 bench-quick: $(STAMP)
 	@echo "bench-quick: SMOKE RUN at small sizes (not the targets' scale; no met/missed verdicts): make bench judges the targets"
