@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.locations import RESULTS
-from benchmarks.targets import target
+from benchmarks.verdicts import target
 
 MB = 1e6
 SCALE_JSON = RESULTS / "scale.json"
