@@ -16,7 +16,7 @@ from loaders import ShardDataset
 from loaders.remote.ledger import cache_bytes
 from tests import hostile
 
-pytestmark = pytest.mark.s3  # a moto S3 server (tests/s3_fixtures.py)
+pytestmark = pytest.mark.s3  # a moto S3 server (tests/remote/conftest.py)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 KW: dict[str, Any] = {"split": "train", "batch_size": 64, "window": 2, "seed": 3}

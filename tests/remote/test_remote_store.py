@@ -1,4 +1,4 @@
-"""loaders.remote.store against a real S3 server (moto, tests/s3_fixtures.py): the key -> bytes
+"""loaders.remote.store against a real S3 server (moto, tests/remote/conftest.py): the key -> bytes
 store that push and the remote reader share, its errors and its bounds."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_retry_policy_parse() -> None:
 @pytest.mark.s3
 @pytest.mark.parametrize("fault", ["500", "drop", "cut", "stall"])
 def test_transient_faults_are_retried(s3_bucket: str, s3_proxy: Any, fault: str) -> None:
-    """Through the fault proxy (tests/remote_fixtures.py): the first two GETs of the object fail
+    """Through the fault proxy (tests/remote/conftest.py): the first two GETs of the object fail
     (a 500, a dropped connection, a body cut in half, an answer later than the read timeout)."""
     store = open_store(f"{s3_bucket}/ds", retry=RetryPolicy(base_s=0.01, timeout_s=1))
     blob = os.urandom(300_000)
