@@ -96,7 +96,7 @@ def test_a_new_build_names_xxh3_and_catches_a_changed_byte(
     for encoding, built in built_zarr_tar.items():
         root = Path(shutil.copytree(built, tmp_path / encoding))
         raw = json.loads(fmt.index_path(root).read_text())
-        assert raw["version"] == fmt.INDEX_VERSION == 4
+        assert raw["version"] == fmt.INDEX_VERSION == 5
         assert all("sha256" not in s for s in [*raw["shards"], *raw["sources"]])
         digests = [s["digest"] for s in raw["shards"]] + [raw["conditions"]["digest"]]
         digests += [s["digest"] for s in raw["sources"]]

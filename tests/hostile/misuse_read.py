@@ -66,10 +66,20 @@ CASES = [
     Case(
         "index-digest-removed",
         12,
-        "the digest removed from index.json (or an index written before digests)",
+        "the digest removed from an index.json of version 1-3 (as written before digests)",
         "opens with a `RuntimeWarning`: read unchecked, rebuild to add one; `verify` fails it",
         EDITED,
-        ("digest-removed", "warn"),
+        ("version-3-digest-removed", "warn"),
+    ),
+    Case(
+        "index-current-version-digest-removed",
+        12,
+        "the digest removed from an index.json of the current version (the way to edit an index "
+        "without sealing it again: issue 45, item 3)",
+        "`FormatError` at open: 'index version 5 without its content digest', rebuild; `verify` "
+        "fails it (was: opened with a warning)",
+        EDITED,
+        ("digest-removed", "refused"),
     ),
     Case(
         "loader-default-timeout",

@@ -59,7 +59,11 @@ def _edit(raw: dict[str, Any], edit: str) -> None:
     train = [n for n, e in enumerate(raw["shards"]) if e["split"] == "train"]
     if edit.startswith("older-digest-"):  # as an earlier shardsmith sealed it: its first keys
         raw["digest"] = {k: raw["digest"][k] for k in fmt.FIRST_DIGEST_KEYS}
+        raw["version"] = 4  # the version such a shardsmith wrote (5 on: every key is required)
         edit = edit.removeprefix("older-digest-")
+    if edit.startswith("version-3-"):  # an index as a shardsmith before version 4 wrote it
+        raw["version"] = 3
+        edit = edit.removeprefix("version-3-")
     if edit == "shard-removed":
         del raw["shards"][train[-1]]
     elif edit == "labels-swapped":
@@ -89,6 +93,10 @@ def test_an_edited_index_is_refused_at_open(
         with pytest.warns(RuntimeWarning, match=r"index\.json: no content digest.*rebuild"):
             ds = ShardDataset(root, decode_process=False)
         assert next(iter(ShardLoader(ds))) is not None
+        assert any("no content digest" in p for p in problems), problems
+    elif outcome == "refused":  # a current index stripped of its digest: the way to edit it
+        with pytest.raises(fmt.FormatError, match=r"index\.json: index version 5 without its "):
+            ShardDataset(root, decode_process=False)
         assert any("no content digest" in p for p in problems), problems
     elif outcome == "verify":
         ds = ShardDataset(root, decode_process=False)

@@ -258,17 +258,20 @@ def test_another_dataset_at_the_url_is_refused(
 def test_a_tampered_record_deletes_nothing_foreign(
     case: hostile.Case, rebuildable: Any, s3_bucket: str
 ) -> None:
+    """The record is the remote's word: it may claim any name. ``case.data``: (objects a user
+    keeps under the prefix, the names the record is edited to claim)."""
     out, change_source_1 = rebuildable
+    foreign, claimed = case.data
     url = f"{s3_bucket}/ds"
     store = open_store(url)
-    store.put("shards/README.txt", b"not ours")
-    store.put("notes/keep.txt", b"not ours")
+    for key in foreign:
+        store.put(key, b"not ours")
     push(out, url, progress=False)
     record = json.loads(store.get(RECORD_KEY))
-    record["owned"] += ["shards", "notes", "shards/../notes/keep.txt", "", "index.json"]
+    record["owned"] += claimed
     store.put(RECORD_KEY, json.dumps(record).encode())
     for _ in range(2):
         change_source_1()
         push(out, url, progress=False)
     keys = {o.key for o in store.list()}
-    assert {"shards/README.txt", "notes/keep.txt", "index.json"} <= keys
+    assert {*foreign, "index.json"} <= keys, sorted(set(foreign) - keys)

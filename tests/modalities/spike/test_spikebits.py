@@ -164,7 +164,8 @@ def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> No
     for name in ("zarr", "tar"):
         index = fmt.read_index(builds[name])
         assert (
-            index.field("spikes").codec == {"id": "zstd", "level": 5} and index.raw["version"] == 4
+            index.field("spikes").codec == {"id": "zstd", "level": 5}
+            and index.raw["version"] == fmt.INDEX_VERSION
         )
         assert (
             index.section()["codec"] == "spikebits"
@@ -172,14 +173,14 @@ def test_index_declares_the_codec_and_its_version(builds: dict[str, Path]) -> No
         )
         index = fmt.read_index(builds[f"v1-{name}"])
         assert (
-            index.field("spikes").codec == CONFIG and index.raw["version"] == fmt.INDEX_VERSION == 4
+            index.field("spikes").codec == CONFIG and index.raw["version"] == fmt.INDEX_VERSION == 5
         )
         assert (
             index.section()["codec"] == "spikebits-v1"
             and index.section()["bit_order"] == "frame_major"
         )
     plain = fmt.read_index(builds["plain"])
-    assert plain.field("spikes").codec is None and plain.raw["version"] == fmt.INDEX_VERSION == 4
+    assert plain.field("spikes").codec is None and plain.raw["version"] == fmt.INDEX_VERSION == 5
     assert plain.section()["codec"] == "dataset"
 
 
