@@ -41,18 +41,14 @@ def default_out(shown: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from loaders.remote.resolve import fetch_dataset  # import weight: `--help` stays instant
-    from pipeline.errors import DatasetError
+    from pipeline.commands.verify import require_dataset
     from pipeline.report.build import build_report, check_writable, write_report
 
     shown = str(args.dir)
     out = args.out if args.out is not None else default_out(shown)
     check_writable(out)
     root, problems = fetch_dataset(shown)
-    if not (root / "index.json").is_file():
-        what = "does not exist" if not root.exists() else "holds no index.json"
-        raise DatasetError(
-            f"{root} {what}: pass a dataset folder (the --out of `shardsmith build`)"
-        )
+    require_dataset(root)
     for msg in problems:
         print(f"FAIL {msg}")
     report = build_report(root, shown)

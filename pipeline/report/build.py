@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loaders import format as fmt
 from loaders.files import atomic_write_bytes
 from pipeline.errors import OutputError
 from pipeline.model import open_index
@@ -30,6 +31,23 @@ class Report:
     shown: str  # the dataset as the user named it (a folder or a URL)
     summary: dict[str, Any]
     sections: list[Section]
+    index_version: int
+
+    @property
+    def notice(self) -> str:
+        """What an index written by an older shardsmith means for this report ('' if current)."""
+        if self.index_version >= fmt.INDEX_VERSION:
+            return ""
+        return (
+            f"Built by an older shardsmith: index version {self.index_version} (this one writes "
+            f"{fmt.INDEX_VERSION}). "
+            + (
+                f"{len(self.missing)} figure(s) cannot be shown from it (listed below); rebuild "
+                "the dataset with this shardsmith to see them."
+                if self.missing
+                else "Every figure of this report could still be drawn from it."
+            )
+        )
 
     @property
     def missing(self) -> list[str]:
@@ -54,8 +72,10 @@ def kind_section(ctx: ReportContext) -> Section:
 
 def build_report(root: Path, shown: str) -> Report:
     s = summary(root)
-    ctx = ReportContext(open_index(root), s)
-    return Report(s["name"], shown, s, [summary_section(ctx), kind_section(ctx)])
+    index = open_index(root)
+    ctx = ReportContext(index, s)
+    version = int(index.raw.get("version") or 1)
+    return Report(s["name"], shown, s, [summary_section(ctx), kind_section(ctx)], version)
 
 
 def to_json(report: Report) -> dict[str, Any]:
@@ -78,6 +98,8 @@ def to_json(report: Report) -> dict[str, Any]:
             }
             for s in report.sections
         },
+        "index_version": report.index_version,
+        "notice": report.notice,
         "not_shown": report.missing,
     }
 
@@ -141,6 +163,6 @@ def write_report(report: Report, html_path: Path) -> list[Path]:
     subtitle = f"shardsmith report of {report.shown}: a {report.summary['kind']} dataset"
     atomic_write_bytes(data, json.dumps(to_json(report), indent=1, default=str).encode())
     atomic_write_bytes(mqc, json.dumps(to_multiqc(report), indent=1).encode())
-    text = render(report.name, subtitle, report.sections, report.missing)
+    text = render(report.name, subtitle, report.sections, report.missing, report.notice)
     atomic_write_bytes(page, text.encode())
     return [page, data, mqc]

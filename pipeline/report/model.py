@@ -75,11 +75,15 @@ class ReportContext:
         """``mapping[key]``, or :class:`Unavailable` saying the index does not record ``what``."""
         value = mapping.get(key) if isinstance(mapping, Mapping) else None
         if value is None:
-            raise Unavailable(
-                f"this dataset's index (version {self.index.raw.get('version')}) does not record "
-                f"{what}: rebuild it with this shardsmith to see it"
-            )
+            raise self.unrecorded(what)
         return value
+
+    def unrecorded(self, what: str) -> Unavailable:
+        """The reason a figure is missing when the index does not record ``what``."""
+        return Unavailable(
+            f"this dataset's index (version {self.index.raw.get('version')}) does not record "
+            f"{what}: rebuild it with this shardsmith to see it"
+        )
 
     def columns(self, keys: list[str]) -> list[tuple[fmt.ShardEntry, dict[str, np.ndarray]]]:
         """Each shard's entry and ``keys`` of its columns, in index order; a key the dataset's

@@ -81,8 +81,11 @@ def _anchor(key: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
 
 
-def render(title: str, subtitle: str, sections: Sequence[Section], missing: Sequence[str]) -> str:
-    """The whole page: title, the figures the dataset cannot show (if any), then each section."""
+def render(
+    title: str, subtitle: str, sections: Sequence[Section], missing: Sequence[str], notice: str = ""
+) -> str:
+    """The whole page: title, the older-index notice and the figures the dataset cannot show (if
+    any), then each section."""
     nav = " ".join(f'<a href="#{_anchor(s.title)}">{html.escape(s.title)}</a>' for s in sections)
     parts = [
         "<!DOCTYPE html>",
@@ -93,6 +96,8 @@ def render(title: str, subtitle: str, sections: Sequence[Section], missing: Sequ
         f"<h1>{html.escape(title)}</h1><p class='sub'>{html.escape(subtitle)}</p>",
         f"<nav>{nav}</nav>",
     ]
+    if notice:
+        parts.append(f'<p class="missing">{html.escape(notice)}</p>')
     if missing:
         items = "".join(f"<li>{html.escape(m)}</li>" for m in missing)
         parts.append(

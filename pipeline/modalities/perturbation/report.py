@@ -180,7 +180,7 @@ def pairing(ctx: ReportContext) -> Figure:
     for prefix, what in (("pairs_", "pairs"), ("sentence_slots_", "sentence slots")):
         by_level = {lv: int(counts.get(prefix + lv, 0)) for lv in LEVELS}
         if not any(prefix + lv in counts for lv in LEVELS):
-            raise Unavailable(f"this dataset's index does not record {what} by fallback level")
+            raise ctx.unrecorded(f"{what} by fallback level")
         data[what] = by_level
         rows.append([what, *by_level.values(), sum(by_level.values())])
     data["duplicated_controls"] = counts.get("duplicated_controls")

@@ -80,7 +80,7 @@ def per_record(ctx: ReportContext) -> dict[str, Any]:
 def per_file(ctx: ReportContext, rec: dict[str, Any]) -> Figure:
     rows = rec["rows"]
     rates = [r[6] for r in rows]
-    facts = ctx.index.stats.get("frames_per_file")
+    facts = ctx.index.stats.get("frames_per_file")  # None: an index built before it was counted
     return Figure(
         "files",
         f"Per file: frames, resolution {rec['height']}x{rec['width']}, spike rate",
@@ -118,6 +118,21 @@ def per_file(ctx: ReportContext, rec: dict[str, Any]) -> Figure:
             f"{facts['min']}..{facts['max']} over {facts['files']} files"
             if facts
             else "not recorded by this dataset's index (built before it was counted)"
+        ),
+    )
+
+
+def source_frames(ctx: ReportContext) -> Figure:
+    """Frames per .dat file as the build counted them in the sources (before any window)."""
+    facts = ctx.need(ctx.index.stats, "frames_per_file", "frames per source file")
+    unequal = ctx.index.stats.get("sequences_with_unequal_frames") or []
+    return Figure(
+        "source_frames",
+        "Frames per source file",
+        data={**facts, "sequences_with_unequal_frames": unequal},
+        table=Table(
+            ["files", "fewest frames", "most frames", "sequences with unequal counts"],
+            [[facts["files"], facts["min"], facts["max"], ", ".join(unequal) or "none"]],
         ),
     )
 
@@ -180,6 +195,7 @@ def spike_section(ctx: ReportContext) -> Section:
         "Spike",
         [
             figure("files", "Per file", with_records(per_file)),
+            figure("source_frames", "Frames per source file", lambda: source_frames(ctx)),
             figure("resolution_check", "Resolution check", with_records(resolution_check)),
         ],
         intro=f"{d.get('sequences')} sequences, resolution {d.get('resolution')}, {d.get('frames')} "
