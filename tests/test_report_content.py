@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,14 @@ def test_an_older_spike_index_names_the_counts_it_lacks(
     assert got["code"] == 0
     assert [m.split(":")[0] for m in got["json"]["not_shown"]] == ["Spike, Frames per source file"]
     assert "index version 3" in got["page"]
+
+
+def test_without_matplotlib_the_command_names_the_extra(
+    demo_builds: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    got = report(capsys, demo_builds["demo_ct"], tmp_path / "r.html")
+    assert got["code"] == 2 and 'pip install -e ".[report]"' in got["err"] and not got["page"]
