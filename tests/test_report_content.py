@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +233,26 @@ def test_without_matplotlib_the_command_names_the_extra(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     got = report(capsys, demo_builds["demo_ct"], tmp_path / "r.html")
     assert got["code"] == 2 and 'pip install -e ".[report]"' in got["err"] and not got["page"]
+
+
+def test_a_zero_shot_split_names_its_held_out_cell_types(
+    build_dataset: Callable[..., Any],
+    write_manifest: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipeline.build import build
+
+    build_dataset(tmp_path, "sources", sources=2, cells=300, genes=30)
+    manifest = write_manifest(tmp_path / "m.toml", split="zeroshot")
+    text = manifest.read_text().replace("val_fraction = 0.1", "val_fraction = 0.0")
+    manifest.write_text(text)  # two cell types: one held out for test, one kept for train
+    build(manifest, tmp_path / "out", jobs=1, progress=False)
+    got = report(capsys, tmp_path / "out", tmp_path / "z.html")
+    grid = got["json"]["sections"]["Perturbation"]["split_by_cell_type"]["data"]
+    held = grid["held_out_cell_types"]
+    assert held and set(held) < set(grid["cell_types"])
+    train = grid["splits"].index("train")
+    kept = [t for t, row in zip(grid["cell_types"], grid["cells"], strict=True) if row[train]]
+    assert set(held).isdisjoint(set(kept) - set(held)) and all(t in got["page"] for t in held)
+    assert f"held out of train: cell types {', '.join(held)}" in got["page"]

@@ -30,6 +30,7 @@ class Table:
     columns: list[str]
     rows: list[list[Any]]
     flagged: list[int] = field(default_factory=list)  # row positions
+    shade: bool = False  # a heatmap: numeric cells shaded by value (cells per split x cell type)
 
     def to_json(self) -> dict[str, Any]:
         return {"columns": self.columns, "rows": self.rows}

@@ -39,9 +39,12 @@ document.body.setAttribute("data-rendered", document.querySelectorAll("svg").len
 """
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any, top: float = 0.0) -> str:
     if isinstance(v, bool):
         return f"<td>{'yes' if v else 'no'}</td>"
+    if isinstance(v, int) and top > 0:
+        alpha = 0.08 + 0.6 * v / top
+        return f'<td class="n" style="background:rgba(59,117,175,{alpha:.2f})">{v:,}</td>'
     if isinstance(v, int):
         return f'<td class="n">{v:,}</td>'
     if isinstance(v, float):
@@ -52,8 +55,12 @@ def _cell(v: Any) -> str:
 def table_html(t: Table) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in t.columns)
     flagged = set(t.flagged)
+    nums = [v for row in t.rows for v in row if isinstance(v, int) and not isinstance(v, bool)]
+    top = float(max(nums, default=0)) if t.shade else 0.0
     body = "".join(
-        ("<tr class='flag'>" if i in flagged else "<tr>") + "".join(_cell(v) for v in row) + "</tr>"
+        ("<tr class='flag'>" if i in flagged else "<tr>")
+        + "".join(_cell(v, top) for v in row)
+        + "</tr>"
         for i, row in enumerate(t.rows)
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

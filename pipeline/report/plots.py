@@ -10,7 +10,7 @@ here only, with no pyplot (no global state, no GUI backend).
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -26,7 +26,8 @@ matplotlib.rcParams.update(
         "axes.spines.right": False,
     }
 )
-BLUE, ORANGE, GREY = "#3b75af", "#e1812c", "#9a9a9a"
+BLUE, ORANGE, GREY, RED = "#3b75af", "#e1812c", "#9a9a9a", "#c03d3e"
+PART_COLOURS = (BLUE, "#8fbbd9", ORANGE, GREY)  # train, val, test, other
 LEVEL_COLOURS = {
     "exact": "#3b75af",
     "cell_type": "#8fbbd9",
@@ -45,35 +46,32 @@ def svg(fig: Figure) -> str:
 
 def sorted_bars(
     labels: Sequence[str],
-    values: Sequence[float],
+    parts: Mapping[str, Sequence[float]],
     xlabel: str,
     flagged: set[str] = frozenset(),  # type: ignore[assignment]
     flag_label: str = "",
-    line: float | None = None,
 ) -> str:
-    """Horizontal bars, largest first; ``flagged`` labels in orange with ``flag_label`` in the
-    legend; ``line``: a dashed threshold."""
-    order = np.argsort(-np.asarray(values, dtype=float), kind="stable")
+    """Horizontal bars, largest total first, each stacked by its ``parts`` (e.g. cells per split);
+    ``flagged`` labels are drawn red with ``flag_label`` in the legend."""
+    stack = np.array([list(v) for v in parts.values()], dtype=float).reshape(len(parts), -1)
+    order = np.argsort(-stack.sum(0), kind="stable")
     names = [labels[i] for i in order]
-    vals = [values[i] for i in order]
-    fig = Figure(figsize=(6.5, 0.6 + 0.16 * len(names)))
+    fig = Figure(figsize=(6.5, 0.8 + 0.15 * len(names)))
     ax = fig.add_subplot()
-    colours = [ORANGE if n in flagged else BLUE for n in names]
-    ax.barh(range(len(names)), vals, color=colours, height=0.75)
+    left = np.zeros(len(names))
+    for k, (part, colour) in enumerate(zip(parts, PART_COLOURS, strict=False)):
+        ax.barh(
+            range(len(names)), stack[k, order], left=left, color=colour, height=0.75, label=part
+        )
+        left += stack[k, order]
     ax.set_yticks(range(len(names)), names, fontsize=7)
-    ax.invert_yaxis()
+    for tick, name in zip(ax.get_yticklabels(), names, strict=True):
+        if name in flagged:
+            tick.set_color(RED)
     ax.set_ylim(len(names) - 0.5, -0.5)
     ax.set_xlabel(xlabel)
-    if line is not None:
-        ax.axvline(line, color="#444", linestyle="--", linewidth=0.8)
-    if flagged:
-        from matplotlib.patches import Patch
-
-        ax.legend(
-            handles=[Patch(color=BLUE, label="ok"), Patch(color=ORANGE, label=flag_label)],
-            loc="lower right",
-            frameon=False,
-        )
+    title = f"red names: {flag_label}" if flagged else None
+    ax.legend(loc="lower right", frameon=False, title=title, title_fontsize=7)
     return svg(fig)
 
 

@@ -73,14 +73,17 @@ def cells_per_perturbation(ctx: ReportContext, cells: dict[str, np.ndarray]) -> 
             names[i]: int(short_by_pert[i]) for i in np.flatnonzero(short_by_pert)
         },
     }
-    shown = [n for n in names if n not in controls]
+    shown = [names.index(n) for n in names if n not in controls]
+    splits = list(cells["split_names"])
+    by_split = np.zeros((len(splits), len(names)), np.int64)
+    np.add.at(by_split, (cells["split"], cells["pert"]), 1)
     chart = (
         plots.sorted_bars(
-            shown,
-            [int(counts[names.index(n)]) for n in shown],
-            "cells (primary rows, all splits)",
+            [names[i] for i in shown],
+            {s: by_split[k, shown] for k, s in enumerate(splits)},
+            "cells (primary rows)",
             flagged,
-            f"a group has < sentence_size = {size} cells",
+            f"a (source, split, cell type) group has < {size} cells",
         )
         if len(shown) <= 400
         else plots.histogram(*_hist(counts), "cells per perturbation", "perturbations", False)
@@ -97,7 +100,7 @@ def cells_per_perturbation(ctx: ReportContext, cells: dict[str, np.ndarray]) -> 
         ),
         open_table=len(rows) <= 20,
         note=f"{len(names)} perturbations ({len(controls & set(names))} control label(s), not "
-        f"charted). Orange: {len(flagged)} perturbations with at least one (source, split, cell "
+        f"charted), cells stacked by split. Red names: {len(flagged)} perturbations with at least one (source, split, cell "
         f"type) group shorter than sentence_size = {size}: {len(short)} of {len(groups)} groups; "
         "their sentences repeat cells.",
     )
@@ -138,12 +141,15 @@ def split_by_cell_type(ctx: ReportContext, cells: dict[str, np.ndarray]) -> Figu
     grid = np.zeros((len(types), len(splits)), np.int64)
     np.add.at(grid, (cells["cell_type"], cells["split"]), 1)
     train = splits.index("train") if "train" in splits else None
-    held = [
-        t
-        for i, t in enumerate(types)
-        if train is not None and grid[i, train] == 0 and grid[i].sum()
-    ]
     names = ctx.index.vocabularies.get("perturbation") or []
+    # held out: no perturbed cell in train (a zero-shot split may keep their controls there)
+    ctrl = np.isin(cells["pert"], [names.index(c) for c in ctx.index.control_labels if c in names])
+    in_train = np.zeros(len(types), bool)
+    if train is not None:
+        in_train[np.unique(cells["cell_type"][(cells["split"] == train) & ~ctrl])] = True
+    held = [
+        t for i, t in enumerate(types) if train is not None and not in_train[i] and grid[i].sum()
+    ]
     seen = np.zeros(len(names), bool)
     if train is not None:
         seen[np.unique(cells["pert"][cells["split"] == train])] = True
@@ -167,7 +173,10 @@ def split_by_cell_type(ctx: ReportContext, cells: dict[str, np.ndarray]) -> Figu
             "split_config": mode,
         },
         table=Table(
-            ["cell type", *splits, ""], rows, flagged=[i for i, t in enumerate(types) if t in held]
+            ["cell type", *splits, ""],
+            rows,
+            flagged=[i for i, t in enumerate(types) if t in held],
+            shade=True,
         ),
         note=f"split mode {mode.get('mode', '-')}; held out of train: cell types "
         f"{', '.join(held) or 'none'}; perturbations {', '.join(unseen) or 'none'}.",
