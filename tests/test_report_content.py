@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pipeline.cli import main
+from tests import hostile
 
 OLD = Path(__file__).parent / "data" / "sha256-index" / "zarr"
 
@@ -161,8 +162,9 @@ def test_strict_exits_1_on_warnings_only(
     assert clean["code"] == 0
 
 
+@hostile.parametrize
 def test_a_folder_without_a_dataset_exits_2_as_verify(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "empty").mkdir()
     for folder in (tmp_path / "empty", tmp_path / "absent"):
@@ -174,8 +176,12 @@ def test_a_folder_without_a_dataset_exits_2_as_verify(
     assert not (tmp_path / "r.html").exists()
 
 
+@hostile.parametrize
 def test_an_unwritable_out_exits_2_naming_the_path(
-    demo_builds: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case,
+    demo_builds: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     (tmp_path / "a_file").write_text("x")
     for out in (tmp_path / "a_file" / "r.html", tmp_path / "folder.html"):
@@ -186,8 +192,9 @@ def test_an_unwritable_out_exits_2_naming_the_path(
         assert "Traceback" not in got["err"]
 
 
+@hostile.parametrize
 def test_an_older_index_gets_a_page_saying_what_it_cannot_show(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     kept = report(capsys, OLD, tmp_path / "v2.html")  # committed as index version 2 wrote it
     assert (
@@ -209,8 +216,12 @@ def test_an_older_index_gets_a_page_saying_what_it_cannot_show(
     assert "cannot be shown" in got["page"] and "Pairing provenance" in got["page"]
 
 
+@hostile.parametrize
 def test_an_older_spike_index_names_the_counts_it_lacks(
-    demo_builds: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: hostile.Case,
+    demo_builds: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     old = Path(shutil.copytree(demo_builds["demo_spike"], tmp_path / "spike"))
     raw = json.loads((old / "index.json").read_text())
