@@ -14,7 +14,6 @@ EXTRAS: dict[str, tuple[str, str, str]] = {
     "distributed": ("dask", "dask[distributed]", "--backend dask"),
     "ray": ("ray", "ray", "--backend ray"),
     "lightning": ("lightning", "lightning", "the Lightning DataModule"),
-    "matplotlib": ("report", "matplotlib", "`shardsmith report` (its plots)"),
 }
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -235,17 +234,6 @@ def test_an_older_spike_index_names_the_counts_it_lacks(
     assert "index version 3" in got["page"]
 
 
-def test_without_matplotlib_the_command_names_the_extra(
-    demo_builds: dict[str, Path],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
-    got = report(capsys, demo_builds["demo_ct"], tmp_path / "r.html")
-    assert got["code"] == 2 and 'pip install -e ".[report]"' in got["err"] and not got["page"]
-
-
 def test_a_zero_shot_split_names_its_held_out_cell_types(
     build_dataset: Callable[..., Any],
     write_manifest: Callable[..., Path],
@@ -267,3 +255,16 @@ def test_a_zero_shot_split_names_its_held_out_cell_types(
     kept = [t for t, row in zip(grid["cell_types"], grid["cells"], strict=True) if row[train]]
     assert set(held).isdisjoint(set(kept) - set(held)) and all(t in got["page"] for t in held)
     assert f"held out of train: cell types {', '.join(held)}" in got["page"]
+
+
+def test_the_mean_frame_image_is_a_png_of_the_declared_resolution(pages: dict) -> None:
+    image = pytest.importorskip("PIL.Image", reason="Pillow decodes the PNG (the images extra)")
+    import base64
+    import io
+
+    page = pages["demo_spike"]["page"]
+    first = re.search(r'href="data:image/png;base64,([^"]+)"', page)
+    assert first is not None
+    with image.open(io.BytesIO(base64.b64decode(first.group(1)))) as img:
+        assert img.size == (96, 64) and img.mode == "L"  # width x height as declared
+        assert len(set(img.getdata())) > 32  # a scene, not a flat frame

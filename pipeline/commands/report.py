@@ -42,9 +42,6 @@ def default_out(shown: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from loaders.remote.resolve import fetch_dataset  # import weight: `--help` stays instant
     from pipeline.commands.verify import require_dataset
-    from pipeline.extras import require
-
-    require("matplotlib")  # before any work: the missing extra named with its install command
     from pipeline.report.build import build_report, check_writable, write_report
 
     shown = str(args.dir)
