@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report_bench import report_targets
 from benchmarks.targets import target
 
 MB = 1e6
@@ -266,4 +267,5 @@ def extra_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         *ct_crop_targets(res.get("ct") or {}),
         *persistent_targets(ex),
         *digest_targets(ex),
+        *(report_targets(res["report"]) if "report" in res else []),
     ]
