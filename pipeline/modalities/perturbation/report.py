@@ -45,6 +45,26 @@ def primary_cells(ctx: ReportContext) -> dict[str, np.ndarray]:
     return out
 
 
+def perturbation_groups(
+    ctx: ReportContext, cells: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The groups sentences are drawn from, as the build counts them (plan.group_checks): perturbed
+    cells per (source, split, cell type, perturbation). Returns each group's perturbation code and
+    size; one int64 key per cell, sorted once (unique over rows sorts 4 columns: 20x slower)."""
+    if "group_pert" not in cells:
+        names = ctx.index.vocabularies.get("perturbation") or []
+        ctrl = [names.index(c) for c in ctx.index.control_labels if c in names]
+        perturbed = ~np.isin(cells["pert"], ctrl)
+        key = np.zeros(int(perturbed.sum()), np.int64)
+        for k in ("source", "split", "cell_type", "pert"):
+            col = cells[k][perturbed].astype(np.int64) + 1  # cell_type -1: none
+            key = key * (int(col.max(initial=0)) + 1) + col
+        _, first, sizes = np.unique(key, return_index=True, return_counts=True)
+        cells["group_pert"] = cells["pert"][perturbed][first].astype(np.int64)
+        cells["group_sizes"] = sizes
+    return cells["group_pert"], cells["group_sizes"]
+
+
 def cells_per_perturbation(ctx: ReportContext, cells: dict[str, np.ndarray]) -> Figure:
     names = ctx.index.vocabularies.get("perturbation") or []
     if not names:
@@ -53,10 +73,9 @@ def cells_per_perturbation(ctx: ReportContext, cells: dict[str, np.ndarray]) -> 
     counts = np.bincount(cells["pert"], minlength=len(names))
     controls = set(ctx.index.control_labels)
     # groups as the build counts them (plan.group_checks): per source, split, cell type, perturbation
-    perturbed = ~np.isin(cells["pert"], [names.index(c) for c in controls if c in names])
-    keys = np.stack([cells[k][perturbed] for k in ("source", "split", "cell_type", "pert")], 1)
-    groups, group_sizes = np.unique(keys, axis=0, return_counts=True)
-    short = groups[group_sizes < size, 3] if size else np.zeros(0, np.int64)
+    group_pert, group_sizes = perturbation_groups(ctx, cells)
+    groups = group_pert
+    short = group_pert[group_sizes < size] if size else np.zeros(0, np.int64)
     short_by_pert = np.bincount(short, minlength=len(names))
     flagged = {names[i] for i in np.flatnonzero(short_by_pert)}
     order = np.argsort(-counts, kind="stable")
@@ -108,12 +127,8 @@ def cells_per_perturbation(ctx: ReportContext, cells: dict[str, np.ndarray]) -> 
 
 def group_sizes(ctx: ReportContext, cells: dict[str, np.ndarray]) -> Figure:
     """The sizes of the groups sentences are drawn from, against sentence_size."""
-    names = ctx.index.vocabularies.get("perturbation") or []
     size = ctx.index.sections.get("perturbation", {}).get("pairing", {}).get("sentence_size")
-    ctrl = [names.index(c) for c in ctx.index.control_labels if c in names]
-    perturbed = ~np.isin(cells["pert"], ctrl)
-    keys = np.stack([cells[k][perturbed] for k in ("source", "split", "cell_type", "pert")], 1)
-    sizes = np.unique(keys, axis=0, return_counts=True)[1] if len(keys) else np.zeros(0, np.int64)
+    sizes = perturbation_groups(ctx, cells)[1]
     if not sizes.size:
         raise Unavailable("this dataset holds no perturbed cells")
     hi = int(max(sizes.max(), size or 0)) + 1
