@@ -1,7 +1,8 @@
 """Hostile cases of issue 45 (a dataset you did not build; point 20): an ``index.json`` that names
 files outside the folder (item 1), plug-in modules to import (item 2) or no digest (item 3), each
 opened as a local folder and from a real S3 server (moto), and a forged push record (item 7, in
-``tests/hostile/remote.py``). Tests: ``tests/remote/test_untrusted_dataset.py`` and ``tests/remote/test_remote_cache_faults.py``.
+``tests/hostile/remote.py``). Tests: ``tests/remote/test_untrusted_dataset.py``,
+``tests/remote/test_remote_cache_faults.py``.
 
 ``data``: for a name case ``(key, name)``, where ``{outside}`` is a folder beside the cache,
 ``{up}`` sixteen ``../`` and ``{rel}`` that folder without its leading ``/``; for a plug-in case

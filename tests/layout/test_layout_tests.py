@@ -139,4 +139,4 @@ def test_pending_imports_are_still_there() -> None:
         for (stem, module), todo in PENDING.items()
         if (stem, module) not in _violations()
     )
-    assert not gone, f"remove from PENDING (tests/test_layout_tests.py): {gone}"
+    assert not gone, f"remove from PENDING (tests/layout/test_layout_tests.py): {gone}"

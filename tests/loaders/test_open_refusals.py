@@ -1,7 +1,7 @@
 """Issue 25, read side: an edited index.json refused at open (items 6-7), no unbounded wait (item
 10: the loader's default bound on workers, a glob over the filesystem root refused, a long glob's
 progress), and a sample type the dataset does not serve (item 15). The cases are the rows of
-``tests/hostile/issue25_read.py``.
+``tests/hostile/misuse_read.py``.
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children()}
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_stopped_worker_is_named_within_the_bound(case: hostile.Case, built: Path) -> None:
     ds = ShardDataset(built, batch_size=8, window=1, decode_process=False)

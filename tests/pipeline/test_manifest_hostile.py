@@ -93,6 +93,7 @@ def test_a_toml_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
         load_manifest(m)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_cli_exits_2_without_a_traceback(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess
@@ -118,6 +119,7 @@ def test_a_dataset_name_that_is_no_plain_folder_name_is_refused(tmp_path: Path, 
         load_manifest(m)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_build_without_out_never_writes_outside_shards(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess

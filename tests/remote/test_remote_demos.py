@@ -12,6 +12,8 @@ import pytest
 
 from loaders import ShardDataset
 
+pytestmark = [pytest.mark.process, pytest.mark.s3]  # a moto S3 server; the decoder process
+
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 REPO = Path(__file__).resolve().parents[2]
 DEMOS = ["demo.toml", "demo_spike.toml", "demo_ct.toml"]

@@ -74,6 +74,7 @@ def _files_under(folder: Path) -> list[Path]:
 
 
 # -- item 1: names that leave the folder ----------------------------------------------------------
+@pytest.mark.process  # a case that opens reads through the decoder process
 @hostile.parametrize
 @pytest.mark.parametrize("where", WHERE)
 def test_a_name_leaving_the_folder_refuses_the_dataset(
