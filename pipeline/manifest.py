@@ -25,7 +25,7 @@ import tomllib
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
 from pipeline.model import KINDS, Manifest, SourceSpec, get_kind, kind_names
-from pipeline.schema import Key, check, json_section, key, near, read
+from pipeline.schema import Key, check, key, near, read
 from pipeline.source import get_source, infer_type, source_types_for
 from pipeline.writers.base import CODECS, LEVELS
 

@@ -69,6 +69,7 @@ class Key:
     unique: bool = False
     fix: str = ""
     convert: Callable[[Any], Any] | None = None
+    item: str = "string"  # the JSON type of a "list" key's items
 
     def initial(self) -> Any:
         """The value of an absent key: its default, copied and converted."""
@@ -194,7 +195,7 @@ def json_key(spec: Key) -> dict[str, Any]:
     for t in spec.types:
         if t in ("strings", "names", "list"):
             item: dict[str, Any] = {"type": "string", "pattern": r"\S"} if t == "names" else {}
-            item |= {"type": "string"} | ({"enum": list(spec.choices)} if spec.choices else {})
+            item |= {"type": spec.item} | ({"enum": list(spec.choices)} if spec.choices else {})
             arr = {"type": "array", "items": item, "minItems": spec.min_items or None}
             arr["uniqueItems"] = spec.unique or None
             alts += ([] if t == "list" else [item]) + [{k: v for k, v in arr.items() if v}]
@@ -211,8 +212,8 @@ def json_key(spec: Key) -> dict[str, Any]:
     out: dict[str, Any] = alts[0] if len(alts) == 1 else {"anyOf": alts}
     if spec.default is not REQUIRED and spec.default is not None:
         out["default"] = list(spec.default) if isinstance(spec.default, tuple) else spec.default
-    if spec.doc:
-        out["description"] = spec.doc
+    if spec.doc or spec.fix:
+        out["description"] = spec.doc or spec.fix
     return out
 
 

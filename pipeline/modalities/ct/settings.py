@@ -46,12 +46,16 @@ class CtSettings:
     window: str = key(
         ("string", "table"),
         "lung",
-        doc=f"a preset ({', '.join(WINDOWS)}) or {{level, width}} in HU",
+        choices=tuple(WINDOWS),
+        doc="a preset, or {level, width} in HU",
     )
     level: float = -600.0  # the window's, from its preset or table
     width: float = 1500.0
     band: tuple[float, float] | None = key(
-        ("list", "boolean"), (-1000.0, -400.0), doc="[low, high] HU kept; [] or false: none"
+        ("list", "boolean"),
+        (-1000.0, -400.0),
+        item="number",
+        doc="[low, high] HU; [] or false: none",
     )
     body_mask: bool = key("boolean", True, doc="keep the body only (drops air outside it)")
     body_threshold: float = key(
@@ -144,12 +148,6 @@ class CtSettings:
         v = dict(checked)
         w = v["window"]
         if isinstance(w, str):
-            if w not in WINDOWS:
-                raise ManifestError(
-                    manifest,
-                    "ct.window",
-                    f"unknown preset {w!r} (presets: {', '.join(WINDOWS)}; or {{level, width}})",
-                )
             v["level"], v["width"] = WINDOWS[w]
         else:
             if set(w) != {"level", "width"}:
