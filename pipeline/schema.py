@@ -1,7 +1,7 @@
 """The manifest's schema: every section is a frozen dataclass whose fields declare its keys once
 (:func:`key`: type, default, allowed values, bounds, what it is), one validator reads a TOML table
-against such a dataclass (:func:`read`), and :func:`json_schema` turns the same declarations into
-the JSON Schema an editor checks a manifest with (`shardsmith schema`).
+against such a dataclass (:func:`read`), and `shardsmith schema` (:mod:`pipeline.commands.schema`)
+turns the same declarations into the JSON Schema an editor checks a manifest with.
 
 Why dataclasses and not pydantic or msgspec: the messages are ours ("file: [section.key] problem,
 and the fix", did-you-mean included), which a library's error text would have to be mapped back
@@ -34,19 +34,11 @@ TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "names": ((str, list), "a list of names"),  # strings, none empty (columns, keys, files)
     "any": ((object,), "a value"),
 }
-JSON_TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean"}
-JSON_TYPES.update(table="object", list="array")
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": lambda v, b: v >= b,
     "<=": lambda v, b: v <= b,
     ">": lambda v, b: v > b,
     "<": lambda v, b: v < b,
-}
-JSON_BOUNDS = {
-    "minimum": "minimum",
-    "maximum": "maximum",
-    "exclusive_minimum": "exclusiveMinimum",
-    "exclusive_maximum": "exclusiveMaximum",
 }
 
 
@@ -184,50 +176,3 @@ def items(bad: Callable[[str], ManifestError], v: list[Any], spec: Key) -> Any:
         how = "distinct " if spec.unique else ""
         raise bad(f"expected at least {spec.min_items} {how}item(s), got {v!r}")
     return tuple(v) if {"strings", "names"} & set(spec.types) else v
-
-
-# --- JSON Schema -------------------------------------------------------------------------------
-
-
-def json_key(spec: Key) -> dict[str, Any]:
-    """One key as JSON Schema (draft-07, which Taplo and VS Code's Even Better TOML read)."""
-    alts: list[dict[str, Any]] = []
-    for t in spec.types:
-        if t in ("strings", "names", "list"):
-            item: dict[str, Any] = {"type": "string", "pattern": r"\S"} if t == "names" else {}
-            item |= {"type": spec.item} | ({"enum": list(spec.choices)} if spec.choices else {})
-            arr = {"type": "array", "items": item, "minItems": spec.min_items or None}
-            arr["uniqueItems"] = spec.unique or None
-            alts += ([] if t == "list" else [item]) + [{k: v for k, v in arr.items() if v}]
-        elif t == "any":
-            alts.append({})
-        else:
-            alt: dict[str, Any] = {"type": JSON_TYPES[t]}
-            if t in ("integer", "number"):
-                bounds = {j: getattr(spec, k) for k, j in JSON_BOUNDS.items()}
-                alt |= {k: v for k, v in bounds.items() if v is not None}
-            if t == "string" and spec.choices:
-                alt["enum"] = list(spec.choices)
-            alts.append(alt)
-    out: dict[str, Any] = alts[0] if len(alts) == 1 else {"anyOf": alts}
-    if spec.default is not REQUIRED and spec.default is not None:
-        out["default"] = list(spec.default) if isinstance(spec.default, tuple) else spec.default
-    if spec.doc or spec.fix:
-        out["description"] = spec.doc or spec.fix
-    return out
-
-
-def json_section(section: type | Mapping[str, Key], extra: bool = False) -> dict[str, Any]:
-    keys = section if isinstance(section, Mapping) else keys_of(section)
-    out: dict[str, Any] = {
-        "type": "object",
-        "properties": {k: json_key(s) for k, s in keys.items()},
-    }
-    required = [k for k, s in keys.items() if s.default is REQUIRED]
-    if required:
-        out["required"] = required
-    out["additionalProperties"] = extra
-    doc = getattr(section, "__doc__", None) if not isinstance(section, Mapping) else None
-    if doc:
-        out["description"] = " ".join(doc.split())
-    return out

@@ -12,18 +12,72 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pipeline.commands import Command
+from pipeline.schema import REQUIRED, Key, keys_of
 
 DRAFT = "http://json-schema.org/draft-07/schema#"
+JSON_TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean"}
+JSON_TYPES.update(table="object", list="array")
+JSON_BOUNDS = {
+    "minimum": "minimum",
+    "maximum": "maximum",
+    "exclusive_minimum": "exclusiveMinimum",
+    "exclusive_maximum": "exclusiveMaximum",
+}
+
+
+def json_key(spec: Key) -> dict[str, Any]:
+    """One key as JSON Schema (draft-07, which Taplo and VS Code's Even Better TOML read)."""
+    alts: list[dict[str, Any]] = []
+    for t in spec.types:
+        if t in ("strings", "names", "list"):
+            item: dict[str, Any] = {"type": "string", "pattern": r"\S"} if t == "names" else {}
+            item |= {"type": spec.item} | ({"enum": list(spec.choices)} if spec.choices else {})
+            arr = {"type": "array", "items": item, "minItems": spec.min_items or None}
+            arr["uniqueItems"] = spec.unique or None
+            alts += ([] if t == "list" else [item]) + [{k: v for k, v in arr.items() if v}]
+        elif t == "any":
+            alts.append({})
+        else:
+            alt: dict[str, Any] = {"type": JSON_TYPES[t]}
+            if t in ("integer", "number"):
+                bounds = {j: getattr(spec, k) for k, j in JSON_BOUNDS.items()}
+                alt |= {k: v for k, v in bounds.items() if v is not None}
+            if t == "string" and spec.choices:
+                alt["enum"] = list(spec.choices)
+            alts.append(alt)
+    out: dict[str, Any] = alts[0] if len(alts) == 1 else {"anyOf": alts}
+    if spec.default is not REQUIRED and spec.default is not None:
+        out["default"] = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+    if spec.doc or spec.fix:
+        out["description"] = spec.doc or spec.fix
+    return out
+
+
+def json_section(section: type | Mapping[str, Key]) -> dict[str, Any]:
+    """One table: its keys, the required ones, no other key; the dataclass's docstring."""
+    keys = section if isinstance(section, Mapping) else keys_of(section)
+    out: dict[str, Any] = {
+        "type": "object",
+        "properties": {k: json_key(s) for k, s in keys.items()},
+    }
+    required = [k for k, s in keys.items() if s.default is REQUIRED]
+    if required:
+        out["required"] = required
+    out["additionalProperties"] = False
+    doc = getattr(section, "__doc__", None) if not isinstance(section, Mapping) else None
+    if doc:
+        out["description"] = " ".join(doc.split())
+    return out
 
 
 def kind_schema(name: str) -> dict[str, Any]:
     """The schema of a manifest of kind ``name``."""
     from pipeline.manifest import SOURCE_HEAD, Dataset, source_keys
     from pipeline.model import KINDS, get_kind
-    from pipeline.schema import json_section
     from pipeline.source import get_source, source_types_for
 
     kind = get_kind(name)

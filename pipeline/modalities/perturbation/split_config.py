@@ -18,7 +18,7 @@ from typing import Any
 import tomllib
 
 from pipeline.errors import ManifestError
-from pipeline.schema import key, read
+from pipeline.schema import Key, check, key, read
 
 SPLIT_MODES = ("random", "zeroshot", "fewshot")
 # where a held-out cell type's (zeroshot) or a few-shot split's controls go
@@ -26,6 +26,11 @@ CONTROLS = ("heldout", "train")
 COMBINATIONS = ("any", "seen_genes")  # fewshot: which perturbations may leave train
 # the keys an experiment file decides: set with cellload_toml, they are refused
 CELLLOAD_DECIDES = ("mode", "val_cell_types", "test_cell_types", "fewshot", "combinations")
+
+
+EXPERIMENT_TABLES = ("datasets", "training", "zeroshot", "fewshot")  # of a cell-load experiment
+TABLE, STRING = Key("table"), Key("string")
+ZEROSHOT = Key("string", choices=("train", "val", "test"))
 
 
 def fraction(default: float, doc: str = "") -> Any:
@@ -129,7 +134,7 @@ def load_experiment(manifest: Path, rel: str) -> Experiment:
         raw = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(path, "-", f"not valid TOML: {e}") from None
-    unknown = sorted(set(raw) - {"datasets", "training", "zeroshot", "fewshot"})
+    unknown = sorted(set(raw) - set(EXPERIMENT_TABLES))
     if unknown:
         raise ManifestError(
             path,
@@ -137,32 +142,16 @@ def load_experiment(manifest: Path, rel: str) -> Experiment:
             "unknown table (a cell-load experiment has [datasets], [training], "
             "[zeroshot], [fewshot])",
         )
-    tables: dict[str, dict[str, Any]] = {}
-    for name in ("datasets", "training", "zeroshot", "fewshot"):
-        v = raw.get(name, {})
-        if not isinstance(v, dict):
-            raise ManifestError(path, name, "must be a table")
-        tables[name] = v
+    tables = {name: check(path, name, raw.get(name, {}), TABLE) for name in EXPERIMENT_TABLES}
     for name in ("datasets", "training", "zeroshot"):
         for k, v in tables[name].items():
-            if not isinstance(v, str):
-                raise ManifestError(path, f"{name}.{k}", f"must be a string, got {v!r}")
-    for k, v in tables["zeroshot"].items():
+            check(path, f"{name}.{k}", v, ZEROSHOT if name == "zeroshot" else STRING)
+    for name, k in ((n, k) for n in ("zeroshot", "fewshot") for k in tables[n]):
         if "." not in k:
-            raise ManifestError(path, f"zeroshot.{k}", 'keys are "dataset.celltype"')
-        if v not in ("train", "val", "test"):
-            raise ManifestError(
-                path, f"zeroshot.{k}", f"{v!r} is not one of ['train', 'val', 'test']"
-            )
-    fewshot = {}
-    for k, v in tables["fewshot"].items():
-        if "." not in k:
-            raise ManifestError(
-                path,
-                f"fewshot.{k}",
-                'keys are "dataset.celltype" (a [fewshot."dataset.celltype"] table)',
-            )
-        fewshot[k] = parse_fewshot_entry(path, f"fewshot.{k}", v)
+            raise ManifestError(path, f"{name}.{k}", 'keys are "dataset.celltype"')
+    fewshot = {
+        k: parse_fewshot_entry(path, f"fewshot.{k}", v) for k, v in tables["fewshot"].items()
+    }
     exp = Experiment(
         path,
         hashlib.sha256(data).hexdigest(),
