@@ -76,9 +76,10 @@ def json_section(section: type | Mapping[str, Key]) -> dict[str, Any]:
 
 def kind_schema(name: str) -> dict[str, Any]:
     """The schema of a manifest of kind ``name``."""
-    from pipeline.manifest import SOURCE_HEAD, Dataset, source_keys
+    from pipeline.manifest import Dataset
     from pipeline.model import KINDS, get_kind
     from pipeline.source import get_source, source_types_for
+    from pipeline.source_files import SOURCE_HEAD, source_keys
 
     kind = get_kind(name)
     dataset = json_section(Dataset)

@@ -7,6 +7,7 @@ bad value is a ManifestError naming ``ct.<key>``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ WINDOWS: dict[str, tuple[float, float]] = {  # name -> (level, width) in HU
 FEATURES = ("hu", "window")
 FEATURE_DTYPES = {"hu": "int16", "window": "float16"}
 MAX_EXTENT = int(np.iinfo(np.uint16).max) + 1  # coordinates are stored uint16
+ADDED = ("spacing_mm", "orientation", "allow_outside_data")  # in index.json only when set
 WINDOW = dict.fromkeys(("level", "width"), Key("number", finite=True))  # a custom window
 
 
@@ -95,45 +97,18 @@ class CtSettings:
         return math.ceil(lo), math.floor(hi)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "window": self.window,
-            "level": self.level,
-            "width": self.width,
-            "band": None if self.band is None else list(self.band),
-            "body_mask": self.body_mask,
-            "body_threshold": self.body_threshold,
-            "axial_axis": self.axial_axis,
-            "resolution": self.resolution,
-            "min_points": self.min_points,
-            "max_points": self.max_points,
-            "features": list(self.features),
-            **self._new_keys(),
-        }
-
-    def _new_keys(self) -> dict[str, Any]:
-        """Keys added with the NIfTI/NRRD/DICOM sources, written only when set: the settings of a
-        build that uses neither read exactly as they did before."""
-        new = (("spacing_mm", self.spacing_mm), ("orientation", self.orientation))
-        return {k: v for k, v in new if v is not None}
+        """The settings as index.json ``sections.ct.settings`` holds them. Keys added after the
+        first CT builds (NIfTI/NRRD/DICOM: spacing_mm, orientation; .nhdr: allow_outside_data)
+        are written only when set: the settings of a build that uses none read as before."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+        return {k: v for k, v in out.items() if k not in ADDED or v}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> CtSettings:
-        band = d.get("band")
-        return CtSettings(
-            window=str(d["window"]),
-            level=float(d["level"]),
-            width=float(d["width"]),
-            band=None if band is None else (float(band[0]), float(band[1])),
-            body_mask=bool(d["body_mask"]),
-            body_threshold=float(d["body_threshold"]),
-            axial_axis=int(d["axial_axis"]),
-            resolution=None if d.get("resolution") is None else int(d["resolution"]),
-            min_points=int(d["min_points"]),
-            max_points=None if d.get("max_points") is None else int(d["max_points"]),
-            features=tuple(str(f) for f in d["features"]),
-            spacing_mm=_opt(d.get("spacing_mm"), float),
-            orientation=_opt(d.get("orientation"), str),
-        )
+        """The inverse of :meth:`to_json` (lists back to tuples; absent added keys: unset)."""
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return CtSettings(**{k: v for k, v in kw.items() if k in CtSettings.__dataclass_fields__})
 
     @staticmethod
     def from_section(section: Any, manifest: str | Path = "manifest") -> CtSettings:
@@ -212,7 +187,3 @@ def _band(manifest: str | Path, b: Any) -> tuple[float, float] | None:
     if lo > hi:
         raise ManifestError(manifest, "ct.band", f"low end {lo} above high end {hi}")
     return lo, hi
-
-
-def _opt(v: Any, kind: type) -> Any:
-    return None if v is None else kind(v)
