@@ -20,11 +20,13 @@ import tomllib
 
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
-from pipeline.model import KINDS, Manifest, get_kind, kind_names
+from pipeline.model import KINDS, Manifest, SourceSpec, get_kind, kind_names
 from pipeline.schema import Key, check, key, near, read
 from pipeline.source_files import resolve_sources
 from pipeline.writers.base import CODECS, LEVELS
 
+# Manifest and SourceSpec live in pipeline.model; modules that read a manifest import them from here
+__all__ = ["Dataset", "Manifest", "SourceSpec", "load_manifest", "load_plugins"]
 FORMATS = ("zarr", "tar")
 # A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a
 # typo (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
