@@ -12,7 +12,6 @@ here; this module: stdlib only). Every bound is written so that NaN fails it.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -96,6 +95,8 @@ def near(word: Any, known: Any) -> str:
     """ "; did you mean 'x'?" for a string close to one of ``known``, else ""."""
     if not isinstance(word, str):
         return ""
+    import difflib  # only on an error: `shardsmith --help` and a no-change rebuild skip its import
+
     close = difflib.get_close_matches(word, [str(k) for k in known], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
