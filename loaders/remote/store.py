@@ -2,7 +2,7 @@
 `loaders.remote.s3`. Push (`pipeline.push`) and the remote reader (`loaders.remote.cache`) use it.
 
 Why boto3 (the ``remote`` extra), measured against obstore and s3fs (docs/REMOTE.md "Client
-choice", benchmarks/remote_clients.py): obstore was the fastest and lightest, but a client made in
+choice", benchmarks/experiments/remote/remote_clients.py): obstore was the fastest and lightest, but a client made in
 a forked child hangs once the parent has used obstore (its tokio runtime is process-wide and not
 rebuilt after fork), and a trainer opens the dataset and then forks DataLoader workers; s3fs works
 after fork but costs a second to import and was the slowest here. boto3 is synchronous (nothing to
