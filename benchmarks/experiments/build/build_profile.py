@@ -4,8 +4,8 @@ every CPU-second is attributed once; the hasher's source digest runs inline in t
 into the components the limit has (h5py block reads, Blosc) and everything else the format and
 the design add.
 
-    python -m benchmarks.build_profile                    # 1M cells (4 sources), ~25 s
-    python -m benchmarks.build_profile --cells 2000000
+    python -m benchmarks.experiments.build.build_profile                    # 1M cells (4 sources), ~25 s
+    python -m benchmarks.experiments.build.build_profile --cells 2000000
 
 Leaf functions are attributed by their tottime (split by caller where one function serves several
 parts, e.g. sha256 of sources, shards and plan keys); the stages by their cumulative time.
@@ -30,7 +30,7 @@ from typing import Any
 from benchmarks import pipeline_bench as pb
 from benchmarks.synth import SynthParams, ensure_dataset, write_manifest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 # component -> (file suffix, function name[, caller function name]) of the leaves it owns (tottime)
 LEAVES: dict[str, list[tuple[str, ...]]] = {
     "h5py reads (limit: block reads)": [("h5py/_hl/dataset.py", "__getitem__")],
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f})\n"
     )
     print(
-        f"`python -m benchmarks.build_profile --cells {a.cells}`: build {cpu:.1f} CPU-s ({wall:.1f} s wall under "
+        f"`python -m benchmarks.experiments.build.build_profile --cells {a.cells}`: build {cpu:.1f} CPU-s ({wall:.1f} s wall under "
         f"the profiler); the codec-bound limit of the same files {limit['cpu_seconds']:.1f} CPU-s "
         f"({cpu / max(limit['cpu_seconds'], 1e-9):.1f}x).\n"
     )

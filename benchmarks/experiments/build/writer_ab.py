@@ -3,7 +3,7 @@
 (`pipeline.writers.zarr_direct`, what builds use), same columns, same bytes (checked), CPU and wall
 per shard.
 
-    python -m benchmarks.writer_ab                 # the first 3 shards of a 200k-cell scale-bench
+    python -m benchmarks.experiments.build.writer_ab                 # the first 3 shards of a 200k-cell scale-bench
     build, 7 rounds
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from benchmarks.synth import SynthParams, ensure_dataset, write_manifest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def shard_columns(path: Path) -> dict[str, np.ndarray]:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(
             f"zarr shard writer, interleaved (load average {os.getloadavg()[0]:.1f}): `python -m "
-            f"benchmarks.writer_ab --shards {a.shards} --rounds {a.rounds}`\n"
+            f"benchmarks.experiments.build.writer_ab --shards {a.shards} --rounds {a.rounds}`\n"
         )
         print(
             "| shard | MB raw | zarr-python CPU (ms) | direct CPU (ms) | CPU ratio | wall ratio |\n|---|---:|---:|---:|---:|---:|"

@@ -13,8 +13,8 @@ Before/after a change of the transport, in one lease, alternating processes (A B
 
     git archive BEFORE loaders | tar -x -C .devdata/old
     for r in 1 2; do
-      PYTHONPATH=.devdata/old python benchmarks/device_transport.py --label old$r --out $OUT
-      PYTHONPATH=. python benchmarks/device_transport.py --label new$r --out $OUT
+      PYTHONPATH=.devdata/old python benchmarks/experiments/gpu/device_transport.py --label old$r --out $OUT
+      PYTHONPATH=. python benchmarks/experiments/gpu/device_transport.py --label new$r --out $OUT
     done
 
 (Run as a script path, not with ``-m``: ``-m`` puts the working directory first on ``sys.path``,

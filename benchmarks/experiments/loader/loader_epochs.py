@@ -1,8 +1,8 @@
 """Dense-cells loader throughput of one checkout, for A/B runs of two checkouts as whole processes.
 
     for i in 1 2 3 4 5 6; do
-        /usr/bin/time -f "old %U %S %e" python benchmarks/loader_epochs.py OLD_CHECKOUT DATASET 6
-        /usr/bin/time -f "new %U %S %e" python benchmarks/loader_epochs.py NEW_CHECKOUT DATASET 6
+        /usr/bin/time -f "old %U %S %e" python benchmarks/experiments/loader/loader_epochs.py OLD_CHECKOUT DATASET 6
+        /usr/bin/time -f "new %U %S %e" python benchmarks/experiments/loader/loader_epochs.py NEW_CHECKOUT DATASET 6
     done
 
 ``CHECKOUT`` goes first on ``sys.path``, so each side imports its own ``loaders``; the dataset is read

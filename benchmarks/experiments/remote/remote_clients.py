@@ -1,6 +1,6 @@
 """Which S3 client the remote store uses: obstore vs s3fs vs boto3, measured (docs/REMOTE.md).
 
-    .venv/bin/python benchmarks/remote_clients.py [--objects 32] [--mb 8] [--rounds 5]
+    .venv/bin/python benchmarks/experiments/remote/remote_clients.py [--objects 32] [--mb 8] [--rounds 5]
 
 Needs the dev extra (boto3, moto[server]) plus ``pip install obstore s3fs``, the two contenders.
 
@@ -72,7 +72,7 @@ def import_s(name: str) -> float:
 FORK = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-from benchmarks.remote_clients import make
+from benchmarks.experiments.remote.remote_clients import make
 get, _ = make({name!r}, {endpoint!r})
 get("o0")  # the parent uses the library, then forks: a worker makes its own client
 pid = os.fork()

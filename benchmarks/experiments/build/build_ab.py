@@ -6,7 +6,7 @@ the median of the per-round ratios.
 Why: on a shared VM the same build moved by ±30% between runs minutes apart (other jobs' load);
 two separate `make bench-scale` runs cannot say what a change did.
 
-    python -m benchmarks.build_ab --before f804715 --sizes 200000,2000000 --rounds 3
+    python -m benchmarks.experiments.build.build_ab --before f804715 --sizes 200000,2000000 --rounds 3
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from benchmarks.measure import MIB, RssSampler
 from benchmarks.pipeline_bench import _children_cpu
 from benchmarks.synth import SynthParams, ensure_dataset, write_manifest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def build_once(code: Path, manifest: Path, out: Path, jobs: int) -> tuple[float, float, float]:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         codes = {"before": before, "after": REPO}
         load = os.getloadavg()[0]
         print(
-            f"`python -m benchmarks.build_ab --before{'-dir' if a.before is None else ''} "
+            f"`python -m benchmarks.experiments.build.build_ab --before{'-dir' if a.before is None else ''} "
             f"{a.before or a.before_dir} --sizes {a.sizes} --rounds {a.rounds}` (load "
             f"average {load:.1f} at the start, 2 cores; --jobs {a.jobs})\n"
         )

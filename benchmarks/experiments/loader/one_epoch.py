@@ -3,7 +3,7 @@
 two checkouts run in turn (A B A B, e.g. each under ``/usr/bin/time -v``), where start-up
 costs count.
 
-    python -m benchmarks.one_epoch DATASET [--split val] [--batch-size 256]
+    python -m benchmarks.experiments.loader.one_epoch DATASET [--split val] [--batch-size 256]
 """
 
 from __future__ import annotations

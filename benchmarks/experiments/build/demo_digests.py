@@ -4,7 +4,7 @@ Why: a refactor that must not change a byte a build writes is checked by running
 new checkout and diffing the sorted outputs (shard file names carry a code digest, so names differ; the
 sha256 of each shard's content must not).
 
-    python -m benchmarks.demo_digests OUT > digests.txt
+    python -m benchmarks.experiments.build.demo_digests OUT > digests.txt
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from loaders.files import content_hash
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 DEMOS = ("demo", "demo_spike", "demo_ct")
 
 

@@ -4,7 +4,7 @@ window decoded once by the rank's decoder process and mapped by every worker thr
 in ONE process, interleaved (:mod:`benchmarks.interleaved`'s streams), with ``X[idx].toarray()``
 and ``num_workers=0`` as references.
 
-    python -m benchmarks.window_dealing SHARDS_ROOT H5AD [--window 2] [--seconds 3] [--rounds 5]
+    python -m benchmarks.experiments.loader.window_dealing SHARDS_ROOT H5AD [--window 2] [--seconds 3] [--rounds 5]
 
 The prototype (:class:`WindowDealt`) gives worker ``w`` of ``W`` the batches whose first window is
 ``w`` mod ``W``; it decodes those windows itself (and the next one ahead, in a thread), assembles

@@ -2,7 +2,7 @@
 index: synthetic ``index.json`` files scaled from a real perturbation build's index (more shards, genes
 and labels), median of 7 in one process.
 
-    python -m benchmarks.digest_cost BUILT_DATASET [--work DIR]
+    python -m benchmarks.experiments.loader.digest_cost BUILT_DATASET [--work DIR]
 """
 
 from __future__ import annotations
