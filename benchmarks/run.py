@@ -33,6 +33,7 @@ from benchmarks.measure import machine_info, package_versions
 from benchmarks.modality_sections import modality_section
 from benchmarks.remote_bench import remote_section
 from benchmarks.report import write_report
+from benchmarks.report_bench import report_section
 from benchmarks.run_config import parse_args
 from benchmarks.run_sections import (
     annbatch_section,
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     res["ct"] = modality_section("ct", cfg, data_dir, work, skip, notes)
     res["remote"] = remote_section(cfg, roots, skip, notes)  # before the shards are removed
     res["extras"] = extras_section(cfg, roots, skip, notes)  # as the line above
+    res["report"] = report_section(cfg, roots, res, skip, notes)  # as the line above
     if not a.keep_shards:
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)

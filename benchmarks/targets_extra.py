@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.locations import RESULTS
+from benchmarks.report_bench import report_targets
 from benchmarks.verdicts import target
 
 MB = 1e6
@@ -267,4 +268,5 @@ def extra_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         *ct_crop_targets(res.get("ct") or {}),
         *persistent_targets(ex),
         *digest_targets(ex),
+        *(report_targets(res["report"]) if "report" in res else []),
     ]

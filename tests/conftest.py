@@ -367,3 +367,23 @@ def built_zarr_tar(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_dataset(
         root, formats=("zarr", "tar"), sources=2, cells=300, genes=60, perts=5
     ).outs
+
+
+@pytest.fixture(scope="session")
+def demo_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demos `make shards` builds (data_manifests/demo*.toml over `shardsmith demo`), zarr:
+    manifest stem -> dataset folder."""
+    from pipeline.build import build  # import weight: the pipeline, only for these tests
+    from pipeline.commands.demo import write_demo  # as the line above
+
+    root = tmp_path_factory.mktemp("demos")
+    repo = Path(__file__).resolve().parent.parent
+    write_demo(root / "data" / "demo")
+    (root / "data_manifests").mkdir()
+    outs = {}
+    for stem in ("demo", "demo_spike", "demo_ct"):
+        manifest = root / "data_manifests" / f"{stem}.toml"
+        manifest.write_text((repo / "data_manifests" / f"{stem}.toml").read_text())
+        outs[stem] = root / "shards" / stem
+        build(manifest, outs[stem], jobs=1, progress=False)
+    return outs

@@ -21,7 +21,7 @@ from loaders.registry import Registry
 
 # name -> module defining COMMAND
 COMMANDS: Registry[str] = Registry("command", discover=load_build_modalities)
-for _name in ("build", "verify", "inspect", "gc", "demo", "push"):
+for _name in ("build", "verify", "inspect", "report", "gc", "demo", "push", "schema"):
     COMMANDS.register(_name, f"pipeline.commands.{_name}")
 ORDER = (
     "build",

@@ -151,6 +151,7 @@ def test_each_documented_command_succeeds_in_a_fresh_process(
         ["shardsmith", "build"],
         ["shardsmith", "verify"],
         ["shardsmith", "inspect"],
+        ["shardsmith", "report"],
         ["python", "train.py"],
         ["python", "-m"],
     ]
@@ -166,6 +167,11 @@ def test_each_documented_command_succeeds_in_a_fresh_process(
     )
     assert verify.stdout.strip().endswith("OK")
     assert "plug-ins (imported to read it): pointclouds" in inspect.stdout
+    # the plug-in's own report section, counted from its shards: every cloud under its label
+    page = json.loads((folder / "clouds.json").read_text())["sections"]["Point clouds"]
+    per_label = page["clouds_per_label"]["data"]
+    assert sorted(per_label) == sorted(LABELS)
+    assert sum(per_label.values()) == sum(e["records"] for e in index["shards"])
     # the conformance tests ran, those with the doc's references included
     assert "passed" in tests.stdout and "skipped" not in tests.stdout, _say(tests)
 

@@ -24,7 +24,7 @@ from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
 from loaders.loader import DEFAULT_TIMEOUT_S, LoaderTimeout
 from loaders.samples import SAMPLE_TYPES
-from pipeline import manifest as manifest_module
+from pipeline import source_files
 from pipeline.build import build
 from pipeline.errors import ManifestError
 from pipeline.manifest import load_manifest
@@ -200,19 +200,19 @@ def test_a_long_glob_reports_progress_and_its_count(
 ) -> None:
     build_dataset(tmp_path, "sources", sources=3, cells=20, genes=10, perts=2)
     path = _manifest(tmp_path, write_manifest, "src/*.h5ad")
-    iglob = manifest_module.glob.iglob
+    iglob = source_files.glob.iglob
 
     def slow(pattern: str, **kw: Any) -> Iterator[str]:  # a walk over a large tree
         for match in iglob(pattern, **kw):
             time.sleep(0.2)
             yield match
 
-    monkeypatch.setattr(manifest_module, "GLOB_PROGRESS_S", 0.05)
-    monkeypatch.setattr(manifest_module.glob, "iglob", slow)
-    with caplog.at_level(logging.INFO, logger="pipeline.manifest"):
+    monkeypatch.setattr(source_files, "GLOB_PROGRESS_S", 0.05)
+    monkeypatch.setattr(source_files.glob, "iglob", slow)
+    with caplog.at_level(logging.INFO, logger="pipeline.source_files"):
         m = load_manifest(path)
     assert len(m.sources) == 3
-    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.manifest"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.source_files"]
     assert any(re.search(r"still matching, [0-3] file\(s\) so far after \d+ s", x) for x in lines)
     assert any("sources[0].path 'src/*.h5ad': 3 file(s) matched in" in x for x in lines), lines
 
