@@ -70,6 +70,7 @@ def test_decoder_process_reads_every_encoding(
     assert_same(got, want)
 
 
+@pytest.mark.process
 def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
     spec = {
         "root": str(fx.root),

@@ -16,9 +16,10 @@ from loaders import ShardDataset
 from loaders.remote.ledger import cache_bytes
 from tests import hostile
 
-pytestmark = pytest.mark.s3  # a moto S3 server (tests/remote/conftest.py)
-
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [
+    pytest.mark.s3,
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]  # a moto S3 server (tests/remote/conftest.py)
 KW: dict[str, Any] = {"split": "train", "batch_size": 64, "window": 2, "seed": 3}
 
 

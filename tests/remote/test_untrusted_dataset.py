@@ -172,3 +172,60 @@ def test_an_unsealed_index_of_the_current_version_is_refused(
     want = "'plugins' differ" if case.data == "plugins" else "index version 5 without its content"
     with pytest.raises(fmt.FormatError, match=want):
         ShardDataset(target, **kw)
+
+
+# -- item 1, defence in depth: names that reach the node cache some other way ---------------------
+class _Listing:
+    """A store whose listing of a zarr shard holds one key that leaves its folder."""
+
+    url = "s3://fake/ds"
+
+    def list(self, prefix: str = "") -> list[Any]:
+        from loaders.remote.store import ObjectInfo
+
+        return [ObjectInfo(f"{prefix}zarr.json", 2), ObjectInfo(f"{prefix}../../../../zz.pth", 2)]
+
+    def key_url(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+    def get_to_file(self, key: str, path: Any) -> int:
+        Path(path).write_bytes(b"{}")
+        return 2
+
+
+@hostile.parametrize
+def test_a_name_reaching_the_cache_another_way_stays_inside(
+    case: hostile.Case, tmp_path: Path
+) -> None:
+    """``case.data``: "pin" (a pin file planted under ``.pins/`` naming ``../`` x 4 + a victim,
+    then an eviction), "listing" (a zarr shard's object listing naming ``../`` x 4), "entry" (a
+    shard entry built in code, past the index parser)."""
+    from urllib.parse import quote
+
+    from loaders.remote.cache import CacheError, NodeCache
+    from loaders.remote.download import download_tree
+    from loaders.remote.ledger import evict
+    from loaders.remote.store import RemoteError
+    from loaders.schema import ShardEntry
+
+    cache_dir, outside = tmp_path / "cache", tmp_path / "outside"
+    root = cache_dir / "u" / "d"
+    for sub in (".pins", "shards"):  # as a NodeCache lays it out
+        (root / sub).mkdir(parents=True)
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("a user's file")
+    if case.data == "pin":
+        name = quote(f"../../../../{outside.name}/{victim.name}", safe="")  # to tmp_path
+        (root / ".pins" / f"{name}.pin").write_text("100")
+        evict(cache_dir, 0)
+        assert victim.read_text() == "a user's file"
+    elif case.data == "listing":
+        with pytest.raises(RemoteError, match=r"zz\.pth: is no object of the dataset file"):
+            download_tree(_Listing(), "shards/x.zarr", root / ".tmp" / "x", True, "test")  # type: ignore[arg-type]
+        assert not (tmp_path / "zz.pth").exists() and not (cache_dir / "zz.pth").exists()
+    else:
+        cache = NodeCache("s3://fake/ds", root, cache_dir, "tar")
+        bad = ShardEntry(f"../../../{outside.name}/{victim.name}", "train", 1, {}, 1, 1, "", "k")
+        with pytest.raises(CacheError, match="outside the cache folder"):
+            cache.path(bad)
