@@ -1,6 +1,6 @@
 """Cost of planning one batch (which window segments it reads): ``batch_segments`` (a rank's
 contiguous slice: every epoch laid out on its own world, as before elastic resume) against
-``runs_segments(slice_runs(...))`` (a share of a global batch, :mod:`loaders.elastic`: only a
+``runs_segments(slice_runs(...))`` (a share of a global batch, :mod:`loaders.epoch.elastic`: only a
 resumed epoch on another world), on the 200k screen's shape (160k train cells, 2 windows, 256-cell
 batches, one rank). Every batch is planned once, so this is the whole per-batch cost elastic
 resume adds to a resumed epoch; the gather itself is unchanged.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import timeit
 
-from loaders import elastic, order
-from loaders.engine.schedule import batch_segments, runs_segments
+from loaders.epoch import elastic, order
+from loaders.epoch.schedule import batch_segments, runs_segments
 
 N, BATCH, BATCHES = 160_296, 256, 600
 

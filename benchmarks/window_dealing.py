@@ -28,10 +28,10 @@ from torch.utils.data import get_worker_info
 
 from benchmarks.interleaved import Stream, scipy_dense
 from benchmarks.measure import EpochChain, load_csr
-from loaders import order
-from loaders.collate import to_shared
 from loaders.dataset import ShardDataset
 from loaders.engine.ring import worker_ring
+from loaders.engine.transport import to_shared
+from loaders.epoch import order
 
 
 class WindowDealt(ShardDataset):

@@ -1,7 +1,7 @@
 """Thin streaming reader of shardsmith shards for PyTorch trainers.
 
 `ShardDataset` and `ShardLoader` are imported on first use (PEP 562), so that the pipeline, which
-needs only `loaders.format` and `loaders.shardio`, never pays for importing torch (~300 MiB and
+needs only `loaders.format` and `loaders.format.readers`, never pays for importing torch (~300 MiB and
 ~1 s per process).
 """
 

@@ -5,7 +5,7 @@ for 256 units at once with a few vectorised numpy calls avoids per-sample ``__ge
 collate, whose Python overhead alone exceeds the whole vectorised gather.
 
 Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards
-are decoded once, straight into an :class:`~loaders.engine.arena.Arena` (one column per field), and
+are decoded once, straight into an :class:`~loaders.samples.arena.Arena` (one column per field), and
 it serves every batch that falls in it; the next window a worker will touch is decoded meanwhile:
 by the decoder process (:mod:`loaders.engine.decoder`) in the training process, by background
 threads in DataLoader workers. Threads in the training process itself slowed batch assembly
@@ -15,7 +15,7 @@ epoch boundary does not stall the GPU on a whole window's decode. Windows a work
 are recycled through a per-process buffer pool, so memory is bounded by ~3 windows per worker and
 does not grow across epochs.
 
-The order (which units, which batch, which worker) is entirely :mod:`loaders.order`. This module
+The order (which units, which batch, which worker) is entirely :mod:`loaders.epoch.order`. This module
 is what a dataset is (its options, index, sample type and this rank's batch plan) and how
 ``__iter__`` hands batches to DataLoader workers; two mixins hold the rest: where a window comes
 from (:mod:`loaders.engine.supply`) and how windows become batches in one process, decoded ahead
@@ -35,26 +35,27 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders import interop, order
-from loaders.collate import (
+from loaders import interop
+from loaders.engine import decoder
+from loaders.engine.broker import Broker, BrokerClient
+from loaders.engine.decoder import Decoder
+from loaders.engine.live import LiveWindows
+from loaders.engine.produce import BatchProduction
+from loaders.engine.ring import worker_ring
+from loaders.engine.supply import WindowSupply
+from loaders.engine.transport import (
     Arena,
     BufferPool,
     RunShipping,
     to_shared,
     to_tensors,
 )
-from loaders.engine import decoder
-from loaders.engine.broker import Broker, BrokerClient
-from loaders.engine.decoder import Decoder
-from loaders.engine.layout import EpochLayout, Layout
-from loaders.engine.live import LiveWindows
-from loaders.engine.produce import BatchProduction
-from loaders.engine.ring import worker_ring
-from loaders.engine.supply import WindowSupply
 from loaders.engine.window import WindowReader
+from loaders.epoch import order
+from loaders.epoch.layout import EpochLayout, Layout
 from loaders.format import index_sha256, read_index, read_index_bytes
-from loaders.indexcheck import check_index_digest
-from loaders.integrity import check_on_corrupt
+from loaders.format.index_check import check_index_digest
+from loaders.format.integrity import check_on_corrupt
 from loaders.options import Engine, Integrity, resolve
 from loaders.remote.ahead import check_limit
 from loaders.remote.resolve import resolve_root
@@ -96,7 +97,7 @@ class ShardDataset(
       shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A rebuild
       that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
       ``index.json`` itself is checked at open, as ``shardsmith verify`` checks it, against the
-      digest its build stored (:func:`~loaders.indexcheck.check_index_digest`): an edited index (a
+      digest its build stored (:func:`~loaders.format.index_check.check_index_digest`): an edited index (a
       shard entry removed, labels swapped) is a ``FormatError``.
     * ``root`` may be a URL (``s3://bucket/prefix/ds``): ``cache_dir`` (default
       ``$SHARDSMITH_CACHE``, else the user cache folder), ``cache_limit`` (bytes, default none)
@@ -204,7 +205,7 @@ class ShardDataset(
         # type made it); ShardLoader switches to "positions" to finish them on a device
         self.output = "dense"
 
-        # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is
+        # integrity (loaders/format/integrity.py): every shard's sha256 and chunks checked before it is
         # served; on_corrupt="skip" drops a failing shard's units from their batches and counts it
         # (skipped_shards)
         verify = self.integrity.verify
@@ -235,7 +236,7 @@ class ShardDataset(
             check_limit(remote["limit"], self.url, [e.bytes for e in self.reader.entries], window)
         self.fingerprint = (
             self.reader.fingerprint()
-        )  # what a resume state must match (loaders/resume.py)
+        )  # what a resume state must match (loaders/epoch/resume.py)
         self.sample_type = self.reader.sample  # bound to the index
         self.encoding = index.encoding
         self.vocabularies = (
@@ -268,10 +269,8 @@ class ShardDataset(
         self._broker_pid = 0
         self._broker_client: BrokerClient | None = None
         self._epoch, self._start = 0, 0
-        self._shared: Any = (
-            None  # shared int64 (epoch, start, layout: engine/layout.py), persistent
-        )
-        self._budget = None  # ((epoch, K, offset), this rank's budget batches): engine/layout.py
+        self._shared: Any = None  # shared int64 (epoch, start, layout: epoch/layout.py), persistent
+        self._budget = None  # ((epoch, K, offset), this rank's budget batches): epoch/layout.py
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
         self._skip_flags: Any = (
             None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
@@ -305,7 +304,7 @@ class ShardDataset(
 
     def _set_iteration(self, epoch: int, start: int, layout: Layout | None = None) -> None:
         """Start ``epoch`` at batch ``start``; ``layout``: a resumed epoch's ``(K, offset, base)``
-        (:mod:`loaders.engine.layout`), None: this world's own."""
+        (:mod:`loaders.epoch.layout`), None: this world's own."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0 (got {epoch})")
         self._epoch, self._start = int(epoch), int(start)
@@ -347,7 +346,7 @@ class ShardDataset(
         """Batches (dicts of tensors). In a worker of a :class:`~loaders.loader.ShardLoader`
         (``shipping``):
         :class:`Shipped` runs of ``shipping.batches`` batches, which the loader splits
-        (:func:`loaders.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch
+        (:func:`loaders.engine.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch
         ships."""
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)

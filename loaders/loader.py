@@ -8,14 +8,14 @@ Resume rules (also in docs/LOADER.md):
   epoch, whatever ``num_workers`` was before or is now.
 * Elastic: a state loads on another world size when the global batch (world size x batch size)
   is the same; the rest of the epoch keeps the state's canonical partitions, so every unit not yet
-  served is served (:mod:`loaders.elastic`; budget batches: every canonical batch not yet served).
+  served is served (:mod:`loaders.epoch.elastic`; budget batches: every canonical batch not yet served).
   Another global batch, seed, sample, split, window, shuffle, pad, drop_last, dataset or batch
   budget raises ``ValueError``.
 * All ranks consume the same number of batches, so rank 0's state can be loaded on every rank.
 * Workers are persistent by default (``persistent_workers=True``): respawning them every epoch
   cost most of their gain (docs/LOADER.md, "Measured").
 * ``set_epoch(e)`` with the epoch being resumed keeps the resume point; another epoch clears it.
-* A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.resume`).
+* A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.epoch.resume`).
 
 ``timeout`` (seconds; default :data:`DEFAULT_TIMEOUT_S`, 300) bounds every wait: on the DataLoader
 workers (a stopped or stuck worker: its batch does not come within ``timeout``, the workers are
@@ -36,13 +36,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from loaders.collate import RunShipping
 from loaders.dataset import ShardDataset
-from loaders.device import DeviceFeeder
-from loaders.elastic import check_partitions
-from loaders.engine.layout import SHARED_SLOTS
+from loaders.engine.device import DeviceFeeder
+from loaders.engine.transport import RunShipping
 from loaders.engine.watchdog import LoaderTimeout, WorkerWatch
-from loaders.resume import STATE_VERSION, check_done, check_state, layout_of
+from loaders.epoch.elastic import check_partitions
+from loaders.epoch.layout import SHARED_SLOTS
+from loaders.epoch.resume import STATE_VERSION, check_done, check_state, layout_of
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LoaderTimeout", "ShardLoader"]
 
@@ -69,7 +69,7 @@ class ShardLoader:
       killed and :class:`LoaderTimeout` names the stopped one; it also caps the decoder
       process's silence (see the module docstring).
     * transport: ``device``: where batches should end up (``None`` keeps them on the CPU).
-      ``device_finish``: deferred items (:mod:`loaders.payload`) cross as their parts, in their
+      ``device_finish``: deferred items (:mod:`loaders.samples.payload`) cross as their parts, in their
       device form, and are finished there (default: on CUDA); ``device="cpu"`` with
       ``device_finish=True`` runs that path on the host. ``pin_memory``, ``device_prefetch``
       (batches staged ahead on the device's side stream). ``ship_csr`` is the old name of
@@ -114,7 +114,7 @@ class ShardLoader:
         self.device = dev
         self.device_finish = cuda if device_finish is None else bool(device_finish)
         # shipped for a device: every deferred item's parts in its device form, finished there;
-        # otherwise finished here (each item delivered as its sample type made it: loaders.collate)
+        # otherwise finished here (each item delivered as its sample type made it: loaders.engine.transport)
         dataset.output = "positions" if self.device_finish else "dense"
         # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy
         # like a worker's
@@ -273,7 +273,7 @@ class ShardLoader:
         """Resume mid-epoch, on this world or another one; raises ValueError when the state belongs
         to a different order (see module doc).
 
-        The rest of the epoch keeps the state's canonical partitions (:mod:`loaders.elastic`):
+        The rest of the epoch keeps the state's canonical partitions (:mod:`loaders.epoch.elastic`):
         fixed-size batches continue at the state's global batch, split among this world's ranks;
         budget batches continue at the first canonical batch not yet served, dealt round-robin
         to this world's ranks (their per-rank count changes with the world size)."""

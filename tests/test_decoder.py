@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from loaders import ShardDataset
-from loaders.engine.arena import BufferPool
 from loaders.engine.decoder import AVAILABLE, Decoder, DecoderError
 from loaders.engine.window import WindowReader
 from loaders.format import FormatError
+from loaders.samples.arena import BufferPool
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd")
 Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or its plug-in

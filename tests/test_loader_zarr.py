@@ -11,10 +11,11 @@ import pytest
 import zarr
 
 import pipeline.writers.zarr_writer as zarr_writer
-from loaders import ShardDataset, ShardLoader, order
-from loaders.engine.schedule import batch_segments
+from loaders import ShardDataset, ShardLoader
+from loaders.epoch import order
+from loaders.epoch.schedule import batch_segments
 from loaders.format import FormatError
-from loaders.shardio import open_shard, open_zarr_columns, read_shard
+from loaders.format.readers import open_shard, open_zarr_columns, read_shard
 from pipeline.writers import Codec, get_writer
 
 TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it

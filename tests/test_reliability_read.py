@@ -26,9 +26,9 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
-from loaders.integrity import DatasetRebuilt
+from loaders.format.integrity import DatasetRebuilt
+from loaders.format.readers import read_shard
 from loaders.loader import LoaderTimeout
-from loaders.shardio import read_shard
 from pipeline.writers import Codec, get_writer
 from tests import hostile
 

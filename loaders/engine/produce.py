@@ -1,5 +1,5 @@
 """How a :class:`~loaders.dataset.ShardDataset` turns windows into batches in one process: the
-batches it serves requested window by window (:class:`~loaders.engine.schedule.WindowSchedule`),
+batches it serves requested window by window (:class:`~loaders.epoch.schedule.WindowSchedule`),
 the next window decoded meanwhile and, at an epoch's last window, the next epoch's first one, the
 windows behind recycled, batches assembled ``batches_ahead`` ahead in a thread, and each batch
 assembled by the sample type from the windows' arenas (:meth:`BatchProduction.make_batch`).
@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from loaders import order
-from loaders.collate import Arena, Payload, staging_buffer, to_shared, to_tensors
-from loaders.device import prefetch
-from loaders.engine.schedule import Plan, Segment, WindowSchedule
-from loaders.gather import BatchRows
+from loaders.engine.device import prefetch
+from loaders.engine.transport import Arena, Payload, staging_buffer, to_shared, to_tensors
+from loaders.epoch import order
+from loaders.epoch.schedule import Plan, Segment, WindowSchedule
+from loaders.samples.gather import BatchRows
 
 
 # Callbacks on window futures reach their dataset weakly: the dataset keeps some of these futures
@@ -190,7 +190,7 @@ class BatchProduction:
                     yield payload
                 elif self.staging is None:
                     yield to_tensors(payload, self.output)
-                else:  # for a device: one (pinned) buffer, one host-to-device copy (loaders.device)
+                else:  # for a device: one (pinned) buffer, one host-to-device copy (loaders.engine.device)
                     yield to_shared(
                         [payload], self.output, alloc=partial(staging_buffer, pinned=self.staging)
                     )

@@ -21,15 +21,15 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from loaders import order
-from loaders.engine.arena import Arena, BufferPool
 from loaders.engine.broker import Broker, BrokerClient, BrokerError
 from loaders.engine.decoder import Decoder
 from loaders.engine.live import LiveWindows
 from loaders.engine.slab import DecoderError
 from loaders.engine.window import WindowReader
+from loaders.epoch import order
 from loaders.remote import ahead
 from loaders.remote.resolve import node_cache
+from loaders.samples.arena import Arena, BufferPool
 
 
 def _recycler(supply: weakref.ref[WindowSupply]) -> Callable[[Arena], None]:

@@ -1,7 +1,7 @@
 """The node-local cache of a remote dataset: each shard object downloaded once per node, whole,
 shared by every rank, DataLoader worker and decoder process of the node (docs/REMOTE.md).
 
-Why whole shards in local files: the reading code (``loaders.integrity``, the decoder process)
+Why whole shards in local files: the reading code (``loaders.format.integrity``, the decoder process)
 takes local paths and reads a shard's files once into memory; a cache folder laid out as the
 dataset folder (``<cache_dir>/<url hash>/<index digest>/index.json`` + ``shards/``) keeps that code
 unchanged, and a shard is downloaded once for all epochs and all processes.
@@ -37,14 +37,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from loaders.errors import FormatError
-from loaders.files import shard_digest_matches
 from loaders.format import index_sha256
-from loaders.integrity import DatasetRebuilt
+from loaders.format.errors import FormatError
+from loaders.format.files import shard_digest_matches
+from loaders.format.integrity import DatasetRebuilt
+from loaders.format.values import ShardEntry
 from loaders.remote.ledger import PINS, evict, locked, remove_path, touch, write_size
 from loaders.remote.reuse import adopt_from_other_generation
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound, open_store
-from loaders.schema import ShardEntry
 
 THREADS = 8  # concurrent downloads per process (one connection each)
 TMP, LOCK = ".tmp", ".shardsmith-cache.lock"

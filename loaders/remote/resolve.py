@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import FormatError, index_sha256, read_index
+from loaders.format.files import atomic_write_bytes, shard_digest_matches
 from loaders.remote.cache import CacheError, NodeCache, download_tree
 from loaders.remote.ledger import remove_path
 from loaders.remote.store import RemoteError, RemoteNotFound, is_url, local_path, open_store

@@ -1,7 +1,7 @@
 """Which batches this rank serves in an epoch: the epoch's canonical layout on this world.
 
-A mixin of :class:`~loaders.dataset.ShardDataset`. The order is :mod:`loaders.order` (windows,
-units) and :mod:`loaders.elastic` (canonical partitions, global batches, this rank's slice); this
+A mixin of :class:`~loaders.dataset.ShardDataset`. The order is :mod:`loaders.epoch.order` (windows,
+units) and :mod:`loaders.epoch.elastic` (canonical partitions, global batches, this rank's slice); this
 module keeps, per process, which layout an epoch uses: ``(K, offset, base)``, ``K`` canonical
 partitions (default: the loader's ``partitions``, else the world size) and, for budget batches,
 the flat canonical batches served (``offset``) before step ``base`` of a run resumed on another
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from loaders import budget, elastic, order
-from loaders.engine.schedule import Plan, batch_segments, range_segments, runs_segments
+from loaders.epoch import budget, elastic, order
+from loaders.epoch.schedule import Plan, batch_segments, range_segments, runs_segments
 
 SHARED_SLOTS = 6  # epoch, start, the resumed layout's epoch (-1: none), its K, offset, base
 Layout = tuple[int, int, int]  # (partitions K, budget batches served, at step base)
@@ -52,7 +52,7 @@ class EpochLayout:
 
     @property
     def budgeted(self) -> bool:
-        """Whether the sample type batches by a cost budget (:mod:`loaders.budget`)."""
+        """Whether the sample type batches by a cost budget (:mod:`loaders.epoch.budget`)."""
         return getattr(self.sample_type, "budget", None) is not None
 
     def default_partitions(self) -> int:
@@ -112,7 +112,7 @@ class EpochLayout:
         return self._budget[1]
 
     def _plans(self, epoch: int, wstarts: np.ndarray) -> Callable[[int], Plan]:
-        """Batch ``j`` -> its :data:`~loaders.engine.schedule.Plan` (segments of windows) for
+        """Batch ``j`` -> its :data:`~loaders.epoch.schedule.Plan` (segments of windows) for
         ``epoch``."""
         bounds, plan = wstarts.tolist(), self._budget_plan(epoch)
         if plan is not None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import warnings
 
-from loaders.errors import FormatError
 from loaders.format import DIGEST_KEYS, FIRST_DIGEST_KEYS, Index, index_digest, index_path
+from loaders.format.errors import FormatError
 
 
 def digest_mismatch(index: Index) -> list[str] | None:

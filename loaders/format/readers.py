@@ -3,7 +3,7 @@
 A reader knows how bytes are laid out (zarr store, tar members), never what a column means: key
 names come from ``loaders.format``. The zarr reader (and :class:`Column`, which decodes a column
 into a caller's buffer) is here; the tar encoding, member layout and reader, is
-``loaders.tarshard``, registered below.
+``loaders.format.tar_reader``, registered below.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from loaders.engine.forksafe import fork_safe_lock
-from loaders.fieldcodecs import load_zarr_codecs
 from loaders.format import FormatError
-from loaders.registry import Registry
-from loaders.tarshard import read_tar_shard
+from loaders.format.codecs import load_zarr_codecs
+from loaders.format.forksafe import fork_safe_lock
+from loaders.format.tar_reader import read_tar_shard
+from loaders.plugins.registry import Registry
 
 ShardReader = Callable[[Path, Sequence[str]], dict[str, np.ndarray]]
 READERS: Registry[ShardReader] = Registry("shard encoding", error=FormatError)
@@ -42,7 +42,7 @@ if hasattr(os, "register_at_fork"):
 
 _ZARR_IMPORT_LOCK = (
     fork_safe_lock()
-)  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
+)  # a forked worker gets it unlocked (loaders/format/forksafe.py)
 
 
 def import_zarr() -> None:
@@ -128,7 +128,7 @@ class Column:
 
 def open_zarr_columns(path: Path, keys: Sequence[str], store: Any = None) -> dict[str, Column]:
     """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard. ``store``:
-    a zarr store holding the shard's bytes already (``loaders.integrity`` reads and checks them
+    a zarr store holding the shard's bytes already (``loaders.format.integrity`` reads and checks them
     first), else the folder."""
     import_zarr()
     import zarr  # import weight: zarr (~0.3 s), only for zarr shards
@@ -160,7 +160,7 @@ def read_zarr_shard(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
     return {k: c.read() for k, c in open_zarr_columns(Path(path), keys).items()}
 
 
-READERS.register("tar", read_tar_shard)  # loaders/tarshard.py
+READERS.register("tar", read_tar_shard)  # loaders/format/tar_reader.py
 
 
 def open_shard(path: str | Path, encoding: str, keys: Sequence[str]) -> dict[str, Column]:
