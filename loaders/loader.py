@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from loaders.dataset import ShardDataset
 from loaders.engine.device import DeviceFeeder
+from loaders.engine.process import LoaderSettings
 from loaders.engine.transport import RunShipping
 from loaders.engine.watchdog import LoaderTimeout, WorkerWatch
 from loaders.epoch.elastic import check_partitions
@@ -114,11 +115,11 @@ class ShardLoader:
         self.device = dev
         self.device_finish = cuda if device_finish is None else bool(device_finish)
         # shipped for a device: every deferred item's parts in its device form, finished there;
-        # otherwise finished here (each item delivered as its sample type made it: loaders.engine.transport)
-        dataset.output = "positions" if self.device_finish else "dense"
+        # otherwise finished here (each item delivered as its sample type made it: engine/transport.py)
+        output = "positions" if self.device_finish else "dense"
         # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy
         # like a worker's
-        dataset.staging = (cuda and pin_memory) if dev is not None and self.device_finish else None
+        staging = (cuda and pin_memory) if dev is not None and self.device_finish else None
         self._feeder = DeviceFeeder(dev, device_prefetch)
         dataset.check_cache_limit(num_workers)  # a URL's cache: the workers' windows fit the limit
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
@@ -128,7 +129,7 @@ class ShardLoader:
         # ring slots: the items a worker may have out at once: its prefetched ones, the one being
         # unpacked, the one whose batch the trainer holds, the pin thread's, and those the device
         # feeder stages; beyond, fresh segments
-        dataset.shipping = (
+        shipping = (
             RunShipping(
                 int(worker_batches),
                 prefetch_factor + 3 + -(-max(1, device_prefetch) // int(worker_batches)),
@@ -137,22 +138,30 @@ class ShardLoader:
             else None
         )
         persistent = persistent_workers and num_workers > 0
-        if persistent:  # workers outlive iterations: epoch, start, layout from shared memory
-            ctx = mp.get_context(multiprocessing_context)
-            dataset._shared = ctx.RawArray("q", SHARED_SLOTS)
-            dataset._set_iteration(dataset._epoch, dataset._start)
-        else:
-            dataset._shared = None
-        if num_workers > 0 and dataset.on_corrupt == "skip":  # workers report the shards they skip
-            dataset._skip_flags = mp.get_context(multiprocessing_context).RawArray(
-                "b", len(dataset.entries)
-            )
+        ctx = mp.get_context(multiprocessing_context)
+        # persistent workers outlive iterations: epoch, start, layout from shared memory; workers
+        # report the shards they skip in shared flags
+        shared = ctx.RawArray("q", SHARED_SLOTS) if persistent else None
+        skip = num_workers > 0 and dataset.on_corrupt == "skip"
+        skip_flags = ctx.RawArray("b", len(dataset.entries)) if skip else None
         timeout = 0.0 if timeout is None else float(timeout)
         if timeout < 0 or timeout != timeout:
             raise ValueError(f"timeout={timeout!r}: seconds >= 0 (None or 0: no bound)")
-        if timeout > 0:  # the decoder answers to it too when shorter (it beats while it works)
-            dataset.decode_timeout = min(dataset.decode_timeout, timeout)
         self.timeout = timeout
+        if partitions is not None:  # budget batches: any K >= 1 (its plan is made for K)
+            k = int(partitions)
+            check_partitions(k, k if dataset.budgeted else dataset.global_batch)
+        dataset.configure(
+            LoaderSettings(
+                output=output,
+                staging=staging,
+                shipping=shipping,
+                timeout=timeout,  # the decoder answers to it too when shorter (it beats while it works)
+                partitions=None if partitions is None else int(partitions),
+                shared=shared,
+                skip_flags=skip_flags,
+            )
+        )
         self._loader = DataLoader(
             dataset,
             batch_size=None,
@@ -163,10 +172,6 @@ class ShardLoader:
             multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
             timeout=timeout if num_workers > 0 else 0,
         )
-        if partitions is not None:  # budget batches: any K >= 1 (its plan is made for K)
-            k = int(partitions)
-            check_partitions(k, k if dataset.budgeted else dataset.global_batch)
-        dataset.partitions = None if partitions is None else int(partitions)
         self._epoch = 0
         self._done = 0
         self._resume: int | None = None
@@ -190,13 +195,13 @@ class ShardLoader:
             raise ValueError(f"epoch must be >= 0 (got {epoch})")
         if epoch != self._epoch:
             self._epoch, self._done, self._resume, self._layout = int(epoch), 0, None, None
-            self.dataset._set_iteration(self._epoch, 0)
+            self.dataset.plan.set_iteration(self._epoch, 0)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         start = self._resume or 0
         self._resume = None
         self._done = start
-        self.dataset._set_iteration(self._epoch, start, self._layout)
+        self.dataset.plan.set_iteration(self._epoch, start, self._layout)
         if start >= len(self):
             return
         # one process: the dataset's own batches (torch's single-process iterator adds a
@@ -205,7 +210,7 @@ class ShardLoader:
         direct = self._loader.num_workers == 0
         if self._loader.num_workers > 0:
             # workers map the windows this process's decoder decodes once
-            self.dataset.start_broker()
+            self.dataset.engine_here().start_broker()
         it = iter(self.dataset) if direct else iter(self._loader)
         watch = (
             WorkerWatch(it, self.timeout)
@@ -284,10 +289,10 @@ class ShardLoader:
             # the canonical batches served so far; the steps keep their numbers from ``done`` on
             offset, base = offset + (done - base) * state["world_size"], done
         epoch, layout = int(state["epoch"]), (k, offset, base)
-        ds._set_iteration(epoch, done, layout)
+        ds.plan.set_iteration(epoch, done, layout)
         try:
             check_done(done, ds.num_batches(epoch))
         except ValueError:
-            ds._set_iteration(self._epoch, self._resume or 0, self._layout)
+            ds.plan.set_iteration(self._epoch, self._resume or 0, self._layout)
             raise
         self._epoch, self._done, self._resume, self._layout = epoch, done, done, layout

@@ -156,7 +156,7 @@ def test_old_keywords_still_work(fx: Any) -> None:
     assert ds.sample == "cells"  # the index's first sample type
     assert next(iter(ds))["X"].layout == torch.sparse_csr
     dl = ShardLoader(ShardDataset(fx.root, batch_size=16, seed=1), device="cpu", ship_csr=True)
-    assert dl.device_finish and dl.dataset.output == "positions"
+    assert dl.device_finish and dl.dataset.settings.output == "positions"
     with pytest.raises(TypeError, match="ship_csr"):
         ShardLoader(ShardDataset(fx.root, batch_size=16), device_finish=False, ship_csr=True)
 

@@ -290,7 +290,7 @@ def test_stopped_decoder_process(
     want = _drain(ShardLoader(ShardDataset(built["zarr"], decode_process=False, **kw)))  # type: ignore[arg-type]
     ds = ShardDataset(built["zarr"], decode_process=True, **kw)  # type: ignore[arg-type]
     dl = ShardLoader(ds, timeout=case.data)  # the loader's timeout covers the decoder process too
-    dec = started(ds)._decoder()
+    dec = started(ds).engine_here().decoder()
     assert dec is not None and dec.timeout == case.data
     os.kill(dec.proc.pid, signal.SIGSTOP)
     try:
