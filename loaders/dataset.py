@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,11 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
       and ``storage_options`` (the store's settings over the environment's) say how its shards
       reach this node: downloaded once per node, whole and checked, prefetched a few windows
       ahead (docs/REMOTE.md).
+    * ``trust_plugins`` (as Hugging Face's ``trust_remote_code``): the plug-in modules the index
+      names (``plugins``) are imported only if they are installed modalities, or allowed here
+      (``True``: every one the index names; or a list of names) or by
+      ``$SHARDSMITH_TRUST_PLUGINS``; the allowance is passed on to the decoder process and the
+      DataLoader workers through that variable (:mod:`loaders.plugins`).
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         cache_dir: str | Path | None = None,
         cache_limit: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        trust_plugins: bool | Sequence[str] = False,
         **sample_options: Any,
     ) -> None:
         super().__init__()
@@ -137,11 +143,13 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         )
         self.integrity = resolve(integrity, Integrity, verify=verify, on_corrupt=on_corrupt)
         # a URL (s3://...): its index fetched now, shards into the node's cache (loaders/remote)
-        self.url, self.root, remote = resolve_root(root, cache_dir, cache_limit, storage_options)
+        self.url, self.root, remote = resolve_root(
+            root, cache_dir, cache_limit, storage_options, trust_plugins
+        )
         data = read_index_bytes(
             self.root
         )  # read once: every process of this loader decodes this generation
-        index = read_index(self.root, data)
+        index = read_index(self.root, data, trust_plugins)
         # the index's own content against its digest: an edited shard list or vocabulary would be
         # served without an error (the decoder process decodes these same bytes)
         check_index_digest(index)
