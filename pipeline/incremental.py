@@ -59,7 +59,14 @@ def code_digest() -> str:
     # window)
     decides = [
         read_side / "format" / f
-        for f in ("__init__.py", "values.py", "readers.py", "tar_reader.py", "codecs.py")
+        for f in (
+            "__init__.py",
+            "values.py",
+            "readers.py",
+            "zarr_reader.py",
+            "tar_reader.py",
+            "codecs.py",
+        )
     ]
     for p in [
         *sorted(root.rglob("*.py")),

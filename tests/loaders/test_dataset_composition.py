@@ -51,7 +51,6 @@ def test_the_per_process_slot_makes_one_object_per_process(monkeypatch: pytest.M
     assert pickle.loads(pickle.dumps(slot)).value is None
 
 
-@pytest.mark.process
 def test_the_loader_configures_its_dataset_through_one_settings_object(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=16, window=1)
     before = set(vars(ds))
@@ -62,4 +61,4 @@ def test_the_loader_configures_its_dataset_through_one_settings_object(fx: Any) 
     assert s.shipping is not None and s.timeout == 7 and s.partitions == 1 and s.shared is not None
     assert ds.plan.shared is s.shared and ds.plan.partitions == 1
     assert ds.decode_timeout == 7  # the loader's bound caps the decoder's silence
-    assert len(list(dl)) == len(dl)
+    assert len(dl) == ds.num_batches() > 0
