@@ -257,7 +257,7 @@ def codec_floor(
     """`codec_bound_limit`'s work with its memory reused, once. Why: the limit reads into fresh
     arrays and compresses into fresh bytes, and on a VM that hands free memory back to its host
     their pages cost more or less from one run to the next (over the 2M screen 3.4-4.8 CPU-s from
-    run to run, this 3.2-3.5: benchmarks/ANALYSIS.md, 26.3b). The steadier floor of that work;
+    run to run, this 3.2-3.5: docs/benchmarks/ANALYSIS.md, 26.3b). The steadier floor of that work;
     scale_bench reports the build against it beside the limit."""
     return codec_bound_limit(files, codec, level, block_bytes, repeats=1, reuse=True)
 

@@ -1,4 +1,4 @@
-"""`loaders.engine.device` is :mod:`loaders.engine.device` (device feeding and the torch-finisher registry:
+"""`loaders.device` is :mod:`loaders.engine.device` (device feeding and the torch-finisher registry:
 docs/EXTENDING.md names this path, so it stays; the same module object, not a copy)."""
 
 import sys

@@ -1,4 +1,4 @@
-"""`loaders.format.codecs` is :mod:`loaders.format.codecs` (the field-codec registry: docs/EXTENDING.md
+"""`loaders.fieldcodecs` is :mod:`loaders.format.codecs` (the field-codec registry: docs/EXTENDING.md
 names this path, so it stays; the same module object, not a copy)."""
 
 import sys

@@ -1,4 +1,4 @@
-"""`loaders.samples.gather` is :mod:`loaders.samples.gather` (the sample-type API: docs/EXTENDING.md names this
+"""`loaders.gather` is :mod:`loaders.samples.gather` (the sample-type API: docs/EXTENDING.md names this
 path, so it stays; the same module object, not a copy)."""
 
 import sys

@@ -1,4 +1,4 @@
-"""`loaders.samples.ops` is :mod:`loaders.samples.ops` (the sample-type API: docs/EXTENDING.md names this
+"""`loaders.ops` is :mod:`loaders.samples.ops` (the sample-type API: docs/EXTENDING.md names this
 path, so it stays; the same module object, not a copy)."""
 
 import sys

@@ -1,4 +1,4 @@
-"""`loaders.samples.payload` is :mod:`loaders.samples.payload` (the sample-type API: docs/EXTENDING.md names this
+"""`loaders.payload` is :mod:`loaders.samples.payload` (the sample-type API: docs/EXTENDING.md names this
 path, so it stays; the same module object, not a copy)."""
 
 import sys

@@ -19,7 +19,7 @@ under the consumer.
 ``device="cpu"`` runs that same path (staging, side stream, finishing with the torch finishers,
 hand-over) through :class:`Backend`, whose pinning, streams and events are no-ops on the CPU: CI
 exercises everything but the CUDA calls themselves, and the batches equal the host path's exactly
-(tests/test_device_cpu.py). ``device=None`` leaves batches as the host made them (shipped parts,
+(tests/loaders/test_device_cpu.py). ``device=None`` leaves batches as the host made them (shipped parts,
 if any, finished with numpy).
 """
 

@@ -45,6 +45,7 @@ from loaders.format.integrity import (
 )
 from loaders.format.readers import Column
 from loaders.format.validate import validate_columns
+from loaders.remote.cache import CacheError
 from loaders.remote.resolve import node_cache
 from loaders.samples import SampleType, check_sample_type, from_config
 from loaders.samples.arena import Arena, Buffers
@@ -208,14 +209,39 @@ class WindowReader:
         return err
 
     def _open(self, s: int, i: int, bad: dict[int, FormatError]) -> dict[str, Column]:
-        sha = self.entries[s].digest if self.spec["verify"] else None
         try:
-            return open_checked(
-                self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always"
-            )
+            try:
+                return self._open_checked(s)
+            except FormatError as e:
+                if not self.spec.get("remote") or isinstance(e, DatasetRebuilt):
+                    raise
+                return self._downloaded_again(s, e)
         except FormatError as e:
             bad[i] = self._failed(s, e)
             return {}
+
+    def _open_checked(self, s: int) -> dict[str, Column]:
+        sha = self.entries[s].digest if self.spec["verify"] else None
+        return open_checked(
+            self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always"
+        )
+
+    def _downloaded_again(self, s: int, error: FormatError) -> dict[str, Column]:
+        """A URL dataset's cached shard that fails its check on read (it passed when downloaded:
+        this node's copy changed since) is downloaded once more and read; failing again, a
+        ``CacheError`` naming the cache folder and the fix (was: every later process failed on
+        the same damaged copy)."""
+        cache = node_cache(self.spec["remote"], self.spec["root"])
+        cache.refetch(self.entries[s])
+        try:
+            return self._open_checked(s)
+        except FormatError as again:
+            raise CacheError(
+                f"{self.paths[s]}: this cached copy failed its check ({error}), was downloaded "
+                f"again, and fails again ({again}): the cache folder {cache.cache_dir} does not "
+                "keep what is written to it; check that disk, or choose another cache_dir= / "
+                "$SHARDSMITH_CACHE"
+            ) from None
 
     def _fill(
         self, arena: Arena, i: int, columns: dict[str, Column], bad: dict[int, FormatError]

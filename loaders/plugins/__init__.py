@@ -35,6 +35,7 @@ GROUP = "shardsmith.modalities"
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 TRUST_ENV = "SHARDSMITH_TRUST_PLUGINS"
 TRUST_ANY = ("1", "*", "all", "true", "yes")  # the variable's values that allow any module
+TRUST_NONE = ("", "0", "false", "no")  # and those that allow none
 
 
 class PluginError(ImportError):
@@ -59,8 +60,8 @@ def modality_modules() -> tuple[tuple[str, str], ...]:
 def trusted() -> tuple[bool, frozenset[str]]:
     """``(any module allowed, the modules allowed)`` by ``$SHARDSMITH_TRUST_PLUGINS``."""
     raw = os.environ.get(TRUST_ENV, "").strip()
-    if raw.lower() in TRUST_ANY:
-        return True, frozenset()
+    if raw.lower() in TRUST_ANY or raw.lower() in TRUST_NONE:
+        return raw.lower() in TRUST_ANY, frozenset()
     return False, frozenset(m.strip() for m in raw.split(",") if m.strip())
 
 
@@ -83,12 +84,16 @@ def check_plugins_allowed(
     ``trust`` allows is then allowed in the environment too (:func:`allow_plugins`)."""
     if trust is True:
         allow_plugins(modules)
+    elif isinstance(trust, str):  # one name, not its letters
+        allow_plugins([trust])
     elif trust:
-        allow_plugins(trust)  # type: ignore[arg-type]
+        allow_plugins(trust)
     every, names = trusted()
     installed = {m for _, m in modality_modules()}
     refused = [
-        m for m in modules if not (every or m in names or m in installed or m in sys.modules)
+        m
+        for m in modules
+        if not (every or m in names or m in installed or sys.modules.get(m) is not None)
     ]
     if refused:
         listed = ",".join(refused)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # each check imports in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_ONLY = ("pipeline", "anndata", "h5py", "joblib", "pandas")
 

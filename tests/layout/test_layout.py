@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "loaders")
 
 
-def product_modules(root: Path = ROOT) -> dict[str, Path]:
+def product_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     mods: dict[str, Path] = {}
-    for pkg in PACKAGES:
+    for pkg in packages:
         for p in sorted((root / pkg).rglob("*.py")):
             parts = list(p.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -113,6 +113,13 @@ def test_no_import_cycles_among_product_modules() -> None:
     assert not found, "import cycles (every import statement counts):\n" + "\n".join(
         map(" <-> ".join, found)
     )
+
+
+def test_no_import_cycles_among_benchmark_modules() -> None:
+    """The benchmark suite too (benchmarks/ and its experiments): a cycle there hides which module
+    a figure comes from as well."""
+    found = cycles(import_graph(product_modules(packages=("benchmarks",))))
+    assert not found, "import cycles in benchmarks/:\n" + "\n".join(map(" <-> ".join, found))
 
 
 def modality_words() -> set[str]:

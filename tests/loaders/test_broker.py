@@ -17,7 +17,10 @@ from loaders import ShardDataset, ShardLoader
 from loaders.engine.broker import Broker, BrokerClient
 from loaders.engine.decoder import AVAILABLE
 
-pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd"),
+]  # DataLoader workers and the decoder process
 TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
 Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or its plug-in
 

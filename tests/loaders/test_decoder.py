@@ -31,6 +31,7 @@ def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFacto
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
 def test_decoder_process_gives_the_in_process_batches(
     fx: Any, sample: str, started: Helper, batches: Helper, assert_same: Helper, check_cells: Helper
@@ -55,6 +56,7 @@ def test_decoder_process_gives_the_in_process_batches(
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("encoding", ["zarr", "tar"])
 def test_decoder_process_reads_every_encoding(
     built_zarr_tar: dict[str, Path],
@@ -71,6 +73,7 @@ def test_decoder_process_reads_every_encoding(
     assert_same(got, want)
 
 
+@pytest.mark.process
 def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
     spec = {
         "root": str(fx.root),
@@ -106,6 +109,7 @@ def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
     assert dec.proc.poll() is not None  # the child ended with close()
 
 
+@pytest.mark.process
 def test_broken_shard_through_the_decoder_names_the_file(
     fx: Any, tmp_path: Path, broken_copy: Helper, started: Helper, batches: Helper
 ) -> None:
@@ -115,6 +119,7 @@ def test_broken_shard_through_the_decoder_names_the_file(
         batches(ds, epochs=(0,))
 
 
+@pytest.mark.process
 def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(
     fx: Any, started: Helper, batches: Helper, assert_same: Helper
 ) -> None:
@@ -137,6 +142,7 @@ def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(
         dec.read_window(0, 0, 1)
 
 
+@pytest.mark.process
 def test_workers_forked_after_the_main_process_decoded_do_their_own(
     fx: Any, started: Helper, batches: Helper, assert_same: Helper
 ) -> None:
@@ -153,6 +159,7 @@ def test_workers_forked_after_the_main_process_decoded_do_their_own(
     )  # still serving the parent
 
 
+@pytest.mark.process
 def test_a_one_window_split_decodes_here_and_never_starts_a_decoder_process(
     fx: Any, batches: Helper, assert_same: Helper
 ) -> None:

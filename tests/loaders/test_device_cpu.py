@@ -30,7 +30,7 @@ def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.process)])
 def test_device_cpu_runs_the_device_path_and_equals_the_host_path(
     fx: Any, sample: str, workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

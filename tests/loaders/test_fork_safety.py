@@ -33,6 +33,7 @@ def _child_finishes(work: object) -> None:
     pytest.fail("the forked child hung on a lock its parent held at the fork")
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> None:
     import zarr.core.sync as sync
@@ -45,6 +46,7 @@ def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> No
         lock.release()
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one() -> None:
     """Seen in CI: a DataLoader forked its workers while a thread of the training process held the

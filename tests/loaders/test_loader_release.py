@@ -15,6 +15,8 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 
+pytestmark = pytest.mark.process  # the decoder process (and DataLoader workers)
+
 # window=1: several windows an epoch (a one-window split never starts a decoder process)
 KW: dict[str, Any] = {"split": "train", "batch_size": 16, "window": 1, "seed": 0}
 

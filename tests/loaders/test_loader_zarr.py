@@ -104,6 +104,7 @@ def chunky(
     return fx.root, fx.truth
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_multi_chunk_shards_give_the_written_cells(
     chunky: tuple[Path, Any], workers: int, check_cells: Callable[..., None]
@@ -124,6 +125,7 @@ def test_multi_chunk_shards_give_the_written_cells(
             assert np.unique(np.concatenate(ids)).size == sum(len(i) for i in ids)
 
 
+@pytest.mark.process
 def test_pairs_and_sentences_from_multi_chunk_shards(chunky: tuple[Path, Any]) -> None:
     root, truth = chunky
     for b in ShardLoader(ShardDataset(root, sample="pairs", batch_size=29, window=2)):
@@ -134,6 +136,7 @@ def test_pairs_and_sentences_from_multi_chunk_shards(chunky: tuple[Path, Any]) -
         np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[b["ctrl_id"].numpy()])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("decode_ahead", [True, False])
 def test_each_window_is_decoded_once_per_epoch(
     chunky: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, decode_ahead: bool
@@ -172,6 +175,7 @@ def test_each_window_is_decoded_once_per_epoch(
     assert sorted(calls) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), *ahead]
 
 
+@pytest.mark.process
 def test_next_epoch_decoded_ahead_is_used_or_dropped(
     chunky: tuple[Path, Any], check_cells: Callable[..., None]
 ) -> None:
@@ -195,6 +199,7 @@ def test_next_epoch_decoded_ahead_is_used_or_dropped(
         )
 
 
+@pytest.mark.process
 def test_device_side_densify_matches_host(chunky: tuple[Path, Any]) -> None:
     """The GPU path ships (crow, cols, vals) and densifies with torch ops; the same code runs on CPU
     tensors."""

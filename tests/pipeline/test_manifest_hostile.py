@@ -12,7 +12,8 @@ import pytest
 
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
-from pipeline.manifest import Table, load_manifest
+from pipeline.manifest import load_manifest
+from pipeline.schema import Key, read
 from tests import hostile
 
 HEAD = '[dataset]\nname = "h"\nkind = "ct"\n'
@@ -93,6 +94,7 @@ def test_a_toml_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
         load_manifest(m)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_cli_exits_2_without_a_traceback(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess
@@ -118,6 +120,7 @@ def test_a_dataset_name_that_is_no_plain_folder_name_is_refused(tmp_path: Path, 
         load_manifest(m)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_build_without_out_never_writes_outside_shards(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess
@@ -142,12 +145,15 @@ def test_build_without_out_never_writes_outside_shards(case: hostile.Case, tmp_p
 def test_a_list_of_names_refuses_an_empty_name_and_a_list_of_labels_keeps_it(
     tmp_path: Path,
 ) -> None:
-    """`Table.names` (columns, obsm keys, spike images) refuses "" and "  ", bare or listed;
-    `Table.strings` (labels, where "" can be a value) keeps them."""
+    """A "names" key (columns, obsm keys, spike images) refuses "" and "  ", bare or listed; a
+    "strings" key (labels, where "" can be a value) keeps them (pipeline.schema.read)."""
     m = tmp_path / "m.toml"
-    t = Table(m, "fields", {"a": "", "b": ["x", "  "], "c": "x", "d": ""}, {"a", "b", "c", "d"})
-    for key in ("a", "b"):
+    names, strings = Key("names", ()), Key("strings", ())
+    for key, value in (("a", ""), ("b", ["x", "  "])):
         with pytest.raises(ManifestError, match=rf"\[fields\.{key}\] has an empty name"):
-            t.names(key)
-    assert t.names("c") == ("x",) and t.names("absent") == ()
-    assert t.strings("d") == ("",)
+            read(m, "fields", {key: value}, {key: names})
+    assert read(m, "fields", {"c": "x"}, {"c": names, "absent": names}) == {
+        "c": ("x",),
+        "absent": (),
+    }
+    assert read(m, "fields", {"d": ""}, {"d": strings}) == {"d": ("",)}

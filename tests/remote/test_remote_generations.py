@@ -16,7 +16,11 @@ from loaders.remote import open_store
 from loaders.remote.store import RemoteNotFound
 from tests import hostile
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.s3,
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]  # a moto S3 server; the decoder process
 KW: dict[str, Any] = {"split": "train", "batch_size": 32, "window": 2, "seed": 1}
 
 

@@ -154,7 +154,14 @@ def builds(corpus: tuple[Path, np.ndarray]) -> dict[tuple[int, str, str], Path]:
 
 
 # frames per bin 16, 8, 12 (workers 0), 8 (workers 2), 9 with a padded last byte (workers 2)
-CASES = [(48, 3, 0), (48, 6, 0), (48, 4, 0), (48, 6, 2), (36, 4, 2)]
+# DataLoader workers (num_workers=2) are processes: those cases run in the process lane
+CASES = [
+    (48, 3, 0),
+    (48, 6, 0),
+    (48, 4, 0),
+    pytest.param(48, 6, 2, marks=pytest.mark.process),
+    pytest.param(36, 4, 2, marks=pytest.mark.process),
+]
 
 
 @pytest.mark.parametrize("t, bins, workers", CASES)
