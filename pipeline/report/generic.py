@@ -75,11 +75,7 @@ def summary_section(ctx: ReportContext) -> Section:
             data={n: s["splits"][n] for n in splits},
             table=Table(["split", "shards", "records", *samples, "bytes"], split_rows),
             svg=plots.bars(
-                splits,
-                [s["splits"][n]["records"] for n in splits],
-                "records",
-                width=200,
-                height=110,
+                splits, [s["splits"][n]["records"] for n in splits], "records", width=200, height=110
             )
             if len(splits) > 1
             else None,
