@@ -7,7 +7,7 @@ load fall on both sides alike; a figure is the median over pairs of (B / A) in t
 Each run is :func:`benchmarks.engine_choice.memory_one` with the default engine (the decoder
 process), in the tree under test: ``epochs`` epochs of 256-cell batches, ``window=2``, persistent
 workers, its process tree sampled every 50 ms (cells/s over the epochs, peak PSS, peak summed RSS).
-Configurations: dense and sparse, ``num_workers`` 0 and 2. Prints one JSON object.
+Configurations: dense and sparse, ``num_workers`` 0 and 2 (``--workers``). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--b", default=".", help="the tree under test")
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--workers", default="0,2", help="comma list of num_workers")
     a = ap.parse_args(argv)
-    configs = [(w, d) for w in (0, 2) for d in (True, False)]
+    configs = [(int(w), d) for w in a.workers.split(",") for d in (True, False)]
     runs: dict[str, list[dict[str, Any]]] = {}
     for i in range(a.pairs):
         for w, d in configs:
