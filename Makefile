@@ -43,7 +43,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "$(FAST)"
 
 # the browser test's Chromium (Debian's package), installed where we are root with apt-get; never fails
-# the build: without it tests/test_report_browser.py skips and says why
+# the build: without it tests/pipeline/test_report_browser.py skips and says why
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \

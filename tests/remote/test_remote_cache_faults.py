@@ -38,6 +38,7 @@ def _cached_shards(cache: Path) -> list[Path]:
     return sorted(p for p in cache.glob("*/*/shards/*") if p.is_file())
 
 
+@pytest.mark.process  # the first readers decode in the decoder process
 @hostile.parametrize
 def test_a_damaged_cached_copy_is_downloaded_again_once(
     case: hostile.Case,
