@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.measure import MB, MIB, RssSampler
-from loaders.digests import file_digest
+from loaders.format.digests import file_digest
 
 REPO = Path(__file__).resolve().parents[1]
 BUILT_RE = re.compile(r"built .*?: (\d+) shards written, (\d+) reused in ([\d.]+)s")
@@ -263,7 +263,7 @@ def codec_floor(
 
 
 def digest_seconds(files: list[Path]) -> float:
-    """Seconds to digest every source as a build's fingerprint does (xxh3-128, loaders.digests)."""
+    """Seconds to digest every source as a build's fingerprint does (xxh3-128, loaders.format.digests)."""
     t0 = time.perf_counter()
     for p in files:
         file_digest(p)

@@ -24,7 +24,7 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.plugins import load_build_modalities, load_plugin
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 from pipeline.fingerprint import Fingerprint
 from pipeline.writers.base import Codec
 

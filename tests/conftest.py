@@ -243,7 +243,7 @@ def build_dataset(
 # -- reading back -------------------------------------------------------------------------------
 def read_all(out: Path) -> tuple[fmt.Index, list[tuple[fmt.ShardEntry, dict[str, np.ndarray]]]]:
     from loaders import format as fm
-    from loaders.shardio import read_shard
+    from loaders.format.readers import read_shard
 
     index = fm.read_index(out)
     keys = fm.shard_keys(index.fields, index.tables)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
-from loaders.gather import BatchRows
-from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
+from loaders.samples.gather import BatchRows
+from loaders.samples.payload import Payload
 from pipeline.errors import SourceError
 from pipeline.manifest import Manifest, SourceSpec
 from pipeline.model import ScannedSource, register_kind

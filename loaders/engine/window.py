@@ -1,4 +1,4 @@
-"""Decoding one window of a split into an :class:`~loaders.engine.arena.Arena` (no torch).
+"""Decoding one window of a split into an :class:`~loaders.samples.arena.Arena` (no torch).
 
 :class:`WindowReader` is everything a process needs to decode windows, built from ``index.json`` and
 a small JSON-able spec (which includes the sample type's config): the training process uses it in
@@ -10,7 +10,7 @@ reads (by layout) and its tables.
 The spec carries the bytes of the ``index.json`` the loader opened (and their sha256), never just
 the path: a process started later decodes the same generation even after a rebuild replaced the
 file, and every shard is checked against that index before it is served
-(:mod:`loaders.integrity`).
+(:mod:`loaders.format.integrity`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders import order
-from loaders.columns import validate_columns
-from loaders.digests import as_stored_before
-from loaders.engine.arena import Arena, Buffers
+from loaders.epoch import order
 from loaders.format import (
     FieldSpec,
     FormatError,
@@ -38,17 +35,20 @@ from loaders.format import (
     read_index,
     read_index_bytes,
 )
-from loaders.integrity import (
+from loaders.format.digests import as_stored_before
+from loaders.format.integrity import (
     DatasetRebuilt,
     Generation,
     bounded_fields,
     check_on_corrupt,
     open_checked,
 )
+from loaders.format.readers import Column
+from loaders.format.validate import validate_columns
 from loaders.remote.cache import CacheError
 from loaders.remote.resolve import node_cache
 from loaders.samples import SampleType, check_sample_type, from_config
-from loaders.shardio import Column
+from loaders.samples.arena import Arena, Buffers
 
 SPEC_KEYS = ("root", "split", "sample", "window", "seed", "shuffle")
 # optional: "index" (index.json's text as the loader read it), "index_sha256", "verify",

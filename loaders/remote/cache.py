@@ -1,7 +1,7 @@
 """The node-local cache of a remote dataset: each shard object downloaded once per node, whole,
 shared by every rank, DataLoader worker and decoder process of the node (docs/REMOTE.md).
 
-Why whole shards in local files: the reading code (``loaders.integrity``, the decoder process)
+Why whole shards in local files: the reading code (``loaders.format.integrity``, the decoder process)
 takes local paths and reads a shard's files once into memory; a cache folder laid out as the
 dataset folder (``<cache_dir>/<url hash>/<index digest>/index.json`` + ``shards/``) keeps that code
 unchanged, and a shard is downloaded once for all epochs and all processes.
@@ -37,16 +37,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from loaders.errors import FormatError
-from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import index_sha256
-from loaders.integrity import DatasetRebuilt
-from loaders.names import plain_name
+from loaders.format.errors import FormatError
+from loaders.format.files import atomic_write_bytes, shard_digest_matches
+from loaders.format.integrity import DatasetRebuilt
+from loaders.format.names import plain_name
+from loaders.format.values import ShardEntry
 from loaders.remote.download import download_tree
 from loaders.remote.ledger import PINS, evict, locked, remove_path, touch, write_size
 from loaders.remote.reuse import adopt_from_other_generation
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound, open_store
-from loaders.schema import ShardEntry
 
 THREADS = 8  # concurrent downloads per process (one connection each)
 TMP, LOCK = ".tmp", ".shardsmith-cache.lock"
@@ -94,7 +94,7 @@ class NodeCache:
     # -- paths ------------------------------------------------------------------------------------
     def path(self, entry: ShardEntry) -> Path:
         """Where ``entry`` is cached. Its name was checked where index.json was parsed
-        (``loaders.names``); checked again here, as a path, so that no way round that parser (an
+        (``loaders.format.names``); checked again here, as a path, so that no way round that parser (an
         entry built in code, a later change) can download or rename outside the cache folder."""
         path = self.root / "shards" / entry.file
         if not (plain_name(entry.file) and path.resolve().is_relative_to(self.cache_dir.resolve())):

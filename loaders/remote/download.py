@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from loaders.names import relative_name
+from loaders.format.names import relative_name
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import FormatError, index_sha256, read_index
-from loaders.names import plain_name
+from loaders.format.files import atomic_write_bytes, shard_digest_matches
+from loaders.format.names import plain_name
 from loaders.remote.cache import CacheError, NodeCache
 from loaders.remote.download import download_tree
 from loaders.remote.ledger import remove_path

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loaders.plugins import load_build_modalities
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 
 # name -> module defining COMMAND
 COMMANDS: Registry[str] = Registry("command", discover=load_build_modalities)

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.commands import Command
+from pipeline.commands.verify import require_dataset
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -41,8 +42,11 @@ def default_out(shown: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from loaders.remote.resolve import fetch_dataset  # import weight: `--help` stays instant
-    from pipeline.commands.verify import require_dataset
-    from pipeline.report.build import build_report, check_writable, write_report
+    from pipeline.report.build import (  # import weight: as the line above (the pipeline, numpy)
+        build_report,
+        check_writable,
+        write_report,
+    )
 
     shown = str(args.dir)
     out = args.out if args.out is not None else default_out(shown)

@@ -76,10 +76,10 @@ def json_section(section: type | Mapping[str, Key]) -> dict[str, Any]:
 
 def kind_schema(name: str) -> dict[str, Any]:
     """The schema of a manifest of kind ``name``."""
-    from pipeline.manifest import Dataset
-    from pipeline.model import KINDS, get_kind
-    from pipeline.source import get_source, source_types_for
-    from pipeline.source_files import SOURCE_HEAD, source_keys
+    from pipeline.manifest import Dataset  # import weight: --help
+    from pipeline.model import KINDS, get_kind  # import weight: --help
+    from pipeline.source import get_source, source_types_for  # import weight: --help
+    from pipeline.source_files import SOURCE_HEAD, source_keys  # import weight: --help
 
     kind = get_kind(name)
     dataset = json_section(Dataset)
@@ -105,7 +105,7 @@ def kind_schema(name: str) -> dict[str, Any]:
 
 def manifest_schema(kind: str | None = None) -> dict[str, Any]:
     """The JSON Schema of a manifest of ``kind``, or of any registered kind (None)."""
-    from pipeline.model import KINDS, kind_names
+    from pipeline.model import KINDS, kind_names  # import weight: --help
 
     head = {"$schema": DRAFT, "title": f"shardsmith manifest{f' (kind {kind})' if kind else ''}"}
     if kind is not None:
@@ -138,9 +138,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loaders.plugins import load_plugin
-    from pipeline.errors import ManifestError
-    from pipeline.model import kind_names
+    from loaders.plugins import load_plugin  # import weight: --help
+    from pipeline.errors import ManifestError  # import weight: --help
+    from pipeline.model import kind_names  # import weight: --help
 
     for module in args.plugin:
         load_plugin(module, build=True)

@@ -12,7 +12,7 @@ one source ``inspect`` prints, plus the shard columns a figure needs; nothing is
 from __future__ import annotations
 
 from loaders.plugins import load_build_modalities
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 
 # dataset kind -> "module:function" returning its report Section (pipeline.report.model)
 REPORT_SECTIONS: Registry[str] = Registry("report section", discover=load_build_modalities)

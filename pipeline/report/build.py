@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loaders import format as fmt
-from loaders.files import atomic_write_bytes
+from loaders.format.files import atomic_write_bytes
 from pipeline.errors import OutputError
 from pipeline.model import open_index
 from pipeline.report import REPORT_SECTIONS

@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from loaders import format as fmt
-from loaders.digests import algorithm
+from loaders.format.digests import algorithm
 from pipeline.report import plots
 from pipeline.report.model import Figure, ReportContext, Section, Table, figure, splits_in_order
 

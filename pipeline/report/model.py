@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
-from loaders.shardio import read_shard
+from loaders.format.readers import read_shard
 
 
 class Unavailable(Exception):

@@ -29,7 +29,7 @@ document.querySelectorAll("th").forEach(function (th) {
   th.addEventListener("click", function () {
     var table = th.closest("table"), body = table.tBodies[0], i = th.cellIndex;
     var asc = th.dataset.dir !== "asc"; th.dataset.dir = asc ? "asc" : "desc";
-    var key = function (tr) { var t = tr.cells[i].textContent.replace(/,/g, ""); var n = parseFloat(t);
+    var key = function (tr) { var t = tr.children[i].textContent.replace(/,/g, ""); var n = parseFloat(t);
       return isNaN(n) ? t : n; };
     Array.from(body.rows).sort(function (a, b) { var x = key(a), y = key(b);
       return (x < y ? -1 : x > y ? 1 : 0) * (asc ? 1 : -1); }).forEach(function (r) { body.appendChild(r); });

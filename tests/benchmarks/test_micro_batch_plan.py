@@ -1,6 +1,6 @@
 """Micro-benchmark (pytest-benchmark): planning one batch's window segments as a rank's contiguous
 slice (``batch_segments``, an epoch laid out on its own world) against a share of a global batch
-(``runs_segments(slice_runs(...))``, loaders.elastic: only a resumed epoch on another world), on
+(``runs_segments(slice_runs(...))``, loaders.epoch.elastic: only a resumed epoch on another world), on
 the 200k screen's shape (160k train cells, 2 windows, 256-cell batches, one rank). Both plan the
 same segments (asserted); the timings are figures, never asserted.
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from loaders import elastic, order
-from loaders.engine.schedule import batch_segments, runs_segments
+from loaders.epoch import elastic, order
+from loaders.epoch.schedule import batch_segments, runs_segments
 
 pytestmark = pytest.mark.bench  # a benchmark, out of the default lanes
 

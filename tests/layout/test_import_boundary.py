@@ -41,10 +41,10 @@ def test_loaders_pull_in_nothing_of_the_pipeline() -> None:
         "loaders.engine.decoder",
         "loaders.engine.window",
         "loaders.samples",
-        "loaders.gather",
-        "loaders.payload",
-        "loaders.kernels",
-        "loaders.engine.arena",
+        "loaders.samples.gather",
+        "loaders.samples.payload",
+        "loaders.samples.kernels",
+        "loaders.samples.arena",
     ],
 )
 def test_decoder_side_is_torch_free(module: str) -> None:

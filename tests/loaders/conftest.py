@@ -50,7 +50,7 @@ def broken_copy(ds: Any, dst: Path, how: str) -> Path:
 
 def started(ds: ShardDataset) -> ShardDataset:
     """Wait until the dataset's decoder process is up, so that every window goes through it."""
-    dec = ds._decoder()
+    dec = ds.engine_here().decoder()
     assert dec is not None
     deadline = time.monotonic() + TIMEOUT
     while not dec.ready():

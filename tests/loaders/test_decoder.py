@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from loaders import ShardDataset
-from loaders.engine.arena import BufferPool
 from loaders.engine.decoder import AVAILABLE, Decoder, DecoderError
 from loaders.engine.window import WindowReader
 from loaders.format import FormatError
+from loaders.samples.arena import BufferPool
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd")
 Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or its plug-in
@@ -50,7 +50,10 @@ def test_decoder_process_gives_the_in_process_batches(
         truth = fx.truth
         for b in got:
             check_cells(b, truth)
-    assert via._decoder_state is not None and len(via._decoder_state[1]._slabs) >= 1
+    assert (
+        via.engine_here().decoder_state is not None
+        and len(via.engine_here().decoder_state._slabs) >= 1
+    )
 
 
 @pytest.mark.process
@@ -124,7 +127,7 @@ def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(
     ds = started(
         ShardDataset(fx.root, batch_size=16, window=1, decode_process=True, decode_ahead=False)
     )
-    dec = ds._decoder()
+    dec = ds.engine_here().decoder()
     assert dec is not None
     os.kill(dec.proc.pid, signal.SIGKILL)
     t0 = time.monotonic()
@@ -151,7 +154,8 @@ def test_workers_forked_after_the_main_process_decoded_do_their_own(
     key = lambda b: b["sample_id"][0].item()  # noqa: E731 - worker batches interleave: compare by content
     assert_same(sorted(main, key=key), sorted(forked, key=key))
     assert (
-        ds._decoder_state is not None and ds._decoder_state[1].proc.poll() is None
+        ds.engine_here().decoder_state is not None
+        and ds.engine_here().decoder_state.proc.poll() is None
     )  # still serving the parent
 
 
@@ -166,8 +170,8 @@ def test_a_one_window_split_decodes_here_and_never_starts_a_decoder_process(
     one = ShardDataset(fx.root, decode_process=True, window=64, **kw)
     several = ShardDataset(fx.root, decode_process=True, window=1, **kw)
     got = batches(one)
-    assert one._decoder_state is None
+    assert one.engine_here().decoder_state is None
     assert_same(got, batches(ShardDataset(fx.root, decode_process=False, window=64, **kw)))
     assert len(got) > 0 and len(several.entries) > 1
     batches(several)
-    assert several._decoder_state is not None
+    assert several.engine_here().decoder_state is not None

@@ -372,8 +372,9 @@ def test_window_of_the_whole_split_is_decoded_once(fx: Any, decode_process: bool
 
     def run(ds: ShardDataset) -> tuple[list[np.ndarray], int]:
         calls: list[int] = []
-        decode = ds._decode_window
-        ds._decode_window = lambda *a, **k: calls.append(a[0]) or decode(*a, **k)  # type: ignore[method-assign]
+        engine = ds.engine_here()
+        decode = engine.decode_window
+        engine.decode_window = lambda *a, **k: calls.append(a[0]) or decode(*a, **k)  # type: ignore[method-assign]
         dl, ids = ShardLoader(ds), []
         for e in range(3):
             dl.set_epoch(e)

@@ -55,8 +55,10 @@ def _read_and_drop(root: Path, workers: int) -> tuple[weakref.ref[ShardDataset],
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         assert sum(1 for _ in loader) > 0
-    assert ds._decoder_state is not None, "the default engine decodes in a decoder process"
-    proc = ds._decoder_state[1].proc
+    assert ds.engine_here().decoder_state is not None, (
+        "the default engine decodes in a decoder process"
+    )
+    proc = ds.engine_here().decoder_state.proc
     return weakref.ref(ds), proc
 
 

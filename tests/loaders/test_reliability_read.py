@@ -26,9 +26,9 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
-from loaders.integrity import DatasetRebuilt
+from loaders.format.integrity import DatasetRebuilt
+from loaders.format.readers import read_shard
 from loaders.loader import LoaderTimeout
-from loaders.shardio import read_shard
 from pipeline.writers import Codec, get_writer
 from tests import hostile
 
@@ -293,7 +293,7 @@ def test_stopped_decoder_process(
     want = _drain(ShardLoader(ShardDataset(built["zarr"], decode_process=False, **kw)))  # type: ignore[arg-type]
     ds = ShardDataset(built["zarr"], decode_process=True, **kw)  # type: ignore[arg-type]
     dl = ShardLoader(ds, timeout=case.data)  # the loader's timeout covers the decoder process too
-    dec = started(ds)._decoder()
+    dec = started(ds).engine_here().decoder()
     assert dec is not None and dec.timeout == case.data
     os.kill(dec.proc.pid, signal.SIGSTOP)
     try:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from loaders import ShardDataset, ShardLoader
-from loaders.collate import Payload, Shipped, to_shared
-from loaders.device import unpack_batches
 from loaders.engine import ring
+from loaders.engine.device import unpack_batches
+from loaders.engine.transport import Payload, Shipped, to_shared
 
 TIMEOUT = 60
 pytestmark = pytest.mark.skipif(not ring.AVAILABLE, reason="no memfd_create on this platform")

@@ -98,7 +98,7 @@ def test_a_loader_survives_one_real_rebuild_and_is_told_after_two(
     with generation 1's cells after generation 2 is committed mid-epoch (its shards are kept),
     and gets the "rebuilt; reopen" error once generation 3 has deleted them."""
     from loaders import ShardDataset, ShardLoader
-    from loaders.integrity import DatasetRebuilt
+    from loaders.format.integrity import DatasetRebuilt
 
     out = tmp_path / "out"
     build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)

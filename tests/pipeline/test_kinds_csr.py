@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sps
 
 from loaders import format as fmt
-from loaders.shardio import read_shard
+from loaders.format.readers import read_shard
 from pipeline.build import build
 from pipeline.errors import SourceError
 from pipeline.manifest import Manifest, SourceSpec

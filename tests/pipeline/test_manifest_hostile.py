@@ -157,3 +157,26 @@ def test_a_list_of_names_refuses_an_empty_name_and_a_list_of_labels_keeps_it(
         "absent": (),
     }
     assert read(m, "fields", {"d": ""}, {"d": strings}) == {"d": ("",)}
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "problem"),
+    [
+        ("[ct]\nwindw = 'lung'\n", "ct.windw", "unknown key; did you mean 'window'?"),
+        ("[split]\ngruop = 'file'\n", "split.gruop", "unknown key; did you mean 'group'?"),
+        ("[ct]\nwindow = 'lnug'\n", "ct.window", "did you mean 'lung'?"),
+        ("[ct]\nmin_points = '100'\n", "ct.min_points", "expected an integer, got str '100'"),
+        ("ct = 3\n", "ct", "must be a table"),  # was a TypeError traceback
+        ("[ct]\norientation = false\n", "ct.orientation", "expected a string, got a boolean"),
+    ],
+)
+def test_a_careless_key_is_refused_naming_it_and_the_nearest_known_one(
+    tmp_path: Path, body: str, key: str, problem: str
+) -> None:
+    _volumes(tmp_path)
+    text = HEAD + '[[sources]]\npath = "src/sub/*.npy"\n'
+    m = tmp_path / "m.toml"
+    m.write_text(body + text if not body.startswith("[") else text + body)
+    with pytest.raises(ManifestError) as e:
+        load_manifest(m)
+    assert (e.value.key, str(m)) == (key, e.value.manifest) and problem in e.value.problem

@@ -106,7 +106,7 @@ class FullDisk:
 def test_full_disk_is_a_clear_error_and_keeps_no_partial_file(
     case: hostile.Case, tmp_path: Path
 ) -> None:
-    from loaders.schema import ShardEntry
+    from loaders.format.values import ShardEntry
 
     entry = ShardEntry("s-0.tar", "train", 1, {"cells": 1}, 100, 100, "", "k")
     cache = NodeCache("s3://fake/ds", tmp_path / "c" / "u" / "d", tmp_path / "c", "tar")
@@ -170,7 +170,7 @@ class Bytes:
 def test_pinned_shards_are_never_evicted_and_a_full_limit_fails_not_hangs(
     case: hostile.Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loaders.schema import ShardEntry
+    from loaders.format.values import ShardEntry
 
     monkeypatch.setattr(cache_mod, "WAIT_S", 0.5)
     e1, e2 = (ShardEntry(f"s-{i}.tar", "train", 1, {"cells": 1}, 100, 100, "", "k") for i in (1, 2))

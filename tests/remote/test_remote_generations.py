@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from loaders import ShardDataset
-from loaders.integrity import DatasetRebuilt
+from loaders.format.integrity import DatasetRebuilt
 from loaders.remote import open_store
 from loaders.remote.store import RemoteNotFound
 from tests import hostile

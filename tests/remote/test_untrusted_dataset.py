@@ -202,11 +202,11 @@ def test_a_name_reaching_the_cache_another_way_stays_inside(
     shard entry built in code, past the index parser)."""
     from urllib.parse import quote
 
+    from loaders.format.values import ShardEntry
     from loaders.remote.cache import CacheError, NodeCache
     from loaders.remote.download import download_tree
     from loaders.remote.ledger import evict
     from loaders.remote.store import RemoteError
-    from loaders.schema import ShardEntry
 
     cache_dir, outside = tmp_path / "cache", tmp_path / "outside"
     root = cache_dir / "u" / "d"

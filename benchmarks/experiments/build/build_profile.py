@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parents[3]
 LEAVES: dict[str, list[tuple[str, ...]]] = {
     "h5py reads (limit: block reads)": [("h5py/_hl/dataset.py", "__getitem__")],
     "Blosc encode (limit: X; also the plan's tables)": [("zarr_direct.py", "encode")],
-    # xxh3-128 from index version 4 (loaders.digests); sha256 when profiling an older checkout
+    # xxh3-128 from index version 4 (loaders.format.digests); sha256 when profiling an older checkout
     "digest of sources (fingerprints)": [
         ("~", "<method 'update' of '_hashlib.HASH' objects>", "file_digest"),
         ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "file_digest"),
         ("~", "<method 'readinto' of '_io.BufferedReader' objects>", "file_digest"),
-        # from a reused buffer (loaders.digests.feed_file)
+        # from a reused buffer (loaders.format.digests.feed_file)
         ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "feed_file"),
         ("~", "<method 'readinto' of '_io.FileIO' objects>", "feed_file"),
     ],
@@ -48,7 +48,7 @@ LEAVES: dict[str, list[tuple[str, ...]]] = {
         ("~", "<method 'update' of '_hashlib.HASH' objects>", "content_hash"),
         ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "content_hash"),
         ("~", "<method 'read' of '_io.BufferedReader' objects>", "<lambda>"),
-        # mapped windows of the files just written (loaders.digests.feed_mapped)
+        # mapped windows of the files just written (loaders.format.digests.feed_mapped)
         ("~", "<method 'update' of 'xxhash.xxh3_128' objects>", "feed_mapped"),
     ],
     "sha256 of plan keys": [("~", "<method 'update' of '_hashlib.HASH' objects>", "plan_key")],

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loaders.files import content_hash
+from loaders.format.files import content_hash
 
 REPO = Path(__file__).resolve().parents[3]
 DEMOS = ("demo", "demo_spike", "demo_ct")

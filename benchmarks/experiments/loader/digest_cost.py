@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loaders import format as fmt
-from loaders.indexcheck import check_index_digest
+from loaders.format.index_check import check_index_digest
 
 SIZES = ((50, 2000, 100), (1000, 20000, 2000), (10000, 60000, 20000), (100000, 60000, 100000))
 

@@ -28,10 +28,10 @@ from torch.utils.data import get_worker_info
 
 from benchmarks.interleaved import Stream, scipy_dense
 from benchmarks.measure import EpochChain, load_csr
-from loaders import order
-from loaders.collate import to_shared
 from loaders.dataset import ShardDataset
 from loaders.engine.ring import worker_ring
+from loaders.engine.transport import to_shared
+from loaders.epoch import order
 
 
 class WindowDealt(ShardDataset):
@@ -39,10 +39,11 @@ class WindowDealt(ShardDataset):
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
-        if info is None or self.shipping is None:
+        shipping = self.settings.shipping
+        if info is None or shipping is None:
             yield from super().__iter__()
             return
-        epoch, start = self._iteration()
+        epoch, start = self.plan.iteration()
         wstarts = order.window_bounds(self.counts, self.seed, epoch, self.window, self.shuffle)[1]
         plan_of = self._plans(epoch, wstarts)
         mine = [
@@ -50,12 +51,13 @@ class WindowDealt(ShardDataset):
             for j in range(start, self.num_batches(epoch))
             if plan_of(j)[1][0] % info.num_workers == info.id
         ]
-        self._broker_address = None  # decode here: no broker, no decoder process
+        engine = self.engine_here()
+        engine.broker_address = None  # decode here: no broker, no decoder process
         self.decode_process = False
-        served = self._serve(epoch, iter(mine), info.id, info.num_workers)
-        ring = worker_ring(self.shipping.ring_slots)
-        while chunk := list(islice(served, self.shipping.batches)):
-            yield to_shared(chunk, self.output, ring)
+        served = engine.serve(epoch, iter(mine), info.id, info.num_workers)
+        ring = worker_ring(shipping.ring_slots)
+        while chunk := list(islice(served, shipping.batches)):
+            yield to_shared(chunk, self.settings.output, ring)
 
 
 def stream(root: str, window: int, workers: int, dealt: bool) -> Stream:

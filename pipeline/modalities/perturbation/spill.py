@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders import format as fmt
-from loaders import kernels
+from loaders.samples import kernels
 from pipeline.buffers import GATHERED, STAGE, thread_scratch
 
 ENTRY_ARRAYS = {
@@ -145,7 +145,7 @@ def gather_rows(
     out_data: np.ndarray,
 ) -> None:
     """Rows `order` of the CSR (ptr, indices, data), concatenated into the given buffers
-    (loaders.kernels)."""
+    (loaders.samples.kernels)."""
     kernels.row_gather(
         ptr.astype(indices.dtype, copy=False), indices, data, order, out_indices, out_data
     )

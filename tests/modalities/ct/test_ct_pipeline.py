@@ -139,7 +139,7 @@ def test_index_records_verify_and_inspect(built: Path) -> None:
 
 
 def fmt_read(index: fmt.Index, entry: fmt.ShardEntry) -> dict[str, np.ndarray]:
-    from loaders.shardio import read_shard
+    from loaders.format.readers import read_shard
 
     return read_shard(
         index.shard_path(entry), index.encoding, fmt.shard_keys(index.fields, index.tables)

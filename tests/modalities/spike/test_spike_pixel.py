@@ -18,6 +18,7 @@ import torch
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
+from loaders.format.readers import read_shard
 from loaders.modalities.spike.ops import (
     POPCOUNT,
     crop_pixels,
@@ -27,7 +28,6 @@ from loaders.modalities.spike.ops import (
 )
 from loaders.modalities.spike.samples import crop_bits, crop_offsets, voxel_numpy
 from loaders.modalities.spike.torch_ops import popcount8, voxel_pixel_torch, voxel_torch
-from loaders.shardio import read_shard
 from pipeline.build import build
 from pipeline.modalities.spike.demo import vidar_bytes
 

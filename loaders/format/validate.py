@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from loaders.format import FormatError
-from loaders.schema import FieldSpec
+from loaders.format.values import FieldSpec
 
 
 def validate_columns(

@@ -50,7 +50,7 @@ def modality_modules() -> tuple[tuple[str, str], ...]:
     ``PYTHONPATH`` without ``pip install`` (no entry-point metadata: a GPU node, a cluster's
     shared folder) finds them too."""
     found = {ep.name: ep.value.split(":")[0] for ep in entry_points(group=GROUP)}
-    builtin = importlib.import_module(f"{__package__}.modalities")
+    builtin = importlib.import_module("loaders.modalities")
     for info in pkgutil.iter_modules(builtin.__path__):
         if info.ispkg:
             found.setdefault(info.name, f"{builtin.__name__}.{info.name}")

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loaders.digests import tagged
-from loaders.errors import FormatError
-from loaders.names import checked_name
+from loaders.format.digests import tagged
+from loaders.format.errors import FormatError
+from loaders.format.names import checked_name
 
 LAYOUTS = (
     "dense",
@@ -41,7 +41,7 @@ class FieldSpec:
     shape: tuple[int, ...] = ()
     bound: int | None = None
     codec: Mapping[str, Any] | None = (
-        None  # this field's own codec (loaders.fieldcodecs), else the dataset's
+        None  # this field's own codec (loaders.format.codecs), else the dataset's
     )
 
     def __post_init__(self) -> None:
@@ -146,7 +146,7 @@ class ShardEntry:
     units: Mapping[str, int]
     bytes: int  # on disk
     raw_bytes: int  # uncompressed payload
-    digest: str  # content digest, algorithm named ("xxh3_128:<hex>"; loaders.digests)
+    digest: str  # content digest, algorithm named ("xxh3_128:<hex>"; loaders.format.digests)
     plan_key: str
     source: int = -1  # manifest source ordinal whose rows it holds (-1 if mixed or not applicable)
     part: int = 0  # shard number within its (source, split)

@@ -1,6 +1,6 @@
 """Which window each batch reads, and which window a worker should decode next.
 
-Pure bookkeeping over :mod:`loaders.order` (no I/O, no threads): :func:`batch_segments` turns a
+Pure bookkeeping over :mod:`loaders.epoch.order` (no I/O, no threads): :func:`batch_segments` turns a
 batch's global positions into runs inside one window each, and :class:`WindowSchedule` walks a
 worker's batches telling the dataset which windows the current batch needs and which one comes
 next (to decode meanwhile).
@@ -23,7 +23,7 @@ def batch_segments(
     """Batch ``j`` of ``rank`` as runs of window positions (``bounds``: window starts, then the
     total).
 
-    The batch's global positions (:func:`loaders.order.batch_positions`) are ``(k + rank *
+    The batch's global positions (:func:`loaders.epoch.order.batch_positions`) are ``(k + rank *
     per_rank) % N`` for rank positions ``k``: contiguous but for the wrap (padding) and window
     ends, so a batch is one segment in the common case and never more than a few."""
     total = int(bounds[-1])
@@ -35,13 +35,13 @@ def batch_segments(
 
 def range_segments(bounds: Sequence[int], start: int, stop: int) -> Plan:
     """Global positions ``[start, stop)`` (wrapping modulo the total: padding) as runs inside one
-    window each: a batch of variable size, as :mod:`loaders.budget` plans them."""
+    window each: a batch of variable size, as :mod:`loaders.epoch.budget` plans them."""
     return _walk(bounds, start % max(int(bounds[-1]), 1), stop - start)
 
 
 def runs_segments(bounds: Sequence[int], runs: Sequence[tuple[int, int]]) -> Plan:
     """Runs ``(first global position, length)`` of one batch, in order (a physical rank's slice of
-    a global batch, :func:`loaders.elastic.slice_runs`), as runs inside one window each."""
+    a global batch, :func:`loaders.epoch.elastic.slice_runs`), as runs inside one window each."""
     if len(runs) == 1:  # the common case: the rank reads one canonical partition
         return _walk(bounds, runs[0][0] % max(int(bounds[-1]), 1), runs[0][1])
     segments: list[Segment] = []

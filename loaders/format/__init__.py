@@ -2,8 +2,8 @@
 
 This is the only module that knows key names inside a shard and the layout of ``index.json`` (the
 value types the index is made of, ``FieldSpec``, ``ShardEntry`` and ``ConditionsRef``, live in
-``loaders.schema`` and are re-exported here; what a reader does with the index's digest is
-``loaders.indexcheck``). A dataset is a folder ``OUT/`` holding ``index.json`` (the commit point)
+``loaders.format.values`` and are re-exported here; what a reader does with the index's digest is
+``loaders.format.index_check``). A dataset is a folder ``OUT/`` holding ``index.json`` (the commit point)
 and ``shards/*``. Every shard stores the same *logical columns* whatever its encoding (zarr store
 or tar):
 
@@ -30,17 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loaders.errors import FormatError  # noqa: F401 (part of this contract)
-from loaders.fieldcodecs import get_field_codec
-from loaders.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
-from loaders.plugins import (
-    check_plugins_allowed,
-    format_keys,
-    load_loader_modalities,
-    load_plugin,
-)
-from loaders.registry import Registry
-from loaders.schema import (  # noqa: F401 (the value types of this contract: fmt.FieldSpec, ...)
+from loaders.format.codecs import get_field_codec
+from loaders.format.errors import FormatError  # noqa: F401 (part of this contract)
+from loaders.format.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
+from loaders.format.values import (  # noqa: F401 (the value types of this contract: fmt.FieldSpec, ...)
     LAYOUTS,
     ConditionsRef,
     FieldSpec,
@@ -50,6 +43,13 @@ from loaders.schema import (  # noqa: F401 (the value types of this contract: fm
     ragged_keys,
     shard_keys,
 )
+from loaders.plugins import (
+    check_plugins_allowed,
+    format_keys,
+    load_loader_modalities,
+    load_plugin,
+)
+from loaders.plugins.registry import Registry
 
 FORMAT_NAME = "shardsmith"
 # index version -> the upgrade of that version's document to the current layout. An old version
@@ -62,7 +62,7 @@ SHARD_VERSION = (
 )
 # the layout of index.json. 5: the digest covers ``plugins`` (the modules a reader imports), and
 # every key of DIGEST_KEYS must be in it. 4: content digests name their algorithm (shards, condition table,
-# sources: "digest": "xxh3_128:<hex>", loaders.digests); 3: fields may name a codec; 2: kinds.
+# sources: "digest": "xxh3_128:<hex>", loaders.format.digests); 3: fields may name a codec; 2: kinds.
 # Every older version is still read (1 converted by ``read_index``; 2-3 store bare sha256 digests)
 INDEX_VERSION = 5
 FULL_DIGEST_INDEX_VERSION = 5  # the first version whose digest must cover every DIGEST_KEYS
@@ -238,7 +238,7 @@ class Index:
 # section), the condition table reference, the shard list with each shard's counts, and the number
 # of records the plan placed. A digest of each is stored at build; `verify` recomputes them, and so
 # does a ShardDataset at open (an entry removed or labels swapped would be served without an error):
-# loaders.indexcheck.
+# loaders.format.index_check.
 DIGEST_KEYS = (
     "conditions",
     "control_labels",
@@ -293,7 +293,7 @@ def read_index(
     the file). Imports the read-side plug-in modules it names (``plugins``), each only if allowed
     (``trust_plugins``: True for every one it names, or the allowed names; an installed modality
     needs no allowance: ``loaders.plugins.check_plugins_allowed``); one not allowed, or missing,
-    is a ``PluginError``. Every file name it holds is checked (``loaders.names``)."""
+    is a ``PluginError``. Every file name it holds is checked (``loaders.format.names``)."""
     path = index_path(root)
     try:
         raw = json.loads(read_index_bytes(root) if data is None else data)

@@ -13,7 +13,7 @@ row, a pair
   loader plans epochs from ``index.json`` alone and checks every shard's count before serving it;
 * how a batch is assembled from gathered rows (:meth:`SampleType.assemble`), using one gather
 function per
-  field layout (dense, csr, ragged) shared by every sample type (``loaders.gather``).
+  field layout (dense, csr, ragged) shared by every sample type (``loaders.samples.gather``).
 
 Load-time options (``num_bins=5``, ``crop=(256, 256)``...) are keyword arguments of the
 constructor, validated there; :meth:`get_config` / :func:`from_config` round-trip them through
@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from loaders.format import Index
+from loaders.format.values import ShardEntry
 from loaders.plugins import load_loader_modalities, load_plugin
-from loaders.registry import Registry
-from loaders.schema import ShardEntry
+from loaders.plugins.registry import Registry
 
 if TYPE_CHECKING:
-    from loaders.gather import BatchRows
-    from loaders.payload import Payload
+    from loaders.samples.gather import BatchRows
+    from loaders.samples.payload import Payload
 
 
 class SampleType(ABC):

@@ -6,7 +6,7 @@ Why a module of its own, in ``loaders``: those files are data anyone who can wri
 the bucket controls, and every one of their names ends up joined to a folder and written,
 renamed or deleted there (a shard downloaded into the node cache, a retired file deleted by a
 rebuild). The rule is checked once, where such a name is parsed, by the loaders
-(``loaders.schema``, ``loaders.remote``) and by the pipeline (``pipeline.paths``, which adds the
+(``loaders.format.values``, ``loaders.remote``) and by the pipeline (``pipeline.paths``, which adds the
 check against folder links that only a local folder needs); ``loaders`` never imports
 ``pipeline``, so the rule lives here, below both.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from loaders.errors import FormatError
+from loaders.format.errors import FormatError
 
 SHAPE = "a build writes names such as 'train-000-001-<16 hex>.zarr' or 'conditions-<16 hex>.tar'"
 

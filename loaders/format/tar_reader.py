@@ -4,7 +4,7 @@ logical columns.
 
 Why a module of its own: a tar shard is parsed member by member with the stdlib (one sequential
 pass, each ``.npy`` header checked and its payload viewed in place), which shares nothing with the
-zarr reader beyond the column keys; ``loaders.shardio`` registers :func:`read_tar_shard` as the
+zarr reader beyond the column keys; ``loaders.format.readers`` registers :func:`read_tar_shard` as the
 ``tar`` reader beside zarr's. Key names still come from ``loaders.format``. The one lock every
 ``.npy`` header parse goes through (:func:`read_npy_header`) is here too, with its main user; the
 CT pipeline's ``.npy`` source takes it from here.
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from loaders.engine.forksafe import fork_safe_lock
-from loaders.fieldcodecs import get_field_codec
 from loaders.format import FORMAT_NAME, SHARD_VERSION, FormatError
+from loaders.format.codecs import get_field_codec
+from loaders.format.forksafe import fork_safe_lock
 
 # -- tar (WebDataset-compatible) -------------------------------------------------------------------
 # Layout shared with pipeline/writers/tar_writer.py (the writer imports these names, so both sides
@@ -84,7 +84,7 @@ def read_tar_shard(
     path: Path, keys: Sequence[str], data: bytes | None = None
 ) -> dict[str, np.ndarray]:
     """One sequential pass with the stdlib; members of columns not asked for are skipped, not read.
-    ``data``: the file's bytes, read (and checked) already by ``loaders.integrity``."""
+    ``data``: the file's bytes, read (and checked) already by ``loaders.format.integrity``."""
     path = Path(path)
     try:
         with (
@@ -225,7 +225,7 @@ def _member_bytes(
     return data
 
 
-NPY_HEADER_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
+NPY_HEADER_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/format/forksafe.py)
 
 
 def read_npy_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:

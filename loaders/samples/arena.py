@@ -9,9 +9,9 @@ An *arena* holds the columns a sample type reads, by field layout:
   shard's;
 * ``ragged`` ``<name>/offsets`` (int64 ``[R+1]``, rebased likewise), ``<name>/values``.
 
-Decoding writes each shard straight into its slice (:meth:`loaders.shardio.Column.read_into`): no
+Decoding writes each shard straight into its slice (:meth:`loaders.format.readers.Column.read_into`): no
 concatenation, no re-encoding; a batch then gathers rows with one vectorised call per field
-(:mod:`loaders.gather`). The big arrays are recycled by a :class:`BufferPool` (fresh memory costs
+(:mod:`loaders.samples.gather`). The big arrays are recycled by a :class:`BufferPool` (fresh memory costs
 a page fault per 4 KiB), or live in a shared slab filled by the decoder process
 (:mod:`loaders.engine.decoder`), which is why an arena is nothing but named arrays plus a
 JSON-able layout map.
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from loaders.schema import FieldSpec
+from loaders.format.values import FieldSpec
 
 ALIGN = 64
 KEEP_BYTES = 1 << 20  # arrays at least this big go back to the pool on release

@@ -1,30 +1,23 @@
-"""Physical shard encodings, read side: a registry of readers that return the logical columns.
-
-A reader knows how bytes are laid out (zarr store, tar members), never what a column means: key
-names come from ``loaders.format``. The zarr reader (and :class:`Column`, which decodes a column
-into a caller's buffer) is here; the tar encoding, member layout and reader, is
-``loaders.tarshard``, registered below.
+"""The zarr v3 shard encoding, read side: zarr-python reads a shard's columns, and a column can
+decode straight into a caller's buffer (:class:`Column`), so the loader reuses one buffer pool
+across windows. Registered as reader ``"zarr"`` by :mod:`loaders.format.readers`; the tar encoding
+is :mod:`loaders.format.tar_reader`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loaders.engine.forksafe import fork_safe_lock
-from loaders.fieldcodecs import load_zarr_codecs
 from loaders.format import FormatError
-from loaders.registry import Registry
-from loaders.tarshard import read_tar_shard
-
-ShardReader = Callable[[Path, Sequence[str]], dict[str, np.ndarray]]
-READERS: Registry[ShardReader] = Registry("shard encoding", error=FormatError)
+from loaders.format.codecs import load_zarr_codecs
+from loaders.format.forksafe import fork_safe_lock
 
 
 def _zarr_lock_after_fork() -> None:
@@ -42,7 +35,7 @@ if hasattr(os, "register_at_fork"):
 
 _ZARR_IMPORT_LOCK = (
     fork_safe_lock()
-)  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
+)  # a forked worker gets it unlocked (loaders/format/forksafe.py)
 
 
 def import_zarr() -> None:
@@ -55,13 +48,6 @@ def import_zarr() -> None:
         import zarr  # noqa: F401
         import zarr.core.buffer  # noqa: F401
         import zarr.storage  # noqa: F401
-
-
-def register_reader(encoding: str) -> Callable[[ShardReader], ShardReader]:
-    def deco(fn: ShardReader) -> ShardReader:
-        return READERS.register(encoding, fn)
-
-    return deco
 
 
 # -- zarr v3
@@ -128,7 +114,7 @@ class Column:
 
 def open_zarr_columns(path: Path, keys: Sequence[str], store: Any = None) -> dict[str, Column]:
     """Open the arrays ``keys`` (metadata only, no chunk is read); errors name the shard. ``store``:
-    a zarr store holding the shard's bytes already (``loaders.integrity`` reads and checks them
+    a zarr store holding the shard's bytes already (``loaders.format.integrity`` reads and checks them
     first), else the folder."""
     import_zarr()
     import zarr  # import weight: zarr (~0.3 s), only for zarr shards
@@ -155,30 +141,5 @@ def open_zarr_columns(path: Path, keys: Sequence[str], store: Any = None) -> dic
         raise FormatError(f"{path}: cannot read shard ({type(e).__name__}: {e})") from e
 
 
-@register_reader("zarr")
 def read_zarr_shard(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
     return {k: c.read() for k, c in open_zarr_columns(Path(path), keys).items()}
-
-
-READERS.register("tar", read_tar_shard)  # loaders/tarshard.py
-
-
-def open_shard(path: str | Path, encoding: str, keys: Sequence[str]) -> dict[str, Column]:
-    """The columns ``keys`` of a shard, to decode into buffers of the caller's
-    (``Column.read_into``). zarr reads only metadata here; other encodings are decoded whole by
-    their reader."""
-    path = Path(path)
-    if encoding == "zarr" and path.exists():
-        return dict(open_zarr_columns(path, keys))
-    return {
-        k: Column(path, k, a.shape, a.dtype, a) for k, a in read_shard(path, encoding, keys).items()
-    }
-
-
-def read_shard(path: str | Path, encoding: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    path = Path(path)
-    if not path.exists():
-        raise FormatError(f"{path}: shard is missing")
-    if encoding not in READERS:
-        raise FormatError(f"{path}: no reader for encoding {encoding!r} (known: {READERS.names()})")
-    return READERS.get(encoding)(path, keys)

@@ -23,7 +23,7 @@ global batches ``j..T-1``: every unit not yet served, repeats fewer than one glo
 none when ``N`` is a multiple of ``G``. When ``M`` divides ``K`` a rank reads only its ``K/M``
 partitions' windows; otherwise at most ``K/M + 1`` partitions.
 
-Budget batches (:mod:`loaders.budget`, a voxel budget per batch): the ``K``-partition plan has
+Budget batches (:mod:`loaders.epoch.budget`, a voxel budget per batch): the ``K``-partition plan has
 ``K*T`` batches, partition ``k`` owning ``[k*T, (k+1)*T)``. Step-major, canonical batch ``i`` of
 the flat sequence is partition ``i mod K``'s batch ``i // K``. A run that starts at flat offset
 ``o`` on ``M`` ranks gives rank ``r`` flat batches ``o + r, o + r + M, ...``; the last step wraps to
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loaders import order
+from loaders.epoch import order
 
 Run = tuple[int, int]  # (first global position, length): positions first, first + 1, ... mod N
 
@@ -125,7 +125,7 @@ def budget_steps(n_batches: int, world: int, offset: int) -> int:
 def budget_rank_ids(
     n_batches: int, partitions: int, world: int, rank: int, offset: int
 ) -> np.ndarray:
-    """Plan batch ids (into :func:`loaders.budget.budget_bounds`' bounds) of ``rank``'s batches,
+    """Plan batch ids (into :func:`loaders.epoch.budget.budget_bounds`' bounds) of ``rank``'s batches,
     in order: flat batches ``offset + rank + t*world``, the last step wrapping to ``offset``."""
     if n_batches % partitions:
         raise ValueError(f"{n_batches} budget batches do not divide among {partitions} partitions")

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import xxhash
 
-from loaders.errors import FormatError
-from loaders.registry import Registry
+from loaders.format.errors import FormatError
+from loaders.plugins.registry import Registry
 
 
 class Hasher(Protocol):

@@ -13,7 +13,7 @@ Vocabulary:
   depend on the world size, the number of workers or the batch size;
 * rank ``r`` of ``world`` takes the contiguous slice ``[r*n, (r+1)*n)`` of global positions (on
   another world, a resumed epoch keeps these slices as *canonical partitions* and each physical
-  rank reads its share of every step: :mod:`loaders.elastic`);
+  rank reads its share of every step: :mod:`loaders.epoch.elastic`);
   batch ``j`` of a rank covers its positions ``[j*B, (j+1)*B)``; worker ``w`` of ``W`` takes runs of
   ``group`` consecutive batches, runs ``w, w + W, ...`` from ``start``, so the DataLoader's
   round-robin over

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import warnings
 
-from loaders.errors import FormatError
 from loaders.format import (
     DIGEST_KEYS,
     FIRST_DIGEST_KEYS,
@@ -22,6 +21,7 @@ from loaders.format import (
     index_digest,
     index_path,
 )
+from loaders.format.errors import FormatError
 
 
 def digest_mismatch(index: Index) -> list[str] | None:

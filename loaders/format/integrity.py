@@ -27,12 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loaders.digests import matches
-from loaders.engine.forksafe import fork_safe_lock
 from loaders.format import FormatError, index_sha256, read_index_bytes
-from loaders.schema import FieldSpec
-from loaders.shardio import Column, import_zarr, open_zarr_columns
-from loaders.tarshard import read_tar_shard
+from loaders.format.digests import matches
+from loaders.format.forksafe import fork_safe_lock
+from loaders.format.readers import Column, import_zarr, open_zarr_columns
+from loaders.format.tar_reader import read_tar_shard
+from loaders.format.values import FieldSpec
 
 ON_CORRUPT = (
     "raise",
@@ -89,12 +89,12 @@ def _files(path: Path) -> list[Path]:
 # from user space), so only silent media corruption after the first check goes unseen;
 # ``verify="always"`` hashes every read.
 _VERIFIED: dict[str, tuple[tuple[tuple[object, ...], ...], str]] = {}
-_VERIFIED_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
+_VERIFIED_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/format/forksafe.py)
 
 
 def read_checked(path: Path, digest: str | None, always: bool = False) -> dict[str, bytes]:
     """Every file of a shard (a zarr folder: relative path -> bytes; a single file: ``{"":
-    bytes}``), its content checked against ``digest`` (named: ``loaders.digests``) unless that is
+    bytes}``), its content checked against ``digest`` (named: ``loaders.format.digests``) unless that is
     None or empty (an index that records none): on the first read in this process, whenever a
     file's identity changed since, or always (``always``)."""
     if not path.exists():

@@ -1,23 +1,23 @@
-"""Batch transport: a :class:`~loaders.payload.Payload` made into tensors (gathers:
-:mod:`loaders.gather`).
+"""Batch transport: a :class:`~loaders.samples.payload.Payload` made into tensors (gathers:
+:mod:`loaders.samples.gather`).
 
 In the main process batches are zero-copy tensors (:func:`to_tensors`). A DataLoader worker ships
 ONE buffer per run of consecutive batches (:func:`to_shared` -> :class:`Shipped`, finished values
 written straight into it), in a reused slot of its :mod:`loaders.engine.ring` when one is free:
 torch otherwise creates a shared-memory segment per tensor (~1 ms each here), and even one
 segment per batch cost more than gathering it. The consumer splits it back into views
-(:func:`loaders.device.unpack_batches`), on the GPU after a single host-to-device copy.
+(:func:`loaders.engine.device.unpack_batches`), on the GPU after a single host-to-device copy.
 
 ``output`` (:data:`OUTPUTS`): ``"dense"`` finishes deferred items here (numpy); ``"parts"`` ships
 every deferred item's parts so that the consumer finishes them (on the device:
-:func:`loaders.device.assemble`); ``"positions"`` is ``"parts"`` with every item in its device form
+:func:`loaders.engine.device.assemble`); ``"positions"`` is ``"parts"`` with every item in its device form
 (:meth:`Deferred.for_device`), for a device that finishes them. Any other output is a *form name*:
 ``"dense"`` with each item in that form if it has one (:meth:`Deferred.as_form`: e.g. a sample
 type's ``"csr"`` or ``"sparse"`` rows).
 
 Whatever the output, an item whose :attr:`~Deferred.delivery` is ``PARTS`` reaches the user as its
 parts, ``key.<part>`` tensors (zero-copy views of what the sample type made), and one of a
-torch-only op (:func:`loaders.ops.register_torch_only_op`) as its torch finisher's value. A shipped
+torch-only op (:func:`loaders.samples.ops.register_torch_only_op`) as its torch finisher's value. A shipped
 item is ``key + "." + part`` tensors, plus ``key + META`` = (op, meta, part names) unless the user
 gets the parts.
 """
@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaders.engine.arena import ALIGN, Arena, BufferPool
 from loaders.engine.ring import Ring, receive
-from loaders.gather import BatchRows, Rows
-from loaders.ops import TORCH_OPS, is_torch_only
-from loaders.payload import PARTS, Deferred, Payload
+from loaders.samples.arena import ALIGN, Arena, BufferPool
+from loaders.samples.gather import BatchRows, Rows
+from loaders.samples.ops import TORCH_OPS, is_torch_only
+from loaders.samples.payload import PARTS, Deferred, Payload
 
 __all__ = [
     "ALIGN",
@@ -122,7 +122,7 @@ class Shipped:
     """What a worker ships for a run of consecutive batches: ONE uint8 buffer (a ring slot or a
     torch shared segment), each batch's layout (:data:`Entry` tuples) and its extras (a shipped
     item's op/meta), and the output form. The consumer splits it with
-    :func:`loaders.device.unpack_batches`, on whatever device the buffer now is. Pickles small
+    :func:`loaders.engine.device.unpack_batches`, on whatever device the buffer now is. Pickles small
     when the buffer is a ring slot (:mod:`loaders.engine.ring`)."""
 
     buffer: torch.Tensor

@@ -2,13 +2,13 @@
 
 CT volumes differ ten-fold in points, so a fixed ``batch_size`` either wastes most of a GPU's
 memory or overflows it on the largest volumes. Here a batch takes as many units as fit in
-``budget``. The epoch's global order is the one :mod:`loaders.order` defines (shards permuted per
+``budget``. The epoch's global order is the one :mod:`loaders.epoch.order` defines (shards permuted per
 epoch, windows shuffled); this module only cuts that order into *variable* batches, so shuffling,
 windows and resume work as for fixed-size batches.
 
 A plan is ``bounds``: int64 ``[K + 1]`` global positions, ``bounds[0] = 0``, strictly increasing;
 batch ``k`` covers positions ``[bounds[k], bounds[k+1])``, positions ``>= N`` wrap modulo ``N``
-(padding repeats units from the start of the order, as :func:`loaders.order.rank_positions`
+(padding repeats units from the start of the order, as :func:`loaders.epoch.order.rank_positions`
 does). Guarantees, for any input:
 
 * every batch's cost is ``<= budget`` (a unit costing more than the budget is an error, raised up
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loaders import order
+from loaders.epoch import order
 
 
 def _costs(costs: np.ndarray | list[int], budget: int) -> np.ndarray:

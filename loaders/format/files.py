@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loaders.digests import DIGEST, Hasher, algorithm, feed_file, finish, hasher, tagged
-from loaders.errors import FormatError
+from loaders.format.digests import DIGEST, Hasher, algorithm, feed_file, finish, hasher, tagged
+from loaders.format.errors import FormatError
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -49,7 +49,7 @@ def process_umask() -> int:
 def content_hash(
     path: str | Path, name: str = DIGEST, feed: Callable[[Hasher, Path], int] = feed_file
 ) -> str:
-    """The named digest (``loaders.digests``; ``name``: the algorithm) of a file, or of a folder
+    """The named digest (``loaders.format.digests``; ``name``: the algorithm) of a file, or of a folder
     as the sorted (relative path, bytes) of every file in it. ``feed``: how a file's bytes reach
     the hasher (``feed_mapped`` for a shard the caller has just written)."""
     path = Path(path)

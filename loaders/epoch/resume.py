@@ -6,7 +6,7 @@ checkpoint, so it is checked like any input: every field's type exactly (``batch
 equal to this loader's, and the dataset's ``fingerprint`` (the split's shards by content hash and
 unit counts, ``WindowReader.fingerprint``) equal, so a state saved on another dataset, or another
 build of this one, with the same unit count is refused too. The world size and per-rank batch
-size may change (elastic resume, :mod:`loaders.elastic`): what must match is their product, the
+size may change (elastic resume, :mod:`loaders.epoch.elastic`): what must match is their product, the
 global batch, and the rest of the epoch keeps the state's layout (``partitions``, ``offset``,
 ``offset_step``).
 """
@@ -113,7 +113,7 @@ def check_state(state: Any, mine: Mapping[str, Any], budgeted: bool = False) -> 
     ``mine`` (this loader's own ``state_dict()``); raises ValueError naming the field otherwise.
 
     The world size may differ: the order is laid out on the state's canonical partitions
-    (:mod:`loaders.elastic`). Fixed-size batches need the same global batch (world size x batch
+    (:mod:`loaders.epoch.elastic`). Fixed-size batches need the same global batch (world size x batch
     size); budget batches (``budgeted``) the same budget, in ``sample_config``. The caller checks
     ``batches_done`` against its batch count under the state's layout."""
     check_types(state)
