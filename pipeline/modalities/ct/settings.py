@@ -46,6 +46,9 @@ class CtSettings:
     min_points: int = 100
     max_points: int | None = 500_000
     features: tuple[str, ...] = FEATURES
+    # an .nhdr may name a data file outside its own folder (../, absolute): off, so a header
+    # cannot pack another file's bytes unasked (docs/CT.md)
+    allow_outside_data: bool = False
 
     def hu_bounds(self) -> tuple[int, int]:
         """Inclusive integer HU bounds of a kept voxel (window, intersected with the band)."""
@@ -73,7 +76,11 @@ class CtSettings:
     def _new_keys(self) -> dict[str, Any]:
         """Keys added with the NIfTI/NRRD/DICOM sources, written only when set: the settings of a
         build that uses neither read exactly as they did before."""
-        new = (("spacing_mm", self.spacing_mm), ("orientation", self.orientation))
+        new = (
+            ("spacing_mm", self.spacing_mm),
+            ("orientation", self.orientation),
+            ("allow_outside_data", self.allow_outside_data or None),
+        )
         return {k: v for k, v in new if v is not None}
 
     @staticmethod
@@ -93,6 +100,7 @@ class CtSettings:
             features=tuple(str(f) for f in d["features"]),
             spacing_mm=_opt(d.get("spacing_mm"), float),
             orientation=_opt(d.get("orientation"), str),
+            allow_outside_data=bool(d.get("allow_outside_data", False)),
         )
 
     @staticmethod
@@ -125,6 +133,7 @@ class CtSettings:
             "features",
             "spacing_mm",
             "orientation",
+            "allow_outside_data",
         }
         unknown = sorted(set(section) - known)
         if unknown:
@@ -202,6 +211,9 @@ class CtSettings:
             raise bad(
                 "max_points", f"{max_points} is below min_points = {min_points} (0 means no cap)"
             )
+        outside = section.get("allow_outside_data", d.allow_outside_data)
+        if not isinstance(outside, bool):
+            raise bad("allow_outside_data", f"expected true or false, got {outside!r}")
         feats = section.get("features", list(d.features))
         if (
             not isinstance(feats, Sequence)
@@ -230,6 +242,7 @@ class CtSettings:
             features=tuple(str(f) for f in feats),
             spacing_mm=spacing_mm,
             orientation=orient,
+            allow_outside_data=outside,
         )
         lo, hi = s.hu_bounds()
         if lo > hi:
