@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -248,7 +248,7 @@ class ShardDataset(
         )
         self.n_cols = getattr(self.sample_type, "n_cols", None)
         self._pool: BufferPool | None = None
-        self._threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = (
+        self._threads: tuple[int, Executor | None, Executor | None] | None = (
             None  # (pid, ...)
         )
         self._ahead: tuple[tuple[int, int], Future[Arena]] | None = (

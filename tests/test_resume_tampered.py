@@ -39,9 +39,7 @@ def datasets(
         return ShardLoader(ShardDataset(cells, batch_size=64, decode_process=False))
 
     def ct_loader() -> ShardLoader:
-        ds = ShardDataset(
-            ct, sample="ct", max_points_per_batch=400, seed=1, decode_process=False
-        )
+        ds = ShardDataset(ct, sample="ct", max_points_per_batch=400, seed=1, decode_process=False)
         return ShardLoader(ds)
 
     return {"cells": cells_loader, "ct": ct_loader}

@@ -190,7 +190,9 @@ def _perturbation(
     paths = build_dataset(tmp_path, "sources", sources=2, cells=200).sources
     labels = {str(x) for p in paths for x in ad.read_h5ad(p).obs["perturbation"]}
     names = sorted(labels - {"control"})
-    np.savez(tmp_path / "feats.npz", **{n: np.full(3, i + 1, np.float32) for i, n in enumerate(names)})
+    np.savez(
+        tmp_path / "feats.npz", **{n: np.full(3, i + 1, np.float32) for i, n in enumerate(names)}
+    )
     manifest = write_manifest(tmp_path / "m.toml")
     manifest.write_text(
         manifest.read_text().replace(
@@ -234,7 +236,9 @@ def test_an_nhdr_reading_outside_its_folder_is_refused(
         + "\n"
     )
     m = ct.manifest(tmp_path, ['path = "v/*.nhdr"'])
-    with pytest.raises(SourceError, match=r"h\.nhdr.*outside the header's folder.*allow_outside_data"):
+    with pytest.raises(
+        SourceError, match=r"h\.nhdr.*outside the header's folder.*allow_outside_data"
+    ):
         build(m, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "index.json").exists()
     allowed = ct.manifest(tmp_path, ['path = "v/*.nhdr"'], extra="allow_outside_data = true")

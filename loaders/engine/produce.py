@@ -18,7 +18,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from functools import partial
 from typing import Any
 
@@ -28,6 +28,7 @@ from torch.utils.data import get_worker_info
 from loaders import order
 from loaders.collate import Arena, Payload, staging_buffer, to_shared, to_tensors
 from loaders.device import prefetch
+from loaders.engine.daemon import DaemonExecutor
 from loaders.engine.schedule import Plan, Segment, WindowSchedule
 from loaders.gather import BatchRows
 
@@ -63,7 +64,7 @@ class BatchProduction:
     batches_ahead: int
     output: str
     staging: bool | None
-    _threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None
+    _threads: tuple[int, Executor | None, Executor | None] | None
     _ahead: tuple[tuple[int, int], Future[Arena]] | None
     _ahead_lock: threading.Lock
     _shared: Any
@@ -82,17 +83,17 @@ class BatchProduction:
             "shard-assemble",
         )
 
-    def _executors(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None]:
+    def _executors(self) -> tuple[Executor | None, Executor | None]:
         """This process's (window, shard) decode threads; they outlive an epoch so that the next
         epoch's first window can be decoded while this epoch's last one is served."""
         if self._threads is None or self._threads[0] != os.getpid():
             window = (
-                ThreadPoolExecutor(1, thread_name_prefix="shard-window")
+                DaemonExecutor(1, "shard-window")
                 if self.decode_ahead
                 else None
             )
             shard = (
-                ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode")
+                DaemonExecutor(self.decode_threads, "shard-decode")
                 if self.decode_threads > 1 and self.window > 1
                 else None
             )

@@ -14,7 +14,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ class WindowSupply:
             self._pool = BufferPool()
         return self._pool
 
-    def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
+    def read_window(self, epoch: int, w: int, pool: Executor | None = None) -> Arena:
         """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process
         holds one (the next epoch's first window while the last is served: with ``window >=
         n_shards`` every epoch is one window of the same shards, so the split is decoded once,
@@ -99,7 +99,7 @@ class WindowSupply:
             self._live = LiveWindows(_recycler(weakref.ref(self)))
         return self._live
 
-    def _decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
+    def _decode_window(self, epoch: int, w: int, pool: Executor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR
         matrix: by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
         # a split of one window is decoded once, then served live to every later epoch: a
