@@ -24,6 +24,7 @@ and recycled (:mod:`loaders.engine.produce`).
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Iterator
@@ -55,10 +56,10 @@ from loaders.engine.window import WindowReader
 from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.indexcheck import check_index_digest
 from loaders.integrity import check_on_corrupt
-from loaders.options import Engine, Integrity, resolve
+from loaders.options import Engine, Integrity, check_sample_options, resolve
 from loaders.remote.ahead import check_limit
 from loaders.remote.resolve import resolve_root
-from loaders.samples import check_sample_type, get_sample_type
+from loaders.samples import SAMPLE_TYPES, check_sample_type, get_sample_type
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -160,6 +161,7 @@ class ShardDataset(
             if not index.samples:
                 raise ValueError(f"{self.root} lists no sample types: name one (sample=...)")
             sample = index.samples[0]
+        check_sample_options(SAMPLE_TYPES.get(sample), sample, sample_options, _OWN_OPTIONS)
         self.sample_type = get_sample_type(sample, **sample_options)
         check_sample_type(self.sample_type, index)
         if batch_size < 1 or window < 1 or seed < 0:
@@ -248,9 +250,7 @@ class ShardDataset(
         )
         self.n_cols = getattr(self.sample_type, "n_cols", None)
         self._pool: BufferPool | None = None
-        self._threads: tuple[int, Executor | None, Executor | None] | None = (
-            None  # (pid, ...)
-        )
+        self._threads: tuple[int, Executor | None, Executor | None] | None = None  # (pid, ...)
         self._ahead: tuple[tuple[int, int], Future[Arena]] | None = (
             None  # ((epoch, window), its decode)
         )
@@ -380,3 +380,11 @@ class ShardDataset(
             if self.shipping is not None and get_worker_info() is not None
             else 1
         )
+
+
+# ShardDataset's own keywords: what a misspelt sample option is compared with
+_OWN_OPTIONS = [
+    p
+    for p in inspect.signature(ShardDataset.__init__).parameters
+    if p not in ("self", "sample_options")
+]

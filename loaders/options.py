@@ -61,3 +61,55 @@ def resolve(group: G | None, cls: type[G], **given: Any) -> G:
         if group is not None and mine != defaults[k] and mine != v:
             raise TypeError(f"{k}={v!r} contradicts {cls.__name__}({k}={mine!r}): give it once")
     return replace(base, **kept)  # type: ignore[type-var]
+
+
+# ShardLoader's keywords (loaders/loader.py imports torch's DataLoader; this module stays
+# torch-free): tests/test_first_use.py checks this list against its signature
+LOADER_OPTIONS = (
+    "num_workers",
+    "pin_memory",
+    "prefetch_factor",
+    "device",
+    "persistent_workers",
+    "multiprocessing_context",
+    "timeout",
+    "device_prefetch",
+    "device_finish",
+    "worker_batches",
+    "partitions",
+    "ship_csr",
+)
+
+
+def check_sample_options(
+    sample_cls: type, sample: str, options: dict[str, Any], own: list[str]
+) -> None:
+    """A keyword ``ShardDataset`` passes on to the sample type that the sample type does not
+    take is a TypeError that says where it belongs: ``num_workers`` and the other DataLoader
+    keywords are ShardLoader's; a near miss (``batchsize``) names the keyword meant, as manifest
+    errors do. A sample type whose ``__init__`` takes ``**kwargs`` of its own checks them itself."""
+    import difflib
+    import inspect
+
+    from loaders.samples import SampleType  # samples imports nothing of this module's users
+
+    init = sample_cls.__init__
+    takes: list[str] = []
+    if init is not SampleType.__init__:
+        params = inspect.signature(init).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+        takes = [p.name for p in params if p.name != "self"]
+    for name in sorted(set(options) - set(takes)):
+        if name in LOADER_OPTIONS:
+            raise TypeError(
+                f"ShardDataset(..., {name}=...): {name!r} is an option of ShardLoader, not of the "
+                f"dataset: ShardLoader(ShardDataset(...), {name}={options[name]!r})"
+            )
+        near = difflib.get_close_matches(name, [*own, *takes], n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        accepted = ", ".join(takes) if takes else "no options"
+        raise TypeError(
+            f"ShardDataset(..., {name}=...): unknown option {name!r}{hint} (sample type "
+            f"{sample!r} takes {accepted}; ShardDataset's own: {', '.join(own)})"
+        )
