@@ -56,7 +56,7 @@ from loaders.engine.window import WindowReader
 from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.indexcheck import check_index_digest
 from loaders.integrity import check_on_corrupt
-from loaders.options import Engine, Integrity, check_sample_options, resolve
+from loaders.options import Engine, Integrity, explain_option_error, resolve
 from loaders.remote.ahead import check_limit
 from loaders.remote.resolve import resolve_root
 from loaders.samples import SAMPLE_TYPES, check_sample_type, get_sample_type
@@ -161,8 +161,11 @@ class ShardDataset(
             if not index.samples:
                 raise ValueError(f"{self.root} lists no sample types: name one (sample=...)")
             sample = index.samples[0]
-        check_sample_options(SAMPLE_TYPES.get(sample), sample, sample_options, _OWN_OPTIONS)
-        self.sample_type = get_sample_type(sample, **sample_options)
+        try:
+            self.sample_type = get_sample_type(sample, **sample_options)
+        except TypeError as e:  # a keyword the sample type does not take: say where it belongs
+            cls = SAMPLE_TYPES.get(sample)
+            raise explain_option_error(e, cls, sample, sample_options, _OWN_OPTIONS) from None
         check_sample_type(self.sample_type, index)
         if batch_size < 1 or window < 1 or seed < 0:
             raise ValueError("batch_size and window must be >= 1 and seed >= 0")

@@ -81,35 +81,38 @@ LOADER_OPTIONS = (
 )
 
 
-def check_sample_options(
-    sample_cls: type, sample: str, options: dict[str, Any], own: list[str]
-) -> None:
-    """A keyword ``ShardDataset`` passes on to the sample type that the sample type does not
-    take is a TypeError that says where it belongs: ``num_workers`` and the other DataLoader
-    keywords are ShardLoader's; a near miss (``batchsize``) names the keyword meant, as manifest
-    errors do. A sample type whose ``__init__`` takes ``**kwargs`` of its own checks them itself."""
+def explain_option_error(
+    error: TypeError, sample_cls: type, sample: str, options: dict[str, Any], own: list[str]
+) -> TypeError:
+    """The TypeError a sample type raised for a keyword it does not take (``takes no option 'x'``,
+    or Python's ``unexpected keyword argument 'x'``), said where it belongs: ``num_workers`` and
+    the other DataLoader keywords are ShardLoader's; a near miss (``batchsize``) names the
+    keyword meant, as manifest errors do. Any other TypeError is returned as it is."""
     import difflib
     import inspect
+    import re
 
-    from loaders.samples import SampleType  # samples imports nothing of this module's users
-
-    init = sample_cls.__init__
-    takes: list[str] = []
-    if init is not SampleType.__init__:
-        params = inspect.signature(init).parameters.values()
-        if any(p.kind is p.VAR_KEYWORD for p in params):
-            return
-        takes = [p.name for p in params if p.name != "self"]
-    for name in sorted(set(options) - set(takes)):
-        if name in LOADER_OPTIONS:
-            raise TypeError(
-                f"ShardDataset(..., {name}=...): {name!r} is an option of ShardLoader, not of the "
-                f"dataset: ShardLoader(ShardDataset(...), {name}={options[name]!r})"
-            )
-        near = difflib.get_close_matches(name, [*own, *takes], n=1, cutoff=0.6)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        accepted = ", ".join(takes) if takes else "no options"
-        raise TypeError(
-            f"ShardDataset(..., {name}=...): unknown option {name!r}{hint} (sample type "
-            f"{sample!r} takes {accepted}; ShardDataset's own: {', '.join(own)})"
+    found = re.search(r"(?:takes no option|unexpected keyword argument) '([^']+)'", str(error))
+    if found is None or found.group(1) not in options:
+        return error
+    name = found.group(1)
+    if name in LOADER_OPTIONS:
+        return TypeError(
+            f"ShardDataset(..., {name}=...): {name!r} is an option of ShardLoader, not of the "
+            f"dataset: ShardLoader(ShardDataset(...), {name}={options[name]!r})"
         )
+    takes = sorted(
+        {
+            p.name
+            for klass in sample_cls.__mro__
+            if "__init__" in vars(klass) and klass is not object
+            for p in inspect.signature(vars(klass)["__init__"]).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+    )
+    near = difflib.get_close_matches(name, [*own, *takes], n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return TypeError(
+        f"ShardDataset(..., {name}=...): unknown option {name!r}{hint} (sample type {sample!r} "
+        f"takes {', '.join(takes) or 'no options'}; ShardDataset's own: {', '.join(own)})"
+    )
