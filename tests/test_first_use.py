@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from loaders import ShardDataset, ShardLoader
-from loaders.options import LOADER_OPTIONS
 from pipeline import __version__
 from pipeline.cli import main
 from pipeline.errors import ManifestError, SourceError
@@ -181,5 +180,7 @@ def test_a_first_users_trip_is_caught(
 
 def test_the_loader_options_list_is_shardloaders() -> None:
     """``loaders.options.LOADER_OPTIONS`` (torch-free) names exactly ShardLoader's keywords."""
+    from loaders.options import LOADER_OPTIONS
+
     params = [p for p in inspect.signature(ShardLoader.__init__).parameters if p != "self"]
     assert sorted(LOADER_OPTIONS) == sorted(set(params) - {"dataset"})
