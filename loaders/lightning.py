@@ -14,7 +14,7 @@ has its
   itself (and does not warn that the loader is not resumable): the number of batches the trainer
   has *processed* this epoch (not the loader's count, which includes the batch Lightning
   prefetches). ``fit(ckpt_path=...)`` mid-epoch then yields exactly the epoch's remaining
-  batches, also on another ``devices`` / ``num_nodes`` (:mod:`loaders.elastic`) when the global
+  batches, also on another ``devices`` / ``num_nodes`` (:mod:`loaders.epoch.elastic`) when the global
   batch is the same: pass ``global_batch_size`` instead of ``batch_size`` so each device takes its
   share of it.
 
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from loaders.dataset import ShardDataset
+from loaders.epoch.resume import seal
 from loaders.format import read_index
 from loaders.interop import splits
 from loaders.loader import ShardLoader
-from loaders.resume import seal
 
 INSTALL = 'pip install -e ".[lightning]"  (or: pip install lightning)'
 
@@ -179,7 +179,7 @@ def _make_class() -> type:
                 state["batches_done"] = int(
                     trainer.fit_loop.epoch_loop.batch_progress.current.processed
                 )
-                seal(state)  # its digest over the fields as saved (loaders.resume)
+                seal(state)  # its digest over the fields as saved (loaders.epoch.resume)
             return state
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@ order it reads them (the rest of this epoch, then the next epoch's first ones), 
 space those windows in flight need (checked against ``cache_limit`` at open).
 
 Why this rank's windows only: a rank reads its own slice of the global order (its batch plan,
-:mod:`loaders.order`), which covers a few windows of each epoch; prefetching only those means each
+:mod:`loaders.epoch.order`), which covers a few windows of each epoch; prefetching only those means each
 node downloads only the shards its ranks read (docs/REMOTE.md, "What each process downloads").
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders import order
+from loaders.epoch import order
 
 PREFETCH_WINDOWS = 2  # windows fetched ahead of the one being read
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import FormatError, index_sha256, read_index
-from loaders.remote.cache import CacheError, NodeCache, download_tree
+from loaders.format.files import atomic_write_bytes, shard_digest_matches
+from loaders.format.names import plain_name
+from loaders.remote.cache import CacheError, NodeCache
+from loaders.remote.download import download_tree
 from loaders.remote.ledger import remove_path
 from loaders.remote.store import RemoteError, RemoteNotFound, is_url, local_path, open_store
 
@@ -62,6 +65,7 @@ def open_remote(
     cache_dir: str | Path | None = None,
     cache_limit: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    trust_plugins: bool | Sequence[str] = False,
 ) -> RemoteDataset:
     """Fetch ``url``'s index.json (always: it is the commit point) into its cache folder, and the
     condition table it names; shards come later, per window. Errors name the URL and the fix."""
@@ -91,7 +95,7 @@ def open_remote(
             f"cache folder {cache_dir} for {url}: cannot be written ({e.strerror or e}): pass "
             f"cache_dir= or set ${CACHE_ENV} to a writable folder"
         ) from None
-    index = read_index(root, data)
+    index = read_index(root, data, trust_plugins)
     spec = {
         "url": url,
         "cache_dir": str(cache_dir),
@@ -106,7 +110,10 @@ def open_remote(
 
 def _fetch_side_file(store: Any, root: Path, name: str, ref: Any) -> None:
     """A file beside index.json (the condition table: one object, or a zarr folder of them),
-    checked against its digest, written atomically."""
+    checked against its digest, written atomically. ``name`` was checked where index.json was
+    parsed; checked again here, where it becomes a path."""
+    if not plain_name(name):
+        raise CacheError(f"{root}: index.json names the file {name!r} beside it: not a plain name")
     dst = root / name
     if dst.exists():
         return
@@ -150,6 +157,7 @@ def resolve_root(
     cache_dir: str | Path | None,
     cache_limit: int | None,
     storage_options: dict[str, Any] | None,
+    trust_plugins: bool | Sequence[str] = False,
 ) -> tuple[str, Path, dict[str, Any] | None]:
     """``(what the user named, the local folder to read, the remote spec or None)``: a URL is
     opened into its cache folder; a local folder is read in place (never cached, never evicted)."""
@@ -160,7 +168,7 @@ def resolve_root(
                 "(s3://...); a local folder is read in place"
             )
         return str(root), local_path(root), None
-    remote = open_remote(str(root), cache_dir, cache_limit, storage_options)
+    remote = open_remote(str(root), cache_dir, cache_limit, storage_options, trust_plugins)
     cache = node_cache(remote.spec, remote.root)
     if cache._store is None:  # one client per process, not one per use
         cache._store = remote.store
@@ -190,7 +198,8 @@ def fetch_dataset(
         if splits is None or entry.split in splits:
             try:
                 with cache.ready([entry]):
-                    pass
+                    if not shard_digest_matches(entry, cache.path(entry)):
+                        cache.refetch(entry)  # checked when downloaded: changed on this node
             except RemoteNotFound as e:
                 problems.append(f"{e.url}: shard object missing ({e.problem})")
             except CacheError as e:

@@ -1,6 +1,6 @@
 """Hostile cases of issue 23 (datasets on S3: the remote reader, its node cache and ``shardsmith
 push``), point 17. Tests: ``tests/test_remote_{cli,store,read,cache}.py`` and
-``tests/test_push.py``, against a moto server (tests/s3_fixtures.py) and the fault proxy.
+``tests/remote/test_push.py``, against a moto server (tests/remote/conftest.py) and the fault proxy.
 
 ``data``, where a test reads it:
 
@@ -38,6 +38,11 @@ REUSE = "test_remote_generations::test_unchanged_shards_come_from_the_previous_g
 REOPEN = "test_remote_generations::test_a_reader_of_a_deleted_generation_is_told_to_reopen"
 BY_HAND = "test_remote_generations::test_an_object_deleted_by_hand_is_not_found_naming_it"
 
+_BUILD_SHAPED = [  # a user's objects whose names look like a build's (issue 45, item 7)
+    "notes-001-001-0123456789abcdef.txt",
+    "conditions-0123456789abcdef.csv",
+    "shards/notes-001-001-0123456789abcdef.txt",
+]
 _REMOTE_BAD = [  # (id stem, data, what is done)
     ("no-index", "no-index", "a prefix of an existing bucket that holds no index.json"),
     ("no-bucket", "no-bucket", "a bucket that does not exist"),
@@ -175,6 +180,21 @@ CASES = [
         "`shards/../notes/keep.txt`, `` and `index.json`; two more pushes",
         "nothing foreign deleted, index.json kept",
         RECORD,
+        (
+            ["shards/README.txt", "notes/keep.txt"],
+            ["shards", "notes", "shards/../notes/keep.txt", "", "index.json"],
+        ),
+    ),
+    Case(
+        "push-record-claims-build-shaped-names",
+        20,
+        "a user's `notes-001-001-<16 hex>.txt` and `conditions-<16 hex>.csv` at the top of the "
+        "prefix, and `shards/notes-001-001-<16 hex>.txt`, claimed by an edited push record; two "
+        "more pushes",
+        "none deleted: only a condition table's exact name (`conditions-<16 hex>.zarr`/`.tar`) "
+        "and shards under `shards/` may be (was: the top-level two were deleted)",
+        RECORD,
+        (_BUILD_SHAPED, _BUILD_SHAPED),
     ),
     Case(
         "push-lock-held",
