@@ -10,6 +10,9 @@ options go to the sample type.
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
@@ -88,10 +91,6 @@ def explain_option_error(
     or Python's ``unexpected keyword argument 'x'``), said where it belongs: ``num_workers`` and
     the other DataLoader keywords are ShardLoader's; a near miss (``batchsize``) names the
     keyword meant, as manifest errors do. Any other TypeError is returned as it is."""
-    import difflib
-    import inspect
-    import re
-
     found = re.search(r"(?:takes no option|unexpected keyword argument) '([^']+)'", str(error))
     if found is None or found.group(1) not in options:
         return error

@@ -33,7 +33,6 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from loaders.engine.broker import Broker, BrokerClient, BrokerError
-from loaders.engine.daemon import DaemonExecutor
 from loaders.engine.decoder import Decoder
 from loaders.engine.device import prefetch
 from loaders.engine.live import LiveWindows
@@ -43,6 +42,7 @@ from loaders.epoch import order
 from loaders.epoch.schedule import Plan, Segment, WindowSchedule
 from loaders.remote import ahead
 from loaders.remote.resolve import node_cache
+from loaders.remote.threads import DaemonExecutor
 from loaders.samples.arena import Arena, BufferPool
 from loaders.samples.gather import BatchRows
 from loaders.samples.payload import Payload

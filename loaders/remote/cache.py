@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from loaders.engine.daemon import DaemonExecutor
 from loaders.format import index_sha256
 from loaders.format.errors import FormatError
 from loaders.format.files import atomic_write_bytes, shard_digest_matches
@@ -48,6 +47,7 @@ from loaders.remote.download import download_tree
 from loaders.remote.ledger import PINS, evict, locked, remove_path, touch, write_size
 from loaders.remote.reuse import adopt_from_other_generation
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound, open_store
+from loaders.remote.threads import DaemonExecutor
 
 THREADS = 8  # concurrent downloads per process (one connection each)
 TMP, LOCK = ".tmp", ".shardsmith-cache.lock"

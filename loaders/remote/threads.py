@@ -4,7 +4,7 @@ Why not ``ThreadPoolExecutor``: its workers are joined when the interpreter exit
 whose reads hang on a server that accepts and never answers waited for every queued prefetch and
 decode-ahead to time out before it could exit (issue 45, item 8: the first error after 240 s, exit
 after 482 s). The threads that read ahead (a remote dataset's downloads,
-``loaders.remote.cache``; the window decoded ahead and its shards, ``loaders.engine.produce``) only
+``loaders.remote.cache``; the window decoded ahead and its shards, ``loaders.engine.process``) only
 ever guess what is read next: when the process is done, what is still in flight is abandoned. A
 download writes to a temporary name and renames only a whole, checked shard, so nothing
 half-written is left for anyone to read (the next download of that shard removes the temporary
