@@ -102,7 +102,9 @@ class ShardDataset(
       ``$SHARDSMITH_CACHE``, else the user cache folder), ``cache_limit`` (bytes, default none)
       and ``storage_options`` (the store's settings over the environment's) say how its shards
       reach this node: downloaded once per node, whole and checked, prefetched a few windows
-      ahead (docs/REMOTE.md).
+      ahead (docs/REMOTE.md). ``offline=True`` opens the node's last copy of its index without
+      the server (every shard of ``split`` must be cached); an unreachable server does the same,
+      with a warning naming the copy's age.
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class ShardDataset(
         cache_dir: str | Path | None = None,
         cache_limit: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        offline: bool = False,
         **sample_options: Any,
     ) -> None:
         super().__init__()
@@ -145,7 +148,9 @@ class ShardDataset(
         )
         self.integrity = resolve(integrity, Integrity, verify=verify, on_corrupt=on_corrupt)
         # a URL (s3://...): its index fetched now, shards into the node's cache (loaders/remote)
-        self.url, self.root, remote = resolve_root(root, cache_dir, cache_limit, storage_options)
+        self.url, self.root, remote = resolve_root(
+            root, cache_dir, cache_limit, storage_options, offline, split
+        )
         data = read_index_bytes(
             self.root
         )  # read once: every process of this loader decodes this generation

@@ -17,6 +17,8 @@ from loaders import ShardDataset
 from loaders.format import FormatError
 from tests import hostile
 
+pytestmark = pytest.mark.s3
+
 BOUND = {"SHARDSMITH_REMOTE_RETRY": "attempts=2,total_s=4,timeout_s=2,connect_timeout_s=1"}
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from loaders import ShardDataset
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 REPO = Path(__file__).resolve().parents[1]
 DEMOS = ["demo.toml", "demo_spike.toml", "demo_ct.toml"]
 

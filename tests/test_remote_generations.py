@@ -16,7 +16,7 @@ from loaders.remote import open_store
 from loaders.remote.store import RemoteNotFound
 from tests import hostile
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 KW: dict[str, Any] = {"split": "train", "batch_size": 32, "window": 2, "seed": 1}
 
 

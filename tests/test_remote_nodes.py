@@ -17,6 +17,8 @@ import torch.distributed as dist
 from loaders import ShardDataset, ShardLoader
 from loaders.remote.ahead import PREFETCH_WINDOWS, rank_windows
 
+pytestmark = pytest.mark.s3
+
 DEADLINE = 240.0  # 4 spawned ranks import torch on a small, shared machine
 WORLD, PER_NODE = 4, 2
 KW: dict[str, Any] = {"split": "train", "batch_size": 16, "window": 1, "seed": 11, "pad": False}

@@ -16,7 +16,7 @@ from loaders import ShardDataset
 from loaders.remote.ledger import cache_bytes
 from tests import hostile
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 KW: dict[str, Any] = {"split": "train", "batch_size": 64, "window": 2, "seed": 3}
 
 
@@ -111,6 +111,7 @@ def test_tampered_object_is_caught(
     )
 
 
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
 @hostile.parametrize
 def test_faults_between_loader_and_server_give_identical_batches(
     case: hostile.Case,
