@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.remote_link_bench import link_targets
 from benchmarks.targets import target
 
 MB = 1e6
@@ -263,6 +264,7 @@ def extra_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         *build_targets(res),
         *remote_targets(res.get("remote") or {}),
+        *link_targets(res.get("remote_link") or {}),
         *ct_crop_targets(res.get("ct") or {}),
         *persistent_targets(ex),
         *digest_targets(ex),

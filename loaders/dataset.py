@@ -56,6 +56,7 @@ from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.indexcheck import check_index_digest
 from loaders.integrity import check_on_corrupt
 from loaders.options import Engine, Integrity, resolve
+from loaders.remote import ahead
 from loaders.remote.ahead import check_limit
 from loaders.remote.resolve import resolve_root
 from loaders.samples import check_sample_type, get_sample_type
@@ -287,6 +288,8 @@ class ShardDataset(
         self.staging: bool | None = (
             None  # main-process batches for a device: None tensors, else one buffer
         )
+        if remote:  # the first windows start downloading now, while the trainer sets up
+            ahead.at_open(self)
 
     # -- sizes and iteration state ---------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from loaders import order
+from loaders.remote.resolve import node_cache
 
 PREFETCH_WINDOWS = 2  # windows fetched ahead of the one being read
 
@@ -51,6 +52,20 @@ def prefetch(ds: Any, cache: Any, epoch: int, w: int) -> None:
         for e, x in upcoming(ds, epoch, w)
     ]
     cache.prefetch(windows, owner=id(ds))
+
+
+def at_open(ds: Any) -> None:
+    """Start downloading the first windows this rank reads (in its current epoch), in the
+    background, when the dataset is opened: the downloads overlap what the trainer does between
+    the open and its first batch (building the model, moving it to the device, starting
+    DataLoader workers), instead of starting with the first batch. ``SHARDSMITH_PREFETCH_AT_OPEN=0``
+    turns it off (an A/B switch for the shaped-link bench)."""
+    if os.environ.get("SHARDSMITH_PREFETCH_AT_OPEN", "1") == "0":
+        return
+    remote = ds.reader.spec["remote"]
+    wins = rank_windows(ds, ds._epoch)
+    if wins:
+        prefetch(ds, node_cache(remote, ds.reader.spec["root"]), ds._epoch, wins[0])
 
 
 def in_flight_bytes(

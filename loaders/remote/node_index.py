@@ -35,7 +35,11 @@ from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound
 
 LATEST, LOCK = "latest.json", ".index.lock"
 SHARE_S = 300.0  # how long ranks of one job reuse the index one of them fetched
-JOB_ENV = (("TORCHELASTIC_RUN_ID",), ("SLURM_JOB_ID", "SLURM_STEP_ID"), ("MASTER_ADDR", "MASTER_PORT"))
+JOB_ENV = (
+    ("TORCHELASTIC_RUN_ID",),
+    ("SLURM_JOB_ID", "SLURM_STEP_ID"),
+    ("MASTER_ADDR", "MASTER_PORT"),
+)
 
 
 @dataclass(frozen=True)
