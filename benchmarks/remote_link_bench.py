@@ -9,18 +9,20 @@ Needs root (``ip netns``, ``tc``); otherwise it says why and exits 0 (``make ben
 reason as the section's skip). Without DATASET_DIR it builds a synthetic screen (benchmarks.synth,
 ``--cells``, blosc-lz4, ``--shard-mb``, ``--format``) under bench_data/. Per round, in this one process:
 the raw GET rate of the split's objects over the link (8 concurrent GETs, as the cache downloads:
-the bound), a cold epoch (fresh cache, no limit), and three epochs on a cache bounded to 40% of
-the split's bytes (the first one cold). Reports, medians of the rounds: the link bound in cells/s
+the bound), a cold epoch (fresh cache, no limit), and three epochs of one dataset on a cache
+bounded to 40% of the split's bytes (the first one cold; each later one streams again). Reports, medians of the rounds: the link bound in cells/s
 (split cells / (split bytes / raw GET rate)), each epoch kind's rate over it, time to first batch
 (open included) against the first window's bytes at the raw rate, requests made before the first
 batch, bytes received over the link per epoch, the bounded cache's peak bytes, and the
 ``index.json`` GETs of four ranks of one job on this node. An epoch's time counts its open: work
-moved into the open is not free.
+moved into the open is not free. A run of epochs is one dataset and loader, as in training (the
+read-ahead of epoch e+1's first windows at the end of epoch e counts in epoch e's link bytes).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -74,11 +76,13 @@ class Requests:
         return sum(1 for when, _ in self.log if when <= t)
 
 
-def cold_epoch(
-    url: str, link: Link, cache: Path, batch_size: int, window: int, **kw: Any
-) -> dict[str, float]:
-    """One epoch, its open included, with the requests before its first batch, the bytes the
-    link carried, and (sampled every 20 ms) the cache folder's peak bytes."""
+def epochs(
+    url: str, link: Link, cache: Path, batch_size: int, window: int, n: int = 1, **kw: Any
+) -> list[dict[str, float]]:
+    """``n`` epochs of one dataset and loader, as a trainer runs them (the first one's time counts
+    the open): each with the requests before its first batch, the bytes the link carried, and
+    (sampled every 20 ms) the cache folder's peak bytes. The dataset is dropped and collected
+    after, so its read-ahead never runs into the next measurement."""
     from loaders import ShardDataset, ShardLoader  # import weight: torch, only when measuring
     from loaders.remote.ledger import cache_bytes
 
@@ -88,30 +92,34 @@ def cold_epoch(
         while not stop.wait(0.02):
             peak[0] = max(peak[0], cache_bytes(cache))
 
+    gc.collect()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    reqs, rx0 = Requests(), link.rx_bytes()
+    out, reqs = [], Requests()
     with reqs.counting():
         t0 = time.perf_counter()
         ds = ShardDataset(url, split=SPLIT, batch_size=batch_size, window=window, seed=0,
                           cache_dir=cache, **kw)  # fmt: skip
-        n, first = 0, 0.0
-        for b in ShardLoader(ds):
-            n += int(next(iter(b.values())).shape[0])
-            first = first or time.perf_counter()
-        dt = time.perf_counter() - t0
+        dl = ShardLoader(ds)
+        for e in range(n):
+            dl.set_epoch(e)
+            rx0, cells, first = link.rx_bytes(), 0, 0.0
+            for b in dl:
+                cells += int(next(iter(b.values())).shape[0])
+                first = first or time.perf_counter()
+            t1 = time.perf_counter()
+            out.append({"epoch_s": t1 - t0, "cells": cells, "first_batch_s": first - t0,
+                        "requests_before_first_batch": reqs.before(first),
+                        "link_bytes": link.rx_bytes() - rx0})  # fmt: skip
+            reqs.log.clear()
+            t0 = t1
     stop.set()
     sampler.join()
-    peak[0] = max(peak[0], cache_bytes(cache))
-    del ds
-    return {
-        "epoch_s": dt,
-        "cells": n,
-        "first_batch_s": first - t0,
-        "requests_before_first_batch": reqs.before(first),
-        "link_bytes": link.rx_bytes() - rx0,
-        "peak_cache_bytes": peak[0],
-    }
+    del ds, dl, b
+    gc.collect()
+    for x in out:
+        x["peak_cache_bytes"] = max(peak[0], cache_bytes(cache))
+    return out
 
 
 def index_gets_per_node(url: str, cache: Path) -> int:
@@ -185,14 +193,15 @@ def run_link_bench(
             upload(root, url)
             (work / "get").mkdir()
             gets, cold, bounded = [], [], []
-            for r in range(rounds):
+            for r in range(rounds):  # each measurement starts on a quiet link
+                link.quiet()
                 gets.append(raw_get(url, keys, work / "get", link.server.proc.pid)["mb_s"])
-                cold.append(cold_epoch(url, link, work / f"cold{r}", batch_size, window))
-                shutil.rmtree(work / f"cold{r}", ignore_errors=True)
-                b = work / f"bounded{r}"
-                bounded.append([cold_epoch(url, link, b, batch_size, window, cache_limit=limit)
-                                for _ in range(3)])  # fmt: skip
-                shutil.rmtree(b, ignore_errors=True)
+                link.quiet()
+                cold += epochs(url, link, work / f"cold{r}", batch_size, window)
+                link.quiet()
+                kw = {"cache_limit": limit}
+                bounded.append(epochs(url, link, work / f"bounded{r}", batch_size, window, 3, **kw))
+            link.quiet()
             d = index_gets_per_node(url, work / "ranks")
     finally:
         for k, v in saved.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,20 @@ class Link:
     def rx_bytes(self) -> int:
         """Bytes the host side received so far (the downloads, headers included)."""
         return int(Path(f"/sys/class/net/{self.host_if}/statistics/rx_bytes").read_text())
+
+    def quiet(self, still_s: float = 0.5, most_s: float = 30.0) -> float:
+        """Wait until the link has carried nothing for ``still_s`` (a dropped reader's last
+        downloads, finishing), at most ``most_s``; the seconds waited. Between measurements, so
+        that one's traffic never runs into the next."""
+        t0, last, since = time.monotonic(), self.rx_bytes(), time.monotonic()
+        while time.monotonic() - t0 < most_s:
+            time.sleep(0.1)
+            now = self.rx_bytes()
+            if now - last > 4096:  # more than a keep-alive's worth
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= still_s:
+                break
+        return time.monotonic() - t0
 
 
 def _run(*cmd: str) -> None:

@@ -17,6 +17,7 @@ import pytest
 from loaders import ShardDataset
 from loaders.remote import RemoteError
 from loaders.remote import node_index as node_index_mod
+from tests import hostile
 
 pytestmark = pytest.mark.s3
 KW: dict[str, Any] = {"split": "train", "batch_size": 64, "window": 2, "seed": 3}
@@ -53,7 +54,9 @@ def _age(cache: Path, seconds: float) -> None:
     latest.write_text(json.dumps(rec))
 
 
+@hostile.parametrize
 def test_an_unreachable_server_opens_the_cached_index_with_its_age(
+    case: hostile.Case,
     cached: tuple[str, Path, list[Any]],
     monkeypatch: pytest.MonkeyPatch,
     batches: Any,
@@ -83,8 +86,12 @@ def test_offline_true_opens_without_asking_the_server(
     assert s3_proxy.requests == []
 
 
+@hostile.parametrize
 def test_offline_needs_every_shard_of_the_split(
-    cached: tuple[str, Path, list[Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    case: hostile.Case,
+    cached: tuple[str, Path, list[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     url, cache, _ = cached
     with pytest.raises(RemoteError, match=r"no copy of its index.*open it once with the server"):

@@ -10,6 +10,7 @@ node downloads only the shards its ranks read (docs/REMOTE.md, "What each proces
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,9 @@ def prefetch(ds: Any, cache: Any, epoch: int, w: int) -> None:
         [ds.entries[s] for s in ds.reader.window_shards(e, x).tolist()]
         for e, x in upcoming(ds, epoch, w)
     ]
+    if ds.__dict__.get("_remote_release") is not cache:  # once per dataset and process
+        ds.__dict__["_remote_release"] = cache
+        weakref.finalize(ds, cache.release, id(ds))  # dropped: its read-ahead stops
     cache.prefetch(windows, owner=id(ds))
 
 
