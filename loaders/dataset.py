@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
@@ -106,6 +106,11 @@ class ShardDataset(
       ahead (docs/REMOTE.md). ``offline=True`` opens the node's last copy of its index without
       the server (every shard of ``split`` must be cached); an unreachable server does the same,
       with a warning naming the copy's age.
+    * ``trust_plugins`` (as Hugging Face's ``trust_remote_code``): the plug-in modules the index
+      names (``plugins``) are imported only if they are installed modalities, or allowed here
+      (``True``: every one the index names; or a list of names) or by
+      ``$SHARDSMITH_TRUST_PLUGINS``; the allowance is passed on to the decoder process and the
+      DataLoader workers through that variable (:mod:`loaders.plugins`).
     """
 
     def __init__(
@@ -134,6 +139,7 @@ class ShardDataset(
         cache_dir: str | Path | None = None,
         cache_limit: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        trust_plugins: bool | Sequence[str] = False,
         offline: bool = False,
         **sample_options: Any,
     ) -> None:
@@ -150,12 +156,18 @@ class ShardDataset(
         self.integrity = resolve(integrity, Integrity, verify=verify, on_corrupt=on_corrupt)
         # a URL (s3://...): its index fetched now, shards into the node's cache (loaders/remote)
         self.url, self.root, remote = resolve_root(
-            root, cache_dir, cache_limit, storage_options, offline, split
+            root,
+            cache_dir,
+            cache_limit,
+            storage_options,
+            trust_plugins,
+            offline=offline,
+            split=split,
         )
         data = read_index_bytes(
             self.root
         )  # read once: every process of this loader decodes this generation
-        index = read_index(self.root, data)
+        index = read_index(self.root, data, trust_plugins)
         # the index's own content against its digest: an edited shard list or vocabulary would be
         # served without an error (the decoder process decodes these same bytes)
         check_index_digest(index)

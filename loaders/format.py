@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,12 @@ from typing import Any
 from loaders.errors import FormatError  # noqa: F401 (part of this contract)
 from loaders.fieldcodecs import get_field_codec
 from loaders.files import atomic_write_bytes, content_hash, stored_bytes  # noqa: F401 (part of this contract)
-from loaders.plugins import format_keys, load_loader_modalities, load_plugin
+from loaders.plugins import (
+    check_plugins_allowed,
+    format_keys,
+    load_loader_modalities,
+    load_plugin,
+)
 from loaders.registry import Registry
 from loaders.schema import (  # noqa: F401 (the value types of this contract: fmt.FieldSpec, ...)
     LAYOUTS,
@@ -55,10 +60,13 @@ INDEX_UPGRADES: Registry[Callable[[Mapping[str, Any]], dict[str, Any]]] = Regist
 SHARD_VERSION = (
     1  # the layout inside a shard (tar ``_meta.json``, zarr arrays); part of every plan key
 )
-# the layout of index.json. 4: content digests name their algorithm (shards, condition table,
+# the layout of index.json. 5: the digest covers ``plugins`` (the modules a reader imports), and
+# every key of DIGEST_KEYS must be in it. 4: content digests name their algorithm (shards, condition table,
 # sources: "digest": "xxh3_128:<hex>", loaders.digests); 3: fields may name a codec; 2: kinds.
 # Every older version is still read (1 converted by ``read_index``; 2-3 store bare sha256 digests)
-INDEX_VERSION = 4
+INDEX_VERSION = 5
+FULL_DIGEST_INDEX_VERSION = 5  # the first version whose digest must cover every DIGEST_KEYS
+SEALED_INDEX_VERSION = 4  # from this version on, an index without a digest is refused
 CODEC_INDEX_VERSION = 3  # the first version whose fields may name their own codec
 PLAIN_INDEX_VERSION = INDEX_VERSION  # was 2 (no field codec) before version 4; kept for callers
 INDEX_FILE = "index.json"
@@ -222,7 +230,7 @@ class Index:
         # digested as it will read back (tuples become lists, keys strings), so verify recomputes
         # the same
         return doc | {
-            "digest": index_digest(json.loads(json.dumps({k: doc[k] for k in DIGEST_KEYS})))
+            "digest": index_digest(json.loads(json.dumps({k: doc.get(k) for k in DIGEST_KEYS})))
         }
 
 
@@ -235,6 +243,7 @@ DIGEST_KEYS = (
     "conditions",
     "control_labels",
     "obs_fields",
+    "plugins",  # from index version 5: what a reader imports is part of what it checks
     "primary_records",
     "sections",
     "shards",
@@ -276,11 +285,15 @@ def index_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_index(root: str | Path, data: bytes | None = None) -> Index:
+def read_index(
+    root: str | Path, data: bytes | None = None, trust_plugins: bool | Iterable[str] = False
+) -> Index:
     """The index of ``root``: read now, or parsed from ``data`` (index.json's bytes as read earlier,
     so that every process of one loader sees the same generation even after a rebuild replaced
-    the file). Imports the read-side plug-in modules it names (``plugins``); a missing one is a
-    ``PluginError``."""
+    the file). Imports the read-side plug-in modules it names (``plugins``), each only if allowed
+    (``trust_plugins``: True for every one it names, or the allowed names; an installed modality
+    needs no allowance: ``loaders.plugins.check_plugins_allowed``); one not allowed, or missing,
+    is a ``PluginError``. Every file name it holds is checked (``loaders.names``)."""
     path = index_path(root)
     try:
         raw = json.loads(read_index_bytes(root) if data is None else data)
@@ -303,6 +316,7 @@ def read_index(root: str | Path, data: bytes | None = None) -> Index:
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(m, str) and m for m in plugins):
         raise FormatError(f"{path}: 'plugins' must be a list of module names, got {plugins!r}")
+    check_plugins_allowed(plugins, trust_plugins, needed_by=f"the dataset {Path(root)}")
     for module in plugins:  # first: a plug-in may register a field codec the check below needs
         load_plugin(module, needed_by=f"the dataset {Path(root)}")
     try:

@@ -13,24 +13,39 @@ from __future__ import annotations
 import warnings
 
 from loaders.errors import FormatError
-from loaders.format import DIGEST_KEYS, FIRST_DIGEST_KEYS, Index, index_digest, index_path
+from loaders.format import (
+    DIGEST_KEYS,
+    FIRST_DIGEST_KEYS,
+    FULL_DIGEST_INDEX_VERSION,
+    SEALED_INDEX_VERSION,
+    Index,
+    index_digest,
+    index_path,
+)
 
 
 def digest_mismatch(index: Index) -> list[str] | None:
     """The DIGEST_KEYS whose content in index.json differs from the digest stored at build ([]:
     none), or None when the index stores no digest. Version 1 predates digests: [] (nothing to
     check). A key of the first digest missing from a stored digest counts as differing (an edit);
-    a later key is checked where the digest has it (an index built before it was added)."""
-    if index.raw.get("version") == 1:
+    a later key is checked where the digest has it (an index built before it was added), except
+    from version 5, whose digest must hold every key (``plugins`` among them)."""
+    version = index.raw.get("version")
+    if version == 1:
         return []
     stored = index.raw.get("digest")
     if not isinstance(stored, dict):
         return None
     now = index_digest(index.raw)
+    required = (
+        DIGEST_KEYS
+        if isinstance(version, int) and version >= FULL_DIGEST_INDEX_VERSION
+        else FIRST_DIGEST_KEYS
+    )
     return [
         key
         for key in DIGEST_KEYS
-        if (key in stored or key in FIRST_DIGEST_KEYS) and stored.get(key) != now[key]
+        if (key in stored or key in required) and stored.get(key) != now[key]
     ]
 
 
@@ -55,10 +70,20 @@ def check_index_digest(index: Index) -> None:
     serves part of a split, swapped vocabulary labels serve codes under the wrong names, and no
     shard's hash shows either. Costs one sha256 over the index's JSON (a few ms: measured in
     docs/LOADER.md), so a reader checks what ``verify`` checks about the index itself. An index
-    with no digest at all is read with a RuntimeWarning: a shardsmith before the digest wrote
-    none, and refusing would strand its datasets (``verify`` reports it)."""
+    with no digest at all is read with a RuntimeWarning when it is of version 1-3 (a shardsmith
+    before the digest wrote none, and refusing would strand its datasets; ``verify`` reports it);
+    from version 4 on every build wrote one, so an index without it was stripped of it (the way
+    to edit an index without sealing it again) and is refused."""
     path = index_path(index.root)
     keys = digest_mismatch(index)
+    version = index.raw.get("version")
+    if keys is None and isinstance(version, int) and version >= SEALED_INDEX_VERSION:
+        raise FormatError(
+            f"{path}: index version {version} without its content digest ('digest'): every "
+            "shardsmith that writes this version writes one, so the index was edited and its "
+            "digest removed; rebuild the dataset (or push it again from the folder it was built "
+            "in)"
+        )
     if keys is None:
         warnings.warn(
             f"{path}: no content digest (edited, or written by an older shardsmith): its shard "

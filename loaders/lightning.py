@@ -130,9 +130,10 @@ def _make_class() -> type:
                 opts.get("cache_dir"),
                 opts.get("cache_limit"),
                 opts.get("storage_options"),
-                bool(opts.get("offline", False)),
+                opts.get("trust_plugins", False),
+                offline=bool(opts.get("offline", False)),
             )[1]
-            present = splits(read_index(local))
+            present = splits(read_index(local, None, opts.get("trust_plugins", False)))
             batch_size = self.batch_size
             if self.global_batch_size is not None:
                 per, left = divmod(self.global_batch_size, world or 1)

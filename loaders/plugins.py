@@ -8,19 +8,33 @@ entry points (``pyproject.toml``: ``[project.entry-points."shardsmith.modalities
 numcodecs finds codecs); a manifest's ``[dataset] plugins`` and the ``plugins`` an ``index.json``
 records are loader modules too. Readers import loader modules only; the pipeline also imports
 each ``BUILD_MODULE``.
+
+Importing a module runs its code, and an ``index.json`` is data anyone who can write its folder or
+bucket controls. So a reader imports a module an index names only when it is installed as a
+modality (an entry point, a built-in), is already imported in this process, or the caller allowed
+it, the way Hugging Face's ``trust_remote_code`` works: ``trust_plugins=`` (``ShardDataset``,
+``read_index``), ``--trust-plugins`` (the commands) or ``$SHARDSMITH_TRUST_PLUGINS`` (a comma
+list of module names, or ``1`` for any). An allowance given as an argument is written into that
+environment variable, so every process started afterwards (the decoder process, DataLoader
+workers, ranks) inherits it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import re
+import sys
+from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib.metadata import entry_points
 from types import ModuleType
 
 GROUP = "shardsmith.modalities"
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+TRUST_ENV = "SHARDSMITH_TRUST_PLUGINS"
+TRUST_ANY = ("1", "*", "all", "true", "yes")  # the variable's values that allow any module
 
 
 class PluginError(ImportError):
@@ -40,6 +54,53 @@ def modality_modules() -> tuple[tuple[str, str], ...]:
         if info.ispkg:
             found.setdefault(info.name, f"{builtin.__name__}.{info.name}")
     return tuple(sorted(found.items()))
+
+
+def trusted() -> tuple[bool, frozenset[str]]:
+    """``(any module allowed, the modules allowed)`` by ``$SHARDSMITH_TRUST_PLUGINS``."""
+    raw = os.environ.get(TRUST_ENV, "").strip()
+    if raw.lower() in TRUST_ANY:
+        return True, frozenset()
+    return False, frozenset(m.strip() for m in raw.split(",") if m.strip())
+
+
+def allow_plugins(modules: Iterable[str]) -> None:
+    """The caller's allowance of ``modules``, added to ``$SHARDSMITH_TRUST_PLUGINS`` so that the
+    processes this one starts from now on inherit it (a fresh decoder process, spawned workers
+    read the index again)."""
+    every, names = trusted()
+    wanted = names | {str(m) for m in modules}
+    if not every and wanted != names:
+        os.environ[TRUST_ENV] = ",".join(sorted(wanted))
+
+
+def check_plugins_allowed(
+    modules: Sequence[str], trust: bool | Iterable[str] = False, needed_by: str = ""
+) -> None:
+    """Refuse (:class:`PluginError`, saying how to allow them) the ``modules`` a dataset names
+    that no one allowed: not an installed modality, not imported already (importing it again runs
+    nothing), not in ``trust`` (``True``: every one of ``modules``) nor in the environment. What
+    ``trust`` allows is then allowed in the environment too (:func:`allow_plugins`)."""
+    if trust is True:
+        allow_plugins(modules)
+    elif trust:
+        allow_plugins(trust)  # type: ignore[arg-type]
+    every, names = trusted()
+    installed = {m for _, m in modality_modules()}
+    refused = [
+        m for m in modules if not (every or m in names or m in installed or m in sys.modules)
+    ]
+    if refused:
+        listed = ",".join(refused)
+        raise PluginError(
+            f"{needed_by or 'the dataset'} names the plug-in module(s) {listed}, which are not "
+            "installed shardsmith modalities: importing one runs its code, so it is imported only "
+            "if you trust this dataset. To allow it, pass trust_plugins=True (or "
+            f"trust_plugins=[{', '.join(map(repr, refused))}]) to ShardDataset / read_index, "
+            f"--trust-plugins to the shardsmith command, or set {TRUST_ENV}={listed} (inherited "
+            "by the decoder process and DataLoader workers); an installed plug-in package (a "
+            "shardsmith.modalities entry point) needs none of these"
+        )
 
 
 def load_plugin(module: str, build: bool = False, needed_by: str = "") -> ModuleType:

@@ -19,6 +19,7 @@ from typing import Any
 
 from loaders.digests import tagged
 from loaders.errors import FormatError
+from loaders.names import checked_name
 
 LAYOUTS = (
     "dense",
@@ -167,7 +168,7 @@ class ShardEntry:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> ShardEntry:
         return ShardEntry(
-            file=str(d["file"]),
+            file=checked_name(d["file"], "shards[].file"),
             split=str(d["split"]),
             records=int(d["records"]),
             units={str(k): int(v) for k, v in dict(d["units"]).items()},
@@ -201,7 +202,7 @@ class ConditionsRef:
     def from_json(d: Mapping[str, Any]) -> ConditionsRef:
         rows = d["rows"] if "rows" in d else d["n"]  # index v1 said "n"
         return ConditionsRef(
-            file=str(d["file"]),
+            file=checked_name(d["file"], "conditions.file"),
             rows=int(rows),
             dim=int(d.get("dim", 0)),
             digest=_digest(d),

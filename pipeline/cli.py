@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from loaders.format import FormatError
-from loaders.plugins import PluginError
+from loaders.plugins import TRUST_ENV, PluginError
 from pipeline import __version__
 from pipeline.commands import command_names, get_command
 from pipeline.errors import EXIT_BAD_INPUT, ShardsmithError
@@ -49,6 +49,14 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         "--quiet",
         action="store_true",
         help="only warnings and errors on stderr; no progress bars",
+        **kw,
+    )
+    parser.add_argument(
+        "--trust-plugins",
+        action="store_true",
+        help="import the plug-in modules the dataset's index.json names (`plugins`) even when "
+        "they are not installed shardsmith modalities: importing runs their code, so only for "
+        f"a dataset you trust (as ${TRUST_ENV}=1; docs/EXTENDING.md)",
         **kw,
     )
 
@@ -109,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: -v and -q contradict each other", file=sys.stderr)
         return EXIT_BAD_INPUT
     configure_logging(args.verbose, args.quiet)
+    if getattr(args, "trust_plugins", False):  # inherited by what the command starts
+        os.environ[TRUST_ENV] = "1"
     try:
         code = get_command(args.command).run(args)
         sys.stdout.flush()

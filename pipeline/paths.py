@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from loaders import format as fmt
+from loaders.names import relative_name
 
 
 def inside(out: Path, rel: object) -> bool:
@@ -18,11 +19,9 @@ def inside(out: Path, rel: object) -> bool:
     relative, no ``..``, and no symlinked folder on the way that leads out. Those files are deleted
     by name, so a name that leaves the folder (a tampered or hostile file) must never reach
     ``pipeline.generations.remove``."""
-    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel or "//" in rel:
-        return False  # "//": a name we never write, which "shards/" + "/abs/x" would be
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or ".." in pure.parts or pure == PurePosixPath("."):
+    if not relative_name(rel):  # the rule the loaders apply to every name they read back
         return False
+    pure = PurePosixPath(str(rel))
     try:
         parent = (out / pure).parent.resolve()
         return parent == out.resolve() or parent.is_relative_to(out.resolve())

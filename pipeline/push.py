@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -34,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from loaders import format as fmt
+from loaders.names import plain_name
 from loaders.remote.store import ObjectStore, RemoteNotFound, RetryPolicy, open_store
 from pipeline.errors import DatasetError, LockHeldError, OutputError
-from pipeline.generations import OUR_NAME_RE
+from pipeline.writers import WRITERS
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ RECORD_FORMAT = "shardsmith-push"
 STALE_S = 6 * 3600.0  # a lock older than this is reported as probably left by a killed push
 POLL_S = 1.0  # how often a waiting push looks at the lock again
 JOBS = 8  # concurrent uploads
+# the stems of the files a build names (pipeline.model.ShardPlan.file, pipeline.planned
+# .conditions_file); their suffix is a shard writer's (".zarr", ".tar")
+SHARD_STEM_RE = re.compile(r"[a-z]+-\d{3,}-\d{3,}-[0-9a-f]{16}")
+CONDITIONS_STEM_RE = re.compile(r"conditions-[0-9a-f]{16}")
 
 
 @dataclass
@@ -145,18 +151,16 @@ def _check_same_dataset(
 
 def _ours_only(store: ObjectStore, names: Iterable[object]) -> set[str]:
     """The names read back from the remote (index, record) that name a file the way a build names
-    them (`pipeline.generations.OUR_NAME_RE`): ``shards/<shard>`` or a condition table beside
-    index.json. Anything else (``shards``, ``..``, ``notes``, a foreign file), which a tampered
-    record could carry to delete what is not ours, is logged and dropped: never deleted."""
+    them: ``shards/<shard>`` (``<split>-NNN-NNN-<16 hex>`` and a writer's suffix) or the condition
+    table beside index.json (exactly ``conditions-<16 hex>`` and a writer's suffix). Anything
+    else, which a tampered record could carry to delete what is not ours (``shards``, ``..``,
+    ``notes``, ``notes-001-001-<hex>.txt`` or ``conditions-<hex>.csv`` at the top of the prefix),
+    is logged and dropped: never deleted."""
     kept: set[str] = set()
     dropped: list[object] = []
     for n in names:
-        parts = n.split("/") if isinstance(n, str) else []
-        ok = (len(parts) == 1 or (len(parts) == 2 and parts[0] == fmt.SHARDS_DIR)) and bool(
-            OUR_NAME_RE.fullmatch(parts[-1])
-        )
-        if ok:
-            kept.add(n)  # type: ignore[arg-type]
+        if isinstance(n, str) and _deletable(n):
+            kept.add(n)
         else:
             dropped.append(n)
     if dropped:
@@ -168,6 +172,18 @@ def _ours_only(store: ObjectStore, names: Iterable[object]) -> set[str]:
             ", ".join(map(repr, dropped[:5])),
         )
     return kept
+
+
+def _deletable(name: str) -> bool:
+    """Whether ``name`` has the shape of a file an index of ours names (see ``_ours_only``)."""
+    parts = name.split("/")
+    stem, dot, suffix = parts[-1].rpartition(".")
+    suffixes = {WRITERS.get(encoding).suffix for encoding in WRITERS.names()}
+    if not dot or not plain_name(parts[-1]) or f".{suffix}" not in suffixes:
+        return False
+    if len(parts) == 2 and parts[0] == fmt.SHARDS_DIR:
+        return bool(SHARD_STEM_RE.fullmatch(stem))
+    return len(parts) == 1 and bool(CONDITIONS_STEM_RE.fullmatch(stem))
 
 
 def _local_objects(root: Path, files: Iterable[str]) -> Iterator[tuple[str, tuple[Path, int]]]:

@@ -38,6 +38,8 @@ POINTS = {
     17: "Object storage (issue 23)",
     18: "Resume on another world (issue 24)",
     19: "Fast digests and the stat cache (issue 26: 1)",
+    # issue 45: a dataset you did not build, nothing stale, a new user's trip-ups
+    20: "An untrusted dataset, a forged push record, a cache that breaks (issue 45: 1-3, 7, 10-11)",
 }
 
 HEADER = """\

@@ -41,6 +41,7 @@ from loaders.errors import FormatError
 from loaders.files import shard_digest_matches
 from loaders.format import index_sha256
 from loaders.integrity import DatasetRebuilt
+from loaders.names import plain_name, relative_name
 from loaders.remote.ledger import PINS, evict, locked, remove_path, touch, write_size
 from loaders.remote.reuse import adopt_from_other_generation
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound, open_store
@@ -92,7 +93,17 @@ class NodeCache:
 
     # -- paths ------------------------------------------------------------------------------------
     def path(self, entry: ShardEntry) -> Path:
-        return self.root / "shards" / entry.file
+        """Where ``entry`` is cached. Its name was checked where index.json was parsed
+        (``loaders.names``); checked again here, as a path, so that no way round that parser (an
+        entry built in code, a later change) can download or rename outside the cache folder."""
+        path = self.root / "shards" / entry.file
+        if not (plain_name(entry.file) and path.resolve().is_relative_to(self.cache_dir.resolve())):
+            raise CacheError(
+                f"{self.url}: shard name {entry.file!r} would be cached at {path}, outside the "
+                f"cache folder {self.cache_dir}: refused (the dataset's index.json is not one "
+                "shardsmith wrote)"
+            )
+        return path
 
     def _pin_path(self, entry: ShardEntry, suffix: str) -> Path:
         return self.root / PINS / f"{quote(entry.file, safe='')}{suffix}"
@@ -375,7 +386,13 @@ def download_tree(
         raise RemoteNotFound(
             store.key_url(key + "/"), "has no objects", f"push the dataset again ({named_by})"
         )
-    for o in objects:
+    for o in objects:  # a listing is the server's word: each key stays below ``tmp``
+        if not relative_name(o.key[len(key) + 1 :]):
+            raise RemoteError(
+                store.key_url(o.key),
+                f"is no object of the dataset file {key} (its name leaves the folder)",
+                f"remove that object from the bucket, or push the dataset again ({named_by})",
+            )
         (tmp / o.key[len(key) + 1 :]).parent.mkdir(parents=True, exist_ok=True)
 
     def get(o: Any) -> int:

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote
 
+from loaders.names import plain_name
+
 PINS = ".pins"  # a generation folder's ledger of pins
 
 
@@ -42,8 +44,10 @@ def evict(cache_dir: Path, target: int) -> tuple[int, int]:
             except BlockingIOError:  # pinned (or being downloaded): never evicted
                 pinned += size
                 continue
-            data = pin.parent.parent / "shards" / unquote(pin.name[: -len(".pin")])
-            remove_path(data)
+            name = unquote(pin.name[: -len(".pin")])
+            if not plain_name(name):  # a pin file planted to delete what it names: skipped
+                continue
+            remove_path(pin.parent.parent / "shards" / name)
             os.ftruncate(fd, 0)
             used -= size
         finally:

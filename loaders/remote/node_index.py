@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from loaders.remote.ledger import locked
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound
 
 LATEST, LOCK = "latest.json", ".index.lock"
+HEX = re.compile(r"[0-9a-f]{32,64}")
 SHARE_S = 300.0  # how long ranks of one job reuse the index one of them fetched
 JOB_ENV = (
     ("TORCHELASTIC_RUN_ID",),
@@ -71,7 +73,8 @@ def _latest(url_dir: Path) -> tuple[str, float, str | None] | None:
     cache without ``latest.json``: its newest index file, by modification time)."""
     try:
         rec = json.loads((url_dir / LATEST).read_text())
-        return str(rec["digest"]), float(rec["fetched_at"]), rec.get("job")
+        if HEX.fullmatch(str(rec["digest"])):  # it becomes a path: hex digits only
+            return str(rec["digest"]), float(rec["fetched_at"]), rec.get("job")
     except (OSError, ValueError, KeyError, TypeError):
         pass
     found = sorted(

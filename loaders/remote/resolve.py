@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import FormatError, index_sha256, read_index
+from loaders.names import plain_name
 from loaders.remote.cache import CacheError, NodeCache, download_tree
 from loaders.remote.ledger import remove_path
 from loaders.remote.node_index import check_offline, fetch_index
@@ -63,6 +65,7 @@ def open_remote(
     cache_dir: str | Path | None = None,
     cache_limit: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    trust_plugins: bool | Sequence[str] = False,
     offline: bool = False,
     split: str | None = None,
 ) -> RemoteDataset:
@@ -100,7 +103,7 @@ def open_remote(
             f"cache_dir= or set ${CACHE_ENV} to a writable folder"
         ) from None
     root = url_dir / index_sha256(fetched.data)[:32]
-    index = read_index(root, fetched.data)
+    index = read_index(root, fetched.data, trust_plugins)
     if fetched.how == "offline":
         missing = [
             e.file
@@ -124,7 +127,10 @@ def open_remote(
 
 def _fetch_side_file(store: Any, root: Path, name: str, ref: Any) -> None:
     """A file beside index.json (the condition table: one object, or a zarr folder of them),
-    checked against its digest, written atomically."""
+    checked against its digest, written atomically. ``name`` was checked where index.json was
+    parsed; checked again here, where it becomes a path."""
+    if not plain_name(name):
+        raise CacheError(f"{root}: index.json names the file {name!r} beside it: not a plain name")
     dst = root / name
     if dst.exists():
         return
@@ -168,6 +174,7 @@ def resolve_root(
     cache_dir: str | Path | None,
     cache_limit: int | None,
     storage_options: dict[str, Any] | None,
+    trust_plugins: bool | Sequence[str] = False,
     offline: bool = False,
     split: str | None = None,
 ) -> tuple[str, Path, dict[str, Any] | None]:
@@ -180,7 +187,9 @@ def resolve_root(
                 "(s3://...); a local folder is read in place"
             )
         return str(root), local_path(root), None
-    remote = open_remote(str(root), cache_dir, cache_limit, storage_options, offline, split)
+    remote = open_remote(
+        str(root), cache_dir, cache_limit, storage_options, trust_plugins, offline, split
+    )
     cache = node_cache(remote.spec, remote.root)
     if cache._store is None:  # one client per process, not one per use
         cache._store = remote.store

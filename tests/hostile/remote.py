@@ -40,6 +40,11 @@ BY_HAND = "test_remote_generations::test_an_object_deleted_by_hand_is_not_found_
 DOWN_CACHED = "test_remote_open::test_an_unreachable_server_opens_the_cached_index_with_its_age"
 DOWN_MISSING = "test_remote_open::test_offline_needs_every_shard_of_the_split"
 
+_BUILD_SHAPED = [  # a user's objects whose names look like a build's (issue 45, item 7)
+    "notes-001-001-0123456789abcdef.txt",
+    "conditions-0123456789abcdef.csv",
+    "shards/notes-001-001-0123456789abcdef.txt",
+]
 _REMOTE_BAD = [  # (id stem, data, what is done)
     ("no-index", "no-index", "a prefix of an existing bucket that holds no index.json"),
     ("no-bucket", "no-bucket", "a bucket that does not exist"),
@@ -196,6 +201,21 @@ CASES = [
         "`shards/../notes/keep.txt`, `` and `index.json`; two more pushes",
         "nothing foreign deleted, index.json kept",
         RECORD,
+        (
+            ["shards/README.txt", "notes/keep.txt"],
+            ["shards", "notes", "shards/../notes/keep.txt", "", "index.json"],
+        ),
+    ),
+    Case(
+        "push-record-claims-build-shaped-names",
+        20,
+        "a user's `notes-001-001-<16 hex>.txt` and `conditions-<16 hex>.csv` at the top of the "
+        "prefix, and `shards/notes-001-001-<16 hex>.txt`, claimed by an edited push record; two "
+        "more pushes",
+        "none deleted: only a condition table's exact name (`conditions-<16 hex>.zarr`/`.tar`) "
+        "and shards under `shards/` may be (was: the top-level two were deleted)",
+        RECORD,
+        (_BUILD_SHAPED, _BUILD_SHAPED),
     ),
     Case(
         "push-lock-held",
