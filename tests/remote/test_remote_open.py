@@ -152,3 +152,31 @@ def test_data_module_takes_a_url(
     assert dm.root == url and set(dm.loaders) >= {"train"}
     assert dm.loaders["train"].dataset.url == url.rstrip("/")
     assert os.fspath(dm.loaders["train"].dataset.root).startswith(os.fspath(cache))
+
+
+def test_a_dropped_reader_stops_its_read_ahead(
+    built: Any, s3_bucket: str, upload: Callable[..., str], s3_proxy: Any, tmp_path: Path
+) -> None:
+    """The read-ahead started at open fetches this rank's first windows one after the other; a
+    dataset dropped meanwhile lets its running downloads finish and starts no further window
+    (it used to fetch them all, taking the link from whatever came next)."""
+    import gc
+
+    from loaders.remote.ahead import rank_windows
+
+    url = upload(built.outs["zarr"], f"{s3_bucket}/ds")
+    s3_proxy.fault = lambda m, p, n: "stall" if m == "GET" and "/shards/" in p else None
+    s3_proxy.stall_s = 0.3
+    s3_proxy.requests.clear()
+    ds = ShardDataset(url, cache_dir=tmp_path / "c", **{**KW, "window": 1})
+    wins, shards = rank_windows(ds, 0), ds.root / "shards"
+    assert len(wins) >= 3
+    first = {ds.entries[s].file for s in ds.reader.window_shards(0, wins[0]).tolist()}
+    del ds
+    gc.collect()
+    deadline = time.monotonic() + 60  # window 0's stalled downloads end...
+    while not all((shards / f).exists() for f in first) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)  # ...and a chain still running would start window 1 meanwhile
+    fetched = {p.split("/shards/")[1].split("/")[0] for p in s3_proxy.gets()}
+    assert fetched and fetched <= first, (sorted(fetched), sorted(first))
