@@ -9,7 +9,7 @@ JOBS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install shards test lint bench bench-quick bench-scale clean
+.PHONY: install shards test test-fast lint bench bench-quick bench-scale bench-micro clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,12 +29,26 @@ shards: $(STAMP)
 	set -e; for m in $(DEMOS); do for f in zarr tar; do \
 	  $(PY) -m pipeline build data_manifests/$$m.toml --out shards/$$m-$$f --format $$f --no-progress $(JOBSFLAG); \
 	  $(PY) -m pipeline verify shards/$$m-$$f; \
-	done; done
+	done; $(PY) -m pipeline report shards/$$m-zarr -o shards/$$m-report.html; done
+	@echo "open shards/demo-report.html in a browser: the screen's report (cells per perturbation, splits, pairing)"
 	@echo "next: $(VENV)/bin/shardsmith inspect shards/demo-zarr (what a dataset holds), then read it in a trainer:"
 	@echo "      README.md 'Read it in a trainer' (ShardDataset(\"shards/demo-zarr\", split=\"train\", sample=\"cells\"))"
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q
+
+# the fast lane: pure functions and in-process builds, no test that needs more (README.md, "Tests")
+FAST ?= not (process or cluster or s3 or browser or gpu or root or bench)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "$(FAST)"
+
+# the browser test's Chromium (Debian's package), installed where we are root with apt-get; never fails
+# the build: without it tests/pipeline/test_report_browser.py skips and says why
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+	    apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "chromium not installed (needs root and apt-get): the browser test will skip"
 
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline loaders tests benchmarks
@@ -43,9 +57,13 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run --full --out . --torch-spec "$(TORCH_SPEC)"
 
 # a smoke run (~2 min): small sizes check that every benchmark runs; only `make bench` judges the targets
-# the build from 200k to 2M cells (~3.3 GB of sources at 2M; ~10 min on 2 idle cores): writes benchmarks/SCALE.md
+# the build from 200k to 2M cells (~3.3 GB of sources at 2M; ~10 min on 2 idle cores): writes docs/benchmarks/SCALE.md
 bench-scale: $(STAMP)
 	$(PY) -m benchmarks.scale_bench
+
+# micro-benchmarks (pytest-benchmark, tests/benchmarks/test_micro_*.py): timings side by side, no verdicts
+bench-micro: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/benchmarks -k micro --benchmark-only --benchmark-group-by=group
 
 bench-quick: $(STAMP)
 	@echo "bench-quick: SMOKE RUN at small sizes (not the targets' scale; no met/missed verdicts): make bench judges the targets"

@@ -21,7 +21,11 @@ the
   whole split one window): what docs/LOADER.md says to expect on 16+ cores, measured;
 * the spike voxel op and loader on the GPU (``benchmarks.gpu_spike``), equal to numpy or an error;
 * cells, pairs and sentences through ``device="cuda"`` equal to the host loader's, key by key (or an
-error).
+error);
+* the engine choice (``benchmarks.engine_choice``, docs/LOADER.md "Engine choice"): the decoder
+  process against per-process decode for ``num_workers`` 0, 2, 4, 8, dense and sparse, host and
+  ``device="cuda"`` (interleaved in one process per W), and each configuration's peak PSS / RSS in
+  a fresh process: the figures this issue's decision waits for on 16 cores.
 
 Results go to ``--out/device.json`` and a markdown summary to stdout. Not interleaved across
 processes: the rates of the worker scan are from consecutive windows of one process, on a machine
@@ -50,6 +54,21 @@ def worker_scan(root: str, workers: tuple[int, ...], seconds: float) -> list[dic
             flush=True,
         )
     return out
+
+
+def engine_part(root: str, seconds: float) -> dict[str, Any]:
+    """The engine choice on this node: W = 0, 2, 4, 8, host and (with CUDA) ``device="cuda"``,
+    3 interleaved rounds per W, then peak memory per configuration (2 epochs, fresh processes)."""
+    import torch
+
+    from benchmarks.engine_choice import memory, speed, table
+
+    devices = ["host", "cuda"] if torch.cuda.is_available() else ["host"]
+    workers = [0, 2, 4, 8]
+    speeds = speed(root, workers, 2, min(seconds, 2.0), 3, devices)
+    mems = memory(root, workers, 2, 2)
+    print(table(speeds, mems), flush=True)
+    return {"speed": speeds, "memory": mems, "load": os.getloadavg()}
 
 
 def cells_parity(root: str, workers: tuple[int, ...] = (0, 2)) -> list[dict[str, Any]]:
@@ -109,7 +128,11 @@ def prepare(data: Path, bench_data: Path = Path("bench_data")) -> None:
     from pipeline.build import build
 
     ds = ensure_dataset(SynthParams(n_cells=50_000, n_genes=2_000), bench_data.resolve())
-    manifest = write_manifest(data / "cells.toml", ds, name="device-50000", codec="blosc-lz4")
+    # 4 MB shards (16 train shards): windows of 2 shards make 8 windows an epoch, so the engine
+    # part compares engines that decode while serving (one shard: one window, decoded once)
+    manifest = write_manifest(
+        data / "cells.toml", ds, name="device-50000", codec="blosc-lz4", shard_size_mb=4
+    )
     build(manifest, data / "cells", jobs=1, progress=False)
     with h5py.File(ds.files[0], "r") as f, h5py.File(data / "csr.h5", "w") as o:
         g = f["X"]
@@ -130,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument(
         "--parts",
-        default="cells_parity,gpu_cells,host_workers,gpu_spike",
+        default="engine,cells_parity,gpu_cells,host_workers,gpu_spike",
         help="comma list of the parts to run",
     )
     ap.add_argument(
@@ -153,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     print(f"[device] {res}", flush=True)
+    if "engine" in parts:
+        res["engine"] = engine_part(str(data / "cells"), a.seconds)
     if "gpu_cells" in parts:
         res["gpu_cells"] = run_gpu(
             {

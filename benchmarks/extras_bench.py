@@ -65,7 +65,7 @@ def persistent(root: str, seconds: float, rounds: int) -> dict[str, Any]:
 def digest_cost(root: str, window: int, rounds: int) -> dict[str, Any]:
     from benchmarks.integrity_bench import window_digest_cpu
     from loaders import ShardDataset
-    from loaders.engine.arena import BufferPool
+    from loaders.samples.arena import BufferPool
 
     ds = ShardDataset(root, split="train", batch_size=256, window=window, seed=0, verify=False)
     reader, pool = ds.reader, BufferPool()

@@ -48,11 +48,11 @@ def digest_speeds(mb: int, rounds: int = 5) -> dict[str, float]:
 
 def window_digest_cpu(reader: object, window: int, rounds: int = 5) -> dict[str, float]:
     """CPU seconds (this thread) to check the digest of a window's shards as the loader does
-    (``loaders.digests.matches`` over the files read), per algorithm, on the same bytes: what
+    (``loaders.format.digests.matches`` over the files read), per algorithm, on the same bytes: what
     ``verify=True`` adds to a window's decode on its first read, with each index version's
     digest."""
-    from loaders.digests import bytes_digest, matches
-    from loaders.integrity import read_checked
+    from loaders.format.digests import bytes_digest, matches
+    from loaders.format.integrity import read_checked
 
     paths = reader.paths[:window]  # type: ignore[attr-defined]
     shards = [read_checked(Path(p), None) for p in paths]
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"digest speed, one thread, per CPU-second: {speed}")
 
     from loaders import ShardDataset, ShardLoader
-    from loaders.engine.arena import BufferPool
+    from loaders.samples.arena import BufferPool
 
     root = build(args.cells, Path(args.data_dir), args.codec)
     kw = {"batch_size": 256, "window": args.window, "seed": 0}

@@ -272,7 +272,8 @@ def run_workers(spec: dict[str, Any]) -> list[dict[str, Any]]:
             for b in dl:
                 rows += rows_of(b)
         dt = time.perf_counter() - t0
-        dec = ds._decoder_state[1] if ds._decoder_state else None
+        engine = ds.engine_here()
+        dec = engine.decoder_state
         out.append(
             {
                 "num_workers": w,
@@ -280,7 +281,7 @@ def run_workers(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 "epochs": epochs,
                 "decode_cpu_s_per_epoch": (decoder_cpu(me) - c0) / epochs,
                 "worker_cpu_s_per_epoch": (_workers_cpu(me) - wc0) / epochs,
-                "window_decodes": ds._broker.decodes if ds._broker else None,
+                "window_decodes": engine.broker.decodes if engine.broker else None,
                 "peak_window_mib": (dec.peak_bytes if dec else 0) / MIB,
             }
         )

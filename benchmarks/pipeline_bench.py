@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.measure import MB, MIB, RssSampler
-from loaders.digests import file_digest
+from loaders.format.digests import file_digest
 
 REPO = Path(__file__).resolve().parents[1]
 BUILT_RE = re.compile(r"built .*?: (\d+) shards written, (\d+) reused in ([\d.]+)s")
@@ -257,13 +257,13 @@ def codec_floor(
     """`codec_bound_limit`'s work with its memory reused, once. Why: the limit reads into fresh
     arrays and compresses into fresh bytes, and on a VM that hands free memory back to its host
     their pages cost more or less from one run to the next (over the 2M screen 3.4-4.8 CPU-s from
-    run to run, this 3.2-3.5: benchmarks/ANALYSIS.md, 26.3b). The steadier floor of that work;
+    run to run, this 3.2-3.5: docs/benchmarks/ANALYSIS.md, 26.3b). The steadier floor of that work;
     scale_bench reports the build against it beside the limit."""
     return codec_bound_limit(files, codec, level, block_bytes, repeats=1, reuse=True)
 
 
 def digest_seconds(files: list[Path]) -> float:
-    """Seconds to digest every source as a build's fingerprint does (xxh3-128, loaders.digests)."""
+    """Seconds to digest every source as a build's fingerprint does (xxh3-128, loaders.format.digests)."""
     t0 = time.perf_counter()
     for p in files:
         file_digest(p)

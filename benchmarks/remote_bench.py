@@ -24,7 +24,7 @@ rate (benchmarks/remote_limits.py): what the machine's cores allow while the ser
 wait for all its shards).
 
 Why ``_settle``: a ShardDataset used to sit in reference cycles (fixed since: loaders/engine
-produce.py and supply.py, tests/test_loader_release.py), so an epoch's loader was freed only by
+produce.py and supply.py, tests/loaders/test_loader_release.py), so an epoch's loader was freed only by
 the cyclic GC, at some later allocation; until then its decoder process lived (and used CPU).
 Opening a URL dataset creates an S3 client (many allocations), so the GC ran in the warm epoch's
 untimed open, while a local open allocates little and the earlier loaders' processes ran, or

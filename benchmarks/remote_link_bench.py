@@ -251,7 +251,7 @@ def run_link_bench(
 
 def link_targets(rl: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 46's targets (a)-(d), from the section's results."""
-    from benchmarks.targets import target
+    from benchmarks.verdicts import target
 
     ok = "link_bound_cells_s" in rl
     why = "" if ok else f"shaped link: {rl.get('skipped') or rl.get('error') or 'not run'}"

@@ -1,4 +1,4 @@
-"""PNG plots of one results document (``benchmarks/results.json``) for BENCHMARKS.md
+"""PNG plots of one results document (``docs/benchmarks/results.json``) for BENCHMARKS.md
 (:mod:`benchmarks.report` writes the markdown around them). matplotlib is imported only when a plot
 is drawn."""
 
@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-PLOTS = "benchmarks/plots"
+from benchmarks.locations import RESULTS_REL
+
+PLOTS = (RESULTS_REL / "plots").as_posix()  # relative to OUT, as BENCHMARKS.md links it
 
 
 def _plt() -> Any:

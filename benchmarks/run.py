@@ -1,4 +1,4 @@
-"""Run the benchmarks and write BENCHMARKS.md, benchmarks/results.json and benchmarks/plots/*.png
+"""Run the benchmarks and write BENCHMARKS.md, docs/benchmarks/results.json and docs/benchmarks/plots/*.png
 under --out.
 
     python -m benchmarks.run --full  --out .                 # ~15 min on 2 cores: 200k x 2k, sizes
@@ -28,11 +28,13 @@ from typing import Any
 from benchmarks import pipeline_bench as pb
 from benchmarks.build_vs_annbatch import build_annbatch_section
 from benchmarks.extras_bench import extras_section
+from benchmarks.locations import RESULTS_REL
 from benchmarks.measure import machine_info, package_versions
 from benchmarks.modality_sections import modality_section
 from benchmarks.remote_bench import remote_section
 from benchmarks.remote_link_bench import link_section
 from benchmarks.report import write_report
+from benchmarks.report_bench import report_section
 from benchmarks.run_config import parse_args
 from benchmarks.run_sections import (
     annbatch_section,
@@ -98,19 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     res["remote"] = remote_section(cfg, roots, skip, notes)  # before the shards are removed
     res["remote_link"] = link_section(cfg, data_dir, skip, notes)  # its own build, shaped link
     res["extras"] = extras_section(cfg, roots, skip, notes)  # as the line above
+    res["report"] = report_section(cfg, roots, res, skip, notes)  # as the line above
     if not a.keep_shards:
         for root in roots.values():
             shutil.rmtree(root, ignore_errors=True)
     res["targets"] = evaluate(res) if cfg.mode == "full" else as_smoke(evaluate(res))
     res["total_s"] = time.perf_counter() - t0
     res["load_avg_end"] = list(os.getloadavg())
-    (out / "benchmarks").mkdir(parents=True, exist_ok=True)
+    (out / RESULTS_REL).mkdir(parents=True, exist_ok=True)
     md = write_report(res, out)
-    (out / "benchmarks" / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / RESULTS_REL / "results.json").write_text(json.dumps(res, indent=1, default=str))
     for t in res["targets"]:
         print(f"[target {t['name']}] {t.get('by', t['status'])} - {t['what']}", flush=True)
     print(
-        f"[bench] wrote {md} and {out / 'benchmarks' / 'results.json'} in {res['total_s']:.0f}s",
+        f"[bench] wrote {md} and {out / RESULTS_REL / 'results.json'} in {res['total_s']:.0f}s",
         flush=True,
     )
     if cfg.mode != "full":

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import pipeline_bench as pb
+from benchmarks.locations import RESULTS
 from benchmarks.measure import machine_info
 from benchmarks.synth import SynthParams, ensure_dataset, write_manifest
 
@@ -234,7 +235,7 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             "Against the floor (the limit's reads and compression into reused memory, measured before "
             "the first round and after the last; the limit's fresh arrays cost more or less from run "
-            "to run here: benchmarks/ANALYSIS.md, 26.3b): x floor (CPU) "
+            "to run here: docs/benchmarks/ANALYSIS.md, 26.3b): x floor (CPU) "
             + "; ".join(
                 f"{r['n_cells']:,}: {r['vs_floor_cpu']:.3f} (floor {r['floor_cpu_s']:.2f} CPU-s)"
                 for r in floored
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         help="builds per size, each between two limits (L B L B ... L; median ratio reported)",
     )
     ap.add_argument("--data-dir", type=Path, default=REPO / "bench_data")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
     import os
 

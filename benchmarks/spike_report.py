@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from benchmarks.spike_bench import SpikeBenchConfig
+    from benchmarks.spike_config import SpikeBenchConfig
 
 NONE, V1 = "shardsmith, codec = none", "shardsmith, spikebits-v1"
 LAYOUTS = (

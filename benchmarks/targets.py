@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.targets_extra import extra_targets
+from benchmarks.verdicts import target
+
 GIB_MB = 1024.0  # RSS figures are in MiB
 
 
@@ -31,47 +34,6 @@ def shard_row(
         ):
             return r
     return None
-
-
-def target(
-    name: str,
-    what: str,
-    value: float | None,
-    goal: float,
-    higher_is_better: bool,
-    unit: str = "x",
-    detail: str = "",
-) -> dict[str, Any]:
-    if value is None:
-        return {
-            "name": name,
-            "what": what,
-            "status": "not measured",
-            "value": None,
-            "goal": goal,
-            "detail": detail,
-        }
-    met = value >= goal if higher_is_better else value <= goal
-    if met:
-        margin = value / goal if higher_is_better else goal / max(value, 1e-12)
-        by = f"met, {margin:.2f}x margin"
-    else:
-        by = (
-            f"missed: {goal / max(value, 1e-12):.2f}x short"
-            if higher_is_better
-            else f"missed: {value / goal:.2f}x the limit"
-        )
-    return {
-        "name": name,
-        "what": what,
-        "status": "met" if met else "missed",
-        "value": value,
-        "goal": goal,
-        "unit": unit,
-        "by": by,
-        "detail": detail,
-        "higher_is_better": higher_is_better,
-    }
 
 
 def interleaved_row(
@@ -299,8 +261,6 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
             else "",
         )
     )
-    from benchmarks.targets_extra import extra_targets  # it imports target() from here
-
     return out + extra_targets(res)
 
 

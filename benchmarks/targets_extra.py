@@ -10,11 +10,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.locations import RESULTS
 from benchmarks.remote_link_bench import link_targets
-from benchmarks.targets import target
+from benchmarks.report_bench import report_targets
+from benchmarks.verdicts import target
 
 MB = 1e6
-SCALE_JSON = Path(__file__).with_name("scale.json")
+SCALE_JSON = RESULTS / "scale.json"
 
 
 def reported(
@@ -212,7 +214,7 @@ def digest_targets(ex: dict[str, Any]) -> list[dict[str, Any]]:
 
 def build_targets(res: dict[str, Any], scale_json: Path = SCALE_JSON) -> list[dict[str, Any]]:
     """26.3a from this run (benchmarks/build_vs_annbatch.py); 26.3b from the last
-    `make bench-scale` (benchmarks/scale.json: its 2M-cell build), which is not rerun here."""
+    `make bench-scale` (docs/benchmarks/scale.json: its 2M-cell build), which is not rerun here."""
     b = res.get("build_annbatch") or {}
     ok = "ratio" in b
     try:
@@ -244,7 +246,7 @@ def build_targets(res: dict[str, Any], scale_json: Path = SCALE_JSON) -> list[di
             big.get("vs_limit_cpu") if big else None,
             0.3,
             True,
-            detail=f"from benchmarks/scale.json ({scale['date']}): build CPU "
+            detail=f"from docs/benchmarks/scale.json ({scale['date']}): build CPU "
             f"{big['build']['cpu_s']:.1f} s vs limit {big['limit_cpu_s']:.1f} s at "
             f"{big['n_cells']:,} cells"
             + (
@@ -254,7 +256,7 @@ def build_targets(res: dict[str, Any], scale_json: Path = SCALE_JSON) -> list[di
                 else ""
             )
             if big and scale
-            else "no benchmarks/scale.json: run `make bench-scale`",
+            else "no docs/benchmarks/scale.json: run `make bench-scale`",
         ),
     ]
 
@@ -268,4 +270,5 @@ def extra_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         *ct_crop_targets(res.get("ct") or {}),
         *persistent_targets(ex),
         *digest_targets(ex),
+        *(report_targets(res["report"]) if "report" in res else []),
     ]

@@ -1,7 +1,9 @@
-"""Thin streaming reader of shardsmith shards for PyTorch trainers.
+"""Streaming reader of shardsmith shards for PyTorch trainers: this top level is the public face;
+below it the on-disk contract (``format``), the epoch order (``epoch``), the sample-type API
+(``samples``) and the decode engine (``engine``), which decodes each shuffle window once per rank.
 
 `ShardDataset` and `ShardLoader` are imported on first use (PEP 562), so that the pipeline, which
-needs only `loaders.format` and `loaders.shardio`, never pays for importing torch (~300 MiB and
+needs only `loaders.format` and `loaders.format.readers`, never pays for importing torch (~300 MiB and
 ~1 s per process).
 """
 

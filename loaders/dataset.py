@@ -5,7 +5,7 @@ for 256 units at once with a few vectorised numpy calls avoids per-sample ``__ge
 collate, whose Python overhead alone exceeds the whole vectorised gather.
 
 Why windows: a batch mixes the units of ``window`` shards (the shuffle buffer). A window's shards
-are decoded once, straight into an :class:`~loaders.engine.arena.Arena` (one column per field), and
+are decoded once, straight into an :class:`~loaders.samples.arena.Arena` (one column per field), and
 it serves every batch that falls in it; the next window a worker will touch is decoded meanwhile:
 by the decoder process (:mod:`loaders.engine.decoder`) in the training process, by background
 threads in DataLoader workers. Threads in the training process itself slowed batch assembly
@@ -15,46 +15,40 @@ epoch boundary does not stall the GPU on a whole window's decode. Windows a work
 are recycled through a per-process buffer pool, so memory is bounded by ~3 windows per worker and
 does not grow across epochs.
 
-The order (which units, which batch, which worker) is entirely :mod:`loaders.order`. This module
-is what a dataset is (its options, index, sample type and this rank's batch plan) and how
-``__iter__`` hands batches to DataLoader workers; two mixins hold the rest: where a window comes
-from (:mod:`loaders.engine.supply`) and how windows become batches in one process, decoded ahead
-and recycled (:mod:`loaders.engine.produce`).
+The order (which units, which batch, which worker) is entirely :mod:`loaders.epoch`. A dataset is
+what crosses into a DataLoader worker: its options, index, sample type and this rank's epoch plan
+(:class:`~loaders.epoch.layout.EpochPlan`), plain values; plus one slot for the machinery of the
+process it is used in (:class:`~loaders.engine.process.ProcessEngine`: threads, buffers, the
+decoder process or the broker, live windows), made on first use in each process. A
+:class:`~loaders.loader.ShardLoader` tells it how batches leave in one object
+(:class:`~loaders.engine.process.LoaderSettings`, :meth:`ShardDataset.configure`).
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaders import interop, order
-from loaders.collate import (
-    Arena,
-    BufferPool,
-    RunShipping,
-    to_shared,
-    to_tensors,
-)
+from loaders import interop
 from loaders.engine import decoder
-from loaders.engine.broker import Broker, BrokerClient
-from loaders.engine.decoder import Decoder
-from loaders.engine.layout import EpochLayout, Layout
-from loaders.engine.live import LiveWindows
-from loaders.engine.produce import BatchProduction
+from loaders.engine.process import LoaderSettings, PerProcess, ProcessEngine
 from loaders.engine.ring import worker_ring
-from loaders.engine.supply import WindowSupply
+from loaders.engine.transport import to_shared, to_tensors
 from loaders.engine.window import WindowReader
+from loaders.epoch import order
+from loaders.epoch.layout import EpochPlan, Layout
+from loaders.epoch.schedule import Plan
 from loaders.format import index_sha256, read_index, read_index_bytes
-from loaders.indexcheck import check_index_digest
-from loaders.integrity import check_on_corrupt
+from loaders.format.index_check import check_index_digest
+from loaders.format.integrity import check_on_corrupt
 from loaders.options import Engine, Integrity, resolve
 from loaders.remote import ahead
 from loaders.remote.ahead import check_limit
@@ -68,9 +62,7 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-class ShardDataset(
-    interop.DatasetInfo, EpochLayout, WindowSupply, BatchProduction, IterableDataset
-):
+class ShardDataset(interop.DatasetInfo, IterableDataset):
     """Batches of one split of a dataset folder (``index.json`` + ``shards/``).
 
     Use it through :class:`~loaders.loader.ShardLoader` (which sets epochs and resume offsets) or a
@@ -97,7 +89,7 @@ class ShardDataset(
       shard, ``"skip"`` leaves its units out and lists it in :attr:`skipped_shards`. A rebuild
       that removed or changed the opened generation's shards raises ``DatasetRebuilt`` (reopen).
       ``index.json`` itself is checked at open, as ``shardsmith verify`` checks it, against the
-      digest its build stored (:func:`~loaders.indexcheck.check_index_digest`): an edited index (a
+      digest its build stored (:func:`~loaders.format.index_check.check_index_digest`): an edited index (a
       shard entry removed, labels swapped) is a ``FormatError``.
     * ``root`` may be a URL (``s3://bucket/prefix/ds``): ``cache_dir`` (default
       ``$SHARDSMITH_CACHE``, else the user cache folder), ``cache_limit`` (bytes, default none)
@@ -218,11 +210,8 @@ class ShardDataset(
         )
         # the decoder process takes one core unless told otherwise
         self.decoder_threads = 1 if eng.decode_threads is None else self.decode_threads
-        # how batches leave: "dense" (deferred items finished here, each delivered as its sample
-        # type made it); ShardLoader switches to "positions" to finish them on a device
-        self.output = "dense"
 
-        # integrity (loaders/integrity.py): every shard's sha256 and chunks checked before it is
+        # integrity (loaders/format/integrity.py): every shard's sha256 and chunks checked before it is
         # served; on_corrupt="skip" drops a failing shard's units from their batches and counts it
         # (skipped_shards)
         verify = self.integrity.verify
@@ -232,7 +221,6 @@ class ShardDataset(
                 "a file of it changes), 'always' (hash every read) or False (chunks counted only)"
             )
         self.verify, self.on_corrupt = verify, check_on_corrupt(self.integrity.on_corrupt)
-        self.decode_timeout = float(eng.decode_timeout)  # seconds the decoder may stay silent
         self.reader = WindowReader.from_spec(
             {
                 "root": str(self.root),
@@ -253,7 +241,7 @@ class ShardDataset(
             check_limit(remote["limit"], self.url, [e.bytes for e in self.reader.entries], window)
         self.fingerprint = (
             self.reader.fingerprint()
-        )  # what a resume state must match (loaders/resume.py)
+        )  # what a resume state must match (loaders/epoch/resume.py)
         self.sample_type = self.reader.sample  # bound to the index
         self.encoding = index.encoding
         self.vocabularies = (
@@ -265,43 +253,42 @@ class ShardDataset(
             self.reader.counts,
         )
         self.n_cols = getattr(self.sample_type, "n_cols", None)
-        self._pool: BufferPool | None = None
-        self._threads: tuple[int, ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = (
-            None  # (pid, ...)
+        self.plan = EpochPlan(
+            self.counts,
+            self.entries,
+            self.sample_type,
+            batch_size=batch_size,
+            seed=seed,
+            window=window,
+            shuffle=shuffle,
+            pad=pad,
+            drop_last=drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
         )
-        self._ahead: tuple[tuple[int, int], Future[Arena]] | None = (
-            None  # ((epoch, window), its decode)
-        )
-        self._ahead_lock = threading.Lock()
-        self._decoder_state: tuple[int, Decoder] | None = (
-            None  # (pid, this process's decoder process)
-        )
-        self._live: LiveWindows | None = (
-            None  # this process's decoded windows still served (loaders.engine.live)
-        )
-        self._broker: Broker | None = (
-            None  # the training process's, when DataLoader workers share its decode
-        )
-        self._broker_address: str | None = None
-        self._broker_pid = 0
-        self._broker_client: BrokerClient | None = None
-        self._epoch, self._start = 0, 0
-        self._shared: Any = (
-            None  # shared int64 (epoch, start, layout: engine/layout.py), persistent
-        )
-        self._budget = None  # ((epoch, K, offset), this rank's budget batches): engine/layout.py
+        self.settings = LoaderSettings()
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
-        self._skip_flags: Any = (
-            None  # shared int8 per shard when DataLoader workers skip too (ShardLoader)
-        )
-        # set by ShardLoader: its workers ship runs of batches (it unpacks them); None: a plain
-        # DataLoader's workers yield dicts of tensors
-        self.shipping: RunShipping | None = None
-        self.staging: bool | None = (
-            None  # main-process batches for a device: None tensors, else one buffer
-        )
+        self._engine: PerProcess[ProcessEngine] = PerProcess()
         if remote:  # the first windows start downloading now, while the trainer sets up
             ahead.at_open(self)
+
+    def configure(self, settings: LoaderSettings) -> None:
+        """How batches leave (``ShardLoader`` calls it once, before its workers start)."""
+        self.settings = settings
+        plan = self.plan
+        plan.shared, plan.partitions = settings.shared, settings.partitions
+        plan.set_iteration(plan.epoch, plan.start)  # into the shared slots, if any
+
+    def engine_here(self) -> ProcessEngine:
+        """This process's machinery for this dataset (made on first use in each process)."""
+        return self._engine.get(lambda parent: ProcessEngine(self, parent))
+
+    @property
+    def decode_timeout(self) -> float:
+        """Seconds the decoder process may stay silent: the engine's, or the loader's ``timeout``
+        when shorter."""
+        own, loader = float(self.engine.decode_timeout), self.settings.timeout
+        return min(own, loader) if loader > 0 else own
 
     # -- sizes and iteration state ---------------------------------------------------------------
     @property
@@ -321,82 +308,83 @@ class ShardDataset(
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's order (and start it from its first batch)."""
-        self._set_iteration(epoch, 0)
+        self.plan.set_iteration(epoch, 0)
 
-    def _set_iteration(self, epoch: int, start: int, layout: Layout | None = None) -> None:
-        """Start ``epoch`` at batch ``start``; ``layout``: a resumed epoch's ``(K, offset, base)``
-        (:mod:`loaders.engine.layout`), None: this world's own."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0 (got {epoch})")
-        self._epoch, self._start = int(epoch), int(start)
-        self._set_layout(self._epoch, layout)
-        if self._shared is not None:
-            self._shared[0], self._shared[1] = self._epoch, self._start
+    # -- the epoch plan, as the loader, resume states and remote prefetch ask for it ---------
+    @property
+    def global_batch(self) -> int:
+        """Units of one step over all ranks (fixed-size batches): what a resume must keep."""
+        return self.plan.global_batch
 
-    def _iteration(self) -> tuple[int, int]:
-        if (
-            self._shared is not None
-        ):  # persistent workers: the main process may have moved on since the fork
-            return int(self._shared[0]), int(self._shared[1])
-        return self._epoch, self._start
+    @property
+    def budgeted(self) -> bool:
+        """Whether the sample type batches by a cost budget (:mod:`loaders.epoch.budget`)."""
+        return self.plan.budgeted
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pool"] = None  # buffers belong to one process
-        state["_threads"], state["_ahead"], state["_ahead_lock"] = None, None, None  # so do threads
-        state["_decoder_state"] = None  # and the decoder process
-        state["_live"] = None  # and the windows it holds
-        state["_broker"], state["_broker_client"] = (
-            None,
-            None,
-        )  # workers keep only the broker's address
-        return state
+    def num_batches(self, epoch: int | None = None) -> int:
+        """Batches per epoch on this rank (see :meth:`EpochPlan.num_batches`)."""
+        return self.plan.num_batches(epoch)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._ahead_lock = threading.Lock()
-        self._broker: Broker | None = (
-            None  # the training process's, when DataLoader workers share its decode
-        )
-        self._broker_address: str | None = None
-        self._broker_pid = 0
-        self._broker_client: BrokerClient | None = None
+    def layout(self, epoch: int) -> Layout:
+        """``(K, offset, base)`` of ``epoch``: the resumed one's, else this world's own."""
+        return self.plan.layout(epoch)
+
+    def units_per_rank(self) -> int:
+        """Units a rank takes in an epoch laid out on this world."""
+        return self.plan.units_per_rank()
+
+    def _plans(self, epoch: int, wstarts: np.ndarray) -> Callable[[int], Plan]:
+        return self.plan.plans(epoch, wstarts)  # loaders.remote.ahead reads a rank's windows
+
+    # -- shards skipped (on_corrupt="skip") ------------------------------------------------------
+    def note_skipped(self, skipped: list[list[Any]]) -> None:
+        for s, why in skipped:
+            if int(s) not in self._skipped:
+                warnings.warn(f"on_corrupt='skip': skipping {why}", RuntimeWarning, stacklevel=3)
+            self._skipped[int(s)] = str(why)
+            if self.settings.skip_flags is not None:
+                self.settings.skip_flags[int(s)] = 1
+
+    @property
+    def skipped_shards(self) -> list[str]:
+        """Files of the shards skipped so far (``on_corrupt="skip"``), by this process and its
+        DataLoader workers; their units were left out of their batches."""
+        ids = set(self._skipped)
+        if self.settings.skip_flags is not None:
+            ids.update(i for i, f in enumerate(self.settings.skip_flags) if f)
+        return [self.entries[i].file for i in sorted(ids)]
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         """Batches (dicts of tensors). In a worker of a :class:`~loaders.loader.ShardLoader`
         (``shipping``):
         :class:`Shipped` runs of ``shipping.batches`` batches, which the loader splits
-        (:func:`loaders.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch
+        (:func:`loaders.engine.device.unpack_batches`); in a plain DataLoader's worker, dicts that torch
         ships."""
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
-        epoch, start = self._iteration()
-        runs = order.worker_runs(self.num_batches(epoch), worker, n_workers, start, self._group())
+        epoch, start = self.plan.iteration()
+        runs = order.worker_runs(self.num_batches(epoch), worker, n_workers, start, self.group())
         if not len(runs):
             return
-        served = self._serve(epoch, runs.batches(), worker, n_workers)
+        served = self.engine_here().serve(epoch, runs.batches(), worker, n_workers)
         if info is None:
             yield from served
             return
-        if (
-            self.shipping is None
-        ):  # a plain DataLoader: it gets what it can use, at torch's transport cost
-            yield from (to_tensors(p, self.output) for p in served)
+        shipping, output = self.settings.shipping, self.settings.output
+        if shipping is None:  # a plain DataLoader: it gets what it can use, at torch's cost
+            yield from (to_tensors(p, output) for p in served)
             return
-        ring = worker_ring(self.shipping.ring_slots)
+        ring = worker_ring(shipping.ring_slots)
         try:
             for run in runs:
-                yield to_shared(list(islice(served, len(run))), self.output, ring)
+                yield to_shared(list(islice(served, len(run))), output, ring)
         finally:
             close = getattr(served, "close", None)
             if close is not None:
                 close()
 
-    def _group(self) -> int:
+    def group(self) -> int:
         """Batches a DataLoader worker ships per item (1 in the main process)."""
-        return (
-            self.shipping.batches
-            if self.shipping is not None and get_worker_info() is not None
-            else 1
-        )
+        shipping = self.settings.shipping
+        return shipping.batches if shipping is not None and get_worker_info() is not None else 1

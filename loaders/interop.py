@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
+from loaders.format.readers import read_shard
 from loaders.samples import SAMPLE_TYPES
-from loaders.shardio import read_shard
 
 
 def var_names(index: fmt.Index) -> list[str]:

@@ -14,7 +14,7 @@ has its
   itself (and does not warn that the loader is not resumable): the number of batches the trainer
   has *processed* this epoch (not the loader's count, which includes the batch Lightning
   prefetches). ``fit(ckpt_path=...)`` mid-epoch then yields exactly the epoch's remaining
-  batches, also on another ``devices`` / ``num_nodes`` (:mod:`loaders.elastic`) when the global
+  batches, also on another ``devices`` / ``num_nodes`` (:mod:`loaders.epoch.elastic`) when the global
   batch is the same: pass ``global_batch_size`` instead of ``batch_size`` so each device takes its
   share of it.
 

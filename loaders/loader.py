@@ -8,14 +8,14 @@ Resume rules (also in docs/LOADER.md):
   epoch, whatever ``num_workers`` was before or is now.
 * Elastic: a state loads on another world size when the global batch (world size x batch size)
   is the same; the rest of the epoch keeps the state's canonical partitions, so every unit not yet
-  served is served (:mod:`loaders.elastic`; budget batches: every canonical batch not yet served).
+  served is served (:mod:`loaders.epoch.elastic`; budget batches: every canonical batch not yet served).
   Another global batch, seed, sample, split, window, shuffle, pad, drop_last, dataset or batch
   budget raises ``ValueError``.
 * All ranks consume the same number of batches, so rank 0's state can be loaded on every rank.
 * Workers are persistent by default (``persistent_workers=True``): respawning them every epoch
   cost most of their gain (docs/LOADER.md, "Measured").
 * ``set_epoch(e)`` with the epoch being resumed keeps the resume point; another epoch clears it.
-* A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.resume`).
+* A state carries the dataset's fingerprint and is type-checked (:mod:`loaders.epoch.resume`).
 
 ``timeout`` (seconds; default :data:`DEFAULT_TIMEOUT_S`, 300) bounds every wait: on the DataLoader
 workers (a stopped or stuck worker: its batch does not come within ``timeout``, the workers are
@@ -36,13 +36,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from loaders.collate import RunShipping
 from loaders.dataset import ShardDataset
-from loaders.device import DeviceFeeder
-from loaders.elastic import check_partitions
-from loaders.engine.layout import SHARED_SLOTS
+from loaders.engine.device import DeviceFeeder
+from loaders.engine.process import LoaderSettings
+from loaders.engine.transport import RunShipping
 from loaders.engine.watchdog import LoaderTimeout, WorkerWatch
-from loaders.resume import STATE_VERSION, check_done, check_state, layout_of
+from loaders.epoch.elastic import check_partitions
+from loaders.epoch.layout import SHARED_SLOTS
+from loaders.epoch.resume import STATE_VERSION, check_done, check_state, layout_of
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LoaderTimeout", "ShardLoader"]
 
@@ -69,7 +70,7 @@ class ShardLoader:
       killed and :class:`LoaderTimeout` names the stopped one; it also caps the decoder
       process's silence (see the module docstring).
     * transport: ``device``: where batches should end up (``None`` keeps them on the CPU).
-      ``device_finish``: deferred items (:mod:`loaders.payload`) cross as their parts, in their
+      ``device_finish``: deferred items (:mod:`loaders.samples.payload`) cross as their parts, in their
       device form, and are finished there (default: on CUDA); ``device="cpu"`` with
       ``device_finish=True`` runs that path on the host. ``pin_memory``, ``device_prefetch``
       (batches staged ahead on the device's side stream). ``ship_csr`` is the old name of
@@ -114,11 +115,11 @@ class ShardLoader:
         self.device = dev
         self.device_finish = cuda if device_finish is None else bool(device_finish)
         # shipped for a device: every deferred item's parts in its device form, finished there;
-        # otherwise finished here (each item delivered as its sample type made it: loaders.collate)
-        dataset.output = "positions" if self.device_finish else "dense"
+        # otherwise finished here (each item delivered as its sample type made it: engine/transport.py)
+        output = "positions" if self.device_finish else "dense"
         # batches made here for a device: one buffer each (pinned on CUDA), crossing in one copy
         # like a worker's
-        dataset.staging = (cuda and pin_memory) if dev is not None and self.device_finish else None
+        staging = (cuda and pin_memory) if dev is not None and self.device_finish else None
         self._feeder = DeviceFeeder(dev, device_prefetch)
         dataset.check_cache_limit(num_workers)  # a URL's cache: the workers' windows fit the limit
         if worker_batches < 1 or (num_workers > 0 and prefetch_factor < 1):
@@ -128,7 +129,7 @@ class ShardLoader:
         # ring slots: the items a worker may have out at once: its prefetched ones, the one being
         # unpacked, the one whose batch the trainer holds, the pin thread's, and those the device
         # feeder stages; beyond, fresh segments
-        dataset.shipping = (
+        shipping = (
             RunShipping(
                 int(worker_batches),
                 prefetch_factor + 3 + -(-max(1, device_prefetch) // int(worker_batches)),
@@ -137,22 +138,30 @@ class ShardLoader:
             else None
         )
         persistent = persistent_workers and num_workers > 0
-        if persistent:  # workers outlive iterations: epoch, start, layout from shared memory
-            ctx = mp.get_context(multiprocessing_context)
-            dataset._shared = ctx.RawArray("q", SHARED_SLOTS)
-            dataset._set_iteration(dataset._epoch, dataset._start)
-        else:
-            dataset._shared = None
-        if num_workers > 0 and dataset.on_corrupt == "skip":  # workers report the shards they skip
-            dataset._skip_flags = mp.get_context(multiprocessing_context).RawArray(
-                "b", len(dataset.entries)
-            )
+        ctx = mp.get_context(multiprocessing_context)
+        # persistent workers outlive iterations: epoch, start, layout from shared memory; workers
+        # report the shards they skip in shared flags
+        shared = ctx.RawArray("q", SHARED_SLOTS) if persistent else None
+        skip = num_workers > 0 and dataset.on_corrupt == "skip"
+        skip_flags = ctx.RawArray("b", len(dataset.entries)) if skip else None
         timeout = 0.0 if timeout is None else float(timeout)
         if timeout < 0 or timeout != timeout:
             raise ValueError(f"timeout={timeout!r}: seconds >= 0 (None or 0: no bound)")
-        if timeout > 0:  # the decoder answers to it too when shorter (it beats while it works)
-            dataset.decode_timeout = min(dataset.decode_timeout, timeout)
         self.timeout = timeout
+        if partitions is not None:  # budget batches: any K >= 1 (its plan is made for K)
+            k = int(partitions)
+            check_partitions(k, k if dataset.budgeted else dataset.global_batch)
+        dataset.configure(
+            LoaderSettings(
+                output=output,
+                staging=staging,
+                shipping=shipping,
+                timeout=timeout,  # the decoder answers to it too when shorter (it beats while it works)
+                partitions=None if partitions is None else int(partitions),
+                shared=shared,
+                skip_flags=skip_flags,
+            )
+        )
         self._loader = DataLoader(
             dataset,
             batch_size=None,
@@ -163,10 +172,6 @@ class ShardLoader:
             multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
             timeout=timeout if num_workers > 0 else 0,
         )
-        if partitions is not None:  # budget batches: any K >= 1 (its plan is made for K)
-            k = int(partitions)
-            check_partitions(k, k if dataset.budgeted else dataset.global_batch)
-        dataset.partitions = None if partitions is None else int(partitions)
         self._epoch = 0
         self._done = 0
         self._resume: int | None = None
@@ -190,13 +195,13 @@ class ShardLoader:
             raise ValueError(f"epoch must be >= 0 (got {epoch})")
         if epoch != self._epoch:
             self._epoch, self._done, self._resume, self._layout = int(epoch), 0, None, None
-            self.dataset._set_iteration(self._epoch, 0)
+            self.dataset.plan.set_iteration(self._epoch, 0)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         start = self._resume or 0
         self._resume = None
         self._done = start
-        self.dataset._set_iteration(self._epoch, start, self._layout)
+        self.dataset.plan.set_iteration(self._epoch, start, self._layout)
         if start >= len(self):
             return
         # one process: the dataset's own batches (torch's single-process iterator adds a
@@ -205,7 +210,7 @@ class ShardLoader:
         direct = self._loader.num_workers == 0
         if self._loader.num_workers > 0:
             # workers map the windows this process's decoder decodes once
-            self.dataset.start_broker()
+            self.dataset.engine_here().start_broker()
         it = iter(self.dataset) if direct else iter(self._loader)
         watch = (
             WorkerWatch(it, self.timeout)
@@ -273,7 +278,7 @@ class ShardLoader:
         """Resume mid-epoch, on this world or another one; raises ValueError when the state belongs
         to a different order (see module doc).
 
-        The rest of the epoch keeps the state's canonical partitions (:mod:`loaders.elastic`):
+        The rest of the epoch keeps the state's canonical partitions (:mod:`loaders.epoch.elastic`):
         fixed-size batches continue at the state's global batch, split among this world's ranks;
         budget batches continue at the first canonical batch not yet served, dealt round-robin
         to this world's ranks (their per-rank count changes with the world size)."""
@@ -284,10 +289,10 @@ class ShardLoader:
             # the canonical batches served so far; the steps keep their numbers from ``done`` on
             offset, base = offset + (done - base) * state["world_size"], done
         epoch, layout = int(state["epoch"]), (k, offset, base)
-        ds._set_iteration(epoch, done, layout)
+        ds.plan.set_iteration(epoch, done, layout)
         try:
             check_done(done, ds.num_batches(epoch))
         except ValueError:
-            ds._set_iteration(self._epoch, self._resume or 0, self._layout)
+            ds.plan.set_iteration(self._epoch, self._resume or 0, self._layout)
             raise
         self._epoch, self._done, self._resume, self._layout = epoch, done, done, layout

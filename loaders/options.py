@@ -37,7 +37,7 @@ class Engine:
 
 @dataclass(frozen=True)
 class Integrity:
-    """How shards are checked before they are served (:mod:`loaders.integrity`).
+    """How shards are checked before they are served (:mod:`loaders.format.integrity`).
 
     ``verify``: ``True`` hashes each shard once per process and again whenever a file of it
     changes, ``"always"`` every read, ``False`` only counts zarr chunks; ``on_corrupt``:

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from loaders import format as fmt
 from loaders import plugins
-from loaders.columns import validate_columns
+from loaders.format.readers import read_shard
+from loaders.format.validate import validate_columns
 from loaders.samples import SAMPLE_TYPES, from_config, get_sample_type
-from loaders.shardio import read_shard
 
 if TYPE_CHECKING:
     from loaders.dataset import ShardDataset

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 from pipeline.errors import ShardsmithError
 from pipeline.extras import MissingExtraError, install_command, require_backend
 from pipeline.taskspill import Descriptor, describe, run_descriptor

@@ -1,4 +1,4 @@
-"""Source fingerprints: a content digest (named, ``loaders.digests``: xxh3-128) and the stat that
+"""Source fingerprints: a content digest (named, ``loaders.format.digests``: xxh3-128) and the stat that
 vouches for it, the key of every reuse decision.
 
 Why a stat cache: a nightly rebuild of unchanged sources must not read them again to learn that
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from loaders.digests import DIGEST, algorithm, feed_file, finish, hasher
+from loaders.format.digests import DIGEST, algorithm, feed_file, finish, hasher
 from pipeline.errors import SourceError
 
 STAT_KEYS = ("size", "mtime_ns", "inode", "ctime_ns")
@@ -27,7 +27,7 @@ class Fingerprint:
     path: str
     size: int
     mtime_ns: int
-    digest: str  # "xxh3_128:<hex>" (loaders.digests)
+    digest: str  # "xxh3_128:<hex>" (loaders.format.digests)
     inode: int = 0
     ctime_ns: int = 0
 

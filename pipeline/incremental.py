@@ -53,13 +53,20 @@ def code_digest() -> str:
     string says."""
 
     h = hashlib.sha256()
-    root, read_side = Path(__file__).parent, Path(loaders.format.__file__).parent
+    root, read_side = Path(__file__).parent, Path(loaders.format.__file__).parent.parent
     # read-side modules that decide stored bytes: the format (and the value types of its index), the
     # readers, the field codecs, and the modalities' own packing and codecs (e.g. a pixel-major spike
     # window)
     decides = [
-        read_side / f
-        for f in ("format.py", "schema.py", "shardio.py", "tarshard.py", "fieldcodecs.py")
+        read_side / "format" / f
+        for f in (
+            "__init__.py",
+            "values.py",
+            "readers.py",
+            "zarr_reader.py",
+            "tar_reader.py",
+            "codecs.py",
+        )
     ]
     for p in [
         *sorted(root.rglob("*.py")),

@@ -1,120 +1,61 @@
 """TOML manifests: what to read, which kind of dataset to build, how to pack. Every error names the
 file and the key.
 
-The generic part is ``[dataset]`` and ``[[sources]]``; every other top-level table belongs to the
-dataset kind (``pipeline.model.Kind``), which parses and validates it. Source types come from the
-source registry (``pipeline.source``): a missing ``type`` is inferred from the file suffix among
-the types feeding the kind. ``[dataset] plugins`` lists modules imported first, so user-defined
-kinds, sources and sample types register.
+The generic part is ``[dataset]`` (declared here) and ``[[sources]]`` (the files they name:
+:mod:`pipeline.source_files`); every other top-level table belongs to the dataset kind
+(``pipeline.model.Kind.section_types``): each table is checked against its declaration by the one
+validator (:func:`pipeline.schema.read`), then the kind applies the rules between its keys.
+``[dataset] plugins`` lists modules imported first, so user-defined kinds, sources and sample
+types register.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import logging
-import math
 import re
-import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import tomllib
 
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
 from pipeline.model import KINDS, Manifest, SourceSpec, get_kind, kind_names
-from pipeline.source import get_source, infer_type, source_types_for
+from pipeline.schema import Key, check, key, near, read
+from pipeline.source_files import resolve_sources
 from pipeline.writers.base import CODECS, LEVELS
 
-log = logging.getLogger(__name__)
-
+# Manifest and SourceSpec live in pipeline.model; modules that read a manifest import them from here
+__all__ = ["Dataset", "Manifest", "SourceSpec", "load_manifest", "load_plugins"]
 FORMATS = ("zarr", "tar")
-# A glob reports how far it got every this many seconds while it runs (`/data/**/*.h5ad` over a
-# large tree can walk for minutes), and how many files it matched when done.
-GLOB_PROGRESS_S = 5.0
-# The [[sources]] key that lets a glob walk the whole filesystem (`/**/*.h5ad`): refused otherwise,
-# since such a walk takes minutes to hours and nearly always means a path missing its folder.
-ALLOW_ROOT_GLOB = "allow_root_glob"
 # A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a
 # typo (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
 MIN_SHARD_MB = 1e-4
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-DATASET_KEYS = {
-    "name",
-    "kind",
-    "format",
-    "seed",
-    "shard_size_mb",
-    "codec",
-    "codec_level",
-    "block_rows",
-    "plugins",
-}
 
 
-class Table:
-    """Typed getters over one TOML table that name the offending key on error."""
+@dataclass(frozen=True)
+class Dataset:
+    """[dataset]: the generic part of every manifest (the kind's own tables follow)."""
 
-    def __init__(self, path: Path, name: str, data: Any, known: set[str]) -> None:
-        if not isinstance(data, dict):
-            raise ManifestError(path, name, "must be a table")
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ManifestError(
-                path, f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})"
-            )
-        self.path, self.name, self.data = path, name, data
+    name: str = key("string", doc="a plain name; the default output folder is shards/<name>")
+    kind: str | None = key("string", None, doc="the dataset kind (default: the default kind)")
+    format: str = key("string", "zarr", choices=FORMATS, doc="zarr shards or WebDataset tars")
+    seed: int = key("integer", 0, minimum=0, fix="a seed is an integer >= 0")
+    shard_size_mb: float = key(
+        "number",
+        64,
+        finite=True,
+        minimum=MIN_SHARD_MB,
+        fix="MB of payload per shard; 64 is a good default",
+    )
+    codec: str = key("string", "blosc-lz4", choices=tuple(CODECS))
+    codec_level: int = key("integer", 5, doc="the codec's level (blosc 0..9, zstd 1..22)")
+    block_rows: int = key("integer", 16384, minimum=1, doc="rows read per block")
+    plugins: tuple[str, ...] = key("strings", (), doc="modules imported first (plug-in kinds)")
 
-    def get(
-        self,
-        key: str,
-        typ: type | tuple[type, ...],
-        default: Any = ...,
-        choices: tuple[Any, ...] = (),
-    ) -> Any:
-        if key not in self.data:
-            if default is ...:
-                raise ManifestError(self.path, f"{self.name}.{key}", "is required")
-            return default
-        v = self.data[key]
-        if isinstance(v, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
-            raise ManifestError(self.path, f"{self.name}.{key}", f"expected {typ}, got a boolean")
-        if not isinstance(v, typ):
-            raise ManifestError(
-                self.path, f"{self.name}.{key}", f"expected {typ}, got {type(v).__name__} {v!r}"
-            )
-        if choices and v not in choices:
-            raise ManifestError(
-                self.path, f"{self.name}.{key}", f"{v!r} is not one of {list(choices)}"
-            )
-        return v
 
-    def strings(self, key: str, default: Any = ...) -> tuple[str, ...] | None:
-        v = self.get(key, (list, str, type(None)), default)
-        if v is None:
-            return None
-        v = [v] if isinstance(v, str) else v
-        if not all(isinstance(s, str) for s in v):
-            raise ManifestError(self.path, f"{self.name}.{key}", "must be a list of strings")
-        return tuple(v)
-
-    def names(self, key: str) -> tuple[str, ...]:
-        """A list of names (columns, keys, files; none when absent): `strings`, where an empty
-        name is refused, as it names nothing (`covariates = ""`, which the bare-string form turns
-        into a list of one, was a column named '': found by fuzzing). Labels, where "" can be a
-        value, stay `strings`."""
-        v = self.strings(key, ()) or ()
-        for s in v:
-            if not s.strip():
-                raise ManifestError(
-                    self.path,
-                    f"{self.name}.{key}",
-                    f'has an empty name ({s!r}): list the names, as {key} = ["..."], or leave '
-                    f"{key} out for none",
-                )
-        return v
+DATASET_KEYS = set(Dataset.__dataclass_fields__)
 
 
 def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
@@ -157,50 +98,41 @@ def load_manifest(path: str | Path) -> Manifest:
         ) from None
     if not isinstance(raw.get("dataset"), dict):
         raise ManifestError(path, "dataset", "is required (a [dataset] table)")
-    ds = Table(path, "dataset", raw["dataset"], DATASET_KEYS)
-    plugins = ds.strings("plugins", ()) or ()  # an empty one: load_plugins says why
-    load_plugins(path, plugins)
-    kind_name = ds.get("kind", str, None) or default_kind(path)
+    ds = read(path, "dataset", raw["dataset"], Dataset)
+    load_plugins(path, ds["plugins"])  # an empty name: load_plugins says why
+    kind_name = ds["kind"] or default_kind(path)
     try:
         kind = get_kind(kind_name)
     except ValueError:
         raise ManifestError(
             path,
             "dataset.kind",
-            f"{kind_name!r} is not one of {kind_names()} "
+            f"{kind_name!r} is not one of {kind_names()}{near(kind_name, kind_names())} "
             "(a plug-in kind's module goes in [dataset] plugins)",
         ) from None
-    Table(path, "manifest", raw, {"dataset", "sources", *kind.sections})
-    config = kind.parse(path, {name: raw.get(name) for name in kind.sections})
-    sources = _parse_sources(
+    read(
         path,
-        kind_name,
-        Table(path, "manifest", raw, set(raw)).get("sources", list, []),
-        kind.source_defaults(config),
+        "manifest",
+        raw,
+        dict.fromkeys(("dataset", "sources", *kind.sections), Key("any", None)),
     )
-    shard_mb = float(ds.get("shard_size_mb", (int, float), 64))
-    if not (math.isfinite(shard_mb) and shard_mb >= MIN_SHARD_MB):
-        raise ManifestError(
-            path,
-            "dataset.shard_size_mb",
-            f"{shard_mb!r} is not a number >= {MIN_SHARD_MB} "
-            "(MB of payload per shard; 64 is a good default)",
-        )
-    block_rows = ds.get("block_rows", int, 16384)
-    if block_rows < 1:
-        raise ManifestError(path, "dataset.block_rows", "must be >= 1")
-    seed = ds.get("seed", int, 0)
-    if seed < 0:
-        raise ManifestError(path, "dataset.seed", f"{seed} is negative: a seed is an integer >= 0")
-    codec = ds.get("codec", str, "blosc-lz4", CODECS)
-    level, levels = ds.get("codec_level", int, 5), LEVELS[codec]
+    sections = {
+        name: read(path, name, raw.get(name), kind.section_types[name])
+        if name in kind.section_types
+        else raw.get(name)
+        for name in kind.sections
+    }
+    config = kind.parse(path, sections)
+    items = check(path, "manifest.sources", raw.get("sources", []), Key("list"))
+    sources = resolve_sources(path, kind_name, items, kind.source_defaults(config))
+    level, levels = ds["codec_level"], LEVELS[ds["codec"]]
     if level not in levels:
         raise ManifestError(
             path,
             "dataset.codec_level",
-            f"{level} is outside {levels.start}..{levels.stop - 1}, the levels of codec {codec!r}",
+            f"{level} is outside {levels.start}..{levels.stop - 1}, the levels of codec {ds['codec']!r}",
         )
-    name = ds.get("name", str)
+    name = ds["name"]
     if not DATASET_NAME.fullmatch(name) or set(name) <= {"."}:
         raise ManifestError(
             path,
@@ -212,146 +144,15 @@ def load_manifest(path: str | Path) -> Manifest:
         path=path,
         name=name,
         kind=kind_name,
-        format=ds.get("format", str, "zarr", FORMATS),
-        seed=seed,
-        shard_size_mb=shard_mb,
-        codec=codec,
+        format=ds["format"],
+        seed=ds["seed"],
+        shard_size_mb=float(ds["shard_size_mb"]),
+        codec=ds["codec"],
         codec_level=level,
-        block_rows=block_rows,
+        block_rows=ds["block_rows"],
         sources=sources,
         config=config,
-        plugins=tuple(plugins),
+        plugins=tuple(ds["plugins"]),
         sha256=hashlib.sha256(data).hexdigest(),
         raw=raw,
     )
-
-
-def _parse_sources(
-    path: Path, kind: str, items: list[Any], defaults: dict[str, Any]
-) -> tuple[SourceSpec, ...]:
-    if not items:
-        raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
-    out: list[SourceSpec] = []
-    seen: dict[Path, tuple[int, str]] = {}  # real path -> (entry, the path it was matched as)
-    for i, item in enumerate(items):
-        head = Table(path, f"sources[{i}]", item, set(item) if isinstance(item, dict) else set())
-        pattern = head.get("path", str)
-        typ = head.get("type", str, None) or infer_type(pattern, kind)
-        if typ is None:
-            claims = {t: list(get_source(t).suffixes) for t in source_types_for(kind)}
-            raise ManifestError(
-                path,
-                f"sources[{i}].type",
-                f"cannot infer the type of {pattern!r} from its suffix; "
-                f"set one of the source types of kind {kind!r}: {claims}",
-            )
-        try:
-            cls = get_source(typ)
-        except ValueError:
-            cls = None
-        if cls is None or kind not in cls.kinds:
-            raise ManifestError(
-                path,
-                f"sources[{i}].type",
-                f"{typ!r} is not one of {source_types_for(kind)} (source types of kind {kind!r})",
-            )
-        t = Table(path, f"sources[{i}]", item, {"path", "type", ALLOW_ROOT_GLOB, *cls.options})
-        opts = {k: t.data[k] for k in cls.options if k in t.data}
-        matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))
-        full = pattern if Path(pattern).is_absolute() else str(path.parent / pattern)
-        if glob.has_magic(full):
-            root = _glob_root(full)
-            if root is not None and not t.get(ALLOW_ROOT_GLOB, bool, False):
-                raise ManifestError(
-                    path,
-                    f"sources[{i}].path",
-                    f"{pattern!r} is a glob over the whole filesystem (its fixed part is {root}): "
-                    "name the folder holding the files, or set "
-                    f"{ALLOW_ROOT_GLOB} = true in this entry if you mean it",
-                )
-            matches = _glob(full, f"sources[{i}].path {pattern!r}")
-        else:
-            matches = [full]
-        matches = [m for m in matches if not _through_a_link_cycle(Path(m))]
-        if not matches:
-            raise ManifestError(
-                path, f"sources[{i}].path", f"no file matches {pattern!r} (looked for {full})"
-            )
-        for m in matches:
-            if not Path(m).exists():
-                raise ManifestError(path, f"sources[{i}].path", f"file not found: {m}")
-            files = cls.expand(Path(m).resolve())
-            if not files:
-                raise ManifestError(path, f"sources[{i}].path", f"no input file in {m}")
-            for f in files:
-                folder = f.is_dir() and getattr(cls, "folders", False)  # a DICOM series
-                if not (f.is_file() or folder):
-                    raise ManifestError(path, f"sources[{i}].path", f"file not found: {f}")
-                real = f.resolve()
-                if real in seen:
-                    j, first = seen[real]
-                    raise ManifestError(
-                        path,
-                        f"sources[{i}].path",
-                        f"{m} is the file {first} already named by "
-                        f"sources[{j}] (same real path {real}): a file is read once; "
-                        "narrow the glob or drop one entry",
-                    )
-                seen[real] = (i, m)
-                out.append(SourceSpec(f, typ, matrix, tuple(sorted(opts.items()))))
-    return tuple(out)
-
-
-def _glob_root(full: str) -> str | None:
-    """The filesystem root when the fixed part of the glob ``full`` (its folders before the first
-    wildcard, ``..`` resolved) is the root itself, else None."""
-    parts = Path(full).absolute().parts
-    fixed = next((n for n, part in enumerate(parts) if glob.has_magic(part)), len(parts))
-    base, anchor = Path(*parts[:fixed]), Path(parts[0])
-    return str(anchor) if base.resolve() == anchor.resolve() else None
-
-
-def _glob(full: str, what: str) -> list[str]:
-    """The sorted matches of ``full``, logging every GLOB_PROGRESS_S how many so far and, when done,
-    how many in all (INFO). The walk runs in a thread so that progress is told even while it
-    matches nothing (a walk over a large tree that finds no file is silent inside ``glob``)."""
-    found: list[str] = []
-    failed: list[BaseException] = []
-    done = threading.Event()
-
-    def walk() -> None:
-        try:
-            for match in glob.iglob(full, recursive=True):
-                found.append(match)  # one by one: the progress line counts them as they come
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
-            failed.append(e)
-        finally:
-            done.set()
-
-    t0 = time.monotonic()
-    threading.Thread(target=walk, name="manifest-glob", daemon=True).start()
-    while not done.wait(GLOB_PROGRESS_S):
-        log.info(
-            "%s: still matching, %d file(s) so far after %.0f s",
-            what,
-            len(found),
-            time.monotonic() - t0,
-        )
-    if failed:
-        raise failed[0]
-    log.info("%s: %d file(s) matched in %.1f s", what, len(found), time.monotonic() - t0)
-    return sorted(found)
-
-
-def _through_a_link_cycle(match: Path) -> bool:
-    """Whether a glob match reached its file through a folder link pointing at one of its own
-    ancestors (``src/sub/up -> ..``): ``glob`` follows such links until the path is too long, one
-    copy per level."""
-    parts = match.absolute().parts
-    for n in range(2, len(parts)):
-        folder = Path(*parts[:n])
-        if folder.is_symlink():
-            target = folder.resolve()
-            if folder.parent.resolve().is_relative_to(target):
-                return True
-    return False

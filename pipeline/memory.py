@@ -63,7 +63,7 @@ def trim_heap() -> None:
     Blocks under the mmap threshold (HDF5's and the codecs' buffers, small arrays) fragment the
     per-thread arenas; nothing hands their free pages back but malloc_trim, so without it a
     build's RSS crept up with the number of tasks it ran: +86 MiB by the end of a 2M-cell build
-    (56 read and 56 pack tasks), all of it free (benchmarks/ANALYSIS.md, 4b). A trim costs well
+    (56 read and 56 pack tasks), all of it free (docs/benchmarks/ANALYSIS.md, 4b). A trim costs well
     under a millisecond per task here.
     """
     libc = _libc()

@@ -24,7 +24,7 @@ import numpy as np
 
 from loaders import format as fmt
 from loaders.plugins import load_build_modalities, load_plugin
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 from pipeline.fingerprint import Fingerprint
 from pipeline.writers.base import Codec
 
@@ -154,7 +154,10 @@ class Kind(ABC):
     """One kind of dataset. Subclasses set :attr:`name`, :attr:`sections` and :attr:`samples`."""
 
     name: ClassVar[str]
-    sections: ClassVar[tuple[str, ...]] = ()  # manifest tables this kind owns
+    # manifest tables this kind owns, each declared once as a dataclass of pipeline.schema keys: the
+    # manifest checks them (pipeline.schema.read) before parse, and `shardsmith schema` prints them
+    section_types: ClassVar[Mapping[str, type]] = {}
+    sections: ClassVar[tuple[str, ...]] = ()  # default: the names of section_types
     samples: ClassVar[tuple[str, ...]] = ()  # sample types its shards serve
     parked: ClassVar[
         tuple[str, ...]
@@ -163,10 +166,16 @@ class Kind(ABC):
         False  # a pack result is the index entry alone: finished shards can be adopted
     )
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if cls.section_types and "sections" not in cls.__dict__:
+            cls.sections = tuple(cls.section_types)
+
     @abstractmethod
     def parse(self, path: Path, sections: Mapping[str, Any]) -> Any:
-        """Validate the kind's manifest tables (``sections[name]`` is None when absent) into a typed
-        config."""
+        """The kind's typed config from its manifest tables: a table declared in ``section_types``
+        arrives checked, as a dict of every key (defaults filled in); any other is the raw table
+        (None when absent). Raise ManifestError for settings that contradict each other."""
 
     def source_defaults(self, config: Any) -> dict[str, Any]:
         """Defaults for ``[[sources]]`` keys (e.g. the matrix for matrix sources)."""

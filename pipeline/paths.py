@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from loaders import format as fmt
-from loaders.names import relative_name
+from loaders.format.names import relative_name
 
 
 def inside(out: Path, rel: object) -> bool:

@@ -13,7 +13,7 @@ source's planning temporaries beside ``jobs - 1`` pack tasks (where the serial b
 then ``jobs`` tasks). Planned sources waiting for a worker hold little: their big planned columns
 are parked in spill files, as in the serial build. Shards, the index and results are those of the
 serial build, byte for byte: the same per-source plans, in the same order
-(``tests/test_pipelined.py``).
+(``tests/pipeline/test_pipelined.py``).
 
 When: ``$SHARDSMITH_PIPELINE_PLAN=1``, and a first build of OUT (no index to reuse shards from:
 reuse decisions need every key), with more than one job on the threading backend (loky's workers

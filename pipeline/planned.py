@@ -76,7 +76,7 @@ def park_column(stem: Path, a: np.ndarray) -> Path:
     suffix. Integer columns whose values fit 16 bits (a shard's sentences and pairs: row numbers
     within the shard) are saved as uint16, their own dtype named in the suffix: these files are
     written to fresh page-cache pages, the dearest bytes a build writes here (~0.2 GB fewer at
-    2M cells; benchmarks/ANALYSIS.md, 26.3b)."""
+    2M cells; docs/benchmarks/ANALYSIS.md, 26.3b)."""
     if a.dtype.kind in "iu" and a.dtype.itemsize > 2 and a.size and 0 <= a.min() <= a.max() < WIDE:
         path = stem.with_name(f"{stem.name}.{a.dtype.str[1:]}{NARROWED}")
         np.save(path, a.astype(np.uint16), allow_pickle=False)

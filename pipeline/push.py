@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from loaders import format as fmt
-from loaders.names import plain_name
+from loaders.format.names import plain_name
 from loaders.remote.store import ObjectStore, RemoteNotFound, RetryPolicy, open_store
 from pipeline.errors import DatasetError, LockHeldError, OutputError
 from pipeline.writers import WRITERS

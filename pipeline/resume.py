@@ -19,8 +19,8 @@ import shutil
 from collections.abc import Sequence
 
 from loaders import format as fmt
-from loaders.columns import validate_columns
-from loaders.shardio import read_shard
+from loaders.format.readers import read_shard
+from loaders.format.validate import validate_columns
 from pipeline.model import Kind, PackConfig, PackResult, ShardPlan
 from pipeline.shardfile import shard_entry, shard_suffix
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loaders import format as fmt
-from loaders.columns import validate_columns
-from loaders.digests import feed_mapped
+from loaders.format.digests import feed_mapped
+from loaders.format.validate import validate_columns
 from pipeline.writers import get_writer
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def write_columns(
             tables,  # type: ignore[arg-type]
             fmt.column_codecs(cfg.fields),
         )
-        # mapped, not read: the writer's own fresh files (loaders.digests.feed_mapped)
+        # mapped, not read: the writer's own fresh files (loaders.format.digests.feed_mapped)
         digest, stored = fmt.content_hash(tmp, feed=feed_mapped), fmt.stored_bytes(tmp)
         os.replace(tmp, final)
     except BaseException:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from loaders.plugins import load_build_modalities
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 
 
 class Source(ABC):

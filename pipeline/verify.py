@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from loaders import format as fmt
-from loaders.columns import validate_columns
-from loaders.digests import algorithm, tagged
-from loaders.indexcheck import digest_problems
+from loaders.format.digests import algorithm, tagged
+from loaders.format.index_check import digest_problems
+from loaders.format.readers import read_shard
+from loaders.format.validate import validate_columns
 from loaders.plugins import PluginError
-from loaders.shardio import read_shard
 from pipeline.model import get_kind, open_index
 from pipeline.paths import inside, shard_inside
 

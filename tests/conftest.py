@@ -4,8 +4,11 @@
 one or more formats, or (``stage="shards"``) shards written straight through the shard writer, for
 the loader tests (that writer is tests/fixtures_shards.py, a plug-in registered here);
 ``small_manifest`` and ``built_zarr_tar`` are presets of it. The other fixtures here return the
-plain functions of the same name (manifests, reading shards back); the other helpers (processes,
-batches, the CT reference, the CT tests' manifests) are fixtures of tests/plugin_fixtures.py.
+plain functions of the same name (manifests, reading shards back). Fixtures that several folders
+share but that would overfill this file are in tests/plugin_fixtures.py (batches compared, CT .npy
+builds, a gloo world, the pack path); those of one folder are in that folder's conftest.py
+(tests/remote/: the S3 server and proxy; tests/loaders/; tests/pipeline/: fresh interpreters;
+tests/modalities/ct/: the CT reference).
 Heavy modules are imported where used, so that a test module imports what it did before.
 """
 
@@ -29,10 +32,6 @@ if TYPE_CHECKING:
 pytest_plugins = [
     "tests.plugin_fixtures",
     "tests.fixtures_shards",
-    "tests.s3_fixtures",
-    "tests.remote_fixtures",
-    "tests.gloo_fixtures",
-    "tests.pack_fixtures",
 ]
 
 
@@ -244,7 +243,7 @@ def build_dataset(
 # -- reading back -------------------------------------------------------------------------------
 def read_all(out: Path) -> tuple[fmt.Index, list[tuple[fmt.ShardEntry, dict[str, np.ndarray]]]]:
     from loaders import format as fm
-    from loaders.shardio import read_shard
+    from loaders.format.readers import read_shard
 
     index = fm.read_index(out)
     keys = fm.shard_keys(index.fields, index.tables)
@@ -370,23 +369,21 @@ def built_zarr_tar(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ).outs
 
 
-@pytest.fixture
-def rebuildable(tmp_path: Path) -> tuple[Path, Callable[[], list[str]]]:
-    """A built 3-source dataset (``tmp_path/out``) and a function that rewrites source 1 with new
-    values and rebuilds it in place, as a nightly job does; it returns the shard files written."""
+@pytest.fixture(scope="session")
+def demo_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demos `make shards` builds (data_manifests/demo*.toml over `shardsmith demo`), zarr:
+    manifest stem -> dataset folder."""
     from pipeline.build import build  # import weight: the pipeline, only for these tests
-    from pipeline.modalities.perturbation.demo import write_perturb_h5ad  # as the line above
+    from pipeline.commands.demo import write_demo  # as the line above
 
-    paths = build_dataset(tmp_path, "sources", sources=3, cells=200, genes=40).sources
-    manifest = write_manifest(tmp_path / "m.toml")
-    out = tmp_path / "out"
-    build(manifest, out, jobs=1, progress=False)
-    density = iter([0.2, 0.3, 0.4])
-
-    def change_source_1() -> list[str]:
-        write_perturb_h5ad(
-            paths[1], n_cells=200, n_genes=40, n_perts=6, seed=1, density=next(density)
-        )
-        return build(manifest, out, jobs=1, progress=False).written
-
-    return out, change_source_1
+    root = tmp_path_factory.mktemp("demos")
+    repo = Path(__file__).resolve().parent.parent
+    write_demo(root / "data" / "demo")
+    (root / "data_manifests").mkdir()
+    outs = {}
+    for stem in ("demo", "demo_spike", "demo_ct"):
+        manifest = root / "data_manifests" / f"{stem}.toml"
+        manifest.write_text((repo / "data_manifests" / f"{stem}.toml").read_text())
+        outs[stem] = root / "shards" / stem
+        build(manifest, outs[stem], jobs=1, progress=False)
+    return outs

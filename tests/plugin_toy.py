@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from loaders import format as fmt
-from loaders.gather import BatchRows
-from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
+from loaders.samples.gather import BatchRows
+from loaders.samples.payload import Payload
 from pipeline.errors import SourceError
-from pipeline.manifest import Manifest, SourceSpec, Table
+from pipeline.manifest import Manifest, SourceSpec
 from pipeline.model import ScannedSource, register_kind
 from pipeline.records import Record, RecordKind, SkipRecord
+from pipeline.schema import key
 from pipeline.source import Source, register_source
 
 VOCAB = 50
@@ -44,21 +46,25 @@ class ToySource(Source):
             raise SourceError(self.path, f"not a toy file ({type(e).__name__}: {e})") from None
 
 
+@dataclass(frozen=True)
+class ToySettings:
+    """[toy]: a plug-in kind's section, declared once (checked by the manifest, printed by
+    `shardsmith schema`)."""
+
+    ragged: bool = key("boolean", True, doc="store the ragged tokens field")
+    val_fraction: float = key("number", 0.0, convert=float)
+    test_fraction: float = key("number", 0.5, convert=float)
+
+
 @register_kind
 class ToyKind(RecordKind):
     name = "toyvec"
-    sections = ("toy",)
+    section_types = {"toy": ToySettings}
     samples = ("toyvec",)
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> dict[str, Any]:
-        t = Table(
-            path, "toy", sections.get("toy") or {}, {"ragged", "val_fraction", "test_fraction"}
-        )
-        return {
-            "ragged": t.get("ragged", bool, True),
-            "val": float(t.get("val_fraction", (int, float), 0.0)),
-            "test": float(t.get("test_fraction", (int, float), 0.5)),
-        }
+        t = sections["toy"]
+        return {"ragged": t["ragged"], "val": t["val_fraction"], "test": t["test_fraction"]}
 
     def fractions(self, config: Any) -> tuple[float, float]:
         return config["val"], config["test"]

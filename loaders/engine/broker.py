@@ -28,11 +28,11 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
-from loaders.engine.arena import Arena
 from loaders.engine.decoder import Decoder
 from loaders.engine.slab import DecoderError, Slab, rebuild, recv_message, send_message
 from loaders.format import FormatError
-from loaders.integrity import DatasetRebuilt
+from loaders.format.integrity import DatasetRebuilt
+from loaders.samples.arena import Arena
 
 Key = tuple[int, int]  # (epoch, window)
 

@@ -25,7 +25,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from loaders.engine.arena import Arena
 from loaders.engine.slab import (
     DecoderError,
     Slab,
@@ -37,7 +36,8 @@ from loaders.engine.slab import (
 )
 from loaders.engine.window import WindowReader
 from loaders.format import FormatError
-from loaders.integrity import DatasetRebuilt
+from loaders.format.integrity import DatasetRebuilt
+from loaders.samples.arena import Arena
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 POLL_S = 0.2  # how often a waiting parent checks that the child is still alive

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from loaders.collate import Arena
+    from loaders.engine.transport import Arena
 
 Key = tuple[int, ...]
 

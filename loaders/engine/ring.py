@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.engine.forksafe import fork_safe_lock
+from loaders.format.forksafe import fork_safe_lock
 
 FREE, BUSY = 0, 1
 MAX_BYTES = 256 << 20  # written slot pages per worker, at most
@@ -163,7 +163,7 @@ def _free(control: mmap.mmap, slot: int) -> None:
 
 
 _RECEIVERS: dict[str, Receiver] = {}
-_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/engine/forksafe.py)
+_LOCK = fork_safe_lock()  # a forked worker gets it unlocked (loaders/format/forksafe.py)
 
 
 def _alive(pid: int) -> bool:

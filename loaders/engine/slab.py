@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.engine.arena import ALIGN, Arena
+from loaders.samples.arena import ALIGN, Arena
 
 
 class DecoderError(RuntimeError):

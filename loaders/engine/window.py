@@ -1,4 +1,4 @@
-"""Decoding one window of a split into an :class:`~loaders.engine.arena.Arena` (no torch).
+"""Decoding one window of a split into an :class:`~loaders.samples.arena.Arena` (no torch).
 
 :class:`WindowReader` is everything a process needs to decode windows, built from ``index.json`` and
 a small JSON-able spec (which includes the sample type's config): the training process uses it in
@@ -10,7 +10,7 @@ reads (by layout) and its tables.
 The spec carries the bytes of the ``index.json`` the loader opened (and their sha256), never just
 the path: a process started later decodes the same generation even after a rebuild replaced the
 file, and every shard is checked against that index before it is served
-(:mod:`loaders.integrity`).
+(:mod:`loaders.format.integrity`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders import order
-from loaders.columns import validate_columns
-from loaders.digests import as_stored_before
-from loaders.engine.arena import Arena, Buffers
+from loaders.epoch import order
 from loaders.format import (
     FieldSpec,
     FormatError,
@@ -38,16 +35,20 @@ from loaders.format import (
     read_index,
     read_index_bytes,
 )
-from loaders.integrity import (
+from loaders.format.digests import as_stored_before
+from loaders.format.integrity import (
     DatasetRebuilt,
     Generation,
     bounded_fields,
     check_on_corrupt,
     open_checked,
 )
+from loaders.format.readers import Column
+from loaders.format.validate import validate_columns
+from loaders.remote.cache import CacheError
 from loaders.remote.resolve import node_cache
 from loaders.samples import SampleType, check_sample_type, from_config
-from loaders.shardio import Column
+from loaders.samples.arena import Arena, Buffers
 
 SPEC_KEYS = ("root", "split", "sample", "window", "seed", "shuffle")
 # optional: "index" (index.json's text as the loader read it), "index_sha256", "verify",
@@ -208,14 +209,39 @@ class WindowReader:
         return err
 
     def _open(self, s: int, i: int, bad: dict[int, FormatError]) -> dict[str, Column]:
-        sha = self.entries[s].digest if self.spec["verify"] else None
         try:
-            return open_checked(
-                self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always"
-            )
+            try:
+                return self._open_checked(s)
+            except FormatError as e:
+                if not self.spec.get("remote") or isinstance(e, DatasetRebuilt):
+                    raise
+                return self._downloaded_again(s, e)
         except FormatError as e:
             bad[i] = self._failed(s, e)
             return {}
+
+    def _open_checked(self, s: int) -> dict[str, Column]:
+        sha = self.entries[s].digest if self.spec["verify"] else None
+        return open_checked(
+            self.paths[s], self.encoding, self.keys, sha, self.spec["verify"] == "always"
+        )
+
+    def _downloaded_again(self, s: int, error: FormatError) -> dict[str, Column]:
+        """A URL dataset's cached shard that fails its check on read (it passed when downloaded:
+        this node's copy changed since) is downloaded once more and read; failing again, a
+        ``CacheError`` naming the cache folder and the fix (was: every later process failed on
+        the same damaged copy)."""
+        cache = node_cache(self.spec["remote"], self.spec["root"])
+        cache.refetch(self.entries[s])
+        try:
+            return self._open_checked(s)
+        except FormatError as again:
+            raise CacheError(
+                f"{self.paths[s]}: this cached copy failed its check ({error}), was downloaded "
+                f"again, and fails again ({again}): the cache folder {cache.cache_dir} does not "
+                "keep what is written to it; check that disk, or choose another cache_dir= / "
+                "$SHARDSMITH_CACHE"
+            ) from None
 
     def _fill(
         self, arena: Arena, i: int, columns: dict[str, Column], bad: dict[int, FormatError]

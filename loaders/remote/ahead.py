@@ -3,7 +3,7 @@ order it reads them (the rest of this epoch, then the next epoch's first ones), 
 space those windows in flight need (checked against ``cache_limit`` at open).
 
 Why this rank's windows only: a rank reads its own slice of the global order (its batch plan,
-:mod:`loaders.order`), which covers a few windows of each epoch; prefetching only those means each
+:mod:`loaders.epoch.order`), which covers a few windows of each epoch; prefetching only those means each
 node downloads only the shards its ranks read (docs/REMOTE.md, "What each process downloads").
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders import order
+from loaders.epoch import order
 from loaders.remote.resolve import node_cache
 
 PREFETCH_WINDOWS = 2  # windows fetched ahead of the one being read
@@ -66,10 +66,10 @@ def at_open(ds: Any) -> None:
     turns it off (an A/B switch for the shaped-link bench)."""
     if os.environ.get("SHARDSMITH_PREFETCH_AT_OPEN", "1") == "0":
         return
-    remote = ds.reader.spec["remote"]
-    wins = rank_windows(ds, ds._epoch)
+    remote, epoch = ds.reader.spec["remote"], ds.plan.epoch
+    wins = rank_windows(ds, epoch)
     if wins:
-        prefetch(ds, node_cache(remote, ds.reader.spec["root"]), ds._epoch, wins[0])
+        prefetch(ds, node_cache(remote, ds.reader.spec["root"]), epoch, wins[0])
 
 
 def in_flight_bytes(

@@ -1,7 +1,7 @@
 """The node-local cache of a remote dataset: each shard object downloaded once per node, whole,
 shared by every rank, DataLoader worker and decoder process of the node (docs/REMOTE.md).
 
-Why whole shards in local files: the reading code (``loaders.integrity``, the decoder process)
+Why whole shards in local files: the reading code (``loaders.format.integrity``, the decoder process)
 takes local paths and reads a shard's files once into memory; a cache folder laid out as the
 dataset folder (``<cache_dir>/<url hash>/<index digest>/index.json`` + ``shards/``) keeps that code
 unchanged, and a shard is downloaded once for all epochs and all processes.
@@ -37,15 +37,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from loaders.errors import FormatError
-from loaders.files import shard_digest_matches
 from loaders.format import index_sha256
-from loaders.integrity import DatasetRebuilt
-from loaders.names import plain_name, relative_name
+from loaders.format.errors import FormatError
+from loaders.format.files import atomic_write_bytes, shard_digest_matches
+from loaders.format.integrity import DatasetRebuilt
+from loaders.format.names import plain_name
+from loaders.format.values import ShardEntry
+from loaders.remote.download import download_tree
 from loaders.remote.ledger import PINS, evict, locked, remove_path, touch, write_size
 from loaders.remote.reuse import adopt_from_other_generation
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound, open_store
-from loaders.schema import ShardEntry
 
 THREADS = 8  # concurrent downloads per process (one connection each)
 TMP, LOCK = ".tmp", ".shardsmith-cache.lock"
@@ -94,7 +95,7 @@ class NodeCache:
     # -- paths ------------------------------------------------------------------------------------
     def path(self, entry: ShardEntry) -> Path:
         """Where ``entry`` is cached. Its name was checked where index.json was parsed
-        (``loaders.names``); checked again here, as a path, so that no way round that parser (an
+        (``loaders.format.names``); checked again here, as a path, so that no way round that parser (an
         entry built in code, a later change) can download or rename outside the cache folder."""
         path = self.root / "shards" / entry.file
         if not (plain_name(entry.file) and path.resolve().is_relative_to(self.cache_dir.resolve())):
@@ -217,10 +218,53 @@ class NodeCache:
             fut.result()
 
     def _pin(self, entry: ShardEntry) -> int:
-        fd = os.open(self._pin_path(entry, ".pin"), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = self._open_ledger(entry, ".pin")
         fcntl.flock(fd, fcntl.LOCK_SH)
         touch(fd)
         return fd
+
+    def _open_ledger(self, entry: ShardEntry, suffix: str) -> int:
+        """An fd on ``entry``'s pin (``.pin``) or download lock (``.dl``). A cache folder removed
+        under a running reader (``rm -rf`` of the cache, a tmp cleaner) is made again first: the
+        shards it held are downloaded again as they are needed."""
+        path = self._pin_path(entry, suffix)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError:
+            self._recreate()
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+
+    def _recreate(self) -> None:
+        """The generation folder's ``.pins/`` and ``shards/`` made again, and its ``index.json``
+        put back when the remote still holds the opened generation (a reader's rebuilt check
+        reads it); a folder that cannot be made is a :class:`CacheError` saying so."""
+        try:
+            for sub in (PINS, "shards"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if not (self.root / "index.json").exists():
+                data = self.store.get("index.json")
+                if index_sha256(data).startswith(self.root.name):
+                    atomic_write_bytes(self.root / "index.json", data)
+        except RemoteError:
+            pass  # unreachable now: a shard's own download says so
+        except OSError as e:
+            raise CacheError(
+                f"cache folder {self.cache_dir} was removed while {self.url} was being read and "
+                f"cannot be made again ({e.strerror or e}): restore it, or choose another "
+                "cache_dir= / $SHARDSMITH_CACHE and restart"
+            ) from None
+
+    def refetch(self, entry: ShardEntry) -> None:
+        """``entry``'s cached copy failed its check on read. It was checked when it was
+        downloaded, so this node's copy changed since (a disk error, an edit, a file deleted):
+        removed and downloaded again (the caller holds its pin; the download is checked)."""
+        fd = self._open_ledger(entry, ".dl")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            remove_path(self.path(entry))
+        finally:
+            os.close(fd)
+        self._fetch(entry)
 
     # -- download ---------------------------------------------------------------------------------
     def _fetch(self, entry: ShardEntry) -> None:
@@ -230,23 +274,26 @@ class NodeCache:
             return
         if entry.file in self._bad:  # a prefetch found it bad: the same error, no third download
             raise self._bad[entry.file]
-        fd = os.open(self._pin_path(entry, ".dl"), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = self._open_ledger(entry, ".dl")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if self.cached(entry):
                 return
             if entry.file in self._bad:  # found bad while this thread waited
                 raise self._bad[entry.file]
-            self._reserve(entry)
-            try:
-                size = self._download_checked(entry)
-            except RemoteNotFound as e:
-                write_size(self._pin_path(entry, ".pin"), 0)
-                raise self._gone(e) from None
-            except BaseException:
-                write_size(self._pin_path(entry, ".pin"), 0)
-                raise
-            self._record(entry, size)
+            try:  # the ledger's writes too: on a full disk its entry is the first write to fail
+                self._reserve(entry)
+                try:
+                    size = self._download_checked(entry)
+                except RemoteNotFound as e:
+                    write_size(self._pin_path(entry, ".pin"), 0)
+                    raise self._gone(e) from None
+                except BaseException:
+                    write_size(self._pin_path(entry, ".pin"), 0)
+                    raise
+                self._record(entry, size)
+            except OSError as e:
+                raise self._disk_error(e, entry) from None
         finally:
             os.close(fd)
 
@@ -366,36 +413,3 @@ class NodeCache:
                     "ranks per node, a smaller window)"
                 )
             time.sleep(0.2)
-
-
-def download_tree(
-    store: ObjectStore,
-    key: str,
-    tmp: Path,
-    folder: bool,
-    named_by: str,
-    pool: ThreadPoolExecutor | None = None,
-) -> int:
-    """``key`` into ``tmp``: one object, or with ``folder`` every object below ``key/`` (a zarr
-    store) at its relative path, on ``pool`` when given; its bytes. The one download of a dataset
-    file for the shards and the files beside index.json; the caller checks and renames."""
-    if not folder:
-        return store.get_to_file(key, tmp)
-    objects = [o for o in store.list(key + "/") if o.key.startswith(key + "/")]
-    if not objects:
-        raise RemoteNotFound(
-            store.key_url(key + "/"), "has no objects", f"push the dataset again ({named_by})"
-        )
-    for o in objects:  # a listing is the server's word: each key stays below ``tmp``
-        if not relative_name(o.key[len(key) + 1 :]):
-            raise RemoteError(
-                store.key_url(o.key),
-                f"is no object of the dataset file {key} (its name leaves the folder)",
-                f"remove that object from the bucket, or push the dataset again ({named_by})",
-            )
-        (tmp / o.key[len(key) + 1 :]).parent.mkdir(parents=True, exist_ok=True)
-
-    def get(o: Any) -> int:
-        return store.get_to_file(o.key, tmp / o.key[len(key) + 1 :])
-
-    return sum(pool.map(get, objects) if pool is not None else map(get, objects))

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote
 
-from loaders.names import plain_name
+from loaders.format.names import plain_name
 
 PINS = ".pins"  # a generation folder's ledger of pins
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from loaders.errors import FormatError
+from loaders.format.errors import FormatError
 
 INSTALL = "pip install 'shardsmith[remote]'"
 RETRY_ENV = "SHARDSMITH_REMOTE_RETRY"  # e.g. "attempts=2,total_s=5": a job's bound without code

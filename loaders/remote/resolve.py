@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loaders.files import atomic_write_bytes, shard_digest_matches
 from loaders.format import FormatError, index_sha256, read_index
-from loaders.names import plain_name
-from loaders.remote.cache import CacheError, NodeCache, download_tree
+from loaders.format.files import atomic_write_bytes, shard_digest_matches
+from loaders.format.names import plain_name
+from loaders.remote.cache import CacheError, NodeCache
+from loaders.remote.download import download_tree
 from loaders.remote.ledger import remove_path
 from loaders.remote.node_index import check_offline, fetch_index
 from loaders.remote.store import RemoteError, RemoteNotFound, is_url, local_path, open_store
@@ -219,7 +220,8 @@ def fetch_dataset(
         if splits is None or entry.split in splits:
             try:
                 with cache.ready([entry]):
-                    pass
+                    if not shard_digest_matches(entry, cache.path(entry)):
+                        cache.refetch(entry)  # checked when downloaded: changed on this node
             except RemoteNotFound as e:
                 problems.append(f"{e.url}: shard object missing ({e.problem})")
             except CacheError as e:

@@ -2,7 +2,7 @@
 `loaders.remote.s3`. Push (`pipeline.push`) and the remote reader (`loaders.remote.cache`) use it.
 
 Why boto3 (the ``remote`` extra), measured against obstore and s3fs (docs/REMOTE.md "Client
-choice", benchmarks/remote_clients.py): obstore was the fastest and lightest, but a client made in
+choice", benchmarks/experiments/remote/remote_clients.py): obstore was the fastest and lightest, but a client made in
 a forked child hangs once the parent has used obstore (its tokio runtime is process-wide and not
 rebuilt after fork), and a trainer opens the dataset and then forks DataLoader workers; s3fs works
 after fork but costs a second to import and was the slowest here. boto3 is synchronous (nothing to
@@ -161,7 +161,7 @@ class ObjectStore:
         def once() -> int:
             n = 0
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-            with open(path, "wb") as f:
+            with _LocalFile(path) as f:
                 for chunk in body.iter_chunks(CHUNK):
                     f.write(chunk)
                     n += len(chunk)
@@ -263,6 +263,8 @@ class ObjectStore:
             attempt += 1
             try:
                 return call()
+            except LocalWriteError as e:  # this node's disk, not the request: the caller's to say
+                raise e.error from None
             except Exception as e:
                 err = translate(e, self.key_url(key), op)
                 pause = random.uniform(
@@ -283,6 +285,43 @@ class ObjectStore:
                 with self._lock():
                     self.stats["retries"] += 1
                 time.sleep(pause)
+
+
+class LocalWriteError(Exception):
+    """Writing a downloaded object to the local file failed (``error``: a full disk, a folder
+    removed): never retried nor reported as a failed request, but raised as that ``OSError``
+    for the caller (the node cache: its documented ``CacheError``)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _LocalFile:
+    """The local file a GET streams into, whose every ``OSError`` (open, write, the flush at
+    close) is a :class:`LocalWriteError`; the stream's own errors pass through (retried)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        try:
+            self._f = open(path, "wb")  # noqa: SIM115 - closed in __exit__
+        except OSError as e:
+            raise LocalWriteError(e) from e
+
+    def __enter__(self) -> _LocalFile:
+        return self
+
+    def write(self, chunk: bytes) -> None:
+        try:
+            self._f.write(chunk)
+        except OSError as e:
+            raise LocalWriteError(e) from e
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._f.close()
+        except OSError as e:
+            if exc[0] is None:
+                raise LocalWriteError(e) from e
 
 
 def open_store(

@@ -6,7 +6,7 @@ Each module defines ``COMMAND = Command(...)``: its one-line help, a function th
 arguments (every argument with a help text) and a function that runs it and returns the exit
 code. Modules import their heavy dependencies inside ``run``: building the parser imports every
 command module, and `shardsmith --help` must stay instant (and the pipeline must never import
-torch: tests/test_pipeline.py).
+torch: tests/modalities/perturbation/test_build_contents.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loaders.plugins import load_build_modalities
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 
 # name -> module defining COMMAND
 COMMANDS: Registry[str] = Registry("command", discover=load_build_modalities)
-for _name in ("build", "verify", "inspect", "gc", "demo", "push"):
+for _name in ("build", "verify", "inspect", "report", "gc", "demo", "push", "schema"):
     COMMANDS.register(_name, f"pipeline.commands.{_name}")
 ORDER = (
     "build",

@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 from loaders.plugins import load_build_modalities
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 from pipeline.commands import Command
 
 # modality -> "module:function" writing its demo sources under a root folder (registered by the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pipeline.commands import Command
 from pipeline.errors import DatasetError
@@ -22,6 +23,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
+def require_dataset(root: Path) -> None:
+    """No dataset to find problems in: a wrong path is bad input (DatasetError, exit 2), not a
+    damaged dataset (1). Shared by the commands that read a whole dataset (verify, report)."""
+    if not (root / "index.json").is_file():
+        what = (
+            "does not exist"
+            if not root.exists()
+            else "is not a folder"
+            if not root.is_dir()
+            else "holds no index.json"
+        )
+        raise DatasetError(
+            f"{root} {what}: pass a dataset folder (the --out of `shardsmith build`)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from loaders.remote.resolve import fetch_dataset  # import weight: `--help` stays instant
     from pipeline.verify import (
@@ -30,18 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     shown = args.dir
     args.dir, fetch_problems = fetch_dataset(args.dir)
-    if not (args.dir / "index.json").is_file():
-        # no dataset to find problems in: a wrong path is bad input (2), not a damaged dataset (1)
-        what = (
-            "does not exist"
-            if not args.dir.exists()
-            else "is not a folder"
-            if not args.dir.is_dir()
-            else "holds no index.json"
-        )
-        raise DatasetError(
-            f"{args.dir} {what}: pass a dataset folder (the --out of `shardsmith build`)"
-        )
+    require_dataset(args.dir)
     problems = fetch_problems + verify(args.dir, check_hashes=not args.no_hash)
     for msg in problems:
         print(f"FAIL {msg}", file=sys.stderr)

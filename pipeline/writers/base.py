@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from loaders.registry import Registry
+from loaders.plugins.registry import Registry
 
 CODECS = ("blosc-lz4", "blosc-zstd", "zstd", "none")
 # Compression levels each codec accepts (blosc: 0-9; zstd: 1-22; "none" ignores it): out of range,
@@ -66,7 +66,7 @@ class ShardWriter(ABC):
     ) -> None:
         """Write every column to `path` (which does not exist yet). Same columns -> same bytes.
         `tables`: the keys that are shard tables (rows of local row ids, not one entry per
-        record). `codecs`: column key -> its field's own codec config (``loaders.fieldcodecs``),
+        record). `codecs`: column key -> its field's own codec config (``loaders.format.codecs``),
         used instead of the dataset's codec."""
 
 

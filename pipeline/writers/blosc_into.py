@@ -4,7 +4,7 @@ Why: ``numcodecs.Blosc.encode`` allocates each chunk's destination (its raw size
 new bytes object. Above the build's 1 MiB mmap threshold (`pipeline.memory`) that is a fresh
 mapping whose pages fault in as Blosc writes them and go back at free: 7.4 against 6.1 ms of CPU
 per 8 MiB chunk (lz4, level 5, byte shuffle, int32 and float32 counts; one process, interleaved,
-`python -m benchmarks.blosc_into`). Here the C function numcodecs itself calls when Blosc's
+then a script; now tests/benchmarks/test_micro_blosc.py, `make bench-micro`). Here the C function numcodecs itself calls when Blosc's
 global threads are off (``blosc_compress_ctx`` of the c-blosc built into numcodecs' extension,
 with the same arguments) writes into one buffer per encoder in the thread's scratch
 (`pipeline.buffers`), which a build drops with the rest when its tasks are done.

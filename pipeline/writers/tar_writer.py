@@ -5,12 +5,12 @@ from object stores over HTTP) can read these shards without shardsmith. Why bloc
 member per cell would mean ~1 KB members with 1.5 KB of tar headers each; instead every
 ``block_records`` records form one WebDataset sample whose fields are that block's slice of every
 record column (CSR/ragged pointers rebased to 0). The member layout (names, the ``_meta.json``
-map, pointer groups) lives in ``loaders.tarshard`` so that the reader and this writer share one
+map, pointer groups) lives in ``loaders.format.tar_reader`` so that the reader and this writer share one
 definition.
 
 Compression: none. The manifest's codec applies to zarr only: WebDataset users expect plain
 ``.npy`` members they can ``np.load``, and a tar is read sequentially at disk speed anyway. A
-field with its own codec (``loaders.fieldcodecs``, e.g. spike windows' ``shardsmith.spikebits``)
+field with its own codec (``loaders.format.codecs``, e.g. spike windows' ``shardsmith.spikebits``)
 is the exception: each block's member is a 1-d uint8 ``.npy`` of the encoded bytes, and
 ``_meta.json`` ``codecs`` names the codec, the column's dtype and record shape
 (``numcodecs.get_codec(codec).decode(member)`` gives the block's rows back).
@@ -39,8 +39,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from loaders import format as fmt
-from loaders.fieldcodecs import get_field_codec
-from loaders.tarshard import (
+from loaders.format.codecs import get_field_codec
+from loaders.format.tar_reader import (
     TAR_META_KEY,
     TAR_TABLES_KEY,
     pointer_groups,

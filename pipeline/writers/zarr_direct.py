@@ -4,8 +4,8 @@ one plain write.
 
 Why: zarr-python writes an array through its async store and codec pipeline (an event loop, a
 thread hop per chunk and per file, futures): ~5 ms of CPU per array at 13 arrays a shard, about
-as much as the Blosc compression of the shard's bytes (`python -m benchmarks.writer_ab`;
-benchmarks/ANALYSIS.md, "3 — build throughput"). The bytes must stay zarr's, so nothing here is a
+as much as the Blosc compression of the shard's bytes (`python -m benchmarks.experiments.build.writer_ab`;
+docs/benchmarks/ANALYSIS.md, "3 — build throughput"). The bytes must stay zarr's, so nothing here is a
 second definition of the format:
 
 * metadata: zarr-python writes a probe array of the same dtype, trailing shape and codecs into a

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.fieldcodecs import zarr_codec
+from loaders.format.codecs import zarr_codec
 from pipeline.writers.base import Codec, ShardWriter, contiguous_or_lazy, register_writer
 
 CHUNK_BYTES = (
@@ -93,7 +93,7 @@ class ZarrShardWriter(ShardWriter):
 def codecs_of(
     columns: Mapping[str, Any], codecs: Mapping[str, Mapping[str, Any]] | None
 ) -> dict[str, list[object]]:
-    """Column key -> its field's own zarr codec (``loaders.fieldcodecs``), for the columns written
+    """Column key -> its field's own zarr codec (``loaders.format.codecs``), for the columns written
     here."""
 
     return {k: [zarr_codec(c, f"column {k!r}")] for k, c in (codecs or {}).items() if k in columns}

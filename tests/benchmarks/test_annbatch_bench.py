@@ -19,6 +19,8 @@ from benchmarks import annbatch_bench as ab
 from benchmarks import annbatch_worker as worker
 from benchmarks.report import markdown
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 REPO = Path(__file__).resolve().parents[2]
 SKIP_LINE = (
     "annbatch: skipped — needs Python >= 3.12, none found; "
@@ -100,6 +102,7 @@ def test_venv_is_reused_only_with_the_same_packages(tmp_path: Path) -> None:
     )  # stamp only after success
 
 
+@pytest.mark.process
 def test_worker_loads_without_annbatch_and_reports_its_absence(tmp_path: Path) -> None:
     src = Path(worker.__file__).read_text()
     ast.parse(src, feature_version=(3, 10))  # our lowest supported Python parses it too
@@ -330,6 +333,7 @@ def test_build_vs_annbatch_alternates_and_divides_theirs_by_ours(
     assert rec["ours_s"] == [1.0, 2.0, 4.0] and rec["ours_imports_s"] == [0.4, 0.5, 0.3]
 
 
+@pytest.mark.process
 def test_our_build_child_imports_before_it_runs_the_cli() -> None:
     """The child of 26.3a imports `PRELOAD` first and says how long it took, then runs the
     CLI with the rest of its arguments (here `--help`: exit 0, the CLI's usage)."""

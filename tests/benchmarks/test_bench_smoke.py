@@ -15,6 +15,8 @@ pytest.importorskip("psutil")
 from benchmarks import run  # noqa: E402
 from benchmarks.synth import SynthParams, ensure_dataset, random_csr  # noqa: E402
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -83,7 +85,7 @@ def test_harness_tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         ]
     )
     assert rc == 0
-    res = json.loads((out / "benchmarks" / "results.json").read_text())
+    res = json.loads((out / "docs" / "benchmarks" / "results.json").read_text())
     for key in (
         "date",
         "config",

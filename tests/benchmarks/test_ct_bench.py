@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks import ct_bench, ct_data, ct_measure
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 
 def test_ct_bench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = ct_bench.CtBenchConfig(

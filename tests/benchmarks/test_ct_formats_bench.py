@@ -11,6 +11,8 @@ import pytest
 
 from benchmarks import ct_formats_bench as fb
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 pytest.importorskip("nibabel")
 pytest.importorskip("nrrd")
 pytest.importorskip("pydicom")

@@ -11,6 +11,8 @@ import torch
 
 from benchmarks import device_check
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
 def test_without_cuda_every_gpu_part_is_not_measured(tmp_path: Path) -> None:

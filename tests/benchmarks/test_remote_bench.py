@@ -15,6 +15,8 @@ import pytest
 from benchmarks import remote_bench, remote_limits
 from benchmarks.targets_extra import order_bound, remote_targets
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 
 def test_ceiling_is_cores_over_the_cpu_each_cell_needs() -> None:
     # 4 us of local work and 6 us of GET work a cell: 10 us; 2 cores give 200k cells/s
@@ -48,6 +50,7 @@ def test_cpu_figures_take_medians_per_million_cells(monkeypatch: pytest.MonkeyPa
     assert fig["cold_cores_busy"] == 1.25
 
 
+@pytest.mark.process
 def test_children_cpu_counts_an_ended_child() -> None:
     before = remote_limits.children_cpu_seconds()
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"

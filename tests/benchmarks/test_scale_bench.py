@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.bench  # the benchmark harness (benchmarks/)
+
 
 def test_each_build_is_bracketed_by_two_limits_and_the_median_round_is_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -130,6 +130,7 @@ def test_every_block_is_a_file_or_the_commands() -> None:
     assert "train.py" in commands and "test_pointclouds.py" in commands
 
 
+@pytest.mark.process
 def test_the_read_side_imports_neither_torch_nor_the_pipeline(tmp_path: Path) -> None:
     """What the doc promises of pointclouds/__init__.py, which every reader process imports."""
     folder = write_example(tmp_path)
@@ -141,6 +142,7 @@ def test_the_read_side_imports_neither_torch_nor_the_pipeline(tmp_path: Path) ->
     assert p.returncode == 0 and p.stdout.split("\n")[-2] == "[]", _say(p)
 
 
+@pytest.mark.process
 def test_each_documented_command_succeeds_in_a_fresh_process(
     walkthrough: tuple[Path, dict],
 ) -> None:
@@ -149,6 +151,7 @@ def test_each_documented_command_succeeds_in_a_fresh_process(
         ["shardsmith", "build"],
         ["shardsmith", "verify"],
         ["shardsmith", "inspect"],
+        ["shardsmith", "report"],
         ["python", "train.py"],
         ["python", "-m"],
     ]
@@ -164,10 +167,16 @@ def test_each_documented_command_succeeds_in_a_fresh_process(
     )
     assert verify.stdout.strip().endswith("OK")
     assert "plug-ins (imported to read it): pointclouds" in inspect.stdout
+    # the plug-in's own report section, counted from its shards: every cloud under its label
+    page = json.loads((folder / "clouds.json").read_text())["sections"]["Point clouds"]
+    per_label = page["clouds_per_label"]["data"]
+    assert sorted(per_label) == sorted(LABELS)
+    assert sum(per_label.values()) == sum(e["records"] for e in index["shards"])
     # the conformance tests ran, those with the doc's references included
     assert "passed" in tests.stdout and "skipped" not in tests.stdout, _say(tests)
 
 
+@pytest.mark.process
 def test_a_missing_plugin_is_a_clear_error(
     walkthrough: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,6 +199,7 @@ def test_a_missing_plugin_is_a_clear_error(
         ShardDataset(data, split="train", sample="clouds", trust_plugins=["pointclouds"])
 
 
+@pytest.mark.process
 def test_a_plugin_on_sys_path_reaches_the_decoder_process(walkthrough: tuple[Path, dict]) -> None:
     """A trainer that puts the plug-in's folder on sys.path itself (a notebook) and never imports
     it: the decoder process, a fresh interpreter, finds the plug-in the index names there too."""
@@ -208,6 +218,7 @@ def test_a_plugin_on_sys_path_reaches_the_decoder_process(walkthrough: tuple[Pat
     assert p.returncode == 0 and p.stdout.strip() == "ready", _say(p)
 
 
+@pytest.mark.process
 def test_an_installed_plugin_is_found_through_its_entry_point(tmp_path: Path) -> None:
     """The doc's pyproject.toml entry point, installed (a dist-info folder on the path, as pip
     writes it), finds the plug-in with no `plugins` in the manifest, in every process; the index

@@ -38,8 +38,8 @@ README = ROOT / "README.md"
 # a dataset `make shards` writes: shards/<demo manifest>-<format>
 MADE = re.compile(r"""["']shards/(?P<manifest>\w+?)-(?P<format>zarr|tar)["']""")
 OWN_TEST = {
-    "EXTENDING.md": "tests/test_docs_extending.py",  # a plug-in module, its manifest, commands
-    "PERTURBATION.md": "tests/test_docs_perturbation.py",
+    "EXTENDING.md": "tests/docs/test_docs_extending.py",  # a plug-in module, its manifest, commands
+    "PERTURBATION.md": "tests/docs/test_docs_perturbation.py",
 }  # manifest + experiment files, then Python
 DOCS = [
     ROOT / "README.md",
@@ -135,6 +135,7 @@ def _run_script(b: Block, m: re.Match[str], cwd: Path) -> None:
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_doc_snippets_run(doc: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     todo = [b for b in blocks(doc) if b.skip is None]
@@ -186,6 +187,7 @@ def made_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_readme_python_runs_on_what_make_shards_built(
     case: hostile.Case, made_shards: Path, monkeypatch: pytest.MonkeyPatch

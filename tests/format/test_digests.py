@@ -17,7 +17,7 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
-from loaders.digests import (
+from loaders.format.digests import (
     DIGESTS,
     READ_BLOCK,
     algorithm,
@@ -28,7 +28,7 @@ from loaders.digests import (
     hasher,
     tagged,
 )
-from loaders.files import content_hash, shard_digest_matches
+from loaders.format.files import content_hash, shard_digest_matches
 from pipeline.cli import main
 from pipeline.verify import verify
 from tests import hostile

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from loaders import format as fmt
-from loaders.columns import validate_columns
-from loaders.shardio import READERS, read_shard
-from loaders.tarshard import read_tar_shard
+from loaders.format.readers import READERS, read_shard
+from loaders.format.tar_reader import read_tar_shard
+from loaders.format.validate import validate_columns
 from pipeline.verify import verify
 from pipeline.writers import Codec, get_writer
 from pipeline.writers.tar_writer import BLOCK_RECORDS, TarShardWriter, TarStream
@@ -41,7 +41,7 @@ FIELDS = (
     fmt.FieldSpec(VALUES, "ragged", "float32"),
 )
 KEYS = fmt.shard_keys(FIELDS, TABLES)
-SPIKEBITS = {"id": "shardsmith.spikebits", "level": 5}  # a field codec (loaders.fieldcodecs)
+SPIKEBITS = {"id": "shardsmith.spikebits", "level": 5}  # a field codec (loaders.format.codecs)
 BIG = 2 * BLOCK_RECORDS + 17  # three tar blocks, the last one partial
 
 
@@ -146,7 +146,7 @@ class ShardEncodingConformance:
         assert str(path) in str(e.value) and "obs/nope" in str(e.value)
 
     def test_field_codec_round_trips_deterministically(self, tmp_path: Path) -> None:
-        """A field's own codec (loaders.fieldcodecs) is stored by every encoding and read back
+        """A field's own codec (loaders.format.codecs) is stored by every encoding and read back
         exactly."""
         cols, writer = make_columns(BIG), get_writer(self.encoding, Codec())
         paths = [tmp_path / f"{name}{writer.suffix}" for name in ("a", "b")]
@@ -272,7 +272,7 @@ class TestTar(ShardEncodingConformance):
         np.testing.assert_array_equal(np.concatenate(got), cols[VOXELS])
 
     def test_checked_bytes_are_viewed_not_copied(self, tmp_path: Path) -> None:
-        """Given the file's bytes (read and checked by loaders.integrity), a member is a view of
+        """Given the file's bytes (read and checked by loaders.format.integrity), a member is a view of
         them: one copy fewer per shard than reading each member again. A cut buffer is still a
         FormatError naming the shard."""
         cols = make_columns(50)

@@ -2,7 +2,7 @@
 item per row.
 
 docs/RELIABILITY.md is generated from this registry (``python -m tests.reliability_table``) and
-``tests/test_reliability_table.py`` fails when the file differs from the generated text, when two
+``tests/docs/test_reliability_table.py`` fails when the file differs from the generated text, when two
 cases share an id, or when a case names a test that does not exist or is not decorated with
 ``@hostile.parametrize``. The table therefore lists exactly the cases the suite runs.
 

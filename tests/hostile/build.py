@@ -1,7 +1,7 @@
 """Hostile cases of issue 13 about the output folder: two writers (point 1), folders that are not
 ours (2), generations seen from the build side (4), leftovers of killed builds (6), permissions
-(9), a full disk or read-only folder (10). Tests: tests/test_out_folder.py,
-tests/test_out_folder_failures.py, tests/test_generations.py."""
+(9), a full disk or read-only folder (10). Tests: tests/pipeline/test_out_folder.py,
+tests/pipeline/test_out_folder_failures.py, tests/pipeline/test_generations.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hostile cases of issue 26 item 1 (shard and source digests are xxh3_128, named in the index,
 version 4; sha256 still read for datasets written before; a stat cache spares rebuilds reading
-unchanged sources), point 19. Tests: ``tests/test_digests.py``, ``tests/test_stat_cache.py``."""
+unchanged sources), point 19. Tests: ``tests/format/test_digests.py``, ``tests/pipeline/test_stat_cache.py``."""
 
 from __future__ import annotations
 

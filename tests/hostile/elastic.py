@@ -1,5 +1,5 @@
 """Hostile cases of issue 24 (elastic resume: a state saved on one world loaded on another),
-point 18. Tests: ``tests/test_elastic_resume.py`` (simulated ranks in one process)."""
+point 18. Tests: ``tests/loaders/test_elastic_resume.py`` (simulated ranks in one process)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 deletes and commits that lose data (items 1-4 and the "names read back stay inside" deliverable,
 point 11), silently wrong builds (5, 8, 9: point 12), tracebacks instead of exit 2 (11: point
 14), accepted but unusable datasets (12, 13: point 15) and what a new user hit next (14-17: point
-16). Items 6, 7, 10 and 15's sample-type part are the read side's: ``issue25_read.py``.
+16). Items 6, 7, 10 and 15's sample-type part are the read side's: ``misuse_read.py``.
 
 ``data``, where a test reads it:
 

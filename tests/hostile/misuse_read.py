@@ -1,7 +1,7 @@
 """Hostile cases of issue 25 on the read side: an edited index.json opened by a loader (items 6-7,
 point 12), waits with no bound (item 10: a stopped worker, a glob over the whole filesystem, point
 13), and a sample type the dataset does not serve (item 15, point 16). Tests:
-``tests/test_issue25_read.py``.
+``tests/loaders/test_open_refusals.py``.
 
 ``data`` of an edited-index case: ``(edit, outcome)``: ``edit`` names what is done to index.json
 (see the test's ``_edit``), ``outcome`` is the digest key the open must name, "warn" (read with a

@@ -1,6 +1,6 @@
 """Hostile cases of issue 13 on the read side: damaged shards (point 3), a loader opened before a
 rebuild (point 4), stopped processes (point 7), resume states (point 8). Tests:
-``tests/test_reliability_read.py``.
+``tests/loaders/test_reliability_read.py``.
 
 ``data`` of a damage case: ``(encoding, damage, target, sample)``: ``damage`` is "delete" (a zarr
 chunk file, or a tar member, removed), "flip" (one byte of a chunk's or member's payload

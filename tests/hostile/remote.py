@@ -1,6 +1,6 @@
 """Hostile cases of issue 23 (datasets on S3: the remote reader, its node cache and ``shardsmith
 push``), point 17. Tests: ``tests/test_remote_{cli,store,read,cache}.py`` and
-``tests/test_push.py``, against a moto server (tests/s3_fixtures.py) and the fault proxy.
+``tests/remote/test_push.py``, against a moto server (tests/remote/conftest.py) and the fault proxy.
 
 ``data``, where a test reads it:
 

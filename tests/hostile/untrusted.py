@@ -1,7 +1,8 @@
 """Hostile cases of issue 45 (a dataset you did not build; point 20): an ``index.json`` that names
 files outside the folder (item 1), plug-in modules to import (item 2) or no digest (item 3), each
 opened as a local folder and from a real S3 server (moto), and a forged push record (item 7, in
-``tests/hostile/remote.py``). Tests: ``tests/test_untrusted_dataset.py``.
+``tests/hostile/remote.py``). Tests: ``tests/remote/test_untrusted_dataset.py``,
+``tests/remote/test_remote_cache_faults.py``.
 
 ``data``: for a name case ``(key, name)``, where ``{outside}`` is a folder beside the cache,
 ``{up}`` sixteen ``../`` and ``{rel}`` that folder without its leading ``/``; for a plug-in case
@@ -93,5 +94,78 @@ CASES = [
         "open with a warning; was: a warning)",
         UNSEALED,
         "no-digest",
+    ),
+]
+
+# -- the node cache when this node's disk fails it (items 10-11) ---------------------------------
+DAMAGED = "test_remote_cache_faults::test_a_damaged_cached_copy_is_downloaded_again_once"
+REMOVED = "test_remote_cache_faults::test_the_cache_folder_removed_mid_epoch_is_made_again"
+FULL = "test_remote_cache_faults::test_a_real_full_disk_is_the_documented_cache_error"
+
+CASES += [
+    Case(
+        "cache-copy-damaged",
+        20,
+        "one byte of a cached shard flipped after its checked download; a new reader, then "
+        "`shardsmith verify s3://...` on the warm cache; then a disk that damages it again",
+        "downloaded again once (one GET), same batches; `verify` exits 0; damaged again after "
+        "that download: `CacheError` naming the cache folder and `cache_dir=` (was: every later "
+        "process failed on it, `verify` reported the remote damaged)",
+        DAMAGED,
+    ),
+    Case(
+        "cache-folder-removed-mid-epoch",
+        20,
+        "the cache folder removed (`rm -rf`) after the second batch of an epoch",
+        "the folder is made again (index.json put back) and the epoch's batches are those of "
+        "the local folder (was: a raw `FileNotFoundError` on a `.pins` path)",
+        REMOVED,
+    ),
+    *[
+        Case(
+            f"cache-real-full-disk-{stem}",
+            20,
+            f"the cache on a 2 MiB tmpfs (mounted by the test, as root) with {what} free",
+            "`CacheError`: 'cache folder ... is full while downloading ...; nothing partial was "
+            "kept: free space, set cache_limit=, ...' (was: 'GET failed (OSError: No space left "
+            "on device); see the message')",
+            FULL,
+            leave,
+        )
+        for stem, what, leave in (
+            ("ledger", "nothing", 0.0),
+            ("download", "half the smallest shard", 0.5),
+        )
+    ],
+]
+
+INSIDE = "test_untrusted_dataset::test_a_name_reaching_the_cache_another_way_stays_inside"
+CASES += [
+    Case(
+        "cache-pin-name-outside",
+        20,
+        "a pin file planted in the cache's `.pins/` whose name unquotes to `../../../../outside/"
+        "victim.txt`, then an eviction to 0 bytes",
+        "the victim is kept: a pin name that is not a plain build name is skipped (was: deleted)",
+        INSIDE,
+        "pin",
+    ),
+    Case(
+        "zarr-listing-name-outside",
+        20,
+        "the server lists a zarr shard's objects with one key `shards/x.zarr/../../../../zz.pth`",
+        "`RemoteError` naming that object ('is no object of the dataset file'); nothing written "
+        "outside the temporary folder",
+        INSIDE,
+        "listing",
+    ),
+    Case(
+        "cache-path-outside",
+        20,
+        "a shard entry named `../../../outside/victim.txt` built in code (past the index parser)",
+        "`CacheError` from `NodeCache.path`: 'outside the cache folder' (the cache checks the "
+        "path again)",
+        INSIDE,
+        "entry",
     ),
 ]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # each check imports in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_ONLY = ("pipeline", "anndata", "h5py", "joblib", "pandas")
 
@@ -39,10 +41,10 @@ def test_loaders_pull_in_nothing_of_the_pipeline() -> None:
         "loaders.engine.decoder",
         "loaders.engine.window",
         "loaders.samples",
-        "loaders.gather",
-        "loaders.payload",
-        "loaders.kernels",
-        "loaders.engine.arena",
+        "loaders.samples.gather",
+        "loaders.samples.payload",
+        "loaders.samples.kernels",
+        "loaders.samples.arena",
     ],
 )
 def test_decoder_side_is_torch_free(module: str) -> None:

@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "loaders")
 
 
-def product_modules(root: Path = ROOT) -> dict[str, Path]:
+def product_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     mods: dict[str, Path] = {}
-    for pkg in PACKAGES:
+    for pkg in packages:
         for p in sorted((root / pkg).rglob("*.py")):
             parts = list(p.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -113,6 +113,13 @@ def test_no_import_cycles_among_product_modules() -> None:
     assert not found, "import cycles (every import statement counts):\n" + "\n".join(
         map(" <-> ".join, found)
     )
+
+
+def test_no_import_cycles_among_benchmark_modules() -> None:
+    """The benchmark suite too (benchmarks/ and its experiments): a cycle there hides which module
+    a figure comes from as well."""
+    found = cycles(import_graph(product_modules(packages=("benchmarks",))))
+    assert not found, "import cycles in benchmarks/:\n" + "\n".join(map(" <-> ".join, found))
 
 
 def modality_words() -> set[str]:
@@ -261,3 +268,69 @@ def test_the_reason_check_sees_a_bare_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    import json\n\n\ndef g():\n    import os  # import weight\n")
     assert function_local_imports_without_reason(bad) == [2]
+
+
+# -- the loader's layers ---------------------------------------------------------------------------
+LOADERS = ROOT / "loaders"
+TOP_MODULES_AT_MOST = 12  # the public face: dataset, loader, options, lightning, testing, shims
+
+
+def loader_layer(mod: str, mods: dict[str, Path]) -> str | None:
+    """The layer a ``loaders`` module belongs to: ``loaders.<subpackage>``, or ``loaders`` for the
+    modules at the top (the public face, ``__init__`` included); None outside ``loaders``."""
+    if mod.split(".")[0] != "loaders":
+        return None
+    rel = mods[mod].relative_to(LOADERS)
+    return f"loaders.{rel.parts[0]}" if len(rel.parts) > 1 else "loaders"
+
+
+def layer_edges(
+    graph: dict[str, set[str]], mods: dict[str, Path]
+) -> dict[tuple[str, str], list[str]]:
+    """(layer, layer it imports) -> the import statements' ``module -> module`` that make the edge."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            la, lb = loader_layer(a, mods), loader_layer(b, mods)
+            if la and lb and la != lb:
+                edges.setdefault((la, lb), []).append(f"{a} -> {b}")
+    return edges
+
+
+def both_ways(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    return [
+        f"{a} <-> {b}: {edges[(a, b)]} / {edges[(b, a)]}"
+        for (a, b) in sorted(edges)
+        if a < b and (b, a) in edges
+    ]
+
+
+def test_loader_layers_form_a_dag() -> None:
+    """The top of ``loaders/`` and its subpackages (format, plugins, epoch, samples, engine, remote,
+    modalities): no import between two of them runs both ways, counting every import statement."""
+    mods = product_modules()
+    edges = layer_edges(import_graph(mods), mods)
+    assert ("loaders", "loaders.engine") in edges  # the check sees the layers
+    bad = both_ways(edges)
+    assert not bad, "imports both ways between loader layers:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_sees_an_import_running_back_up(tmp_path: Path) -> None:
+    mods = {
+        "loaders": LOADERS / "__init__.py",
+        "loaders.dataset": LOADERS / "dataset.py",
+        "loaders.engine.window": LOADERS / "engine" / "window.py",
+    }
+    graph = {
+        "loaders": set(),
+        "loaders.dataset": {"loaders.engine.window"},
+        "loaders.engine.window": {"loaders.dataset"},
+    }
+    assert both_ways(layer_edges(graph, mods))
+    graph["loaders.engine.window"] = set()
+    assert not both_ways(layer_edges(graph, mods))
+
+
+def test_the_top_of_loaders_is_the_public_face_only() -> None:
+    top = sorted(p.stem for p in LOADERS.glob("*.py") if p.stem != "__init__")
+    assert len(top) <= TOP_MODULES_AT_MOST, top

@@ -139,4 +139,29 @@ def test_pending_imports_are_still_there() -> None:
         for (stem, module), todo in PENDING.items()
         if (stem, module) not in _violations()
     )
-    assert not gone, f"remove from PENDING (tests/test_layout_tests.py): {gone}"
+    assert not gone, f"remove from PENDING (tests/layout/test_layout_tests.py): {gone}"
+
+
+def pytestmark_assignments(source: str) -> int:
+    """How many module-level statements assign ``pytestmark``."""
+    return sum(
+        1
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark"
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+    )
+
+
+def test_a_module_sets_pytestmark_once() -> None:
+    """A second ``pytestmark = ...`` replaces the first: a module marked ``s3`` that later sets a
+    warning filter the same way runs in the fast lane. One list holds every module-level mark."""
+    twice = [
+        str(p.relative_to(TESTS))
+        for p in sorted(TESTS.rglob("test_*.py"))
+        if pytestmark_assignments(p.read_text()) > 1
+    ]
+    assert not twice, f"pytestmark set more than once (the last one wins): {twice}"
+    assert pytestmark_assignments("pytestmark = 1\nx = 2\npytestmark = [3]\n") == 2

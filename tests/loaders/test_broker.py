@@ -17,7 +17,10 @@ from loaders import ShardDataset, ShardLoader
 from loaders.engine.broker import Broker, BrokerClient
 from loaders.engine.decoder import AVAILABLE
 
-pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd"),
+]  # DataLoader workers and the decoder process
 TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
 Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or its plug-in
 
@@ -50,7 +53,7 @@ def test_each_window_decoded_once_for_all_workers(
     assert_same(got, want)
     n_windows = -(-len(ds.entries) // 2)
     assert (
-        ds._broker is not None and ds._broker.decodes == 2 * n_windows
+        ds.engine_here().broker is not None and ds.engine_here().broker.decodes == 2 * n_windows
     )  # once per window, not per worker
     del got
     assert shm() <= before  # memfds and an abstract socket: nothing to leak
@@ -58,7 +61,7 @@ def test_each_window_decoded_once_for_all_workers(
 
 def test_workers_map_windows_read_only_and_a_dead_client_lets_go(fx: Any, started: Helper) -> None:
     ds = started(ShardDataset(fx.root, batch_size=16, window=2))
-    dec = ds._decoder()
+    dec = ds.engine_here().decoder()
     assert dec is not None
     broker = Broker(dec, lambda e, w: 1 << 20)
     try:
@@ -75,7 +78,9 @@ def test_workers_map_windows_read_only_and_a_dead_client_lets_go(fx: Any, starte
         while holds[0] != 1:
             assert time.monotonic() < deadline, "the dead client's hold was not dropped"
             time.sleep(0.01)
-        y.release(ds.buffers())  # the last holder lets go: the window stays among the recent ones
+        y.release(
+            ds.engine_here().buffers()
+        )  # the last holder lets go: the window stays among the recent ones
         while holds[0] != 0:
             assert time.monotonic() < deadline
             time.sleep(0.01)
@@ -98,5 +103,5 @@ def test_persistent_workers_share_the_decode_across_epochs(
     want = batches(ShardDataset(fx.root, decode_process=False, **kw), epochs=(0, 1, 2))  # type: ignore[arg-type]
     assert_same(got, want)
     assert (
-        ds._broker is not None and ds._broker.decodes <= 3 * 3 + 1
+        ds.engine_here().broker is not None and ds.engine_here().broker.decodes <= 3 * 3 + 1
     )  # (+ the 4th epoch's speculative first)

@@ -13,8 +13,8 @@ import torch
 
 @pytest.mark.parametrize("output", ["dense", "csr", "sparse", "parts"])
 def test_collate_round_trips_signed_values_and_empty_rows(output: str) -> None:
-    from loaders.collate import Arena, BufferPool, Payload, Rows
-    from loaders.device import assemble
+    from loaders.engine.device import assemble
+    from loaders.engine.transport import Arena, BufferPool, Payload, Rows
     from loaders.format import FieldSpec
 
     rng = np.random.default_rng(0)
@@ -57,9 +57,9 @@ def transported(payload: Any, output: str) -> list[dict[str, Any]]:
     """One payload through every transport: main-process tensors, a worker's fresh shared segment,
     and a worker's ring slot that held an earlier item's bytes (0x7F everywhere: finishers must not
     assume zeros), shipped as the second batch of a run of two."""
-    from loaders.collate import to_shared, to_tensors
-    from loaders.device import unpack_batches
+    from loaders.engine.device import unpack_batches
     from loaders.engine.ring import Ring
+    from loaders.engine.transport import to_shared, to_tensors
 
     ring = Ring(1, max_bytes=64 << 20)
     stale = to_shared([payload, payload], output, ring)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from loaders import ShardDataset
-from loaders.engine.arena import BufferPool
 from loaders.engine.decoder import AVAILABLE, Decoder, DecoderError
 from loaders.engine.window import WindowReader
 from loaders.format import FormatError
+from loaders.samples.arena import BufferPool
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the decoder process needs Linux memfd")
 Helper = Callable[..., Any]  # a function from a fixture of tests/conftest.py or its plug-in
@@ -31,6 +31,7 @@ def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFacto
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
 def test_decoder_process_gives_the_in_process_batches(
     fx: Any, sample: str, started: Helper, batches: Helper, assert_same: Helper, check_cells: Helper
@@ -49,9 +50,13 @@ def test_decoder_process_gives_the_in_process_batches(
         truth = fx.truth
         for b in got:
             check_cells(b, truth)
-    assert via._decoder_state is not None and len(via._decoder_state[1]._slabs) >= 1
+    assert (
+        via.engine_here().decoder_state is not None
+        and len(via.engine_here().decoder_state._slabs) >= 1
+    )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("encoding", ["zarr", "tar"])
 def test_decoder_process_reads_every_encoding(
     built_zarr_tar: dict[str, Path],
@@ -68,6 +73,7 @@ def test_decoder_process_reads_every_encoding(
     assert_same(got, want)
 
 
+@pytest.mark.process
 def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
     spec = {
         "root": str(fx.root),
@@ -103,6 +109,7 @@ def test_a_small_slab_is_replaced_by_a_big_enough_one(fx: Any) -> None:
     assert dec.proc.poll() is not None  # the child ended with close()
 
 
+@pytest.mark.process
 def test_broken_shard_through_the_decoder_names_the_file(
     fx: Any, tmp_path: Path, broken_copy: Helper, started: Helper, batches: Helper
 ) -> None:
@@ -112,6 +119,7 @@ def test_broken_shard_through_the_decoder_names_the_file(
         batches(ds, epochs=(0,))
 
 
+@pytest.mark.process
 def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(
     fx: Any, started: Helper, batches: Helper, assert_same: Helper
 ) -> None:
@@ -119,7 +127,7 @@ def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(
     ds = started(
         ShardDataset(fx.root, batch_size=16, window=1, decode_process=True, decode_ahead=False)
     )
-    dec = ds._decoder()
+    dec = ds.engine_here().decoder()
     assert dec is not None
     os.kill(dec.proc.pid, signal.SIGKILL)
     t0 = time.monotonic()
@@ -134,6 +142,7 @@ def test_a_killed_decoder_is_reported_and_decoding_goes_on_here(
         dec.read_window(0, 0, 1)
 
 
+@pytest.mark.process
 def test_workers_forked_after_the_main_process_decoded_do_their_own(
     fx: Any, started: Helper, batches: Helper, assert_same: Helper
 ) -> None:
@@ -145,10 +154,12 @@ def test_workers_forked_after_the_main_process_decoded_do_their_own(
     key = lambda b: b["sample_id"][0].item()  # noqa: E731 - worker batches interleave: compare by content
     assert_same(sorted(main, key=key), sorted(forked, key=key))
     assert (
-        ds._decoder_state is not None and ds._decoder_state[1].proc.poll() is None
+        ds.engine_here().decoder_state is not None
+        and ds.engine_here().decoder_state.proc.poll() is None
     )  # still serving the parent
 
 
+@pytest.mark.process
 def test_a_one_window_split_decodes_here_and_never_starts_a_decoder_process(
     fx: Any, batches: Helper, assert_same: Helper
 ) -> None:
@@ -159,8 +170,8 @@ def test_a_one_window_split_decodes_here_and_never_starts_a_decoder_process(
     one = ShardDataset(fx.root, decode_process=True, window=64, **kw)
     several = ShardDataset(fx.root, decode_process=True, window=1, **kw)
     got = batches(one)
-    assert one._decoder_state is None
+    assert one.engine_here().decoder_state is None
     assert_same(got, batches(ShardDataset(fx.root, decode_process=False, window=64, **kw)))
     assert len(got) > 0 and len(several.entries) > 1
     batches(several)
-    assert several._decoder_state is not None
+    assert several.engine_here().decoder_state is not None

@@ -1,5 +1,5 @@
 """The device path (staging, side stream, finish on the device, hand-over) run on the CPU: the same
-functions as on CUDA minus the CUDA calls (loaders.device.Backend), batches equal to the host
+functions as on CUDA minus the CUDA calls (loaders.engine.device.Backend), batches equal to the host
 path's exactly."""
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.process)])
 def test_device_cpu_runs_the_device_path_and_equals_the_host_path(
     fx: Any, sample: str, workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = {"finish": 0, "pin": 0, "event": 0}
     torch_densify = device.TORCH_OPS[
         SCATTER_OP
-    ]  # dense rows cross as flat positions (loaders.payload.Scattered)
+    ]  # dense rows cross as flat positions (loaders.samples.payload.Scattered)
 
     def counted(parts: dict[str, torch.Tensor], meta: dict[str, object]) -> torch.Tensor:
         calls["finish"] += 1
@@ -86,11 +86,11 @@ def test_device_cpu_runs_the_device_path_and_equals_the_host_path(
 
 def test_torch_views_equal_the_host_views_of_a_shipped_buffer() -> None:
     """On a device a shipped buffer is cut with one typed view per dtype and one as_strided per
-    field (loaders.device.TorchViews); run here on a CPU tensor, every field equals the numpy
+    field (loaders.engine.device.TorchViews); run here on a CPU tensor, every field equals the numpy
     path's view."""
-    from loaders.collate import to_shared
+    from loaders.engine.transport import to_shared
     from loaders.modalities.perturbation.ops import Gathered
-    from loaders.payload import Payload
+    from loaders.samples.payload import Payload
 
     rng = np.random.default_rng(0)
     payloads = []

@@ -1,4 +1,4 @@
-"""Properties of the elastic layout (loaders.elastic): the epoch's batches as a pure function of
+"""Properties of the elastic layout (loaders.epoch.elastic): the epoch's batches as a pure function of
 (seed, epoch, canonical partitions), the same as before when the world is the partition count, and
 a resume on any other world serving every unit not yet served."""
 
@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import budget, elastic, order, resume
-from loaders.engine.schedule import batch_segments, runs_segments
+from loaders.epoch import budget, elastic, order, resume
+from loaders.epoch.schedule import batch_segments, runs_segments
 
 SETTINGS = settings(max_examples=80, deadline=None)
 DIVISORS = {g: [d for d in range(1, g + 1) if g % d == 0] for g in range(1, 25)}

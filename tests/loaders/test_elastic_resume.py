@@ -90,6 +90,7 @@ def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFacto
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("sample", ["cells", "pairs", "sentences"])
 @hostile.parametrize
 def test_cells_pairs_sentences_resume_on_4_3_2_ranks(
@@ -115,6 +116,7 @@ def test_cells_pairs_sentences_resume_on_4_3_2_ranks(
         assert dl.state_dict()["partitions"] == 2
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_an_epoch_that_divides_evenly_is_served_exactly_once(
     case: hostile.Case, build_dataset: Callable[..., Any], tmp_path: Path
@@ -170,6 +172,7 @@ def test_partitions_option_and_locality(fx: Any) -> None:
         assert dl.state_dict()["partitions"] == 4
 
 
+@pytest.mark.process
 def test_spike_clips_resume_on_other_worlds(spike_built: Path) -> None:
     def make(**kw: Any) -> ShardDataset:
         return ShardDataset(
@@ -189,6 +192,7 @@ def test_spike_clips_resume_on_other_worlds(spike_built: Path) -> None:
     check_served(served, reference, len(reference) % 2 == 0, 2)
 
 
+@pytest.mark.process
 def test_ct_budget_batches_resume_on_4_3_2_ranks(ct_budget: tuple[Path, int]) -> None:
     """Budget batches: the canonical batches not yet served are dealt round-robin to the new
     world's ranks, so the per-rank count changes with the world; every volume is served, each

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-import loaders.shardio  # noqa: F401  (registers the at-fork reset under test)
+import loaders.format.readers  # noqa: F401  (registers the at-fork reset under test)
 
 
 def _child_finishes(work: object) -> None:
@@ -33,6 +33,7 @@ def _child_finishes(work: object) -> None:
     pytest.fail("the forked child hung on a lock its parent held at the fork")
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> None:
     import zarr.core.sync as sync
@@ -45,6 +46,7 @@ def test_a_child_forked_while_zarrs_loop_lock_is_held_can_still_use_zarr() -> No
         lock.release()
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one() -> None:
     """Seen in CI: a DataLoader forked its workers while a thread of the training process held the
@@ -53,7 +55,7 @@ def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one
 
     import numpy as np
 
-    from loaders import tarshard
+    from loaders.format import tar_reader
 
     buf = io.BytesIO()
     np.save(buf, np.arange(3))
@@ -62,10 +64,10 @@ def test_a_child_forked_while_a_decode_thread_parses_an_npy_header_can_parse_one
     def parse() -> None:
         fh = io.BytesIO(head)
         version = np.lib.format.read_magic(fh)
-        assert tarshard.read_npy_header(fh, version)[0] == (3,)
+        assert tar_reader.read_npy_header(fh, version)[0] == (3,)
 
     # as a decode thread of the parent does at the moment of the fork
-    with tarshard.NPY_HEADER_LOCK:
+    with tar_reader.NPY_HEADER_LOCK:
         _child_finishes(parse)
 
 
@@ -73,19 +75,19 @@ def test_an_exception_while_entering_the_lock_does_not_leave_it_held() -> None:
     """A signal handler can raise inside a Python-level ``__enter__``, after its ``acquire()``
     (torch's SIGCHLD check raises when a DataLoader worker dies): no ``__exit__`` runs, and with
     a wrapper class the lock stayed held forever (a ring receive hung in CI). The trace function
-    raises at every return of a frame of loaders/engine/forksafe.py, as such a handler would; the
+    raises at every return of a frame of loaders/format/forksafe.py, as such a handler would; the
     module's locks have no such frame to raise in."""
     import sys
 
-    from loaders import tarshard
-    from loaders.engine import forksafe, ring
+    from loaders.engine import ring
+    from loaders.format import forksafe, tar_reader
 
     def tracer(frame: object, event: str, arg: object) -> object:
         if event == "return" and frame.f_code.co_filename.endswith("forksafe.py"):  # type: ignore[attr-defined]
             raise RuntimeError("raised by a signal handler")
         return tracer
 
-    for lock in (forksafe.fork_safe_lock(), ring._LOCK, tarshard.NPY_HEADER_LOCK):
+    for lock in (forksafe.fork_safe_lock(), ring._LOCK, tar_reader.NPY_HEADER_LOCK):
         sys.settrace(tracer)
         try:
             with lock:

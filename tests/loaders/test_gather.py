@@ -1,4 +1,4 @@
-"""loaders.gather: the per-layout gathers give what plain per-row Python indexing gives, for rows in
+"""loaders.samples.gather: the per-layout gathers give what plain per-row Python indexing gives, for rows in
 one arena or spread over several (a batch straddling windows), on both branches of the ragged
 gather."""
 
@@ -10,9 +10,9 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import gather
-from loaders.engine.arena import Arena
-from loaders.gather import Rows, ragged_rows
+from loaders.samples import gather
+from loaders.samples.arena import Arena
+from loaders.samples.gather import Rows, ragged_rows
 
 
 def _reference(

@@ -1,4 +1,4 @@
-"""loaders.kernels: scipy's private CSR kernels and the public-API fallback give the same results,
+"""loaders.samples.kernels: scipy's private CSR kernels and the public-API fallback give the same results,
 the fallback runs in the default suite (every test here and one loader test run both ways), and a
 broken scipy is a clear error."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from loaders import kernels
+from loaders.samples import kernels
 
 
 @pytest.fixture(params=["native", "fallback"])
@@ -124,12 +124,12 @@ def test_loader_batches_are_equal_on_both_paths(
 
 
 def test_scattered_rows_finish_like_csr_rows_in_numpy_and_torch() -> None:
-    """CSR rows shipped to a device as flat positions (loaders.payload.Scattered) densify to the
+    """CSR rows shipped to a device as flat positions (loaders.samples.payload.Scattered) densify to the
     same batch as the CSR parts, with the numpy finisher (also into a buffer holding old bytes)
     and the torch one."""
     import torch
 
-    from loaders.device import TORCH_OPS
+    from loaders.engine.device import TORCH_OPS
     from loaders.modalities.perturbation.ops import SCATTER_OP, Gathered
 
     x = _matrix(3)

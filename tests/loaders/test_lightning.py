@@ -143,6 +143,7 @@ def test_ranks_come_from_the_trainer(root: Path) -> None:
     assert len(dm.train_dataloader()) == 8  # 240 cells / 2 ranks / 16 per batch, rounded up
 
 
+@pytest.mark.process
 def test_resume_on_another_number_of_devices(root: Path, tmp_path: Path) -> None:
     """2 devices (ddp_spawn, gloo) checkpoint mid-epoch 1; the fit resumes on 1 device with the same
     global batch: epoch 1 is every train cell exactly once (240 cells, 32 a step)."""

@@ -57,6 +57,7 @@ def epoch(dl: ShardLoader) -> list[dict[str, torch.Tensor]]:
     return list(dl)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_cells_epoch_is_a_permutation_of_the_split(
     fx: Any, truth: Any, workers: int, check_cells: Callable[..., None]
@@ -80,7 +81,7 @@ def test_natural_order_without_shuffle(fx: Any) -> None:
     np.testing.assert_array_equal(ids, fx.primary_ids("val"))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.process)])
 def test_sparse_and_shipped_parts_match_dense(fx: Any, workers: int) -> None:
     def make(**kw: object) -> ShardLoader:
         ds_kw = {k: kw.pop(k) for k in ("densify", "torch_sparse") if k in kw}
@@ -128,6 +129,7 @@ def test_cuda_request_without_cuda_falls_back(fx: Any) -> None:
     assert next(iter(dl))["X"].device.type == "cpu"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_pairs_reference_the_right_cells(fx: Any, truth: Any, workers: int) -> None:
     ds = ShardDataset(fx.root, split="train", sample="pairs", batch_size=48, seed=1, window=2)
@@ -152,6 +154,7 @@ def test_pairs_reference_the_right_cells(fx: Any, truth: Any, workers: int) -> N
     assert sorted(got) == expected
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_sentences_reference_the_right_cells(fx: Any, truth: Any, workers: int) -> None:
     ds = ShardDataset(fx.root, split="train", sample="sentences", batch_size=16, seed=2, window=3)
@@ -179,6 +182,7 @@ def test_sentences_reference_the_right_cells(fx: Any, truth: Any, workers: int) 
     assert all(s[SENTENCES_CTRL].shape == s[SENTENCES_PERT].shape for s in fx.shards)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "workers_before,workers_after,persistent",
     [(0, 0, False), (2, 2, False), (2, 0, False), (0, 2, True)],
@@ -229,6 +233,7 @@ def test_resume_with_other_world_size_or_settings_is_refused(fx: Any) -> None:
     )  # rank 0's state fits rank 1
 
 
+@pytest.mark.process
 def test_memory_does_not_grow_across_epochs(
     tmp_path: Path, build_dataset: Callable[..., Any]
 ) -> None:
@@ -247,6 +252,7 @@ def test_memory_does_not_grow_across_epochs(
     assert growth < max(8.0, 2 * arena_mb), f"RSS grew {growth:.1f} MiB over 6 epochs: {rss}"
 
 
+@pytest.mark.process
 def test_persistent_workers_follow_epochs(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=64, seed=4, window=2)
     dl = ShardLoader(ds, num_workers=2, persistent_workers=True, timeout=TIMEOUT)
@@ -258,6 +264,7 @@ def test_persistent_workers_follow_epochs(fx: Any) -> None:
         np.testing.assert_array_equal(got, np.concatenate([b["sample_id"].numpy() for b in ref]))
 
 
+@pytest.mark.process
 def test_spawn_start_method(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=64, seed=6, window=2)
     dl = ShardLoader(ds, num_workers=2, multiprocessing_context="spawn", timeout=TIMEOUT)
@@ -271,6 +278,7 @@ def test_spawn_start_method(fx: Any) -> None:
     np.testing.assert_array_equal(ids, ref)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["missing", "corrupt"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_broken_shard_error_names_the_file(
@@ -285,6 +293,7 @@ def test_broken_shard_error_names_the_file(
             pass
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("decode_process", [False, True])
 def test_a_unit_count_that_disagrees_with_the_index_names_the_shard(
     fx: Any, tmp_path: Path, decode_process: bool
@@ -320,7 +329,7 @@ def test_unknown_split_or_sample(fx: Any) -> None:
         ShardDataset(fx.root, sample="genes")
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.process)])
 def test_fewer_units_than_ranks(
     tmp_path: Path, workers: int, build_dataset: Callable[..., Any]
 ) -> None:
@@ -336,6 +345,7 @@ def test_fewer_units_than_ranks(
                 assert batches[0]["sample_id"].tolist() == [fx.primary_ids("train")[rank % 3]]
 
 
+@pytest.mark.process
 def test_shuffle_mixes_perturbations_like_uniform_sampling(fx: Any) -> None:
     ds = ShardDataset(fx.root, batch_size=32, drop_last=True, window=2)
     dl = ShardLoader(ds)
@@ -362,8 +372,9 @@ def test_window_of_the_whole_split_is_decoded_once(fx: Any, decode_process: bool
 
     def run(ds: ShardDataset) -> tuple[list[np.ndarray], int]:
         calls: list[int] = []
-        decode = ds._decode_window
-        ds._decode_window = lambda *a, **k: calls.append(a[0]) or decode(*a, **k)  # type: ignore[method-assign]
+        engine = ds.engine_here()
+        decode = engine.decode_window
+        engine.decode_window = lambda *a, **k: calls.append(a[0]) or decode(*a, **k)  # type: ignore[method-assign]
         dl, ids = ShardLoader(ds), []
         for e in range(3):
             dl.set_epoch(e)

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from loaders import ShardDataset, ShardLoader
 
+pytestmark = pytest.mark.process  # gloo ranks with DataLoader workers
+
 DEADLINE = 90.0  # seconds for a whole job (spawning ranks imports torch in each)
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 
+pytestmark = pytest.mark.process  # DataLoader workers
+
 
 @pytest.fixture(scope="module")
 def fx(build_dataset: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Any:

@@ -15,6 +15,8 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 
+pytestmark = pytest.mark.process  # the decoder process (and DataLoader workers)
+
 # window=1: several windows an epoch (a one-window split never starts a decoder process)
 KW: dict[str, Any] = {"split": "train", "batch_size": 16, "window": 1, "seed": 0}
 
@@ -53,8 +55,10 @@ def _read_and_drop(root: Path, workers: int) -> tuple[weakref.ref[ShardDataset],
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         assert sum(1 for _ in loader) > 0
-    assert ds._decoder_state is not None, "the default engine decodes in a decoder process"
-    proc = ds._decoder_state[1].proc
+    assert ds.engine_here().decoder_state is not None, (
+        "the default engine decodes in a decoder process"
+    )
+    proc = ds.engine_here().decoder_state.proc
     return weakref.ref(ds), proc
 
 

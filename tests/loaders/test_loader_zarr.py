@@ -11,10 +11,12 @@ import pytest
 import zarr
 
 import pipeline.writers.zarr_writer as zarr_writer
-from loaders import ShardDataset, ShardLoader, order
-from loaders.engine.schedule import batch_segments
+from loaders import ShardDataset, ShardLoader
+from loaders.engine.process import ProcessEngine
+from loaders.epoch import order
+from loaders.epoch.schedule import batch_segments
 from loaders.format import FormatError
-from loaders.shardio import open_shard, open_zarr_columns, read_shard
+from loaders.format.readers import open_shard, open_zarr_columns, read_shard
 from pipeline.writers import Codec, get_writer
 
 TIMEOUT = 60  # seconds a worker may take for a batch: a hang fails the test instead of blocking it
@@ -102,6 +104,7 @@ def chunky(
     return fx.root, fx.truth
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_multi_chunk_shards_give_the_written_cells(
     chunky: tuple[Path, Any], workers: int, check_cells: Callable[..., None]
@@ -122,6 +125,7 @@ def test_multi_chunk_shards_give_the_written_cells(
             assert np.unique(np.concatenate(ids)).size == sum(len(i) for i in ids)
 
 
+@pytest.mark.process
 def test_pairs_and_sentences_from_multi_chunk_shards(chunky: tuple[Path, Any]) -> None:
     root, truth = chunky
     for b in ShardLoader(ShardDataset(root, sample="pairs", batch_size=29, window=2)):
@@ -132,18 +136,19 @@ def test_pairs_and_sentences_from_multi_chunk_shards(chunky: tuple[Path, Any]) -
         np.testing.assert_array_equal(b["x_ctrl"].numpy(), truth.dense[b["ctrl_id"].numpy()])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("decode_ahead", [True, False])
 def test_each_window_is_decoded_once_per_epoch(
     chunky: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, decode_ahead: bool
 ) -> None:
     calls: list[tuple[int, int]] = []
-    read_window = ShardDataset.read_window
+    read_window = ProcessEngine.read_window
 
-    def counting(self: ShardDataset, epoch: int, w: int, pool: object = None) -> object:
+    def counting(self: ProcessEngine, epoch: int, w: int, pool: object = None) -> object:
         calls.append((epoch, w))
         return read_window(self, epoch, w, pool)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ShardDataset, "read_window", counting)
+    monkeypatch.setattr(ProcessEngine, "read_window", counting)
     ds = ShardDataset(chunky[0], batch_size=16, window=2, decode_ahead=decode_ahead)
     dl = ShardLoader(ds)
     for e in (0, 1):
@@ -170,6 +175,7 @@ def test_each_window_is_decoded_once_per_epoch(
     assert sorted(calls) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), *ahead]
 
 
+@pytest.mark.process
 def test_next_epoch_decoded_ahead_is_used_or_dropped(
     chunky: tuple[Path, Any], check_cells: Callable[..., None]
 ) -> None:
@@ -179,7 +185,7 @@ def test_next_epoch_decoded_ahead_is_used_or_dropped(
     dl = ShardLoader(ShardDataset(root, batch_size=16, window=2))
     dl.set_epoch(0)
     list(dl)
-    assert dl.dataset._ahead is not None and dl.dataset._ahead[0][0] == 1
+    assert dl.dataset.engine_here().ahead is not None and dl.dataset.engine_here().ahead[0][0] == 1
     for epoch in (1, 5):  # 1: adopted; 5: the epoch-2 decode is dropped
         dl.set_epoch(epoch)
         ids = []
@@ -187,9 +193,13 @@ def test_next_epoch_decoded_ahead_is_used_or_dropped(
             check_cells(b, truth)
             ids.append(b["sample_id"].numpy())
         assert np.unique(np.concatenate(ids)).size == sum(map(len, ids)) == dl.dataset.n_units
-        assert dl.dataset._ahead is not None and dl.dataset._ahead[0][0] == epoch + 1
+        assert (
+            dl.dataset.engine_here().ahead is not None
+            and dl.dataset.engine_here().ahead[0][0] == epoch + 1
+        )
 
 
+@pytest.mark.process
 def test_device_side_densify_matches_host(chunky: tuple[Path, Any]) -> None:
     """The GPU path ships (crow, cols, vals) and densifies with torch ops; the same code runs on CPU
     tensors."""

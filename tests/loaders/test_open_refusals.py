@@ -1,7 +1,7 @@
 """Issue 25, read side: an edited index.json refused at open (items 6-7), no unbounded wait (item
 10: the loader's default bound on workers, a glob over the filesystem root refused, a long glob's
 progress), and a sample type the dataset does not serve (item 15). The cases are the rows of
-``tests/hostile/issue25_read.py``.
+``tests/hostile/misuse_read.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
 from loaders.loader import DEFAULT_TIMEOUT_S, LoaderTimeout
 from loaders.samples import SAMPLE_TYPES
-from pipeline import manifest as manifest_module
+from pipeline import source_files
 from pipeline.build import build
 from pipeline.errors import ManifestError
 from pipeline.manifest import load_manifest
@@ -134,6 +134,7 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children()}
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_stopped_worker_is_named_within_the_bound(case: hostile.Case, built: Path) -> None:
     ds = ShardDataset(built, batch_size=8, window=1, decode_process=False)
@@ -199,19 +200,19 @@ def test_a_long_glob_reports_progress_and_its_count(
 ) -> None:
     build_dataset(tmp_path, "sources", sources=3, cells=20, genes=10, perts=2)
     path = _manifest(tmp_path, write_manifest, "src/*.h5ad")
-    iglob = manifest_module.glob.iglob
+    iglob = source_files.glob.iglob
 
     def slow(pattern: str, **kw: Any) -> Iterator[str]:  # a walk over a large tree
         for match in iglob(pattern, **kw):
             time.sleep(0.2)
             yield match
 
-    monkeypatch.setattr(manifest_module, "GLOB_PROGRESS_S", 0.05)
-    monkeypatch.setattr(manifest_module.glob, "iglob", slow)
-    with caplog.at_level(logging.INFO, logger="pipeline.manifest"):
+    monkeypatch.setattr(source_files, "GLOB_PROGRESS_S", 0.05)
+    monkeypatch.setattr(source_files.glob, "iglob", slow)
+    with caplog.at_level(logging.INFO, logger="pipeline.source_files"):
         m = load_manifest(path)
     assert len(m.sources) == 3
-    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.manifest"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.source_files"]
     assert any(re.search(r"still matching, [0-3] file\(s\) so far after \d+ s", x) for x in lines)
     assert any("sources[0].path 'src/*.h5ad': 3 file(s) matched in" in x for x in lines), lines
 

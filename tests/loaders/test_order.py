@@ -1,4 +1,4 @@
-"""Properties of the epoch order (loaders.order): permutation, disjoint ranks, worker/resume
+"""Properties of the epoch order (loaders.epoch.order): permutation, disjoint ranks, worker/resume
 invariance."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import order
+from loaders.epoch import order
 
 SETTINGS = settings(max_examples=60, deadline=None)
 counts_st = st.lists(st.integers(0, 40), min_size=0, max_size=12)
@@ -293,10 +293,10 @@ def test_bad_arguments() -> None:
 def test_batch_segments_cover_exactly_the_batch_positions(
     counts: list[int], window: int, world: int, bs: int, pad: bool, epoch: int, data: st.DataObject
 ) -> None:
-    """The dataset reads batch j as runs inside windows (loaders.engine.schedule): those runs,
+    """The dataset reads batch j as runs inside windows (loaders.epoch.schedule): those runs,
     mapped back to global positions, are batch_positions(j), in order, and each run stays inside
     its window."""
-    from loaders.engine.schedule import WindowSchedule, batch_segments
+    from loaders.epoch.schedule import WindowSchedule, batch_segments
 
     total = int(np.sum(counts))
     per_rank = order.rank_size(total, world, pad)

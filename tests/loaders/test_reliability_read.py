@@ -26,9 +26,9 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
-from loaders.integrity import DatasetRebuilt
+from loaders.format.integrity import DatasetRebuilt
+from loaders.format.readers import read_shard
 from loaders.loader import LoaderTimeout
-from loaders.shardio import read_shard
 from pipeline.writers import Codec, get_writer
 from tests import hostile
 
@@ -155,6 +155,7 @@ def test_damaged_shard(case: hostile.Case, built: dict[str, Path], tmp_path: Pat
             assert "outside [0, 10)" in str(err.value)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_damaged_shard_is_skipped_and_counted(
     case: hostile.Case, built: dict[str, Path], tmp_path: Path, started: Callable[..., Any]
@@ -234,6 +235,7 @@ def _rebuild_index(root: Path, rename: bool) -> None:
     fmt.index_path(root).write_text(json.dumps(raw))
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_loader_opened_before_a_rebuild(
     case: hostile.Case, built: dict[str, Path], tmp_path: Path, started: Callable[..., Any]
@@ -282,6 +284,7 @@ def _children(exclude: str = "loaders.engine.decoder") -> list[psutil.Process]:
     return [p for p in psutil.Process().children() if exclude not in " ".join(p.cmdline())]
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_stopped_decoder_process(
     case: hostile.Case, built: dict[str, Path], started: Callable[..., Any]
@@ -290,7 +293,7 @@ def test_stopped_decoder_process(
     want = _drain(ShardLoader(ShardDataset(built["zarr"], decode_process=False, **kw)))  # type: ignore[arg-type]
     ds = ShardDataset(built["zarr"], decode_process=True, **kw)  # type: ignore[arg-type]
     dl = ShardLoader(ds, timeout=case.data)  # the loader's timeout covers the decoder process too
-    dec = started(ds)._decoder()
+    dec = started(ds).engine_here().decoder()
     assert dec is not None and dec.timeout == case.data
     os.kill(dec.proc.pid, signal.SIGSTOP)
     try:
@@ -307,6 +310,7 @@ def test_stopped_decoder_process(
             dec.proc.kill()
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_stopped_dataloader_worker(case: hostile.Case, built: dict[str, Path]) -> None:
     ds = ShardDataset(built["zarr"], batch_size=8, window=1, decode_process=False)

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from loaders import ShardDataset, ShardLoader
-from loaders.collate import Payload, Shipped, to_shared
-from loaders.device import unpack_batches
 from loaders.engine import ring
+from loaders.engine.device import unpack_batches
+from loaders.engine.transport import Payload, Shipped, to_shared
 
 TIMEOUT = 60
 pytestmark = pytest.mark.skipif(not ring.AVAILABLE, reason="no memfd_create on this platform")
@@ -82,6 +82,7 @@ def loader_batches(fx: Any, workers: int, **kw: object) -> list[dict[str, object
     return list(dl)  # every batch held: far more items than the rings have slots
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("worker_batches", [1, 3])
 def test_held_batches_never_change_and_equal_the_main_process(fx: Any, worker_batches: int) -> None:
     want = loader_batches(fx, 0)
@@ -94,6 +95,7 @@ def test_held_batches_never_change_and_equal_the_main_process(fx: Any, worker_ba
             np.testing.assert_array_equal(g[k].numpy(), w[k].numpy(), err_msg=k)  # type: ignore[attr-defined]
 
 
+@pytest.mark.process
 def test_batches_released_as_used_come_through_the_ring(fx: Any) -> None:
     ds = ShardDataset(fx.root, split="train", batch_size=16, seed=4)
     dl = ShardLoader(ds, num_workers=2, timeout=TIMEOUT, worker_batches=2)
@@ -107,6 +109,7 @@ def test_batches_released_as_used_come_through_the_ring(fx: Any) -> None:
     )  # the last epoch's workers' rings; the first epoch's (exited) were dropped
 
 
+@pytest.mark.process
 def test_a_plain_dataloader_gets_dict_batches(fx: Any) -> None:
     """Without ShardLoader, workers yield what torch can ship and a trainer can use: dicts of
     tensors."""

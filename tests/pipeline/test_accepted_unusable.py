@@ -12,10 +12,13 @@ from pathlib import Path
 
 import anndata as ad
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from pipeline.modalities.spike.demo import write_spike_demo
 from tests import hostile
+
+pytestmark = pytest.mark.process  # the CLI in a subprocess
 
 SPIKE = """[dataset]
 name = "s"

@@ -82,6 +82,7 @@ def _check_descriptors(ev: EventLog) -> None:
     assert all(0 < e["max_descriptor_bytes"] < DESCRIPTOR_LIMIT for e in tasks), tasks
 
 
+@pytest.mark.cluster
 @needs_ray
 def test_ray_builds_the_same_bytes(
     reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -111,6 +112,8 @@ def test_unknown_backend_or_stray_scheduler_is_bad_input() -> None:
         get_backend("threading", 2, "tcp://10.0.0.1:8786")
 
 
+@pytest.mark.process
+@pytest.mark.cluster
 @needs_dask
 def test_dask_local_cluster_builds_the_same_bytes_though_a_worker_dies(
     reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -134,6 +137,7 @@ def test_dask_local_cluster_builds_the_same_bytes_though_a_worker_dies(
     assert not list((tmp_path / "out").glob(".spill-*"))
 
 
+@pytest.mark.cluster
 @needs_dask
 def test_rerun_after_a_failed_build_writes_only_missing_shards(
     reference: tuple[Path, Path],

@@ -66,6 +66,7 @@ def test_quiet_before_and_verbose_after_are_both_seen() -> None:
     )  # contradictory: refused, not silently one of them
 
 
+@pytest.mark.process
 def test_verbose_debugs_only_our_loggers(built: tuple[Path, Path], tmp_path: Path) -> None:
     _, manifest = built
     res = subprocess.run(
@@ -124,6 +125,7 @@ def test_inspect_prints_vocabularies_truncated(
     assert json.loads(capsys.readouterr().out)["vocabularies"] == vocab
 
 
+@pytest.mark.process
 def test_closed_pipe_exits_quietly(built: tuple[Path, Path]) -> None:
     """`shardsmith inspect DIR --json | head -0`: no BrokenPipeError traceback, the shell's SIGPIPE
     status."""
@@ -140,6 +142,7 @@ def test_closed_pipe_exits_quietly(built: tuple[Path, Path]) -> None:
     assert err == "" and code == 141, (code, err)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_version(case: hostile.Case) -> None:
     """A bug report starts with the version: ``shardsmith --version`` prints it and exits 0."""

@@ -55,6 +55,7 @@ def test_cells_are_the_source_rows(dataset: tuple[Path, np.ndarray], split: str)
     assert np.unique(ids).size == ids.size == ds.n_units > 0
 
 
+@pytest.mark.process
 def test_pairs_and_sentences_carry_matching_rows(dataset: tuple[Path, np.ndarray]) -> None:
     out, dense = dataset
     pairs = ShardLoader(
@@ -75,6 +76,7 @@ def test_pairs_and_sentences_carry_matching_rows(dataset: tuple[Path, np.ndarray
         np.testing.assert_array_equal(batch["x_ctrl"].numpy(), dense[batch["ctrl_id"].numpy()])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("manifest", ["demo.toml", "demo_state.toml"])
 def test_shipped_demo_manifests_build_and_verify(tmp_path: Path, manifest: str) -> None:
     import shutil

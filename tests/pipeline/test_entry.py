@@ -54,12 +54,14 @@ def _seen(entry: str, env_value: str | None) -> dict[str, str | None]:
     return json.loads(proc.stderr.strip().splitlines()[-1])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("entry", ["module", "script"])
 def test_one_blas_thread_before_numpy_loads(entry: str) -> None:
     """`python -m pipeline` and the `shardsmith` script both set it before numpy is imported."""
     assert _seen(entry, None) == {"numpy": "1"}
 
 
+@pytest.mark.process
 def test_the_users_setting_wins() -> None:
     assert _seen("script", "4") == {"numpy": "4"}
 

@@ -56,6 +56,7 @@ def _build(
     )
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_wrong_source_type_is_named_as_such(case: hostile.Case, tmp_path: Path) -> None:
     res = _build(tmp_path, 'type = "h5csr"', '"control"', legacy=True)
@@ -63,6 +64,7 @@ def test_a_wrong_source_type_is_named_as_such(case: hostile.Case, tmp_path: Path
     assert "set [[sources]] type = 'h5ad'" in res.stderr, res.stderr
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_wrong_case_control_label_is_named(case: hostile.Case, tmp_path: Path) -> None:
     res = _build(tmp_path, "", '"Control"')

@@ -98,7 +98,7 @@ def test_a_loader_survives_one_real_rebuild_and_is_told_after_two(
     with generation 1's cells after generation 2 is committed mid-epoch (its shards are kept),
     and gets the "rebuilt; reopen" error once generation 3 has deleted them."""
     from loaders import ShardDataset, ShardLoader
-    from loaders.integrity import DatasetRebuilt
+    from loaders.format.integrity import DatasetRebuilt
 
     out = tmp_path / "out"
     build(small_manifest(tmp_path, seed=0), out, jobs=1, progress=False)
@@ -182,6 +182,7 @@ def test_a_touch_keeps_the_older_generation_protected(
     assert index.previous is not None and index.previous.files() == gen1.files()
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(
     case: hostile.Case,
@@ -209,6 +210,7 @@ def test_leftovers_of_a_killed_build_are_removed_by_the_next_build(
     assert verify(out) == []
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(
     case: hostile.Case,
@@ -233,6 +235,7 @@ def test_a_kill_during_cleanup_is_finished_by_the_up_to_date_shortcut(
     assert verify(out) == [] and not journals(out)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_killed_first_build_can_be_rebuilt_and_reuses_its_shards(
     case: hostile.Case,
@@ -328,6 +331,7 @@ backend.map([functools.partial(time.sleep, 120)] * 4, "pack shards", False)
 """
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_loky_workers_end_with_their_killed_build(case: hostile.Case, checkout: Any) -> None:
     """Issue case 6: loky workers of a build killed with kill -9 lived on for more than 5 minutes."""

@@ -1,7 +1,7 @@
 """A kind, a source and a sample type defined only in the tests (tests/plugin_toy.py) build, verify,
 inspect and load end to end through the registries, for zarr and tar, with no change to library
 code; a record kind rebuilds only what changed. A record kind with a csr field and a shard table:
-tests/test_kinds_csr.py."""
+tests/pipeline/test_kinds_csr.py."""
 
 from __future__ import annotations
 
@@ -100,6 +100,7 @@ def test_groups_never_cross_splits(toy: tuple[Path, list[dict]]) -> None:
     assert {next(iter(v)) for v in split_of.values()} == {"train", "test"}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loads_every_record_with_its_values(toy: tuple[Path, list[dict]], workers: int) -> None:
     out, recs = toy
@@ -261,6 +262,7 @@ def test_record_shards_are_keyed_by_the_code(
     assert not set(again.written) & {s["file"] for s in first.index["shards"]}
 
 
+@pytest.mark.process
 def test_jobs_do_not_change_record_shards(tmp_path: Path) -> None:
     _toy_tree(tmp_path)
     (tmp_path / "m.toml").write_text(MANIFEST.format(fmt="tar", ragged="true"))

@@ -3,7 +3,7 @@
 scipy sparse reads back the same, for zarr and tar, with the table per shard; its source type held
 to the contract; verify lists a table missing from a shard; a misshapen value or a code outside its
 bound fails the build, naming the file, record and field. The toy kind of tests/plugin_toy.py:
-tests/test_kinds.py."""
+tests/pipeline/test_kinds.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sps
 
 from loaders import format as fmt
-from loaders.shardio import read_shard
+from loaders.format.readers import read_shard
 from pipeline.build import build
 from pipeline.errors import SourceError
 from pipeline.manifest import Manifest, SourceSpec

@@ -12,7 +12,8 @@ import pytest
 
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
-from pipeline.manifest import Table, load_manifest
+from pipeline.manifest import load_manifest
+from pipeline.schema import Key, read
 from tests import hostile
 
 HEAD = '[dataset]\nname = "h"\nkind = "ct"\n'
@@ -93,6 +94,7 @@ def test_a_toml_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
         load_manifest(m)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_cli_exits_2_without_a_traceback(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess
@@ -118,6 +120,7 @@ def test_a_dataset_name_that_is_no_plain_folder_name_is_refused(tmp_path: Path, 
         load_manifest(m)
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_build_without_out_never_writes_outside_shards(case: hostile.Case, tmp_path: Path) -> None:
     import subprocess
@@ -142,12 +145,38 @@ def test_build_without_out_never_writes_outside_shards(case: hostile.Case, tmp_p
 def test_a_list_of_names_refuses_an_empty_name_and_a_list_of_labels_keeps_it(
     tmp_path: Path,
 ) -> None:
-    """`Table.names` (columns, obsm keys, spike images) refuses "" and "  ", bare or listed;
-    `Table.strings` (labels, where "" can be a value) keeps them."""
+    """A "names" key (columns, obsm keys, spike images) refuses "" and "  ", bare or listed; a
+    "strings" key (labels, where "" can be a value) keeps them (pipeline.schema.read)."""
     m = tmp_path / "m.toml"
-    t = Table(m, "fields", {"a": "", "b": ["x", "  "], "c": "x", "d": ""}, {"a", "b", "c", "d"})
-    for key in ("a", "b"):
+    names, strings = Key("names", ()), Key("strings", ())
+    for key, value in (("a", ""), ("b", ["x", "  "])):
         with pytest.raises(ManifestError, match=rf"\[fields\.{key}\] has an empty name"):
-            t.names(key)
-    assert t.names("c") == ("x",) and t.names("absent") == ()
-    assert t.strings("d") == ("",)
+            read(m, "fields", {key: value}, {key: names})
+    assert read(m, "fields", {"c": "x"}, {"c": names, "absent": names}) == {
+        "c": ("x",),
+        "absent": (),
+    }
+    assert read(m, "fields", {"d": ""}, {"d": strings}) == {"d": ("",)}
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "problem"),
+    [
+        ("[ct]\nwindw = 'lung'\n", "ct.windw", "unknown key; did you mean 'window'?"),
+        ("[split]\ngruop = 'file'\n", "split.gruop", "unknown key; did you mean 'group'?"),
+        ("[ct]\nwindow = 'lnug'\n", "ct.window", "did you mean 'lung'?"),
+        ("[ct]\nmin_points = '100'\n", "ct.min_points", "expected an integer, got str '100'"),
+        ("ct = 3\n", "ct", "must be a table"),  # was a TypeError traceback
+        ("[ct]\norientation = false\n", "ct.orientation", "expected a string, got a boolean"),
+    ],
+)
+def test_a_careless_key_is_refused_naming_it_and_the_nearest_known_one(
+    tmp_path: Path, body: str, key: str, problem: str
+) -> None:
+    _volumes(tmp_path)
+    text = HEAD + '[[sources]]\npath = "src/sub/*.npy"\n'
+    m = tmp_path / "m.toml"
+    m.write_text(body + text if not body.startswith("[") else text + body)
+    with pytest.raises(ManifestError) as e:
+        load_manifest(m)
+    assert (e.value.key, str(m)) == (key, e.value.manifest) and problem in e.value.problem

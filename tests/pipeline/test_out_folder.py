@@ -1,6 +1,6 @@
 """The output folder (issue 13, cases 1, 2 and 9): one writer per --out, only our own files are
 deleted, index.json and shards get the umask's permissions. Concurrency is tested with real
-processes. Failed writes: tests/test_out_folder_failures.py."""
+processes. Failed writes: tests/pipeline/test_out_folder_failures.py."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def _holder(checkout: Any, out: Path, seconds: float):  # type: ignore[no-untype
     return proc
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_second_writer_fails_at_once_naming_the_holder(
     case: hostile.Case,
@@ -72,6 +73,7 @@ def test_second_writer_fails_at_once_naming_the_holder(
     )
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_wait_takes_the_lock_when_the_holder_finishes(
     case: hostile.Case, tmp_path: Path, checkout: Any, small_manifest: Callable[..., Any]
@@ -85,6 +87,7 @@ def test_wait_takes_the_lock_when_the_holder_finishes(
     assert holder.returncode == 0 and res.written and verify(tmp_path / "out") == []
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_two_builds_with_different_manifests_never_mix(
     case: hostile.Case, tmp_path: Path, checkout: Any, small_manifest: Callable[..., Any]

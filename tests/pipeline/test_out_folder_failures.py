@@ -147,6 +147,7 @@ print(json.dumps({"full": full, "same": same, "ro": ro, "intact": verify(out) ==
 """
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_real_full_and_read_only_file_system(
     case: hostile.Case,

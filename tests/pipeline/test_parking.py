@@ -59,6 +59,7 @@ def test_parked_rows_make_the_same_bytes_as_spill_files(
     assert not list((tmp_path / "parked").glob(".spill-*")) and not parking._PARKS
 
 
+@pytest.mark.process
 def test_other_processes_never_park(
     split_source: Path,
     tmp_path: Path,

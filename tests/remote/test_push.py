@@ -1,4 +1,4 @@
-"""`shardsmith push` and `build --out s3://...` against a real S3 server (moto, tests/s3_fixtures):
+"""`shardsmith push` and `build --out s3://...` against a real S3 server (SeaweedFS; moto too for the store, tests/remote/conftest.py):
 what is uploaded (everything once, index.json last; then only what changed), what is kept (the
 previous generation, objects no push wrote) and deleted, the lock, and bad input."""
 
@@ -20,7 +20,7 @@ from pipeline.errors import LockHeldError
 from pipeline.push import LOCK_KEY, RECORD_KEY, push
 from tests import hostile
 
-pytestmark = pytest.mark.s3
+pytestmark = pytest.mark.s3  # an S3 server (SeaweedFS) (tests/remote/conftest.py)
 
 
 class Recording(ObjectStore):

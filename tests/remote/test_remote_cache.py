@@ -27,6 +27,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[...,
     return build_dataset(tmp_path_factory.mktemp("evict"), formats=("tar",), n_shards=8)
 
 
+@pytest.mark.process
+@pytest.mark.s3
 @hostile.parametrize
 def test_eviction_keeps_the_limit_and_the_batches(
     case: hostile.Case,
@@ -66,6 +68,8 @@ def test_eviction_keeps_the_limit_and_the_batches(
     )
 
 
+@pytest.mark.process
+@pytest.mark.s3
 @hostile.parametrize
 def test_a_limit_too_small_for_the_loaders_workers_is_refused(
     case: hostile.Case, built: Any, s3_bucket: str, upload: Callable[..., str], tmp_path: Path
@@ -102,7 +106,7 @@ class FullDisk:
 def test_full_disk_is_a_clear_error_and_keeps_no_partial_file(
     case: hostile.Case, tmp_path: Path
 ) -> None:
-    from loaders.schema import ShardEntry
+    from loaders.format.values import ShardEntry
 
     entry = ShardEntry("s-0.tar", "train", 1, {"cells": 1}, 100, 100, "", "k")
     cache = NodeCache("s3://fake/ds", tmp_path / "c" / "u" / "d", tmp_path / "c", "tar")
@@ -117,6 +121,8 @@ def test_full_disk_is_a_clear_error_and_keeps_no_partial_file(
     assert cache_mod.THREADS >= 1
 
 
+@pytest.mark.process
+@pytest.mark.s3
 @hostile.parametrize
 def test_another_generation_at_the_same_url_is_never_served_from_the_old_cache(
     case: hostile.Case,
@@ -164,7 +170,7 @@ class Bytes:
 def test_pinned_shards_are_never_evicted_and_a_full_limit_fails_not_hangs(
     case: hostile.Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loaders.schema import ShardEntry
+    from loaders.format.values import ShardEntry
 
     monkeypatch.setattr(cache_mod, "WAIT_S", 0.5)
     e1, e2 = (ShardEntry(f"s-{i}.tar", "train", 1, {"cells": 1}, 100, 100, "", "k") for i in (1, 2))
@@ -181,6 +187,8 @@ def test_pinned_shards_are_never_evicted_and_a_full_limit_fails_not_hangs(
     assert cache_bytes(tmp_path / "c") == 100
 
 
+@pytest.mark.process
+@pytest.mark.s3
 def test_a_downloaded_size_is_recorded_under_the_folder_lock(
     built: Any,
     s3_bucket: str,

@@ -12,7 +12,11 @@ import pytest
 
 from loaders import ShardDataset
 
-pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.s3,
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]  # an S3 server (SeaweedFS); the decoder process
 REPO = Path(__file__).resolve().parents[2]
 DEMOS = ["demo.toml", "demo_spike.toml", "demo_ct.toml"]
 

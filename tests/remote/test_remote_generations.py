@@ -11,12 +11,16 @@ from typing import Any
 import pytest
 
 from loaders import ShardDataset
-from loaders.integrity import DatasetRebuilt
+from loaders.format.integrity import DatasetRebuilt
 from loaders.remote import open_store
 from loaders.remote.store import RemoteNotFound
 from tests import hostile
 
-pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.s3,
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]  # an S3 server (SeaweedFS); the decoder process
 KW: dict[str, Any] = {"split": "train", "batch_size": 32, "window": 2, "seed": 1}
 
 

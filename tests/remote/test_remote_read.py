@@ -1,4 +1,4 @@
-"""Reading a dataset from S3 (moto server) through the node cache: the same batches as the local
+"""Reading a dataset from S3 (a SeaweedFS server) through the node cache: the same batches as the local
 folder, each shard object downloaded once per node, none on a warm cache (docs/REMOTE.md)."""
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from loaders import ShardDataset
 from loaders.remote.ledger import cache_bytes
 from tests import hostile
 
-pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [
+    pytest.mark.s3,
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+]  # an S3 server (SeaweedFS) (tests/remote/conftest.py)
 KW: dict[str, Any] = {"split": "train", "batch_size": 64, "window": 2, "seed": 3}
 
 
@@ -25,6 +28,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, build_dataset: Callable[...,
     return build_dataset(tmp_path_factory.mktemp("remote"), formats=("zarr", "tar"), n_shards=6)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("enc", ["zarr", "tar"])
 def test_push_then_read_equals_local(
     enc: str,
@@ -55,6 +59,7 @@ def test_push_then_read_equals_local(
     assert max(s3_proxy.gets().values()) == 1
 
 
+@pytest.mark.process
 def test_two_processes_on_a_fresh_cache_fetch_each_object_once(
     built: Any, s3_proxy: Any, s3_bucket: str, upload: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -112,6 +117,7 @@ def test_tampered_object_is_caught(
 
 
 @pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+@pytest.mark.process
 @hostile.parametrize
 def test_faults_between_loader_and_server_give_identical_batches(
     case: hostile.Case,

@@ -1,4 +1,4 @@
-"""loaders.remote.store against a real S3 server (moto, tests/s3_fixtures.py): the key -> bytes
+"""loaders.remote.store against a real S3 server (SeaweedFS; moto too for the store, tests/remote/conftest.py): the key -> bytes
 store that push and the remote reader share, its errors and its bounds."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import pytest
 from loaders.remote import RemoteError, RemoteNotFound, RetryPolicy, is_url, open_store
 from tests import hostile
 
-pytestmark = pytest.mark.s3
-# the store's contract and its fault handling, on both servers the tests run (tests/s3_fixtures.py)
+# the store's contract and its fault handling, on both servers the tests run (tests/remote/conftest.py)
 BOTH_SERVERS = pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
 
 
@@ -27,6 +26,7 @@ def test_is_url() -> None:
 
 
 @BOTH_SERVERS
+@pytest.mark.s3
 def test_round_trip_list_head_and_stats(s3_bucket: str, tmp_path: Path) -> None:
     store = open_store(f"{s3_bucket}/team/ds")
     store.put("index.json", b"{}")
@@ -49,6 +49,7 @@ def test_round_trip_list_head_and_stats(s3_bucket: str, tmp_path: Path) -> None:
 
 
 @BOTH_SERVERS
+@pytest.mark.s3
 def test_put_if_absent_is_conditional(s3_bucket: str) -> None:
     store = open_store(f"{s3_bucket}/ds")
     assert store.put_if_absent("lock", b"one")
@@ -57,6 +58,8 @@ def test_put_if_absent_is_conditional(s3_bucket: str) -> None:
 
 
 @BOTH_SERVERS
+@pytest.mark.process
+@pytest.mark.s3
 def test_pickled_store_makes_its_own_client(s3_bucket: str) -> None:
     store = open_store(f"{s3_bucket}/ds", {"retry_attempts": 2})
     store.put("k", b"v")
@@ -70,6 +73,7 @@ def test_pickled_store_makes_its_own_client(s3_bucket: str) -> None:
 
 
 @BOTH_SERVERS
+@pytest.mark.s3
 def test_missing_object_and_bucket_name_the_url(s3_bucket: str) -> None:
     with pytest.raises(RemoteNotFound, match=f"{s3_bucket}/ds/index.json: GET: no such object"):
         open_store(f"{s3_bucket}/ds").get("index.json")
@@ -77,6 +81,7 @@ def test_missing_object_and_bucket_name_the_url(s3_bucket: str) -> None:
         list(open_store("s3://no-such-bucket-x/ds").list())
 
 
+@pytest.mark.s3
 @hostile.parametrize
 def test_unreachable_endpoint_fails_within_the_bound(
     case: hostile.Case, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
@@ -89,6 +94,7 @@ def test_unreachable_endpoint_fails_within_the_bound(
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.s3
 def test_no_credentials_is_clear(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "")
@@ -103,9 +109,10 @@ def test_retry_policy_parse() -> None:
 
 
 @BOTH_SERVERS
+@pytest.mark.s3
 @pytest.mark.parametrize("fault", ["500", "drop", "cut", "stall"])
 def test_transient_faults_are_retried(s3_bucket: str, s3_proxy: Any, fault: str) -> None:
-    """Through the fault proxy (tests/remote_fixtures.py): the first two GETs of the object fail
+    """Through the fault proxy (tests/remote/conftest.py): the first two GETs of the object fail
     (a 500, a dropped connection, a body cut in half, an answer later than the read timeout)."""
     store = open_store(f"{s3_bucket}/ds", retry=RetryPolicy(base_s=0.01, timeout_s=1))
     blob = os.urandom(300_000)
@@ -125,6 +132,7 @@ def test_transient_faults_are_retried(s3_bucket: str, s3_proxy: Any, fault: str)
 
 
 @BOTH_SERVERS
+@pytest.mark.s3
 @hostile.parametrize
 def test_retries_are_bounded_and_not_found_is_not_retried(
     case: hostile.Case, s3_bucket: str, s3_proxy: Any

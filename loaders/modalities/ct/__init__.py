@@ -6,8 +6,8 @@ lazily.
 
 from __future__ import annotations
 
-from loaders.ops import OPS
 from loaders.samples import SAMPLE_TYPES
+from loaders.samples.ops import OPS
 
 SAMPLE_TYPES.register_lazy("ct", f"{__name__}.samples")
 OPS.register_lazy("ct_coords", f"{__name__}.ops")

@@ -19,7 +19,7 @@ them (the old ``crop_rows`` made one: ~45 ms for 2M points):
    than indexing ``[n, 3]`` rows with the mask.
 
 Exactly the points of the brute-force test ``all(origin <= xyz < origin + extent)``, in stored
-order (tests/test_ct_crop.py compares the two); the draws that choose the sub-cube are unchanged
+order (tests/modalities/ct/test_ct_crop.py compares the two); the draws that choose the sub-cube are unchanged
 (:func:`loaders.modalities.ct.ops.draw_augment`).
 """
 

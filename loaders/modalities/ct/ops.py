@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from loaders.modalities.ct.crop import crop_span
-from loaders.payload import Deferred, register_op
 from loaders.samples import unit_draws
+from loaders.samples.payload import Deferred, register_op
 
 BATCH_DIMS = ("first", "last")
 

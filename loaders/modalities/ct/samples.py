@@ -27,7 +27,7 @@ Options: ``batch_dim`` ("first" | "last"), ``crop`` (x, y, z sub-cube size: a se
 sub-cube per volume and epoch), ``flip`` (bool, or three bools per axis: seeded random mirror),
 ``features`` (a subset or order of the stored ones), ``geometry``, ``max_points_per_batch``
 (batch by voxel budget instead of ``batch_size``: as many volumes as fit, planned from the
-per-record point counts in ``index.json``; see :mod:`loaders.budget`).
+per-record point counts in ``index.json``; see :mod:`loaders.epoch.budget`).
 
 The coordinate collation is the deferred op ``ct_coords`` (:mod:`loaders.modalities.ct.ops`): on
 a CUDA loader it runs on the GPU after shipping uint16 coordinates; the crop runs here, on the
@@ -45,12 +45,12 @@ import numpy as np
 from loaders.format import SAMPLE_ID, FormatError, Index
 from loaders.modalities.ct.crop import crop_span, first_unordered, take_rows
 from loaders.modalities.ct.ops import BATCH_DIMS, CtCoords, draw_augment
-from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
+from loaders.samples.payload import Payload
 
 if TYPE_CHECKING:
-    from loaders.gather import BatchRows
-    from loaders.schema import ShardEntry
+    from loaders.format.values import ShardEntry
+    from loaders.samples.gather import BatchRows
 
 KIND = "ct"
 COORDS = "coords"  # ragged uint16 [k, 3]: voxel indices of a volume's kept points, argwhere order

@@ -3,7 +3,7 @@
 
 Kept apart from :mod:`loaders.modalities.ct.ops` so that the sample type and the decoder process
 never import torch;
-:mod:`loaders.device` imports this module the first time it meets the op on a device.
+:mod:`loaders.engine.device` imports this module the first time it meets the op on a device.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from loaders.device import register_torch_op
+from loaders.engine.device import register_torch_op
 from loaders.modalities.ct.ops import COORDS_OP
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from loaders.format import INDEX_UPGRADES
 from loaders.modalities.perturbation.keys import FORMAT_KEYS  # noqa: F401 (loaders.plugins)
-from loaders.ops import LAYOUT_ITEMS, OPS, TORCH_OPS
 from loaders.samples import SAMPLE_TYPES
+from loaders.samples.ops import LAYOUT_ITEMS, OPS, TORCH_OPS
 
 for _name in ("cells", "pairs", "sentences"):
     SAMPLE_TYPES.register_lazy(_name, f"{__name__}.samples")

@@ -1,7 +1,7 @@
 """Expression rows as deferred items: a batch's CSR rows, finished dense, as torch sparse, or as
 their parts.
 
-The gather of a ``csr`` field is generic (:mod:`loaders.gather`, :mod:`loaders.kernels`); what the
+The gather of a ``csr`` field is generic (:mod:`loaders.samples.gather`, :mod:`loaders.samples.kernels`); what the
 gathered rows become is this modality's, chosen by the sample type's load-time options
 (``densify``, ``torch_sparse``), each a deferred op with a numpy finisher here and its torch twin
 in :mod:`loaders.modalities.perturbation.torch_ops`:
@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from loaders import kernels
-from loaders.ops import LAYOUT_ITEMS, register_op, register_torch_only_op
-from loaders.payload import PARTS, Deferred
+from loaders.samples import kernels
+from loaders.samples.ops import LAYOUT_ITEMS, register_op, register_torch_only_op
+from loaders.samples.payload import PARTS, Deferred
 
 TORCH_MODULE = "loaders.modalities.perturbation.torch_ops"
 CSR_OP = "csr_dense"

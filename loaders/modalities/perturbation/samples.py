@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders.format import CONDITION_VECTORS, PRIMARY, SAMPLE_ID, FormatError, Index
-from loaders.integrity import open_checked
+from loaders.format.integrity import open_checked
 from loaders.modalities.perturbation.keys import (
     COND_ID,
     OBS_NAMES,
@@ -34,11 +34,11 @@ from loaders.modalities.perturbation.keys import (
     X,
 )
 from loaders.modalities.perturbation.ops import ROWS_AS, Gathered, form_of
-from loaders.payload import Payload
 from loaders.samples import SampleType, register_sample_type
+from loaders.samples.payload import Payload
 
 if TYPE_CHECKING:
-    from loaders.gather import BatchRows, Rows
+    from loaders.samples.gather import BatchRows, Rows
 
 
 def primary_rows(columns: Mapping[str, np.ndarray]) -> np.ndarray:

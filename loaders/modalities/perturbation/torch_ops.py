@@ -1,7 +1,7 @@
 """The torch finishers of the expression-row ops (their numpy twins:
 :mod:`loaders.modalities.perturbation.ops`): ``csr_dense`` and ``scatter_dense`` make dense float32
 rows on whatever device the parts are, ``csr_sparse`` a torch sparse CSR tensor. Imported by
-:mod:`loaders.device` when it first meets one of them, never by the decoder process.
+:mod:`loaders.engine.device` when it first meets one of them, never by the decoder process.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from loaders.device import register_torch_op
+from loaders.engine.device import register_torch_op
 from loaders.modalities.perturbation.ops import CSR_OP, SCATTER_OP, SPARSE_OP
 
 

@@ -8,9 +8,9 @@ imports.
 
 from __future__ import annotations
 
-from loaders.fieldcodecs import register_field_codec
-from loaders.ops import OPS
+from loaders.format.codecs import register_field_codec
 from loaders.samples import SAMPLE_TYPES
+from loaders.samples.ops import OPS
 
 SAMPLE_TYPES.register_lazy("spike", f"{__name__}.samples")
 OPS.register_lazy("spike_voxel", f"{__name__}.samples")

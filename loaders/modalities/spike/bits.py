@@ -26,7 +26,7 @@ given one (zarr's chunks are 16 windows, 8 MB: whole-chunk temporaries fall out 
 loaded 2-core machine the gain measured between 0 and 2x, interleaved A/B).
 
 Registered with numcodecs (``numcodecs.get_codec({"id": "shardsmith.spikebits", "level": 5})``),
-with the shard encodings' field-codec registry (``loaders.fieldcodecs``), and for zarr v3 in
+with the shard encodings' field-codec registry (``loaders.format.codecs``), and for zarr v3 in
 ``loaders.modalities.spike.bits_zarr``.
 """
 

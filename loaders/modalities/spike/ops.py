@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from loaders.payload import Deferred, register_op
+from loaders.samples.payload import Deferred, register_op
 
 FRAME_MAJOR, PIXEL_MAJOR = "frame_major", "pixel_major"
 PIXEL_VOXEL_OP = "spike_voxel_pixel_major"

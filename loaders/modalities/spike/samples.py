@@ -30,11 +30,11 @@ import numpy as np
 
 from loaders.format import SAMPLE_ID, FormatError, Index
 from loaders.modalities.spike.ops import FRAME_MAJOR, PIXEL_MAJOR, PixelVoxels, crop_pixels
-from loaders.payload import Deferred, Payload, register_op
 from loaders.samples import SampleType, register_sample_type, unit_hash
+from loaders.samples.payload import Deferred, Payload, register_op
 
 if TYPE_CHECKING:
-    from loaders.gather import BatchRows
+    from loaders.samples.gather import BatchRows
 
 SPIKES, SEQUENCE, FRAME, CLIPS = "spikes", "sequence", "frame", "clips"
 VOXEL_OP = "spike_voxel"

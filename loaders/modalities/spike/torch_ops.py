@@ -3,7 +3,7 @@
 and ``spike_voxel_pixel_major`` (:mod:`loaders.modalities.spike.ops`): the packed bits are
 unpacked or popcounted, cropped and binned on whatever device they are on (the GPU with
 ``device="cuda"``). Imported by
-:mod:`loaders.device`
+:mod:`loaders.engine.device`
 when it first meets an op, never by the decoder process."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from loaders.device import register_torch_op
+from loaders.engine.device import register_torch_op
 from loaders.modalities.spike.ops import PIXEL_VOXEL_OP
 from loaders.modalities.spike.samples import VOXEL_OP
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pipeline.commands.demo import DEMO_WRITERS
 from pipeline.extras import register_extra
 from pipeline.model import KINDS
+from pipeline.report import register_report_section
 from pipeline.source import SOURCES
 
 _HERE = __name__
@@ -20,3 +21,4 @@ DEMO_WRITERS.register("ct", f"{_HERE}.demo:write_ct_demo")
 register_extra("nibabel", "ct", "nibabel", 'NIfTI CT volumes (type = "nifti") and [ct] orientation')
 register_extra("nrrd", "ct", "pynrrd", 'NRRD CT volumes (type = "nrrd")')
 register_extra("pydicom", "ct", "pydicom", 'DICOM CT series (type = "dicom")')
+register_report_section("ct", f"{_HERE}.report:ct_section")

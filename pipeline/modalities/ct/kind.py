@@ -30,7 +30,7 @@ than ``min_points`` points is skipped, counted under its reason in ``stats.skipp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +40,12 @@ from loaders import format as fmt
 from loaders.modalities.ct.crop import first_unordered
 from loaders.modalities.ct.samples import COORDS, FEATURES, KIND, POINTS, RECORDS, SHAPE
 from pipeline.errors import ManifestError
-from pipeline.manifest import Table
 from pipeline.modalities.ct.formats import VolumeSource
 from pipeline.modalities.ct.mask import grid_for
 from pipeline.modalities.ct.volume import CtSettings, process_array, process_volume
 from pipeline.model import register_kind
 from pipeline.records import Record, RecordKind, SkipRecord
+from pipeline.schema import key
 from pipeline.source import get_source
 
 if TYPE_CHECKING:
@@ -64,36 +64,28 @@ ESTIMATED_KEEP = (
 
 @dataclass(frozen=True)
 class CtConfig:
-    settings: CtSettings
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    group: str = "file"  # "file" | "folder": what must not cross splits
+    """[split] of a CT manifest (``settings``: [ct])."""
+
+    settings: CtSettings = field(default_factory=CtSettings)
+    val_fraction: float = key("number", 0.1, minimum=0, maximum=1, convert=float)
+    test_fraction: float = key("number", 0.1, minimum=0, maximum=1, convert=float)
+    group: str = key("string", "file", choices=("file", "folder"), doc="what must not cross splits")
 
 
 @register_kind
 class CtKind(RecordKind):
     name = KIND
-    sections = ("ct", "split")
+    section_types = {"ct": CtSettings, "split": CtConfig}
     samples = (KIND,)
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> CtConfig:
-        ct = sections.get("ct")
-        settings = CtSettings.from_section(
-            Table(path, "ct", {} if ct is None else ct, set(ct or {})).data, path
-        )
-        t = Table(
-            path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction", "group"}
-        )
-        val = float(t.get("val_fraction", (int, float), 0.1))
-        test = float(t.get("test_fraction", (int, float), 0.1))
-        for key, v in (("val_fraction", val), ("test_fraction", test)):
-            if not 0.0 <= v <= 1.0:
-                raise ManifestError(path, f"split.{key}", f"must lie in [0, 1], got {v}")
-        if val + test > 1.0:
+        cfg = CtConfig(CtSettings.resolve(sections["ct"], path), **sections["split"])
+        if cfg.val_fraction + cfg.test_fraction > 1.0:
+            total = cfg.val_fraction + cfg.test_fraction
             raise ManifestError(
-                path, "split.test_fraction", f"val_fraction + test_fraction = {val + test} > 1"
+                path, "split.test_fraction", f"val_fraction + test_fraction = {total} > 1"
             )
-        return CtConfig(settings, val, test, t.get("group", str, "file", ("file", "folder")))
+        return cfg
 
     def fractions(self, config: CtConfig) -> tuple[float, float]:
         return config.val_fraction, config.test_fraction

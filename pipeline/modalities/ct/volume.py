@@ -131,7 +131,9 @@ def read_sidecar(
 
 def inspect_volume(path: str | Path) -> VolumeInfo:
     """Check the ``.npy`` header and file size (never unpickling) and read the sidecar."""
-    from loaders.tarshard import read_npy_header  # one lock for every .npy header parse (see there)
+    from loaders.format.tar_reader import (
+        read_npy_header,  # one lock for every .npy header parse (see there)
+    )
 
     path = Path(path)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pipeline.commands import COMMANDS
 from pipeline.commands.demo import DEMO_WRITERS
 from pipeline.model import KINDS
+from pipeline.report import register_report_section
 from pipeline.source import SOURCES
 
 _HERE = __name__
@@ -17,3 +18,4 @@ SOURCES.register_lazy("h5ad", f"{_HERE}.h5ad")
 SOURCES.register_lazy("h5csr", f"{_HERE}.h5csr")
 COMMANDS.register("export", f"{_HERE}.export_command")
 DEMO_WRITERS.register("perturbation", f"{_HERE}.demo:write_perturbation_demo")
+register_report_section("perturbation", f"{_HERE}.report:perturbation_section")

@@ -4,40 +4,49 @@ validated)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ManifestError
-from pipeline.manifest import Table
 from pipeline.modalities.perturbation.split_config import SPLIT_MODES, Split, parse_split
+from pipeline.schema import key
 
 __all__ = ["SPLIT_MODES", "Fields", "Pairing", "PerturbationConfig", "Split", "parse_sections"]
 
 STRATEGIES = ("batch", "random")
 VALUE_KINDS = ("counts", "any")
-MAX_SENTENCE = (
-    8192  # a sentence is padded to its size: 10**7 slots per group would allocate gigabytes
-)
+MAX_SENTENCE = 8192  # a sentence is padded to its size: 10**7 slots per group would allocate GBs
 NUMERIC_TRANSFORMS = ("log1p", "none")  # how a numeric covariate enters the condition vector
+
+
+def _or_none(v: str) -> str | None:
+    return v or None
 
 
 @dataclass(frozen=True)
 class Fields:
-    perturbation: str = "perturbation"
-    control: tuple[str, ...] = ("control",)
-    cell_type: str | None = None  # absent or "": the data has no cell type (one implicit group)
-    batch: str | None = None  # absent or "": no batch column (pairs match on cell type only)
-    covariates: tuple[str, ...] = ()
-    combination_separator: str | None = None  # "_": "A_B" is the sum of the vectors of A and B
-    numeric_covariates: tuple[
-        str, ...
-    ] = ()  # numbers in the condition vector (after numeric_transform)
-    numeric_transform: str = "log1p"
-    matrix: str = "X"
-    values: str = "any"  # "counts": negative values are an error
-    obsm: tuple[str, ...] = ()
-    perturbation_features: Path | None = None
+    """[fields]: which obs columns hold the perturbation, its controls and the covariates."""
+
+    perturbation: str = key("string", "perturbation", doc="the obs column of perturbation labels")
+    control: tuple[str, ...] = key(
+        "strings",
+        ("control",),
+        min_items=1,
+        fix='list the perturbation label of control cells, e.g. control = ["non-targeting"]',
+    )
+    cell_type: str | None = key("string", None, convert=_or_none, doc='"": no cell type column')
+    batch: str | None = key("string", None, convert=_or_none, doc='"": no batch column')
+    covariates: tuple[str, ...] = key("names", (), doc="obs columns one-hot in the condition")
+    combination_separator: str | None = key(
+        "string", None, convert=_or_none, doc='"_": "A_B" is the sum of the vectors of A and B'
+    )
+    numeric_covariates: tuple[str, ...] = key("names", (), doc="obs columns entered as numbers")
+    numeric_transform: str = key("string", "log1p", choices=NUMERIC_TRANSFORMS)
+    matrix: str = key("string", "X", doc="the matrix read: X or a layer")
+    values: str = key("string", "any", choices=VALUE_KINDS, doc='"counts": negatives are an error')
+    obsm: tuple[str, ...] = key("names", (), doc="obsm keys stored with each cell")
+    perturbation_features: Path | None = key("string", None, doc=".npy/.npz/.csv, one row each")
 
     @property
     def obs_fields(self) -> tuple[str, ...]:
@@ -61,9 +70,17 @@ class Fields:
 
 @dataclass(frozen=True)
 class Pairing:
-    strategy: str = "batch"
-    max_pairs_per_condition: int = 500
-    sentence_size: int = 128
+    """[pairing]: how perturbed cells are matched with controls into sentences."""
+
+    strategy: str = key("string", "batch", choices=STRATEGIES)
+    max_pairs_per_condition: int = key("integer", 500, minimum=0)
+    sentence_size: int = key(
+        "integer",
+        128,
+        minimum=1,
+        maximum=MAX_SENTENCE,
+        fix="cells per sentence (STATE uses 128-512): every sentence stores this many slots",
+    )
 
 
 @dataclass(frozen=True)
@@ -74,34 +91,9 @@ class PerturbationConfig:
 
 
 def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfig:
-    fl = Table(
-        path,
-        "fields",
-        sections.get("fields") or {},
-        {
-            "perturbation",
-            "control",
-            "cell_type",
-            "batch",
-            "covariates",
-            "matrix",
-            "values",
-            "obsm",
-            "perturbation_features",
-            "combination_separator",
-            "numeric_covariates",
-            "numeric_transform",
-        },
-    )
-    pr = Table(
-        path,
-        "pairing",
-        sections.get("pairing") or {},
-        {"strategy", "max_pairs_per_condition", "sentence_size"},
-    )
-
-    matrix = fl.get("matrix", str, "X")
-    features = fl.get("perturbation_features", str, None)
+    """The checked ``[fields]``, ``[pairing]`` and ``[split]`` tables, and their cross-checks."""
+    fields = Fields(**sections["fields"])
+    features = fields.perturbation_features
     if features is not None:
         fpath = (path.parent / features).resolve()
         if fpath.suffix not in (".npy", ".npz", ".csv"):
@@ -110,46 +102,12 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
             )
         if not fpath.exists():
             raise ManifestError(path, "fields.perturbation_features", f"file not found: {fpath}")
-    fields = Fields(
-        perturbation=fl.get("perturbation", str, "perturbation"),
-        control=fl.strings("control", ("control",)) or (),
-        cell_type=fl.get("cell_type", str, "") or None,
-        batch=fl.get("batch", str, "") or None,
-        covariates=fl.names("covariates"),
-        combination_separator=fl.get("combination_separator", str, "") or None,
-        numeric_covariates=fl.names("numeric_covariates"),
-        numeric_transform=fl.get("numeric_transform", str, "log1p", NUMERIC_TRANSFORMS),
-        matrix=matrix,
-        values=fl.get("values", str, "any", VALUE_KINDS),
-        obsm=fl.names("obsm"),
-        perturbation_features=Path(fpath) if features is not None else None,
-    )
-    if not fields.control:
-        raise ManifestError(
-            path,
-            "fields.control",
-            "needs at least one control label (the perturbation label of "
-            'control cells, e.g. control = ["non-targeting"])',
-        )
+        fields = replace(fields, perturbation_features=fpath)
     _check_covariates(path, fields)
-    pairing = Pairing(
-        strategy=pr.get("strategy", str, "batch", STRATEGIES),
-        max_pairs_per_condition=pr.get("max_pairs_per_condition", int, 500),
-        sentence_size=pr.get("sentence_size", int, 128),
-    )
-    if pairing.max_pairs_per_condition < 0:
-        raise ManifestError(path, "pairing.max_pairs_per_condition", "must be >= 0")
-    if not 1 <= pairing.sentence_size <= MAX_SENTENCE:
-        raise ManifestError(
-            path,
-            "pairing.sentence_size",
-            f"{pairing.sentence_size} is outside 1..{MAX_SENTENCE} "
-            "(cells per sentence; STATE uses 128-512): every sentence stores this many slots",
-        )
-    split = parse_split(path, sections.get("split") or {})
+    split = parse_split(path, sections["split"])
     check_fields(path, fields, split)
     _check_held_out(path, split)
-    return PerturbationConfig(fields, pairing, split)
+    return PerturbationConfig(fields, Pairing(**sections["pairing"]), split)
 
 
 def check_fields(path: Path, fields: Fields, split: Split) -> None:
@@ -182,14 +140,14 @@ def _check_covariates(path: Path, fields: Fields) -> None:
     """A covariate is an extra obs field: one named like a standard field (or twice) would be two
     condition columns with one name."""
     taken = {"perturbation", "cell_type", "batch"}  # "batch" even when unset: Fields.column maps it
-    for key, name in [
+    for k, name in [
         *(("covariates", c) for c in fields.covariates),
         *(("numeric_covariates", c) for c in fields.numeric_covariates),
     ]:
         if name in taken:
             raise ManifestError(
                 path,
-                f"fields.{key}",
+                f"fields.{k}",
                 f"{name!r} is already a field ({', '.join(sorted(taken))} "
                 "and the covariates before it): list each extra obs column once, none of those",
             )

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
+from loaders.format.readers import read_shard
 from loaders.interop import decode_names, splits, var_names
-from loaders.shardio import read_shard
 from pipeline.errors import DatasetError
 from pipeline.model import open_index
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loaders.errors import FormatError
+from loaders.format.errors import FormatError
 from pipeline.commands import Command
 
 

@@ -10,14 +10,14 @@ import json
 import numpy as np
 
 from loaders import format as fmt
-from loaders.digests import DIGEST, hasher
+from loaders.format.digests import DIGEST, hasher
 from pipeline.manifest import Manifest
 from pipeline.model import ScannedSource, ShardPlan
 
 
 def plan_key(shard: ShardPlan, src: ScannedSource, manifest: Manifest) -> str:
     """Hash of everything a shard's bytes depend on: source content, config, format version, planned
-    columns. xxh3-128 (``loaders.digests``), 32 hex digits (a shard's file name starts with 16 of
+    columns. xxh3-128 (``loaders.format.digests``), 32 hex digits (a shard's file name starts with 16 of
     them): sha256 of the planned columns cost ~2% of a 2M-cell build's CPU. A key an older build
     wrote (64 hex digits of sha256) never equals one, so the first rebuild after the change writes
     each shard once more (the same bytes, another name)."""

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loaders import format as fmt
-from pipeline.modalities.perturbation.config import PerturbationConfig, parse_sections
+from pipeline.modalities.perturbation.config import (
+    Fields,
+    Pairing,
+    PerturbationConfig,
+    Split,
+    parse_sections,
+)
 from pipeline.model import Kind, KindPlan, PlanContext, PlanStream, Task, register_kind
 
 if TYPE_CHECKING:
@@ -33,7 +39,7 @@ TABLES = (fmt.PAIRS, fmt.SENTENCES_PERT, fmt.SENTENCES_CTRL)
 @register_kind
 class PerturbationKind(Kind):
     name = "perturbation"
-    sections = ("fields", "pairing", "split")
+    section_types = {"fields": Fields, "pairing": Pairing, "split": Split}
     samples = ("cells", "pairs", "sentences")
     # every planned column waits in a spill file until its shard is packed: the plan then holds only
     # a few bytes per cell (source rows) however many cells there are (the peak is then in planning:

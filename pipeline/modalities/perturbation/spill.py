@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders import format as fmt
-from loaders import kernels
+from loaders.samples import kernels
 from pipeline.buffers import GATHERED, STAGE, thread_scratch
 
 ENTRY_ARRAYS = {
@@ -33,7 +33,7 @@ RANGE = "irange"
 # Column indices spilled as uint16, where every index of the file fits (a matrix of at most
 # 65,536 columns: scPerturb's and STATE's gene spaces do). Why: the spill is written to fresh
 # page-cache pages, the dearest bytes a build writes on a VM that returns free memory to its host
-# (benchmarks/ANALYSIS.md, 26.3b); a quarter fewer of them. Read back, they are widened into the
+# (docs/benchmarks/ANALYSIS.md, 26.3b); a quarter fewer of them. Read back, they are widened into the
 # int32 stage the gather takes.
 NARROW = "indices16"
 NARROW_LIMIT = 1 << 16  # column indices below this fit NARROW
@@ -145,7 +145,7 @@ def gather_rows(
     out_data: np.ndarray,
 ) -> None:
     """Rows `order` of the CSR (ptr, indices, data), concatenated into the given buffers
-    (loaders.kernels)."""
+    (loaders.samples.kernels)."""
     kernels.row_gather(
         ptr.astype(indices.dtype, copy=False), indices, data, order, out_indices, out_data
     )

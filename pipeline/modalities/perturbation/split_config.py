@@ -11,33 +11,31 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
 from pipeline.errors import ManifestError
-from pipeline.manifest import Table
+from pipeline.schema import Key, check, key, read
 
 SPLIT_MODES = ("random", "zeroshot", "fewshot")
-CONTROLS = (
-    "heldout",
-    "train",
-)  # where a held-out cell type's (zeroshot) or a few-shot split's controls go
+# where a held-out cell type's (zeroshot) or a few-shot split's controls go
+CONTROLS = ("heldout", "train")
 COMBINATIONS = ("any", "seen_genes")  # fewshot: which perturbations may leave train
-SPLIT_KEYS = {
-    "mode",
-    "val_fraction",
-    "test_fraction",
-    "val_cell_types",
-    "test_cell_types",
-    "controls",
-    "combinations",
-    "fewshot",
-    "cellload_toml",
-}
-FEWSHOT_KEYS = {"val", "test", "val_fraction", "test_fraction"}
+# the keys an experiment file decides: set with cellload_toml, they are refused
+CELLLOAD_DECIDES = ("mode", "val_cell_types", "test_cell_types", "fewshot", "combinations")
+
+
+EXPERIMENT_TABLES = ("datasets", "training", "zeroshot", "fewshot")  # of a cell-load experiment
+TABLE, STRING = Key("table"), Key("string")
+ZEROSHOT = Key("string", choices=("train", "val", "test"))
+
+
+def fraction(default: float, doc: str = "") -> Any:
+    """A fraction key in [0, 1)."""
+    return key("number", default, minimum=0, exclusive_maximum=1, convert=float, doc=doc)
 
 
 @dataclass(frozen=True)
@@ -46,10 +44,10 @@ class FewshotEntry:
     per perturbation (a stable hash of seed, cell type and perturbation). Unlisted perturbations
     stay in train."""
 
-    val: tuple[str, ...] = ()
-    test: tuple[str, ...] = ()
-    val_fraction: float = 0.0
-    test_fraction: float = 0.0
+    val: tuple[str, ...] = key("strings", (), doc="perturbations held out for val")
+    test: tuple[str, ...] = key("strings", (), doc="perturbations held out for test")
+    val_fraction: float = fraction(0.0)
+    test_fraction: float = fraction(0.0)
 
 
 @dataclass(frozen=True)
@@ -70,19 +68,19 @@ class Experiment:
 
 @dataclass(frozen=True)
 class Split:
-    mode: str = "random"
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    val_cell_types: tuple[str, ...] | None = None  # zeroshot: explicit held-out cell types
-    test_cell_types: tuple[str, ...] | None = None
-    controls: str = "heldout"
-    combinations: str = "any"
-    fewshot: dict[str, FewshotEntry] | None = (
-        None  # fewshot: per-cell-type lists/fractions (others: train)
-    )
-    experiment: Experiment | None = field(
-        default=None
-    )  # cellload_toml: the experiment decides every split
+    """[split]: which cells go to val and test (random, zero-shot cell types, few-shot lists, or
+    a cell-load experiment file)."""
+
+    mode: str = key("string", None, choices=SPLIT_MODES, doc='default "random"')
+    val_fraction: float = fraction(0.1)
+    test_fraction: float = fraction(0.1)
+    val_cell_types: tuple[str, ...] | None = key("strings", None, doc="zeroshot: held out for val")
+    test_cell_types: tuple[str, ...] | None = key("strings", None, doc="zeroshot: for test")
+    controls: str = key("string", None, choices=CONTROLS, doc='default "heldout"')
+    combinations: str = key("string", None, choices=COMBINATIONS, doc='default "any"')
+    fewshot: dict[str, FewshotEntry] | None = key("table", None, doc="cell type -> lists")
+    cellload_toml: str | None = key("string", None, doc="a cell-load experiment file")
+    experiment: Experiment | None = field(default=None)  # read from cellload_toml
 
     def index_section(self) -> dict[str, Any]:
         """What the index records about the split: today's three keys, plus the new options only
@@ -114,22 +112,10 @@ class Split:
         return out
 
 
-def _fraction(path: Path | str, key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= float(v) < 1.0:
-        raise ManifestError(path, key, f"must be a number in [0, 1), got {v!r}")
-    return float(v)
-
-
-def parse_fewshot_entry(path: Path | str, key: str, data: Any) -> FewshotEntry:
-    t = Table(Path(path), key, data, FEWSHOT_KEYS)
-    entry = FewshotEntry(
-        val=t.strings("val", ()) or (),
-        test=t.strings("test", ()) or (),
-        val_fraction=_fraction(path, f"{key}.val_fraction", t.data.get("val_fraction", 0.0)),
-        test_fraction=_fraction(path, f"{key}.test_fraction", t.data.get("test_fraction", 0.0)),
-    )
+def parse_fewshot_entry(path: Path | str, where: str, data: Any) -> FewshotEntry:
+    entry = FewshotEntry(**read(path, where, data, FewshotEntry))
     if entry.val_fraction + entry.test_fraction >= 1.0:
-        raise ManifestError(path, key, "val_fraction + test_fraction must be < 1")
+        raise ManifestError(path, where, "val_fraction + test_fraction must be < 1")
     return entry
 
 
@@ -148,7 +134,7 @@ def load_experiment(manifest: Path, rel: str) -> Experiment:
         raw = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(path, "-", f"not valid TOML: {e}") from None
-    unknown = sorted(set(raw) - {"datasets", "training", "zeroshot", "fewshot"})
+    unknown = sorted(set(raw) - set(EXPERIMENT_TABLES))
     if unknown:
         raise ManifestError(
             path,
@@ -156,32 +142,16 @@ def load_experiment(manifest: Path, rel: str) -> Experiment:
             "unknown table (a cell-load experiment has [datasets], [training], "
             "[zeroshot], [fewshot])",
         )
-    tables: dict[str, dict[str, Any]] = {}
-    for name in ("datasets", "training", "zeroshot", "fewshot"):
-        v = raw.get(name, {})
-        if not isinstance(v, dict):
-            raise ManifestError(path, name, "must be a table")
-        tables[name] = v
+    tables = {name: check(path, name, raw.get(name, {}), TABLE) for name in EXPERIMENT_TABLES}
     for name in ("datasets", "training", "zeroshot"):
         for k, v in tables[name].items():
-            if not isinstance(v, str):
-                raise ManifestError(path, f"{name}.{k}", f"must be a string, got {v!r}")
-    for k, v in tables["zeroshot"].items():
+            check(path, f"{name}.{k}", v, ZEROSHOT if name == "zeroshot" else STRING)
+    for name, k in ((n, k) for n in ("zeroshot", "fewshot") for k in tables[n]):
         if "." not in k:
-            raise ManifestError(path, f"zeroshot.{k}", 'keys are "dataset.celltype"')
-        if v not in ("train", "val", "test"):
-            raise ManifestError(
-                path, f"zeroshot.{k}", f"{v!r} is not one of ['train', 'val', 'test']"
-            )
-    fewshot = {}
-    for k, v in tables["fewshot"].items():
-        if "." not in k:
-            raise ManifestError(
-                path,
-                f"fewshot.{k}",
-                'keys are "dataset.celltype" (a [fewshot."dataset.celltype"] table)',
-            )
-        fewshot[k] = parse_fewshot_entry(path, f"fewshot.{k}", v)
+            raise ManifestError(path, f"{name}.{k}", 'keys are "dataset.celltype"')
+    fewshot = {
+        k: parse_fewshot_entry(path, f"fewshot.{k}", v) for k, v in tables["fewshot"].items()
+    }
     exp = Experiment(
         path,
         hashlib.sha256(data).hexdigest(),
@@ -202,12 +172,12 @@ def load_experiment(manifest: Path, rel: str) -> Experiment:
 
 
 def parse_split(path: Path, data: Mapping[str, Any]) -> Split:
-    sp = Table(path, "split", data, SPLIT_KEYS)
+    """The checked ``[split]`` table: the experiment file read, defaults that depend on it set,
+    and the rules between keys."""
+    sp = Split(**data)
     experiment = None
-    if "cellload_toml" in sp.data:
-        clash = sorted(
-            set(sp.data) & {"mode", "val_cell_types", "test_cell_types", "fewshot", "combinations"}
-        )
+    if sp.cellload_toml is not None:
+        clash = [k for k in sorted(CELLLOAD_DECIDES) if data[k] is not None]
         if clash:
             raise ManifestError(
                 path,
@@ -215,29 +185,20 @@ def parse_split(path: Path, data: Mapping[str, Any]) -> Split:
                 "not used with split.cellload_toml (the experiment file "
                 "decides every cell's split): remove one of the two",
             )
-        experiment = load_experiment(path, sp.get("cellload_toml", str))
+        experiment = load_experiment(path, sp.cellload_toml)
     fewshot = None
-    if "fewshot" in sp.data:
-        raw = sp.get("fewshot", dict)
-        fewshot = {ct: parse_fewshot_entry(path, f"split.fewshot.{ct}", v) for ct, v in raw.items()}
-    split = Split(
-        mode="cellload" if experiment is not None else sp.get("mode", str, "random", SPLIT_MODES),
-        val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
-        test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
-        val_cell_types=sp.strings("val_cell_types", None),
-        test_cell_types=sp.strings("test_cell_types", None),
-        controls=sp.get(
-            "controls", str, "train" if experiment is not None else "heldout", CONTROLS
-        ),
-        combinations=sp.get("combinations", str, "any", COMBINATIONS),
+    if sp.fewshot is not None:
+        fewshot = {
+            ct: parse_fewshot_entry(path, f"split.fewshot.{ct}", v) for ct, v in sp.fewshot.items()
+        }
+    split = replace(
+        sp,
+        mode="cellload" if experiment is not None else sp.mode or "random",
+        controls=sp.controls or ("train" if experiment is not None else "heldout"),
+        combinations=sp.combinations or "any",
         fewshot=fewshot,
         experiment=experiment,
     )
-    for key in ("val_fraction", "test_fraction"):
-        if not 0.0 <= getattr(split, key) < 1.0:
-            raise ManifestError(
-                path, f"split.{key}", f"must be in [0, 1), got {getattr(split, key)}"
-            )
     if split.val_fraction + split.test_fraction >= 1.0:
         raise ManifestError(path, "split", "val_fraction + test_fraction must be < 1")
     if experiment is not None and split.controls != "train":

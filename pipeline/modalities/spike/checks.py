@@ -37,17 +37,21 @@ def row_correlation(mean: np.ndarray, width: int) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+def candidate_widths(height: int, width: int) -> list[int]:
+    """The other widths a frame of ``height * width`` pixels is tried at: swapped, doubled, halved."""
+    pixels = height * width
+    return sorted(
+        {w for w in (height, 2 * width, width // 2) if w > 1 and pixels % w == 0 and w != width}
+    )
+
+
 def resolution_hint(path: Path, height: int, width: int, packing: str) -> dict[str, Any] | None:
     """A better-correlating width when the declared one does not correlate, else None."""
     n = min(FRAMES, count_frames(path, height, width, packing))
     frames = read_frames(path, height, width, packing, False, 0, n)
     mean = frames.reshape(n, -1).mean(0, dtype=np.float64)
     declared = row_correlation(mean, width)
-    pixels = height * width
-    candidates = {
-        w for w in (height, 2 * width, width // 2) if w > 1 and pixels % w == 0 and w != width
-    }
-    scores = {w: row_correlation(mean, w) for w in sorted(candidates)}
+    scores = {w: row_correlation(mean, w) for w in candidate_widths(height, width)}
     best = max((w for w in scores if scores[w] == scores[w]), key=lambda w: scores[w], default=None)
     if best is None or not declared < LOW or scores[best] < HIGH:
         return None  # nan compares False: a flat mean frame says nothing

@@ -16,8 +16,8 @@ from typing import Any
 from loaders.modalities.spike.ops import FRAME_MAJOR, PIXEL_MAJOR
 from pipeline.errors import ManifestError
 from pipeline.extras import MissingExtraError, require
-from pipeline.manifest import Table
 from pipeline.modalities.spike.dat import PACKINGS
+from pipeline.schema import key
 
 LAYOUTS = ("files", "gopro")
 # [spike] codec -> (the spikes column's own codec, its bit order). "spikebits" (default): the window
@@ -37,65 +37,45 @@ BITS = {
 }
 
 
+def _frames(v: int | str) -> int | str | None:
+    return None if v == "all" else v
+
+
+@dataclasses.dataclass(frozen=True)
+class SpikeSplit:
+    """[split] of a spike manifest (records of one sequence stay together)."""
+
+    val_fraction: float = key("number", 0.1, convert=float)
+    test_fraction: float = key("number", 0.1, convert=float)
+
+
 @dataclasses.dataclass(frozen=True)
 class SpikeConfig:
-    height: int
-    width: int
-    packing: str = "bits"
-    flip_rows: bool = True
-    frames: int | None = 40  # None: all
-    num_bins: int = 5
-    layout: str = "files"
-    images: tuple[str, ...] = ()
-    clip_len: int = 1
-    codec: str = "spikebits"
-    val_fraction: float = 0.1
+    """[spike]: the camera's frames and how records are cut from them."""
+
+    height: int = key("integer", minimum=1, doc="pixels; not in the file: always say it")
+    width: int = key("integer", minimum=1, doc="pixels")
+    packing: str = key("string", "bits", choices=PACKINGS, doc="how a .dat packs pixels")
+    flip_rows: bool = key("boolean", True, doc="frames stored upside down by the camera")
+    frames: int | None = key(
+        ("integer", "string"), 40, convert=_frames, doc='central frames, or "all"'
+    )
+    num_bins: int = key("integer", 5, minimum=1, doc="voxel bins (divides frames)")
+    layout: str = key("string", "files", choices=LAYOUTS, doc='"gopro": splits from the folders')
+    images: tuple[str, ...] = key("names", (), doc='paired images (layout = "gopro")')
+    clip_len: int = key("integer", 1, minimum=1, doc="frames per unit")
+    codec: str = key("string", "spikebits", choices=tuple(SPIKE_CODECS))
+    val_fraction: float = 0.1  # [split]
     test_fraction: float = 0.1
 
 
 def parse_sections(path: Path, sections: Mapping[str, Any]) -> SpikeConfig:
-    """The ``[spike]`` and ``[split]`` tables of the manifest at ``path`` (``ManifestError`` naming
-    the key on a bad value)."""
-    t = Table(
-        path,
-        "spike",
-        sections.get("spike") or {},
-        {
-            "height",
-            "width",
-            "packing",
-            "flip_rows",
-            "frames",
-            "num_bins",
-            "layout",
-            "images",
-            "clip_len",
-            "codec",
-        },
-    )
-    sp = Table(path, "split", sections.get("split") or {}, {"val_fraction", "test_fraction"})
-    frames = t.get("frames", (int, str), 40)
-    if frames != "all" and (not isinstance(frames, int) or frames < 1):
+    """The checked ``[spike]`` and ``[split]`` tables and the rules between their keys."""
+    cfg = SpikeConfig(**sections["spike"], **sections["split"])
+    if cfg.frames is not None and (not isinstance(cfg.frames, int) or cfg.frames < 1):
         raise ManifestError(
-            path, "spike.frames", f'must be a positive integer or "all", got {frames!r}'
+            path, "spike.frames", f'must be a positive integer or "all", got {cfg.frames!r}'
         )
-    cfg = SpikeConfig(
-        height=t.get("height", int),
-        width=t.get("width", int),
-        packing=t.get("packing", str, "bits", PACKINGS),
-        flip_rows=t.get("flip_rows", bool, True),
-        frames=None if frames == "all" else frames,
-        num_bins=t.get("num_bins", int, 5),
-        layout=t.get("layout", str, "files", LAYOUTS),
-        images=t.names("images"),
-        clip_len=t.get("clip_len", int, 1),
-        codec=t.get("codec", str, "spikebits", tuple(SPIKE_CODECS)),
-        val_fraction=float(sp.get("val_fraction", (int, float), 0.1)),
-        test_fraction=float(sp.get("test_fraction", (int, float), 0.1)),
-    )
-    for key in ("height", "width", "num_bins", "clip_len"):
-        if getattr(cfg, key) < 1:
-            raise ManifestError(path, f"spike.{key}", "must be >= 1")
     if cfg.frames is not None and cfg.frames % cfg.num_bins:
         raise ManifestError(
             path, "spike.num_bins", f"{cfg.num_bins} does not divide frames = {cfg.frames}"

@@ -27,7 +27,13 @@ from loaders.modalities.spike.ops import PIXEL_MAJOR, pack_pixel_major
 from loaders.modalities.spike.samples import CLIPS, FRAME, SEQUENCE, SPIKES, stored_frames
 from pipeline.errors import ManifestError, SourceError
 from pipeline.modalities.spike.checks import frame_facts, frame_warnings
-from pipeline.modalities.spike.config import BITS, SPIKE_CODECS, SpikeConfig, parse_sections
+from pipeline.modalities.spike.config import (
+    BITS,
+    SPIKE_CODECS,
+    SpikeConfig,
+    SpikeSplit,
+    parse_sections,
+)
 from pipeline.modalities.spike.dat import count_frames, pack_frames, read_frames
 from pipeline.modalities.spike.tree import (
     IMAGE_SUFFIXES,
@@ -55,7 +61,7 @@ UNSERVED = (
 @register_kind
 class SpikeKind(RecordKind):
     name = "spike"
-    sections = ("spike", "split")
+    section_types = {"spike": SpikeConfig, "split": SpikeSplit}
     samples = ("spike",)
     _shapes: dict[str, tuple[int, ...]] = {}
     _window: int | None = None  # frames of a stored window (set by schema; "all": the first file's)

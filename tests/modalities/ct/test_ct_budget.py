@@ -1,4 +1,4 @@
-"""Invariants of voxel-budget batching (loaders.budget), for any costs, budget, world size and
+"""Invariants of voxel-budget batching (loaders.epoch.budget), for any costs, budget, world size and
 epoch."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import budget, order
+from loaders.epoch import budget, order
 
 SETTINGS = settings(max_examples=150, deadline=None)
 costs_st = st.lists(st.integers(0, 60), min_size=0, max_size=40)

@@ -82,7 +82,7 @@ def test_augment_matches_brute_force_and_torch(
     batch: tuple, crop: tuple | None, flip: tuple, seed: int, epoch: int, last: bool
 ) -> None:
     torch = pytest.importorskip("torch")
-    from loaders.device import finish
+    from loaders.engine.device import finish
 
     xyz, shapes, ids = batch
     bd = "last" if last else "first"

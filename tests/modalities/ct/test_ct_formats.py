@@ -1,6 +1,6 @@
 """CT sources other than .npy: NIfTI and NRRD give the same records as the same array in a .npy,
 keep the header's geometry (index, inspect, loader), reorient like nibabel, resample by real
-spacing, and refuse bad files clearly. DICOM series: tests/test_ct_formats_dicom.py."""
+spacing, and refuse bad files clearly. DICOM series: tests/modalities/ct/test_ct_formats_dicom.py."""
 
 from __future__ import annotations
 

@@ -173,6 +173,7 @@ def test_broken_series_are_refused_before_any_voxel_is_read(
         get_source("dicom")(folder).header()
 
 
+@pytest.mark.process
 def test_cli_refuses_a_gap_naming_the_folder_without_a_traceback(
     ct: Any, tmp_path: Path, chest: np.ndarray
 ) -> None:
@@ -184,6 +185,7 @@ def test_cli_refuses_a_gap_naming_the_folder_without_a_traceback(
     assert not (tmp_path / "out" / "index.json").exists()
 
 
+@pytest.mark.process
 def test_a_cut_slice_file_fails_the_pack_naming_it(
     ct: Any, tmp_path: Path, chest: np.ndarray
 ) -> None:

@@ -1,6 +1,6 @@
 """Bad NIfTI/NRRD input: each a clear error naming the file and what to do, from the header at scan
 time (nothing written), never a traceback; a missing reader names the install command. DICOM series:
-tests/test_ct_formats_dicom.py."""
+tests/modalities/ct/test_ct_formats_dicom.py."""
 
 from __future__ import annotations
 
@@ -113,6 +113,7 @@ def test_real_4d_nifti_from_nibabel_is_refused(tmp_path: Path) -> None:
         get_source("nifti")(real).header()
 
 
+@pytest.mark.process
 def test_cli_exits_2_naming_the_file_without_a_traceback(
     ct: Any, tmp_path: Path, chest: np.ndarray
 ) -> None:

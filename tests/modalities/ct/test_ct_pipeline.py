@@ -1,7 +1,7 @@
 """CT end to end: .npy volumes -> build (zarr, tar) -> ShardDataset(sample="ct") equals the
 independent reference; skips counted; subsample deterministic; budget batches; crops/flips; a
 folder source and verify's check; conformance. Bad input, manifest errors, split groups and the
-shipped manifests: tests/test_ct_pipeline_inputs.py. The manifest and build helpers are the
+shipped manifests: tests/modalities/ct/test_ct_pipeline_inputs.py. The manifest and build helpers are the
 ``ct_npy`` fixture (tests/plugin_fixtures.py)."""
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def volumes(batches: list[dict[str, Any]]) -> dict[int, tuple[np.ndarray, np.nda
     return out
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_points_equal_the_reference(
     built: Path,
@@ -138,13 +139,14 @@ def test_index_records_verify_and_inspect(built: Path) -> None:
 
 
 def fmt_read(index: fmt.Index, entry: fmt.ShardEntry) -> dict[str, np.ndarray]:
-    from loaders.shardio import read_shard
+    from loaders.format.readers import read_shard
 
     return read_shard(
         index.shard_path(entry), index.encoding, fmt.shard_keys(index.fields, index.tables)
     )
 
 
+@pytest.mark.process
 def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(
     sources: tuple[Path, list[Path]], reference_points: Callable[..., Any], ct_npy: Any
 ) -> None:
@@ -170,6 +172,7 @@ def test_max_points_subsample_is_deterministic_across_jobs_and_encodings(
     assert summary(a)["details"]["subsampled"] == 5
 
 
+@pytest.mark.process
 def test_budget_batches_through_the_dataset(built: Path) -> None:
     index = fmt.read_index(built)
     points = {r["file"]: r["points"] for rs in index.section("ct")["records"].values() for r in rs}
@@ -253,6 +256,7 @@ def test_budget_plan_follows_the_served_order(built: Path) -> None:
                     assert sum(points[i] for i in sids) + points[ids[k + 1][0]] > cap
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", [0, 2])
 def test_crop_flip_and_torchsparse_layout(built: Path, workers: int) -> None:
     kw: dict[str, Any] = dict(sample="ct", batch_size=2, seed=3, crop=(40, 30, 16), flip=True)

@@ -1,7 +1,7 @@
 """What a CT build from .npy volumes refuses and what it accepts: a bad volume (pickled objects,
 2-D, truncated, NaN) is a clear error naming the file, through the API and the CLI, and nothing is
 written; a manifest error names its key; the split keeps a patient's folder together; the shipped
-manifests build and verify. Building and loading end to end: tests/test_ct_pipeline.py."""
+manifests build and verify. Building and loading end to end: tests/modalities/ct/test_ct_pipeline.py."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def _nan_volume() -> np.ndarray:
     return v
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_volumes_are_clear_errors_naming_the_file(
     tmp_path: Path, case: str, ct_npy: Any
@@ -99,6 +100,7 @@ def test_manifest_errors_name_the_key(tmp_path: Path, ct_npy: Any) -> None:
             load_manifest(tmp_path / "m.toml")
 
 
+@pytest.mark.process
 def test_shipped_manifests_build(tmp_path: Path) -> None:
     """data_manifests/demo_ct.toml over `write_ct_demo` (as `make shards` runs it), and the folder
     example with its path pointed at a patient-folder layout: every key in them is valid and they

@@ -1,5 +1,5 @@
 """The independent CT reference: what a record must hold, written the obvious whole-volume way (the
-``reference_points`` and ``reference_body`` fixtures, tests/plugin_fixtures.py).
+``reference_points`` and ``reference_body`` fixtures, tests/modalities/ct/conftest.py).
 
 No slabs, no shared label buffer, no lookup table: threshold, ``ndimage.label``, largest
 component by ``bincount``, ``binary_fill_holes`` on every axial slice in a Python loop,

@@ -1,6 +1,6 @@
 """End-to-end pipeline behaviour: what one build holds (traceability, obs and obsm, pairing,
 sentences, splits, condition vectors), verify and the CLI on it, and what the pipeline imports.
-Determinism, incremental rebuilds and source flavours: tests/test_pipeline_builds.py."""
+Determinism, incremental rebuilds and source flavours: tests/pipeline/test_builds_compared.py."""
 
 from __future__ import annotations
 
@@ -184,6 +184,7 @@ def test_group_without_batch_control_falls_back_and_is_counted(
     assert summary(tmp_path / "out")["details"]["pairing"] == stats
 
 
+@pytest.mark.process
 def test_cli_build_inspect_verify(
     built: tuple[Path, list[Path], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -247,6 +248,7 @@ def test_perturbation_features_fill_the_condition_vectors(
         assert (got[label == "control"] == 0).all()
 
 
+@pytest.mark.process
 def test_the_pipeline_never_imports_torch() -> None:
     """Every joblib worker imports the pipeline; torch would cost ~300 MiB and ~1 s in each."""
     import subprocess
@@ -259,6 +261,7 @@ def test_the_pipeline_never_imports_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.process
 def test_a_no_change_rebuild_imports_no_heavy_module(built: tuple[Path, list[Path], Path]) -> None:
     """A nightly no-change rebuild stops after a few stat calls: the registries it asks (kinds,
     sources) must not drag in the readers' libraries nor another kind's (CT's scipy.ndimage)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 from pipeline.modalities.perturbation import demo
 from pipeline.modalities.perturbation.h5ad import H5adSource
@@ -18,7 +19,7 @@ SMALL = {
     "n_perts": 5,
     "seed": 7,
     "obsm_dim": 6,
-}  # as tests/test_sources.py
+}  # as tests/modalities/perturbation/test_sources.py
 
 
 def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:
@@ -58,6 +59,7 @@ def test_plain_encodings_read_like_anndata(tmp_path: Path) -> None:
     assert got.var_names == tuple(adata.var_names)
 
 
+@pytest.mark.process
 def test_reading_an_h5ad_scan_does_not_import_anndata(tmp_path: Path) -> None:
     """anndata (with pandas' extras and dask.array) costs ~0.6 s to import: an incremental rebuild
     that rescans one changed source should not pay it for the encodings anndata writes by

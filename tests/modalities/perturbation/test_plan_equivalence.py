@@ -26,7 +26,7 @@ DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32]
 
 @st.composite
 def contexts(draw: st.DrawFn) -> tuple[MatchContext, np.ndarray, int]:
-    """One source's matching columns (as tests/test_plan.py draws them), sometimes with controls
+    """One source's matching columns (as tests/modalities/perturbation/test_plan.py draws them), sometimes with controls
     kept in train (a pool split other than the cells' own)."""
     n = draw(st.integers(2, 300))
     seed = draw(st.integers(0, 2**16))

@@ -1,6 +1,6 @@
 """Every source flavour held to one contract; missing values, the legacy layout and the demo corpus
 read back. Every bad input named precisely (file + row + problem):
-tests/test_sources_bad_input.py."""
+tests/modalities/perturbation/test_sources_bad_input.py."""
 
 from __future__ import annotations
 

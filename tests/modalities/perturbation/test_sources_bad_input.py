@@ -2,7 +2,7 @@
 HDF5, truncated), an unknown kind or matrix, corrupted matrices (indptr, column indices, NaN,
 negative counts, dense values) and obs codes, per flavour; the scan checks barcodes without reading
 them; an h5 file outside anndata's layout reads (plain columns, no shape, fallback names) and its
-CSC matrix is refused. The contract every source flavour is held to: tests/test_sources.py."""
+CSC matrix is refused. The contract every source flavour is held to: tests/modalities/perturbation/test_sources.py."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pipeline.modalities.perturbation.h5csr import H5CsrSource
 from pipeline.modalities.perturbation.matrix import MatrixSource, open_source
 from pipeline.source import SOURCES
 
-# the small demo file of tests/test_sources.py
+# the small demo file of tests/modalities/perturbation/test_sources.py
 SMALL = {"n_cells": 240, "n_genes": 40, "n_perts": 5, "seed": 7, "obsm_dim": 6}
 
 

@@ -90,6 +90,7 @@ def test_zeroshot_controls_heldout_or_train(
         )  # test cells find their cell type's controls
 
 
+@pytest.mark.process
 def test_warnings_count_fallbacks_empty_splits_and_short_groups(
     tmp_path: Path, write_manifest: Callable[..., Any]
 ) -> None:

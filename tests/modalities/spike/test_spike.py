@@ -133,7 +133,14 @@ def test_build_verifies(built: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "workers, bins", [(0, 4), (2, 4), (0, 5), (2, 5), (0, 1)]
+    "workers, bins",
+    [
+        (0, 4),
+        pytest.param(2, 4, marks=pytest.mark.process),
+        (0, 5),
+        pytest.param(2, 5, marks=pytest.mark.process),
+        (0, 1),
+    ],
 )  # 10, 8, 40 frames a bin
 def test_voxels_equal_the_binned_window_cropped(
     built: Path, demo: Path, workers: int, bins: int

@@ -1,4 +1,4 @@
-"""Spike modality corners that tests/test_spike.py leaves out: GoPro trees without train/test
+"""Spike modality corners that tests/modalities/spike/test_spike.py leaves out: GoPro trees without train/test
 folders (splits drawn per sequence), one-byte-per-pixel files with a width that is not a multiple
 of 8 and ``frames = "all"``, images at a non-integer scale of the spikes, and the GPU benchmark's
 parity check (dry run on the CPU)."""
@@ -152,6 +152,7 @@ def test_images_crop_inside_the_image_at_any_scale(shape: tuple[int, int]) -> No
         )
 
 
+@pytest.mark.bench  # a test of the benchmark harness (benchmarks/gpu_spike.py)
 def test_gpu_bench_dry_run_checks_parity_and_fails_on_a_wrong_finisher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
+from loaders.format.readers import read_shard
 from loaders.modalities.spike.ops import (
     POPCOUNT,
     crop_pixels,
@@ -27,7 +28,6 @@ from loaders.modalities.spike.ops import (
 )
 from loaders.modalities.spike.samples import crop_bits, crop_offsets, voxel_numpy
 from loaders.modalities.spike.torch_ops import popcount8, voxel_pixel_torch, voxel_torch
-from loaders.shardio import read_shard
 from pipeline.build import build
 from pipeline.modalities.spike.demo import vidar_bytes
 
@@ -154,7 +154,14 @@ def builds(corpus: tuple[Path, np.ndarray]) -> dict[tuple[int, str, str], Path]:
 
 
 # frames per bin 16, 8, 12 (workers 0), 8 (workers 2), 9 with a padded last byte (workers 2)
-CASES = [(48, 3, 0), (48, 6, 0), (48, 4, 0), (48, 6, 2), (36, 4, 2)]
+# DataLoader workers (num_workers=2) are processes: those cases run in the process lane
+CASES = [
+    (48, 3, 0),
+    (48, 6, 0),
+    (48, 4, 0),
+    pytest.param(48, 6, 2, marks=pytest.mark.process),
+    pytest.param(36, 4, 2, marks=pytest.mark.process),
+]
 
 
 @pytest.mark.parametrize("t, bins, workers", CASES)

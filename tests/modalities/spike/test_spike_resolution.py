@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pipeline.modalities.spike.checks import frame_facts, resolution_hint, row_correlation
 from pipeline.modalities.spike.demo import write_spike_demo
@@ -57,6 +58,7 @@ def _inspect(tmp_path: Path, h: int, w: int) -> dict:
     return json.loads(res.stdout)
 
 
+@pytest.mark.process
 def test_the_declared_resolution_and_frames_per_file_are_shown(tmp_path: Path) -> None:
     write_spike_demo(tmp_path / "data")
     doc = _inspect(tmp_path, 64, 96)
@@ -64,6 +66,7 @@ def test_the_declared_resolution_and_frames_per_file_are_shown(tmp_path: Path) -
     assert "frames per file" in text and "check [spike] height and width" not in text
 
 
+@pytest.mark.process
 @hostile.parametrize
 def test_a_swapped_resolution_is_flagged(case: hostile.Case, tmp_path: Path) -> None:
     write_spike_demo(tmp_path / "data")

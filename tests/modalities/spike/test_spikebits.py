@@ -15,6 +15,7 @@ import pytest
 
 from loaders import ShardDataset, ShardLoader
 from loaders import format as fmt
+from loaders.format.readers import read_shard
 from loaders.modalities.spike.bits import (
     CODEC_ID,
     SpikeBits,
@@ -23,7 +24,6 @@ from loaders.modalities.spike.bits import (
     transpose8,
 )
 from loaders.modalities.spike.ops import pack_pixel_major
-from loaders.shardio import read_shard
 from pipeline.build import build
 from pipeline.modalities.spike.demo import integrate_and_fire, scene, write_spike_demo
 
