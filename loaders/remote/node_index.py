@@ -30,7 +30,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from loaders.files import atomic_write_bytes
+from loaders.format.files import atomic_write_bytes
 from loaders.remote.ledger import locked
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound
 
