@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from loaders import ShardDataset, ShardLoader
-from loaders.files import shard_digest_matches
+from loaders.format.files import shard_digest_matches
 from loaders.remote.cache import CacheError, NodeCache
 from pipeline.cli import main
 from tests import hostile
