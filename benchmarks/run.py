@@ -32,6 +32,7 @@ from benchmarks.locations import RESULTS_REL
 from benchmarks.measure import machine_info, package_versions
 from benchmarks.modality_sections import modality_section
 from benchmarks.remote_bench import remote_section
+from benchmarks.remote_link_bench import link_section
 from benchmarks.report import write_report
 from benchmarks.report_bench import report_section
 from benchmarks.run_config import parse_args
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     res["spike"] = modality_section("spike", cfg, data_dir, work, skip, notes)
     res["ct"] = modality_section("ct", cfg, data_dir, work, skip, notes)
     res["remote"] = remote_section(cfg, roots, skip, notes)  # before the shards are removed
+    res["remote_link"] = link_section(cfg, data_dir, skip, notes)  # its own build, shaped link
     res["extras"] = extras_section(cfg, roots, skip, notes)  # as the line above
     res["report"] = report_section(cfg, roots, res, skip, notes)  # as the line above
     if not a.keep_shards:

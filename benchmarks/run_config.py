@@ -136,7 +136,7 @@ def parse_args(argv: list[str] | None, usage: str | None) -> tuple[Config, argpa
         "--skip",
         default="",
         help="comma list of: pipeline, loader, baselines, scdataset, annbatch, gpu, spike, ct, "
-        "remote, extras",
+        "remote, remote_link, extras",
     )
     ap.add_argument(
         "--torch-spec",

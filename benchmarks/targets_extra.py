@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.locations import RESULTS
+from benchmarks.remote_link_bench import link_targets
 from benchmarks.report_bench import report_targets
 from benchmarks.verdicts import target
 
@@ -265,6 +266,7 @@ def extra_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         *build_targets(res),
         *remote_targets(res.get("remote") or {}),
+        *link_targets(res.get("remote_link") or {}),
         *ct_crop_targets(res.get("ct") or {}),
         *persistent_targets(ex),
         *digest_targets(ex),

@@ -51,6 +51,7 @@ from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.format.index_check import check_index_digest
 from loaders.format.integrity import check_on_corrupt
 from loaders.options import Engine, Integrity, explain_option_error, resolve
+from loaders.remote import ahead
 from loaders.remote.ahead import check_limit
 from loaders.remote.resolve import resolve_root
 from loaders.samples import SAMPLE_TYPES, check_sample_type, get_sample_type
@@ -95,7 +96,9 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
       ``$SHARDSMITH_CACHE``, else the user cache folder), ``cache_limit`` (bytes, default none)
       and ``storage_options`` (the store's settings over the environment's) say how its shards
       reach this node: downloaded once per node, whole and checked, prefetched a few windows
-      ahead (docs/REMOTE.md).
+      ahead (docs/REMOTE.md). ``offline=True`` opens the node's last copy of its index without
+      the server (every shard of ``split`` must be cached); an unreachable server does the same,
+      with a warning naming the copy's age.
     * ``trust_plugins`` (as Hugging Face's ``trust_remote_code``): the plug-in modules the index
       names (``plugins``) are imported only if they are installed modalities, or allowed here
       (``True``: every one the index names; or a list of names) or by
@@ -130,6 +133,7 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         cache_limit: int | None = None,
         storage_options: dict[str, Any] | None = None,
         trust_plugins: bool | Sequence[str] = False,
+        offline: bool = False,
         **sample_options: Any,
     ) -> None:
         super().__init__()
@@ -145,7 +149,13 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         self.integrity = resolve(integrity, Integrity, verify=verify, on_corrupt=on_corrupt)
         # a URL (s3://...): its index fetched now, shards into the node's cache (loaders/remote)
         self.url, self.root, remote = resolve_root(
-            root, cache_dir, cache_limit, storage_options, trust_plugins
+            root,
+            cache_dir,
+            cache_limit,
+            storage_options,
+            trust_plugins,
+            offline=offline,
+            split=split,
         )
         data = read_index_bytes(
             self.root
@@ -264,6 +274,8 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         self.settings = LoaderSettings()
         self._skipped: dict[int, str] = {}  # shard id -> why, skipped in this process
         self._engine: PerProcess[ProcessEngine] = PerProcess()
+        if remote:  # the first windows start downloading now, while the trainer sets up
+            ahead.at_open(self)
 
     def configure(self, settings: LoaderSettings) -> None:
         """How batches leave (``ShardLoader`` calls it once, before its workers start)."""

@@ -33,6 +33,8 @@ from loaders.epoch.resume import seal
 from loaders.format import read_index
 from loaders.interop import splits
 from loaders.loader import ShardLoader
+from loaders.remote.resolve import resolve_root
+from loaders.remote.store import is_url
 
 INSTALL = 'pip install -e ".[lightning]"  (or: pip install lightning)'
 
@@ -107,8 +109,9 @@ def _make_class() -> type:
             **dataset_options: Any,
         ) -> None:
             super().__init__()
+            # a URL stays a string: Path("s3://b/ds") is the local path "s3:/b/ds"
             self.root, self.sample, self.batch_size, self.seed = (
-                Path(root),
+                root if is_url(root) else Path(root),
                 sample,
                 batch_size,
                 seed,
@@ -130,7 +133,16 @@ def _make_class() -> type:
             trainer = self.trainer
             rank = int(trainer.global_rank) if trainer is not None else None
             world = int(trainer.world_size) if trainer is not None else None
-            present = splits(read_index(self.root))
+            opts = self.dataset_options
+            local = resolve_root(
+                self.root,
+                opts.get("cache_dir"),
+                opts.get("cache_limit"),
+                opts.get("storage_options"),
+                opts.get("trust_plugins", False),
+                offline=bool(opts.get("offline", False)),
+            )[1]
+            present = splits(read_index(local, None, opts.get("trust_plugins", False)))
             batch_size = self.batch_size
             if self.global_batch_size is not None:
                 per, left = divmod(self.global_batch_size, world or 1)

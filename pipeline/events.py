@@ -108,7 +108,9 @@ class Report:
 
 
 @contextmanager
-def reported(log_json: str | None, out: Path | None, stdout: bool = True) -> Iterator[Report]:
+def reported(
+    log_json: str | None, out: Path | str | None, stdout: bool = True
+) -> Iterator[Report]:
     """Run a build inside: its warnings become events; at the end, success or not, the ``summary``
     event is logged and, with ``stdout`` (``build --json``), printed as a line of stdout (one JSON
     object: the only one there). An exception is logged as an ``error`` event with its exit code
@@ -140,9 +142,10 @@ def _finish(report: Report, doc: dict[str, Any]) -> None:
         print(json.dumps(line, default=str), flush=True)
 
 
-def summary_doc(result: Any, out: Path | None, exit_code: int) -> dict[str, Any]:
+def summary_doc(result: Any, out: Path | str | None, exit_code: int) -> dict[str, Any]:
     """The summary's fields. `changed` is about the committed dataset: a failed build commits
-    nothing."""
+    nothing. ``out`` as the user gave it: a URL (``--out s3://...``) is the summary's ``out``,
+    and the folder the build was staged in its ``staged``."""
     if result is None:
         return {
             "status": "failed",
@@ -154,7 +157,8 @@ def summary_doc(result: Any, out: Path | None, exit_code: int) -> dict[str, Any]
         "status": "dry-run" if result.difference is not None else "ok",
         "changed": bool(result.changed),
         "exit_code": exit_code,
-        "out": str(result.out),
+        "out": out if isinstance(out, str) else str(result.out),
+        **({"staged": str(result.out)} if isinstance(out, str) else {}),
         "written": len(result.written),
         "reused": len(result.reused),
         "removed": result.removed,

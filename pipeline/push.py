@@ -111,8 +111,9 @@ def push(
         _put_record(store, record, owned=owned | set(files))
         res.bytes_uploaded = _upload(store, [(k, objects[k][0]) for k in todo], progress, jobs)
         res.uploaded = sorted(todo)
-        store.put(fmt.INDEX_FILE, data)  # the commit point
-        res.uploaded.append(fmt.INDEX_FILE)
+        if todo or old_index != index.raw:  # a push that changes nothing uploads nothing
+            store.put(fmt.INDEX_FILE, data)  # the commit point
+            res.uploaded.append(fmt.INDEX_FILE)
         current = sorted(files)
         previous = record.get("previous") if set(old_files) == set(files) else sorted(old_files)
         keep = set(current) | set(previous or [])
@@ -253,10 +254,12 @@ def _remote_json(store: ObjectStore, key: str) -> dict[str, Any] | None:
 
 def _put_record(store: ObjectStore, record: dict[str, Any], **changes: Any) -> None:
     """Update the push record (in place, and on the remote)."""
+    before = dict(record)
     record.update(changes, format=RECORD_FORMAT, version=1)
     for k in ("owned", "current", "retired"):
         record[k] = sorted(set(record.get(k) or []))
-    store.put(RECORD_KEY, json.dumps(record, sort_keys=True, indent=1).encode())
+    if record != before:  # as read from the remote, or as this push last wrote it
+        store.put(RECORD_KEY, json.dumps(record, sort_keys=True, indent=1).encode())
 
 
 def _upload(store: ObjectStore, items: list[tuple[str, Path]], progress: bool, jobs: int) -> int:

@@ -10,11 +10,13 @@ node downloads only the shards its ranks read (docs/REMOTE.md, "What each proces
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
 
 from loaders.epoch import order
+from loaders.remote.resolve import node_cache
 
 PREFETCH_WINDOWS = 2  # windows fetched ahead of the one being read
 
@@ -50,7 +52,24 @@ def prefetch(ds: Any, cache: Any, epoch: int, w: int) -> None:
         [ds.entries[s] for s in ds.reader.window_shards(e, x).tolist()]
         for e, x in upcoming(ds, epoch, w)
     ]
+    if ds.__dict__.get("_remote_release") is not cache:  # once per dataset and process
+        ds.__dict__["_remote_release"] = cache
+        weakref.finalize(ds, cache.release, id(ds))  # dropped: its read-ahead stops
     cache.prefetch(windows, owner=id(ds))
+
+
+def at_open(ds: Any) -> None:
+    """Start downloading the first windows this rank reads (in its current epoch), in the
+    background, when the dataset is opened: the downloads overlap what the trainer does between
+    the open and its first batch (building the model, moving it to the device, starting
+    DataLoader workers), instead of starting with the first batch. ``SHARDSMITH_PREFETCH_AT_OPEN=0``
+    turns it off (an A/B switch for the shaped-link bench)."""
+    if os.environ.get("SHARDSMITH_PREFETCH_AT_OPEN", "1") == "0":
+        return
+    remote, epoch = ds.reader.spec["remote"], ds.plan.epoch
+    wins = rank_windows(ds, epoch)
+    if wins:
+        prefetch(ds, node_cache(remote, ds.reader.spec["root"]), epoch, wins[0])
 
 
 def in_flight_bytes(

@@ -81,6 +81,7 @@ class NodeCache:
         # prefetch pins, per reader (a train and a val dataset of one URL pin their own windows):
         # owner -> shard file -> fd holding LOCK_SH
         self._held: dict[int, dict[str, int]] = {}
+        self._turns: dict[int, int] = {}  # owner -> its latest prefetch call (older chains stop)
         self._jobs: dict[str, Future[None]] = {}
         self._bad: dict[str, CacheError] = {}  # shards whose object failed its digest twice
         self._lock = threading.RLock()
@@ -140,11 +141,27 @@ class NodeCache:
             for e in (e for w in windows for e in w):
                 if e.file not in held:
                     held[e.file] = self._pin(e)
-        self._chain(windows)
+            turn = self._turns[owner] = self._turns.get(owner, 0) + 1
+        self._chain(windows, owner, turn)
 
-    def _chain(self, windows: list[list[ShardEntry]]) -> None:
-        """Start the first window's downloads; the next window's when they are all done."""
-        if not windows:
+    def release(self, owner: int) -> None:
+        """``owner`` reads no more (its dataset was dropped): its pins go, its chain starts no
+        further window, and downloads queued for no other owner are cancelled (one running
+        finishes). Without this a dropped reader's read-ahead kept the link busy for seconds."""
+        with self._lock:
+            self._turns[owner] = self._turns.get(owner, 0) + 1
+            for fd in self._held.pop(owner, {}).values():
+                os.close(fd)
+            wanted = {n for held in self._held.values() for n in held}
+            for name, job in list(self._jobs.items()):
+                if name not in wanted:
+                    job.cancel()
+
+    def _chain(self, windows: list[list[ShardEntry]], owner: int = 0, turn: int = 0) -> None:
+        """Start the first window's downloads; the next window's when they are all done, unless
+        ``owner`` has asked again since (a newer chain, from its next window, goes on) or
+        was released."""
+        if not windows or self._turns.get(owner, 0) != turn:
             return
         try:
             with self._lock:
@@ -153,7 +170,7 @@ class NodeCache:
             return
         pending = [f for f in pending if f is not None and not f.done()]
         if not pending:
-            return self._chain(windows[1:])
+            return self._chain(windows[1:], owner, turn)
         left = [len(pending)]
 
         def done(_f: Future[None]) -> None:
@@ -161,7 +178,7 @@ class NodeCache:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                self._chain(windows[1:])
+                self._chain(windows[1:], owner, turn)
 
         for f in pending:
             f.add_done_callback(done)
@@ -181,6 +198,7 @@ class NodeCache:
         for fd in (fd for held in self._held.values() for fd in held.values()):
             os.close(fd)
         self._held.clear()
+        self._turns.clear()
         self._jobs.clear()
         self._pool = self._objects = None
         self._lock = threading.RLock()

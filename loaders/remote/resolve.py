@@ -23,6 +23,7 @@ from loaders.format.names import plain_name
 from loaders.remote.cache import CacheError, NodeCache
 from loaders.remote.download import download_tree
 from loaders.remote.ledger import remove_path
+from loaders.remote.node_index import check_offline, fetch_index
 from loaders.remote.store import RemoteError, RemoteNotFound, is_url, local_path, open_store
 
 CACHE_ENV = "SHARDSMITH_CACHE"
@@ -66,36 +67,53 @@ def open_remote(
     cache_limit: int | None = None,
     storage_options: dict[str, Any] | None = None,
     trust_plugins: bool | Sequence[str] = False,
+    offline: bool = False,
+    split: str | None = None,
 ) -> RemoteDataset:
-    """Fetch ``url``'s index.json (always: it is the commit point) into its cache folder, and the
-    condition table it names; shards come later, per window. Errors name the URL and the fix."""
+    """Fetch ``url``'s index.json (it is the commit point: once per node for the ranks of one
+    job, :mod:`loaders.remote.node_index`) into its cache folder, and the condition table it
+    names; shards come later, per window. Without the server (unreachable, or ``offline=True``)
+    the node's last copy opens when every shard of ``split`` is cached. Errors name the URL and
+    the fix."""
     url = url.rstrip("/")
     if cache_limit is not None and int(cache_limit) < 0:
         raise ValueError(f"cache_limit={cache_limit}: expected bytes >= 0, or None (no limit)")
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     store = open_store(url, storage_options)
+    url_dir = cache_dir / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+    def store_copy(data: bytes) -> str:
+        digest = index_sha256(data)
+        (url_dir / digest[:32]).mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(url_dir / "url.txt", (url + "\n").encode())
+        if not (url_dir / digest[:32] / "index.json").is_file():
+            atomic_write_bytes(url_dir / digest[:32] / "index.json", data)
+        return digest
+
     try:
-        data = store.get("index.json")
+        fetched = fetch_index(store, url_dir, offline, store_copy)
     except RemoteNotFound as e:
         raise RemoteError(
             store.key_url("index.json"),
             f"no index.json ({e.problem})",
             "check the URL (a dataset's prefix, as given to `shardsmith push`), or push one there",
         ) from None
-    digest = index_sha256(data)
-    url_key = hashlib.sha256(url.encode()).hexdigest()[:16]
-    root = cache_dir / url_key / digest[:32]
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cache_dir / url_key / "url.txt", (url + "\n").encode())
-        if not (root / "index.json").is_file():
-            atomic_write_bytes(root / "index.json", data)
     except OSError as e:
         raise FormatError(
             f"cache folder {cache_dir} for {url}: cannot be written ({e.strerror or e}): pass "
             f"cache_dir= or set ${CACHE_ENV} to a writable folder"
         ) from None
-    index = read_index(root, data, trust_plugins)
+    root = url_dir / index_sha256(fetched.data)[:32]
+    index = read_index(root, fetched.data, trust_plugins)
+    if fetched.how == "offline":
+        missing = [
+            e.file
+            for e in index.shards
+            if (split is None or e.split == split) and not (root / "shards" / e.file).exists()
+        ]
+        if index.conditions is not None and not (root / index.conditions.file).exists():
+            missing.append(index.conditions.file)
+        check_offline(fetched, url, offline, missing, split)
     spec = {
         "url": url,
         "cache_dir": str(cache_dir),
@@ -158,17 +176,21 @@ def resolve_root(
     cache_limit: int | None,
     storage_options: dict[str, Any] | None,
     trust_plugins: bool | Sequence[str] = False,
+    offline: bool = False,
+    split: str | None = None,
 ) -> tuple[str, Path, dict[str, Any] | None]:
     """``(what the user named, the local folder to read, the remote spec or None)``: a URL is
     opened into its cache folder; a local folder is read in place (never cached, never evicted)."""
     if not is_url(root):
-        if cache_dir is not None or cache_limit is not None or storage_options:
+        if cache_dir is not None or cache_limit is not None or storage_options or offline:
             raise ValueError(
-                f"{root}: cache_dir=, cache_limit= and storage_options= apply to a dataset URL "
+                f"{root}: cache_dir=, cache_limit=, storage_options= and offline= apply to a dataset URL "
                 "(s3://...); a local folder is read in place"
             )
         return str(root), local_path(root), None
-    remote = open_remote(str(root), cache_dir, cache_limit, storage_options, trust_plugins)
+    remote = open_remote(
+        str(root), cache_dir, cache_limit, storage_options, trust_plugins, offline, split
+    )
     cache = node_cache(remote.spec, remote.root)
     if cache._store is None:  # one client per process, not one per use
         cache._store = remote.store

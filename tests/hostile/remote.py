@@ -37,6 +37,8 @@ REPLACED = "test_push::test_replaced_remote_object_is_uploaded_again"
 REUSE = "test_remote_generations::test_unchanged_shards_come_from_the_previous_generation"
 REOPEN = "test_remote_generations::test_a_reader_of_a_deleted_generation_is_told_to_reopen"
 BY_HAND = "test_remote_generations::test_an_object_deleted_by_hand_is_not_found_naming_it"
+DOWN_CACHED = "test_remote_open::test_an_unreachable_server_opens_the_cached_index_with_its_age"
+DOWN_MISSING = "test_remote_open::test_offline_needs_every_shard_of_the_split"
 
 _BUILD_SHAPED = [  # a user's objects whose names look like a build's (issue 45, item 7)
     "notes-001-001-0123456789abcdef.txt",
@@ -57,6 +59,25 @@ _PUSH_BAD = [  # (id stem, data, what is done, the fix the message names)
 ]
 
 CASES = [
+    Case(
+        "remote-server-down-all-cached",
+        17,
+        "the S3 endpoint unreachable when a dataset is opened whose split is wholly in the node "
+        "cache (its index fetched 3 h 12 min before)",
+        "opens the node's copy of index.json with a `RuntimeWarning` naming its age ('fetched 3 "
+        "h 12 min ago'; was: `RemoteError`, the job could not start); batches equal the local "
+        "folder's",
+        DOWN_CACHED,
+    ),
+    Case(
+        "remote-server-down-shards-missing",
+        17,
+        "the same with shards of the split not cached; `offline=True` on a node with no copy of "
+        "the index, or missing shards",
+        "`RemoteError`: the server's error plus 'the node cache lacks N shard(s) of split ...'; "
+        "with `offline=True`: what is missing and 'open it once with the server reachable'",
+        DOWN_MISSING,
+    ),
     *[
         Case(
             f"remote-url-{stem}",

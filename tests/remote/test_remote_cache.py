@@ -18,7 +18,7 @@ from loaders.remote.cache import CacheError, NodeCache
 from loaders.remote.ledger import cache_bytes
 from tests import hostile
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 KW: dict[str, Any] = {"split": "train", "batch_size": 32, "window": 1, "seed": 5}
 
 

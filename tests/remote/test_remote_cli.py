@@ -17,7 +17,7 @@ from loaders import ShardDataset
 from loaders.format import FormatError
 from tests import hostile
 
-pytestmark = [pytest.mark.process, pytest.mark.s3]  # a moto S3 server; the CLI and the decoder process
+pytestmark = [pytest.mark.process, pytest.mark.s3]  # an S3 server (SeaweedFS); the CLI and the decoder process
 
 BOUND = {"SHARDSMITH_REMOTE_RETRY": "attempts=2,total_s=4,timeout_s=2,connect_timeout_s=1"}
 

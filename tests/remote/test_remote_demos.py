@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.process,
     pytest.mark.s3,
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]  # a moto S3 server; the decoder process
+]  # an S3 server (SeaweedFS); the decoder process
 REPO = Path(__file__).resolve().parents[2]
 DEMOS = ["demo.toml", "demo_spike.toml", "demo_ct.toml"]
 

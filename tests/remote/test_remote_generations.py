@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.process,
     pytest.mark.s3,
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]  # a moto S3 server; the decoder process
+]  # an S3 server (SeaweedFS); the decoder process
 KW: dict[str, Any] = {"split": "train", "batch_size": 32, "window": 2, "seed": 1}
 
 
@@ -69,10 +69,13 @@ def test_a_reader_of_a_deleted_generation_is_told_to_reopen(
     s3_bucket: str,
     upload: Callable[..., str],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out, change_source_1 = rebuildable
     url = upload(out, f"{s3_bucket}/ds")
-    opened = ShardDataset(url, cache_dir=tmp_path / "cache", **KW)  # nothing downloaded yet
+    # nothing downloaded yet: without the read-ahead at open, which fetches the first windows
+    monkeypatch.setenv("SHARDSMITH_PREFETCH_AT_OPEN", "0")
+    opened = ShardDataset(url, cache_dir=tmp_path / "cache", **KW)
     for _ in range(2):  # two pushes later, the opened generation's objects are deleted
         assert change_source_1()
         upload(out, url)
@@ -87,9 +90,11 @@ def test_an_object_deleted_by_hand_is_not_found_naming_it(
     s3_bucket: str,
     upload: Callable[..., str],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out, _ = rebuildable
     url = upload(out, f"{s3_bucket}/ds")
+    monkeypatch.setenv("SHARDSMITH_PREFETCH_AT_OPEN", "0")  # nothing downloaded at open
     opened = ShardDataset(url, cache_dir=tmp_path / "cache", **KW)
     store = open_store(url)
     shard = opened.entries[0].file  # every object of it (a zarr shard is a folder of them)

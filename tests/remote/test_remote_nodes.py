@@ -17,7 +17,7 @@ import torch.distributed as dist
 from loaders import ShardDataset, ShardLoader
 from loaders.remote.ahead import PREFETCH_WINDOWS, rank_windows
 
-pytestmark = [pytest.mark.process, pytest.mark.s3]  # a moto S3 server; gloo ranks
+pytestmark = [pytest.mark.process, pytest.mark.s3]  # an S3 server (SeaweedFS); gloo ranks
 
 DEADLINE = 240.0  # 4 spawned ranks import torch on a small, shared machine
 WORLD, PER_NODE = 4, 2

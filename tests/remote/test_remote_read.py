@@ -1,4 +1,4 @@
-"""Reading a dataset from S3 (moto server) through the node cache: the same batches as the local
+"""Reading a dataset from S3 (a SeaweedFS server) through the node cache: the same batches as the local
 folder, each shard object downloaded once per node, none on a warm cache (docs/REMOTE.md)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests import hostile
 pytestmark = [
     pytest.mark.s3,
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]  # a moto S3 server (tests/remote/conftest.py)
+]  # an S3 server (SeaweedFS) (tests/remote/conftest.py)
 KW: dict[str, Any] = {"split": "train", "batch_size": 64, "window": 2, "seed": 3}
 
 
@@ -116,6 +116,7 @@ def test_tampered_object_is_caught(
     )
 
 
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
 @pytest.mark.process
 @hostile.parametrize
 def test_faults_between_loader_and_server_give_identical_batches(

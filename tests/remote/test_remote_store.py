@@ -1,4 +1,4 @@
-"""loaders.remote.store against a real S3 server (moto, tests/remote/conftest.py): the key -> bytes
+"""loaders.remote.store against a real S3 server (SeaweedFS; moto too for the store, tests/remote/conftest.py): the key -> bytes
 store that push and the remote reader share, its errors and its bounds."""
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import pytest
 from loaders.remote import RemoteError, RemoteNotFound, RetryPolicy, is_url, open_store
 from tests import hostile
 
+# the store's contract and its fault handling, on both servers the tests run (tests/remote/conftest.py)
+BOTH_SERVERS = pytest.mark.parametrize("s3_server", ["seaweedfs", "moto"], indirect=True)
+
 
 def test_is_url() -> None:
     assert is_url("s3://bucket/prefix/ds") and is_url("S3://b/x")
@@ -22,6 +25,7 @@ def test_is_url() -> None:
     assert not is_url(Path("s3://bucket/x"))  # a Path is local, whatever its text
 
 
+@BOTH_SERVERS
 @pytest.mark.s3
 def test_round_trip_list_head_and_stats(s3_bucket: str, tmp_path: Path) -> None:
     store = open_store(f"{s3_bucket}/team/ds")
@@ -44,6 +48,7 @@ def test_round_trip_list_head_and_stats(s3_bucket: str, tmp_path: Path) -> None:
     assert store.head("index.json") is None
 
 
+@BOTH_SERVERS
 @pytest.mark.s3
 def test_put_if_absent_is_conditional(s3_bucket: str) -> None:
     store = open_store(f"{s3_bucket}/ds")
@@ -52,6 +57,7 @@ def test_put_if_absent_is_conditional(s3_bucket: str) -> None:
     assert store.get("lock") == b"one"
 
 
+@BOTH_SERVERS
 @pytest.mark.process
 @pytest.mark.s3
 def test_pickled_store_makes_its_own_client(s3_bucket: str) -> None:
@@ -66,6 +72,7 @@ def test_pickled_store_makes_its_own_client(s3_bucket: str) -> None:
     assert os.waitpid(pid, 0)[1] == 0
 
 
+@BOTH_SERVERS
 @pytest.mark.s3
 def test_missing_object_and_bucket_name_the_url(s3_bucket: str) -> None:
     with pytest.raises(RemoteNotFound, match=f"{s3_bucket}/ds/index.json: GET: no such object"):
@@ -101,6 +108,7 @@ def test_retry_policy_parse() -> None:
         RetryPolicy.parse("tries=2")
 
 
+@BOTH_SERVERS
 @pytest.mark.s3
 @pytest.mark.parametrize("fault", ["500", "drop", "cut", "stall"])
 def test_transient_faults_are_retried(s3_bucket: str, s3_proxy: Any, fault: str) -> None:
@@ -123,6 +131,7 @@ def test_transient_faults_are_retried(s3_bucket: str, s3_proxy: Any, fault: str)
     assert store.stats["retries"] == 2 and s3_proxy.faults[fault] == 2
 
 
+@BOTH_SERVERS
 @pytest.mark.s3
 @hostile.parametrize
 def test_retries_are_bounded_and_not_found_is_not_retried(
