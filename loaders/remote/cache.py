@@ -210,9 +210,11 @@ class NodeCache:
 
     def _run(self, entries: list[ShardEntry]) -> None:
         """Fetch the missing ones, in parallel; the first failure is raised (naming its object).
-        A shard a prefetch of this process is downloading is waited for, and its failure is this
-        read's: downloading it again after it gave up would double the wait for the first error
-        (issue 45, item 8: 240 s where the retry bound was 120)."""
+        A shard a prefetch of this process is downloading is waited for, and when the server
+        failed it (a `RemoteError`: its retry bound spent) that is this read's error: downloading
+        it again would double the wait for the first error (issue 45, item 8: 240 s where the
+        retry bound was 120). A local failure of the prefetch (the cache folder removed under it)
+        is left to this read's own download, which makes the folder again."""
         missing = [e for e in entries if not self.cached(e)]
         with self._lock:
             running = {e.file: j for e in missing if (j := self._jobs.get(e.file)) and not j.done()}
@@ -220,10 +222,20 @@ class NodeCache:
             for e in missing:
                 self._fetch(e)
             return
-        for fut in [
-            running.get(e.file) or self._executor().submit(self._fetch, e) for e in missing
-        ]:
+        for fut in [self._executor().submit(self._after, e, running.get(e.file)) for e in missing]:
             fut.result()
+
+    def _after(self, entry: ShardEntry, prefetch: Future[None] | None) -> None:
+        """``entry`` in the cache, after the prefetch downloading it (if any) ends: its server
+        error raised as is, anything else left to :meth:`_fetch` (a no-op once it is cached)."""
+        if prefetch is not None:
+            try:
+                prefetch.result()
+            except RemoteError:
+                raise
+            except Exception:  # a local failure (the folder removed...): this read tries again
+                pass
+        self._fetch(entry)
 
     def _pin(self, entry: ShardEntry) -> int:
         fd = self._open_ledger(entry, ".pin")
