@@ -26,6 +26,7 @@ decoder process or the broker, live windows), made on first use in each process.
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -49,11 +50,11 @@ from loaders.epoch.schedule import Plan
 from loaders.format import index_sha256, read_index, read_index_bytes
 from loaders.format.index_check import check_index_digest
 from loaders.format.integrity import check_on_corrupt
-from loaders.options import Engine, Integrity, resolve
+from loaders.options import Engine, Integrity, explain_option_error, resolve
 from loaders.remote import ahead
 from loaders.remote.ahead import check_limit
 from loaders.remote.resolve import resolve_root
-from loaders.samples import check_sample_type, get_sample_type
+from loaders.samples import SAMPLE_TYPES, check_sample_type, get_sample_type
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -170,7 +171,11 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
             if not index.samples:
                 raise ValueError(f"{self.root} lists no sample types: name one (sample=...)")
             sample = index.samples[0]
-        self.sample_type = get_sample_type(sample, **sample_options)
+        try:
+            self.sample_type = get_sample_type(sample, **sample_options)
+        except TypeError as e:  # a keyword the sample type does not take: say where it belongs
+            cls = SAMPLE_TYPES.get(sample)
+            raise explain_option_error(e, cls, sample, sample_options, _OWN_OPTIONS) from None
         check_sample_type(self.sample_type, index)
         if batch_size < 1 or window < 1 or seed < 0:
             raise ValueError("batch_size and window must be >= 1 and seed >= 0")
@@ -388,3 +393,11 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         """Batches a DataLoader worker ships per item (1 in the main process)."""
         shipping = self.settings.shipping
         return shipping.batches if shipping is not None and get_worker_info() is not None else 1
+
+
+# ShardDataset's own keywords: what a misspelt sample option is compared with
+_OWN_OPTIONS = [
+    p
+    for p in inspect.signature(ShardDataset.__init__).parameters
+    if p not in ("self", "sample_options")
+]

@@ -24,10 +24,12 @@ Lightning is imported when ``ShardDataModule`` is first looked up, not when ``lo
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from loaders.dataset import ShardDataset
+from loaders.epoch.resume import seal
 from loaders.format import read_index
 from loaders.interop import splits
 from loaders.loader import ShardLoader
@@ -91,7 +93,9 @@ def _make_class() -> type:
         :class:`~loaders.ShardDataset` (``sample``, ``batch_size``, ``seed``, sample-type
         options...), ``loader_options`` to every :class:`~loaders.ShardLoader` (``num_workers``,
         ``device``...). Train batches are shuffled, val/test ones are not. Splits the dataset
-        lacks get no loader."""
+        lacks get no loader; ``val_dataloader`` / ``test_dataloader`` exist only when ``splits``
+        names val / test (``splits=["train"]``: no val loop, and no Lightning warning about a
+        missing ``validation_step``)."""
 
         def __init__(
             self,
@@ -118,6 +122,11 @@ def _make_class() -> type:
             self.global_batch_size = global_batch_size  # batch_size = it / world size
             self.loaders: dict[str, ShardLoader] = {}
             self.pending_state: dict[str, Any] | None = None
+            # val/test loader hooks only for the splits asked for: Lightning takes a defined
+            # val_dataloader for a val loop and warns when the model has no validation_step
+            for split in ("val", "test"):
+                if split in self.wanted:
+                    setattr(self, f"{split}_dataloader", partial(self._loader, split))
 
         def setup(self, stage: str | None = None) -> None:
 
@@ -166,12 +175,6 @@ def _make_class() -> type:
         def train_dataloader(self) -> Any:
             return self._loader("train")
 
-        def val_dataloader(self) -> Any:
-            return self._loader("val")
-
-        def test_dataloader(self) -> Any:
-            return self._loader("test")
-
         def state_dict(self) -> dict[str, Any]:
             """Nothing: Lightning saves the train loader's state itself (it is stateful, see
             ``_EpochLoader``); :meth:`load_state_dict` still reads earlier versions' copy."""
@@ -188,6 +191,7 @@ def _make_class() -> type:
                 state["batches_done"] = int(
                     trainer.fit_loop.epoch_loop.batch_progress.current.processed
                 )
+                seal(state)  # its digest over the fields as saved (loaders.epoch.resume)
             return state
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:

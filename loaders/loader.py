@@ -43,7 +43,16 @@ from loaders.engine.transport import RunShipping
 from loaders.engine.watchdog import LoaderTimeout, WorkerWatch
 from loaders.epoch.elastic import check_partitions
 from loaders.epoch.layout import SHARED_SLOTS
-from loaders.epoch.resume import STATE_VERSION, check_done, check_state, layout_of
+from loaders.epoch.resume import (
+    STATE_VERSION,
+    EpochFacts,
+    check_digest,
+    check_done,
+    check_layout,
+    check_state,
+    layout_of,
+    seal,
+)
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LoaderTimeout", "ShardLoader"]
 
@@ -250,29 +259,31 @@ class ShardLoader:
         world with the same ``global_batch`` (:meth:`load_state_dict`)."""
         ds = self.dataset
         k, offset, base = self._layout or ds.layout(self._epoch)
-        return {
-            "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "batches_done": self._done,
-            "rank": ds.rank,
-            "num_batches": len(self),
-            "world_size": ds.world_size,
-            "batch_size": ds.batch_size,
-            "seed": ds.seed,
-            "sample": ds.sample,
-            "split": ds.split,
-            "window": ds.window,
-            "shuffle": ds.shuffle,
-            "pad": ds.pad,
-            "drop_last": ds.drop_last,
-            "units": ds.n_units,
-            "sample_config": ds.sample_type.order_config(),
-            "dataset": ds.fingerprint,
-            "partitions": k,
-            "global_batch": ds.global_batch,
-            "offset": offset,
-            "offset_step": base,
-        }
+        return seal(
+            {
+                "version": STATE_VERSION,
+                "epoch": self._epoch,
+                "batches_done": self._done,
+                "rank": ds.rank,
+                "num_batches": len(self),
+                "world_size": ds.world_size,
+                "batch_size": ds.batch_size,
+                "seed": ds.seed,
+                "sample": ds.sample,
+                "split": ds.split,
+                "window": ds.window,
+                "shuffle": ds.shuffle,
+                "pad": ds.pad,
+                "drop_last": ds.drop_last,
+                "units": ds.n_units,
+                "sample_config": ds.sample_type.order_config(),
+                "dataset": ds.fingerprint,
+                "partitions": k,
+                "global_batch": ds.global_batch,
+                "offset": offset,
+                "offset_step": base,
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume mid-epoch, on this world or another one; raises ValueError when the state belongs
@@ -284,11 +295,17 @@ class ShardLoader:
         to this world's ranks (their per-rank count changes with the world size)."""
         ds = self.dataset
         done = check_state(state, self.state_dict(), ds.budgeted)
+        epoch = int(state["epoch"])
+        plan_size = (lambda k: ds.plan.plan_size(epoch, k)) if ds.budgeted else None
+        check_layout(
+            state, EpochFacts(ds.n_units, ds.global_batch, ds.pad, ds.drop_last, plan_size)
+        )
+        check_digest(state)
         k, _, offset, base = layout_of(state)
         if ds.budgeted and state["world_size"] != ds.world_size and done >= base:
             # the canonical batches served so far; the steps keep their numbers from ``done`` on
             offset, base = offset + (done - base) * state["world_size"], done
-        epoch, layout = int(state["epoch"]), (k, offset, base)
+        layout = (k, offset, base)
         ds.plan.set_iteration(epoch, done, layout)
         try:
             check_done(done, ds.num_batches(epoch))

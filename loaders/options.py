@@ -10,6 +10,9 @@ options go to the sample type.
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
@@ -61,3 +64,54 @@ def resolve(group: G | None, cls: type[G], **given: Any) -> G:
         if group is not None and mine != defaults[k] and mine != v:
             raise TypeError(f"{k}={v!r} contradicts {cls.__name__}({k}={mine!r}): give it once")
     return replace(base, **kept)  # type: ignore[type-var]
+
+
+# ShardLoader's keywords (loaders/loader.py imports torch's DataLoader; this module stays
+# torch-free): tests/test_first_use.py checks this list against its signature
+LOADER_OPTIONS = (
+    "num_workers",
+    "pin_memory",
+    "prefetch_factor",
+    "device",
+    "persistent_workers",
+    "multiprocessing_context",
+    "timeout",
+    "device_prefetch",
+    "device_finish",
+    "worker_batches",
+    "partitions",
+    "ship_csr",
+)
+
+
+def explain_option_error(
+    error: TypeError, sample_cls: type, sample: str, options: dict[str, Any], own: list[str]
+) -> TypeError:
+    """The TypeError a sample type raised for a keyword it does not take (``takes no option 'x'``,
+    or Python's ``unexpected keyword argument 'x'``), said where it belongs: ``num_workers`` and
+    the other DataLoader keywords are ShardLoader's; a near miss (``batchsize``) names the
+    keyword meant, as manifest errors do. Any other TypeError is returned as it is."""
+    found = re.search(r"(?:takes no option|unexpected keyword argument) '([^']+)'", str(error))
+    if found is None or found.group(1) not in options:
+        return error
+    name = found.group(1)
+    if name in LOADER_OPTIONS:
+        return TypeError(
+            f"ShardDataset(..., {name}=...): {name!r} is an option of ShardLoader, not of the "
+            f"dataset: ShardLoader(ShardDataset(...), {name}={options[name]!r})"
+        )
+    takes = sorted(
+        {
+            p.name
+            for klass in sample_cls.__mro__
+            if "__init__" in vars(klass) and klass is not object
+            for p in inspect.signature(vars(klass)["__init__"]).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+    )
+    near = difflib.get_close_matches(name, [*own, *takes], n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return TypeError(
+        f"ShardDataset(..., {name}=...): unknown option {name!r}{hint} (sample type {sample!r} "
+        f"takes {', '.join(takes) or 'no options'}; ShardDataset's own: {', '.join(own)})"
+    )

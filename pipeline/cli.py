@@ -70,7 +70,11 @@ def parser() -> argparse.ArgumentParser:
     )
     _global_options(p, suppress=False)
     p.add_argument(
-        "--version", action="version", version=f"shardsmith {__version__}", help="print it, exit 0"
+        "-V",
+        "--version",
+        action="version",
+        version=f"shardsmith {__version__}",
+        help="print it, exit 0",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
     for name in command_names():

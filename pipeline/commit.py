@@ -13,6 +13,7 @@ dataset, and a failure anywhere in it still leaves the previous dataset committe
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -97,13 +98,17 @@ def commit(
         if plan.primary_records is not None
         else int(sum(e.records for e in shard_entries)),
     )
-    index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))
+    index = _stats_as_before(index, prev)
     before = fmt.index_path(out).read_bytes() if prev is not None else b""
-    try:
-        fmt.write_index(index)  # the commit
-    except BaseException as e:
-        generations.failed(out, prev, journal, e)
-        raise
+    if not todo and _says_the_same(index, prev, before):
+        index = prev  # type: ignore[assignment]  # nothing to commit: the dataset is as it was
+    else:
+        index = dataclasses.replace(index, **generations.next_generation(out, prev, index.files()))
+        try:
+            fmt.write_index(index)  # the commit
+        except BaseException as e:
+            generations.failed(out, prev, journal, e)
+            raise
     try:
         save_inputs(out, manifest, kind, scanned, plan)
     except OSError as e:  # a cache: the next build then plans everything
@@ -120,6 +125,36 @@ def commit(
         t_pack,
         t_end,
     )
+
+
+def _stats_as_before(index: fmt.Index, prev: fmt.Index | None) -> fmt.Index:
+    """The sources whose content is the committed index's (same path, same digest) keep the size
+    and mtime that index gave them: a source rewritten with the same bytes (``shardsmith demo``
+    run again, a copy with ``cp`` not ``cp -p``) is no change of the dataset."""
+    if prev is None:
+        return index
+    old = {(str(d.get("path")), d.get("digest")): d for d in prev.sources}
+    sources = []
+    for d in index.sources:
+        was = old.get((str(d.get("path")), d.get("digest")))
+        sources.append(
+            d if was is None else {**d, "size": was["size"], "mtime_ns": was["mtime_ns"]}
+        )
+    return dataclasses.replace(index, sources=sources)
+
+
+def _says_the_same(index: fmt.Index, prev: fmt.Index | None, before: bytes) -> bool:
+    """Whether ``index`` (no shard written) says exactly what the committed index.json says, but
+    for its generation: then no new generation is committed, and the build reports no change."""
+    if prev is None or not before:
+        return False
+    same_generation = dataclasses.replace(
+        index, generation=prev.generation, previous=prev.previous, retired=list(prev.retired)
+    )
+    try:
+        return bool(same_generation.to_json() == json.loads(before))
+    except ValueError:
+        return False
 
 
 def _source_doc(s: ScannedSource) -> dict[str, Any]:

@@ -29,7 +29,9 @@ class ShardsmithError(Exception):
 class ManifestError(ShardsmithError):
     def __init__(self, manifest: str | Path, key: str, problem: str) -> None:
         self.manifest, self.key, self.problem = str(manifest), key, problem
-        super().__init__(f"{manifest}: [{key}] {problem}")
+        # a problem of the whole file (unreadable, not TOML) has no key to name: no "[-]"
+        where = f"[{key}] " if key not in ("", "-") else ""
+        super().__init__(f"{manifest}: {where}{problem}")
 
     def __reduce__(
         self,

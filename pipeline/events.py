@@ -4,8 +4,8 @@ FILE`).
 Why: a nightly scheduler must tell "rebuilt" from "nothing to do" from "failed" without parsing
 prose, and a person reading last night's log wants the same facts (which shards were written, how
 long each stage took, what went wrong). Every object has ``event`` and ``t`` (seconds since the
-build started); the last one of a run is always ``summary`` (also printed as the CLI's last
-stdout line), with ``changed`` and ``exit_code``.
+build started); the last one of a run is always ``summary`` (also printed as the CLI's one stdout
+line with ``build --json``), with ``changed`` and ``exit_code``.
 
 Events (fields beyond ``event``/``t``):
 
@@ -104,16 +104,20 @@ class Report:
 
     events: EventLog
     result: Any = None
+    stdout: bool = True  # print the summary on stdout (build --json)
 
 
 @contextmanager
-def reported(log_json: str | None, out: Path | str | None) -> Iterator[Report]:
+def reported(
+    log_json: str | None, out: Path | str | None, stdout: bool = True
+) -> Iterator[Report]:
     """Run a build inside: its warnings become events; at the end, success or not, the ``summary``
-    event is logged and printed as the last line of stdout (one JSON object). An exception is
-    logged as an ``error`` event with its exit code (``exit_code`` attribute, else 2 for bad
-    input, else 1) and raised again, so the CLI prints it and exits with that code."""
+    event is logged and, with ``stdout`` (``build --json``), printed as a line of stdout (one JSON
+    object: the only one there). An exception is logged as an ``error`` event with its exit code
+    (``exit_code`` attribute, else 2 for bad input, else 1) and raised again, so the CLI prints it
+    and exits with that code."""
 
-    report = Report(EventLog(log_json))
+    report = Report(EventLog(log_json), stdout=stdout)
     try:
         with report.events.capture_warnings():
             yield report
@@ -134,7 +138,8 @@ def reported(log_json: str | None, out: Path | str | None) -> Iterator[Report]:
 def _finish(report: Report, doc: dict[str, Any]) -> None:
     line = report.events.emit("summary", **doc)
     report.events.close()
-    print(json.dumps(line, default=str), flush=True)
+    if report.stdout:
+        print(json.dumps(line, default=str), flush=True)
 
 
 def summary_doc(result: Any, out: Path | str | None, exit_code: int) -> dict[str, Any]:

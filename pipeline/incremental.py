@@ -151,7 +151,8 @@ def unchanged(
         stats = dict(saved.get("stats") or {})
         sources = []
         for spec in manifest.sources:
-            digest = cached(stats.get(str(spec.path)), stat_key(spec.path))
+            key = stat_key(spec.path, kind.source_companions(manifest, spec))
+            digest = cached(stats.get(str(spec.path)), key)
             if digest is None:
                 return False
             sources.append((str(spec.path), digest))

@@ -26,6 +26,7 @@ from loaders import format as fmt
 from loaders.plugins import load_build_modalities, load_plugin
 from loaders.plugins.registry import Registry
 from pipeline.fingerprint import Fingerprint
+from pipeline.source import SOURCES
 from pipeline.writers.base import Codec
 
 Task = Callable[[], Any]
@@ -190,6 +191,15 @@ class Kind(ABC):
         """Files besides the sources whose content the shards depend on (part of the no-change
         check)."""
         return []
+
+    def source_companions(self, manifest: Manifest, spec: SourceSpec) -> list[Path]:
+        """Files besides ``spec.path`` that its records' bytes or metadata are read from, present
+        or not (adding one is a change): part of the source's fingerprint
+        (:mod:`pipeline.fingerprint`). The default asks the source type
+        (:meth:`pipeline.source.Source.companions`); a kind whose companions depend on its
+        settings (spike's paired images) adds them."""
+        cls = SOURCES.get(spec.type, None)
+        return list(cls.companions(spec.path)) if cls is not None else []
 
     @abstractmethod
     def scan(

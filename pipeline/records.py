@@ -153,10 +153,11 @@ class RecordKind(Kind):
         out = []
         for i, spec in enumerate(manifest.sources):
             records = self.scan_source(manifest, spec)
+            extra = self.source_companions(manifest, spec)
             pending = (
-                fingerprint(spec.path, cache)
+                fingerprint(spec.path, cache, extra)
                 if hasher is None
-                else hasher.submit(fingerprint, spec.path, cache)
+                else hasher.submit(fingerprint, spec.path, cache, extra)
             )
             out.append(ScannedSource(i, spec, pending, records, {}))
         return out

@@ -145,13 +145,17 @@ def check(path: str | Path, where: str, v: Any, spec: Key) -> Any:
         got = "a boolean" if isinstance(v, bool) else f"{type(v).__name__} {v!r}"
         raise bad(f"expected {' or '.join(TYPES[t][1] for t in types)}, got {got}")
     if isinstance(v, int | float) and not isinstance(v, bool):
-        if spec.finite and not math.isfinite(v):
-            raise bad(f"expected a finite number, got {v!r}")
         bounds = [(">=", spec.minimum), ("<=", spec.maximum)]
         bounds += [(">", spec.exclusive_minimum), ("<", spec.exclusive_maximum)]
         bounds = [(op, b) for op, b in bounds if b is not None]
+        if spec.minimum is not None and spec.maximum is not None and len(bounds) == 2:
+            allowed = f"in {spec.minimum}..{spec.maximum}"  # the wording manifests always used
+        else:
+            allowed = " and ".join(f"{op} {b}" for op, b in bounds)
+        if spec.finite and not math.isfinite(v):
+            raise bad(f"{v!r} is not a finite number{' ' + allowed if allowed else ''}")
         if not all(OPS[op](v, b) for op, b in bounds):  # NaN fails every comparison
-            raise bad(f"must be {' and '.join(f'{op} {b}' for op, b in bounds)}, got {v!r}")
+            raise bad(f"{v!r} is outside the allowed values: must be {allowed}")
     if isinstance(v, str) and spec.choices and "list" not in types and v not in spec.choices:
         raise bad(f"{v!r} is not one of {list(spec.choices)}{near(v, spec.choices)}")
     if isinstance(v, list) or (isinstance(v, str) and {"strings", "names"} & set(types)):
@@ -175,5 +179,6 @@ def items(bad: Callable[[str], ManifestError], v: list[Any], spec: Key) -> Any:
         raise bad(f"expected names among {list(spec.choices)}, got {v!r}")
     if len(v) < spec.min_items or (spec.unique and len(set(map(repr, v))) != len(v)):
         how = "distinct " if spec.unique else ""
-        raise bad(f"expected at least {spec.min_items} {how}item(s), got {v!r}")
+        least = "one" if spec.min_items == 1 else str(spec.min_items)
+        raise bad(f"expected at least {least} {how}item{'s' if spec.min_items > 1 else ''}, got {v!r}")
     return tuple(v) if {"strings", "names"} & set(spec.types) else v

@@ -42,6 +42,13 @@ class Source(ABC):
         it)."""
         return [path]
 
+    @classmethod
+    def companions(cls, path: Path) -> list[Path]:
+        """Other files this source's records are read from (a sidecar, a detached data file),
+        listed whether they exist or not: part of the source's fingerprint, so editing, adding or
+        removing one rewrites this source's shards. Read cheaply (no voxels): every build asks."""
+        return []
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release file handles (sources may keep a file open between reads)."""
 

@@ -40,6 +40,10 @@ POINTS = {
     19: "Fast digests and the stat cache (issue 26: 1)",
     # issue 45: a dataset you did not build, nothing stale, a new user's trip-ups
     20: "An untrusted dataset, a forged push record, a cache that breaks (issue 45: 1-3, 7, 10-11)",
+    21: "Stale inputs and files outside the source folder (issue 45: 4, 6)",
+    22: "Tampered resume states (issue 45: 5)",
+    23: "Servers that hang or restart (issue 45: 8-9)",
+    24: "What a new user tripped on (issue 45)",
 }
 
 HEADER = """\

@@ -24,7 +24,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -42,6 +42,7 @@ from loaders.epoch import order
 from loaders.epoch.schedule import Plan, Segment, WindowSchedule
 from loaders.remote import ahead
 from loaders.remote.resolve import node_cache
+from loaders.remote.threads import DaemonExecutor
 from loaders.samples.arena import Arena, BufferPool
 from loaders.samples.gather import BatchRows
 from loaders.samples.payload import Payload
@@ -130,7 +131,7 @@ class ProcessEngine:
         self._ds = weakref.ref(ds)
         self.reader, self.plan, self.root = ds.reader, ds.plan, ds.root
         self.pool: BufferPool | None = None
-        self.threads: tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None] | None = None
+        self.threads: tuple[Executor | None, Executor | None] | None = None
         self.ahead: tuple[tuple[int, int], Future[Arena]] | None = None  # ((epoch, w), decode)
         self.ahead_lock = threading.Lock()
         self.decoder_state: Decoder | None = None
@@ -154,7 +155,7 @@ class ProcessEngine:
             self.pool = BufferPool()
         return self.pool
 
-    def read_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
+    def read_window(self, epoch: int, w: int, pool: Executor | None = None) -> Arena:
         """Window ``w`` of ``epoch``: a view of a live window of the same shards if this process
         holds one (the next epoch's first window while the last is served: with ``window >=
         n_shards`` every epoch is one window of the same shards, so the split is decoded once,
@@ -171,7 +172,7 @@ class ProcessEngine:
         arena = self.decode_window(epoch, w, pool)
         return self.live.view(key, self.live.add(key, arena), arena.order)
 
-    def decode_window(self, epoch: int, w: int, pool: ThreadPoolExecutor | None = None) -> Arena:
+    def decode_window(self, epoch: int, w: int, pool: Executor | None = None) -> Arena:
         """Window ``w`` of ``epoch``, decoded and checked (errors name the shard), sealed as one CSR
         matrix: by the decoder process once it is up, else here (shards in parallel on ``pool``)."""
         # a split of one window is decoded once, then served live to every later epoch: a
@@ -265,18 +266,18 @@ class ProcessEngine:
             lambda: self._produce(epoch, batches, worker, n_workers), n, "shard-assemble"
         )
 
-    def executors(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None]:
+    def executors(self) -> tuple[Executor | None, Executor | None]:
         """This process's (window, shard) decode threads; they outlive an epoch so that the next
         epoch's first window can be decoded while this epoch's last one is served."""
         if self.threads is None:
             ds = self.ds
             window = (
-                ThreadPoolExecutor(1, thread_name_prefix="shard-window")
+                DaemonExecutor(1, "shard-window")
                 if ds.decode_ahead
                 else None
             )
             shard = (
-                ThreadPoolExecutor(ds.decode_threads, thread_name_prefix="shard-decode")
+                DaemonExecutor(ds.decode_threads, "shard-decode")
                 if ds.decode_threads > 1 and ds.window > 1
                 else None
             )

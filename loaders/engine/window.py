@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +142,7 @@ class WindowReader:
         )
 
     def read_window(
-        self, epoch: int, w: int, buffers: Buffers, pool: ThreadPoolExecutor | None = None
+        self, epoch: int, w: int, buffers: Buffers, pool: Executor | None = None
     ) -> Arena:
         """Decode (shards in parallel on ``pool``) and check the shards of window ``w``; errors name
         the shard.

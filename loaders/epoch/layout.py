@@ -119,18 +119,27 @@ class EpochPlan:
         k, offset, _ = self.layout(epoch)
         key = (epoch, k, offset)
         if self._budget is None or self._budget[0] != key:
-            costs = budget.epoch_costs(
-                self.counts,
-                self.sample_type.unit_costs(self.entries),
-                self.seed,
-                epoch,
-                self.window,
-                self.shuffle,
-            )
-            bounds = budget.budget_bounds(costs, cap, k, self.pad)
+            bounds = self._budget_bounds(epoch, k)
             ids = elastic.budget_rank_ids(bounds.size - 1, k, self.world_size, self.rank, offset)
             self._budget = (key, (bounds[ids], bounds[ids + 1]))
         return self._budget[1]
+
+    def _budget_bounds(self, epoch: int, k: int) -> np.ndarray:
+        """The epoch's budget plan on ``k`` canonical partitions (:func:`budget.budget_bounds`)."""
+        costs = budget.epoch_costs(
+            self.counts,
+            self.sample_type.unit_costs(self.entries),
+            self.seed,
+            epoch,
+            self.window,
+            self.shuffle,
+        )
+        return budget.budget_bounds(costs, self.sample_type.budget, k, self.pad)
+
+    def plan_size(self, epoch: int, k: int) -> int:
+        """Budget batches of ``epoch``'s plan on ``k`` canonical partitions (a resume state's
+        ``offset`` is ranged against it: :func:`loaders.epoch.resume.check_layout`)."""
+        return int(self._budget_bounds(epoch, k).size) - 1
 
     def plans(self, epoch: int, wstarts: np.ndarray) -> Callable[[int], Plan]:
         """Batch ``j`` -> its :data:`~loaders.epoch.schedule.Plan` (segments of windows) for

@@ -9,16 +9,34 @@ build of this one, with the same unit count is refused too. The world size and p
 size may change (elastic resume, :mod:`loaders.epoch.elastic`): what must match is their product, the
 global batch, and the rest of the epoch keeps the state's layout (``partitions``, ``offset``,
 ``offset_step``).
+
+Two more guards, because a state is a file anyone can edit (issue 45): every field is ranged
+against the epoch it resumes (:func:`check_layout`: ``partitions`` divides the global batch,
+``num_batches`` is what that layout gives, a budget ``offset`` and ``offset_step`` lie within the
+epoch's plan and before ``batches_done``), and a state carries a ``digest`` of its own fields
+(:func:`seal`), so an edit that stays in range (``partitions`` 1 -> 64) is refused as an edited
+index is. States saved before the digest (versions 1-3) still load, range-checked, with a
+``RuntimeWarning``: a running job's checkpoints must survive an upgrade, and the range checks
+alone refuse every edit that would break the epoch's arithmetic (docs/LOADER.md, "Resume").
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-STATE_VERSION = 3  # 2 added "dataset" (the fingerprint); 3 the layout (partitions, global_batch,
-# offset, offset_step): a state loads on another world size. Versions 1 and 2 load (1 warns).
+from loaders.epoch import elastic
+
+STATE_VERSION = 4  # 2 added "dataset" (the fingerprint); 3 the layout (partitions, global_batch,
+# offset, offset_step): a state loads on another world size; 4 the state's own "digest". Versions
+# 1 to 3 load, range-checked, with a warning (no digest to check).
+DIGESTED = 4  # the first version that must carry a digest
+MAX_INT = 1 << 53  # every integer field below this (exact in JSON doubles): no overflow downstream
+MAX_PARTITIONS = 1 << 16  # canonical partitions (the world a state was first saved on), at most
 # settings that define which units land in which batch: resuming requires them unchanged (the
 # world size and per-rank batch size may change as long as their product, global_batch, does not)
 ORDER_KEYS = (
@@ -68,7 +86,7 @@ def check_types(state: Any) -> None:
             f"{type(state).__name__}"
         )
     version = state.get("version")
-    if type(version) is not int or version not in (1, 2, STATE_VERSION):
+    if type(version) is not int or version not in (1, 2, 3, STATE_VERSION):
         raise ValueError(
             f"loader state field 'version' is {version!r}; this loader reads 1 to {STATE_VERSION}"
         )
@@ -98,6 +116,105 @@ def check_types(state: Any) -> None:
         least = 0 if key in ("epoch", "batches_done", "seed", "offset", "offset_step") else 1
         if key in state and state[key] < least:
             raise ValueError(f"loader state field {key!r} is {state[key]}, expected >= {least}")
+    for key, want in FIELD_TYPES.items():
+        if want is int and key in state and not -MAX_INT < state[key] < MAX_INT:
+            raise ValueError(
+                f"loader state field {key!r} is {state[key]}, outside any epoch (|value| < 2**53)"
+            )
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of the state's fields but ``digest``, as canonical JSON (sorted keys)."""
+    body = {k: v for k, v in state.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def seal(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its ``digest`` (what :meth:`ShardLoader.state_dict` returns)."""
+    state["digest"] = state_digest(state)
+    return state
+
+
+def check_digest(state: Mapping[str, Any]) -> None:
+    """A state of version 4 or later must carry its digest and match it (an edited state is
+    refused); an older one has none: it loads with a RuntimeWarning (see the module doc)."""
+    if state["version"] < DIGESTED:
+        warnings.warn(
+            f"loader state of version {state['version']} has no digest (saved by an earlier "
+            "shardsmith): its fields are range-checked, but an edit that stays in range cannot be "
+            "detected; the next state_dict() is sealed",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    digest = state.get("digest")
+    if not isinstance(digest, str) or digest != state_digest(state):
+        what = "has no 'digest'" if digest is None else "does not match its 'digest'"
+        raise ValueError(
+            f"loader state {what}: it was edited or damaged after state_dict() wrote it; resume "
+            "from an unedited state, or start a fresh epoch with set_epoch()"
+        )
+
+
+@dataclass(frozen=True)
+class EpochFacts:
+    """What a state is ranged against: the loader's units and global batch, and for budget
+    batches the plan's batch count under ``K`` partitions (``plan_size(K)``, for the state's
+    epoch)."""
+
+    units: int
+    global_batch: int
+    pad: bool
+    drop_last: bool
+    plan_size: Callable[[int], int] | None = None  # budget batches; None: fixed-size batches
+
+
+def check_layout(state: Mapping[str, Any], facts: EpochFacts) -> None:
+    """Every field of a checked state within what its epoch allows; ValueError naming the field.
+
+    ``partitions`` in [1, 65536] (and dividing the global batch for fixed-size batches),
+    ``rank`` below ``world_size``, ``world_size x batch_size`` the global batch (fixed-size),
+    ``num_batches`` exactly the count the state's layout gives on the state's world, and
+    ``batches_done`` at most that; budget batches: ``offset`` within the plan's batches and
+    ``offset_step`` at most ``batches_done`` (fixed-size batches: both 0)."""
+    k, g, offset, base = layout_of(state)
+    world, done = state["world_size"], state["batches_done"]
+
+    def bad(key: str, problem: str) -> ValueError:
+        return ValueError(
+            f"loader state field {key!r} is {state.get(key)!r}: {problem}; the state was edited "
+            "or belongs to another run: start a fresh epoch with set_epoch()"
+        )
+
+    if not 1 <= k <= MAX_PARTITIONS:
+        raise bad("partitions", f"expected 1 to {MAX_PARTITIONS} canonical partitions")
+    if world > MAX_PARTITIONS:
+        raise bad("world_size", f"expected at most {MAX_PARTITIONS} ranks")
+    if state["rank"] >= world:
+        raise bad("rank", f"outside [0, world_size={world})")
+    if facts.plan_size is None:
+        if g % k:
+            raise bad("partitions", f"does not divide the global batch ({g})")
+        if state["version"] >= 3 and world * state["batch_size"] != g:
+            raise bad(
+                "global_batch", f"is not world_size x batch_size ({world} x {state['batch_size']})"
+            )
+        if offset or base:
+            key = "offset" if offset else "offset_step"
+            raise bad(key, "expected 0 (only budget batches keep an offset)")
+        steps = elastic.global_batches(facts.units, k, g, facts.pad, facts.drop_last)
+    else:
+        planned = facts.plan_size(k)
+        if not 0 <= offset <= planned:
+            raise bad("offset", f"outside the epoch's {planned} budget batches")
+        if base > done:
+            raise bad("offset_step", f"after batches_done ({done})")
+        steps = base + elastic.budget_steps(planned, world, offset)
+    if state["num_batches"] != steps:
+        raise bad("num_batches", f"the state's layout gives {steps} batches on its world")
+    if done > steps:
+        raise bad("batches_done", f"outside [0, {steps}]")
 
 
 def layout_of(state: Mapping[str, Any]) -> tuple[int, int, int, int]:

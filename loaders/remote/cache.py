@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ from loaders.remote.download import download_tree
 from loaders.remote.ledger import PINS, evict, locked, remove_path, touch, write_size
 from loaders.remote.reuse import adopt_from_other_generation
 from loaders.remote.store import ObjectStore, RemoteError, RemoteNotFound, open_store
+from loaders.remote.threads import DaemonExecutor
 
 THREADS = 8  # concurrent downloads per process (one connection each)
 TMP, LOCK = ".tmp", ".shardsmith-cache.lock"
@@ -76,7 +77,7 @@ class NodeCache:
         self.root, self.cache_dir = Path(self.root), Path(self.cache_dir)
         (self.root / PINS).mkdir(parents=True, exist_ok=True)
         (self.root / "shards").mkdir(parents=True, exist_ok=True)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Executor | None = None  # daemon threads: an exit never waits on a prefetch
         # prefetch pins, per reader (a train and a val dataset of one URL pin their own windows):
         # owner -> shard file -> fd holding LOCK_SH
         self._held: dict[int, dict[str, int]] = {}
@@ -84,7 +85,7 @@ class NodeCache:
         self._jobs: dict[str, Future[None]] = {}
         self._bad: dict[str, CacheError] = {}  # shards whose object failed its digest twice
         self._lock = threading.RLock()
-        self._objects: ThreadPoolExecutor | None = None  # a zarr shard's objects, in parallel
+        self._objects: Executor | None = None  # a zarr shard's objects, in parallel
 
     @property
     def store(self) -> ObjectStore:
@@ -202,19 +203,26 @@ class NodeCache:
         self._pool = self._objects = None
         self._lock = threading.RLock()
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _executor(self) -> Executor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shard-fetch")
+            self._pool = DaemonExecutor(THREADS, "shard-fetch")
         return self._pool
 
     def _run(self, entries: list[ShardEntry]) -> None:
-        """Fetch the missing ones, in parallel; the first failure is raised (naming its object)."""
+        """Fetch the missing ones, in parallel; the first failure is raised (naming its object).
+        A shard a prefetch of this process is downloading is waited for, and its failure is this
+        read's: downloading it again after it gave up would double the wait for the first error
+        (issue 45, item 8: 240 s where the retry bound was 120)."""
         missing = [e for e in entries if not self.cached(e)]
-        if len(missing) <= 1:
+        with self._lock:
+            running = {e.file: j for e in missing if (j := self._jobs.get(e.file)) and not j.done()}
+        if len(missing) <= 1 and not running:
             for e in missing:
                 self._fetch(e)
             return
-        for fut in [self._executor().submit(self._fetch, e) for e in missing]:
+        for fut in [
+            running.get(e.file) or self._executor().submit(self._fetch, e) for e in missing
+        ]:
             fut.result()
 
     def _pin(self, entry: ShardEntry) -> int:
@@ -371,7 +379,7 @@ class NodeCache:
 
     def _download(self, entry: ShardEntry, tmp: Path) -> int:
         if self._objects is None and self.encoding == "zarr":
-            self._objects = ThreadPoolExecutor(THREADS, thread_name_prefix="shard-object")
+            self._objects = DaemonExecutor(THREADS, "shard-object")
         return download_tree(
             self.store,
             f"shards/{entry.file}",

@@ -8,7 +8,7 @@ temporary folder it is written into (a listing is the server's word, as index.js
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ def download_tree(
     tmp: Path,
     folder: bool,
     named_by: str,
-    pool: ThreadPoolExecutor | None = None,
+    pool: Executor | None = None,
 ) -> int:
     """``key`` into ``tmp``: one object, or with ``folder`` every object below ``key/`` (a zarr
     store) at its relative path, on ``pool`` when given; its bytes. The one download of a dataset

@@ -15,17 +15,32 @@ RETRY_ENV = "SHARDSMITH_REMOTE_RETRY"  # e.g. "attempts=2,total_s=5": a job's bo
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard one request tries: ``attempts`` in all (1 = no retry), backoff from ``base_s``
-    doubling up to ``max_s`` with jitter, ``timeout_s`` per request, ``connect_timeout_s`` per
-    connection, and ``total_s`` for all attempts of one operation together: an unreachable
-    endpoint fails within it instead of hanging."""
+    """How hard one request tries: ``attempts`` in all (1 = no retry; 0, the default: as many as
+    ``total_s`` allows), backoff from ``base_s`` doubling up to ``max_s`` with jitter,
+    ``timeout_s`` per request, ``connect_timeout_s`` per connection, and ``total_s`` for all
+    attempts of one operation together: an unreachable endpoint fails within it instead of
+    hanging.
 
-    attempts: int = 5
+    Why the time, not a count, bounds retries by default: a server restart or a load balancer
+    failing over refuses connections for tens of seconds, and refused connections fail at once,
+    so 5 attempts were spent in 3 s (issue 45, item 9). Retrying until ``total_s`` (120 s)
+    survives a 30 s outage; the first error of an operation comes within :meth:`bound_s`."""
+
+    attempts: int = 0
     base_s: float = 0.2
     max_s: float = 5.0
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
     total_s: float = 120.0
+
+    def bound_s(self) -> float:
+        """The longest one operation takes before its error: retries stop at ``total_s``, and the
+        attempt begun last may wait its connection and read timeouts out."""
+        return self.total_s + self.connect_timeout_s + self.timeout_s
+
+    def more(self, attempt: int) -> bool:
+        """Whether the count allows another attempt after ``attempt`` (0: no count)."""
+        return self.attempts <= 0 or attempt < self.attempts
 
     @classmethod
     def parse(cls, text: str, base: RetryPolicy | None = None) -> RetryPolicy:

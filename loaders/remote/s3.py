@@ -145,6 +145,6 @@ def translate(e: BaseException, url: str, op: str) -> RemoteError:
             url,
             f"{op}: the endpoint does not answer ({text})",
             "check AWS_ENDPOINT_URL and the network; retries are bounded by "
-            f"{RETRY_ENV} (e.g. attempts=5,total_s=120)",
+            f"{RETRY_ENV} (e.g. total_s=120,timeout_s=60)",
         )
     return RemoteError(url, f"{op} failed ({code or type(e).__name__}: {text})", "see the message")

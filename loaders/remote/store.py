@@ -14,7 +14,7 @@ Clients are never inherited across ``fork``: an `ObjectStore` pickles as its URL
 builds its session and client on first use in each process (keyed by pid). Retries are ours, not
 botocore's (which is set to one attempt), so that one `RetryPolicy` bounds them: timeouts,
 connection resets, a body cut mid-transfer, throttling and 5xx are retried with exponential
-backoff and full jitter, within ``attempts`` and ``total_s``; a missing object is `RemoteNotFound`
+backoff and full jitter until ``total_s`` (and ``attempts``, when set); a missing object is `RemoteNotFound`
 at once, a refused or unauthenticated request `RemoteError` at once, each naming the URL and fix.
 """
 
@@ -272,7 +272,7 @@ class ObjectStore:
                 )
                 if not (
                     transient(e)
-                    and attempt < self.retry.attempts
+                    and self.retry.more(attempt)
                     and time.monotonic() + pause < deadline
                 ):
                     if transient(e):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 from pipeline.commands import Command
@@ -70,6 +71,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         "inode and ctime are as the last build recorded them (the stat cache)",
     )
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the build's JSON summary (status, changed, exit_code, written, reused...) as "
+        "the one line of stdout; the human summary then goes to stderr",
+    )
+    p.add_argument(
         "--log-json",
         default=None,
         metavar="FILE",
@@ -78,14 +85,23 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The build, its report, and a last stdout line that is the JSON summary (pipeline.events)."""
+    """The build and its report. stdout carries what was asked: the JSON summary with ``--json``
+    (pipeline.events), else the human summary (none with ``-q``); events go where ``--log-json``
+    says."""
     from pipeline.events import (
         reported,  # import weight: `shardsmith --help` imports every command module
     )
 
-    with reported(args.log_json, args.out) as report:
+    with reported(args.log_json, args.out, stdout=args.json) as report:
         report.result = _build(args, report.events)
     return 0
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    """The human summary: on stdout, on stderr with ``--json`` (stdout is the JSON), not at all
+    with ``-q``."""
+    if not args.quiet:
+        print(text, file=sys.stderr if args.json else sys.stdout)
 
 
 def _out(text: str) -> Path | str:
@@ -120,20 +136,21 @@ def _build(args: argparse.Namespace, events: object) -> object:
         replace=args.replace,
         rehash=args.rehash,
     )  # type: ignore[arg-type]
-    if res.difference is not None:
-        print("\n".join([f"dry run of {res.out}: nothing was changed", *res.difference.lines()]))
+    if res.difference is not None:  # what --dry-run asks for: printed even with -q
+        lines = [f"dry run of {res.out}: nothing was changed", *res.difference.lines()]
+        print("\n".join(lines), file=sys.stderr if args.json else sys.stdout)
         return res
-    print(
+    _say(
+        args,
         f"built {res.out}: {len(res.written)} shards written, {len(res.reused)} reused "
-        f"in {res.seconds['total']:.1f}s"
+        f"in {res.seconds['total']:.1f}s\n{format_summary(summary(res.out))}",
     )
-    print(format_summary(summary(res.out)))
     if url is not None:
         from pipeline.commands.push import report  # import weight: as above
         from pipeline.push import push  # import weight: as above
 
         pushed = push(res.out, url, wait=args.wait, progress=progress, replace=args.replace)
-        print(report(str(res.out), pushed))
+        _say(args, report(str(res.out), pushed))
     return res
 
 

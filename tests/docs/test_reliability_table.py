@@ -44,10 +44,16 @@ def _decorated(tree: ast.Module) -> set[str]:
 
 def test_every_case_names_a_test_that_runs_it() -> None:
     missing = []
+    modules: dict[str, list[Path]] = {}  # module names are unique in tests/: one path each
+    for path in TESTS.rglob("test_*.py"):
+        modules.setdefault(path.stem, []).append(path)
+    decorated: dict[Path, set[str]] = {}
     for case in hostile.all_cases():
         module, fn = case.test.split("::")
-        paths = list(TESTS.rglob(f"{module}.py"))  # module names are unique in tests/
-        if len(paths) != 1 or fn not in _decorated(ast.parse(paths[0].read_text())):
+        paths = modules.get(module, [])
+        if len(paths) == 1 and paths[0] not in decorated:
+            decorated[paths[0]] = _decorated(ast.parse(paths[0].read_text()))
+        if len(paths) != 1 or fn not in decorated[paths[0]]:
             missing.append(f"{case.id}: {case.test}")
     assert not missing, f"cases whose test does not exist or lacks @hostile.parametrize: {missing}"
 

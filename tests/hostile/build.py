@@ -109,7 +109,8 @@ CASES = [
         "touch-keeps-generation-n",
         4,
         "a `touch`ed source: a rebuild that changes no shard",
-        "a new generation that keeps the older `previous` (the protection is not spent on a no-op)",
+        "no new generation (the same bytes are no change: `changed: false`), so the older "
+        "`previous` stays protected (the protection is not spent on a no-op)",
         TOUCH,
     ),
     Case(

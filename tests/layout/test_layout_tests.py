@@ -8,6 +8,7 @@ strings is not looked at).
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 from pathlib import Path
 
@@ -33,13 +34,19 @@ def _resolve(name: str, level: int, package: str) -> str:
     return ".".join(base + ([name] if name else []))
 
 
+@functools.cache
+def _local_names() -> frozenset[str]:
+    """Bare names of tests/ modules and folders (walked once: every test module asks)."""
+    product = {p.name for p in TESTS.parent.iterdir() if (p / "__init__.py").is_file()}
+    local = {p.stem for p in TESTS.rglob("*.py")} | {p.name for p in TESTS.iterdir() if p.is_dir()}
+    return frozenset(local - product)  # tests/pipeline/ is no bare name: ``import pipeline`` is the product
+
+
 def imported_tests_modules(source: str, package: str = PACKAGE) -> set[str]:
     """Every module of the tests package that ``source`` (a module of it) imports, by absolute name.
     A bare name that is a module of tests/ (``import conftest``, ``from test_x import y``, with
     tests/ on sys.path) counts as that module."""
-    product = {p.name for p in TESTS.parent.iterdir() if (p / "__init__.py").is_file()}
-    local = {p.stem for p in TESTS.rglob("*.py")} | {p.name for p in TESTS.iterdir() if p.is_dir()}
-    local -= product  # tests/pipeline/ is no bare name: ``import pipeline`` is the product
+    local = _local_names()
     found: set[str] = set()
 
     def add(module: str) -> None:

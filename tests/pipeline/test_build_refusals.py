@@ -92,7 +92,7 @@ def test_a_build_that_keeps_no_record_commits_nothing(
         assert fmt.read_index(out).shards
     before = _snapshot(out)
     capsys.readouterr()
-    rc = _build(_manifest(tmp_path, kind, bad), out)
+    rc = _build(_manifest(tmp_path, kind, bad), out, "--json")
     captured = capsys.readouterr()
     assert rc == EXIT_BAD_INPUT, captured.err
     reason = "fewer points than min_points" if kind == "ct" else "fewer frames than [spike] frames"

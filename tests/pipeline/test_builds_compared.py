@@ -51,10 +51,11 @@ def test_changing_one_source_rewrites_only_its_shards(
     manifest = write_manifest(tmp_path / "m.toml")
     first = build(manifest, tmp_path / "out", jobs=1, progress=False)
     before = shard_files(tmp_path / "out")
-    # a touch (same bytes, new mtime) changes nothing
+    # a touch (same bytes, new mtime) changes nothing: not even a new generation
     paths[1].touch()
     again = build(manifest, tmp_path / "out", jobs=1, progress=False)
     assert again.written == [] and shard_files(tmp_path / "out") == before
+    assert not again.changed and again.index["generation"] == 1
     # new values in source 1 (same cells and labels): only source 1's shards are rewritten
     write_perturb_h5ad(paths[1], n_cells=300, n_genes=N_GENES, n_perts=6, seed=1, density=0.2)
     third = build(manifest, tmp_path / "out", jobs=1, progress=False)
@@ -72,13 +73,13 @@ def test_changing_one_source_rewrites_only_its_shards(
     assert sorted(third.reused) == unchanged
     assert len(third.reused) + len(third.written) == len(third.index["shards"])
     assert verify(tmp_path / "out") == []
-    # the next commit retires them (generation 1's source-1 shards: named by neither generation 4
-    # nor 3)
+    # the next commit retires them (generation 1's source-1 shards: named by neither generation 3
+    # nor 2)
     write_perturb_h5ad(paths[1], n_cells=300, n_genes=N_GENES, n_perts=6, seed=1, density=0.3)
     fourth = build(manifest, tmp_path / "out", jobs=1, progress=False)
     final = shard_files(tmp_path / "out")
     assert not any(f in final for f in old_1), "stale shards of source 1 are removed"
-    assert fourth.index["generation"] == 4 and all(k in final for k in kept)
+    assert fourth.index["generation"] == 3 and all(k in final for k in kept)
     assert {f"shards/{f}" for f in third.written} <= {
         f"shards/{s}" for s in fourth.index["previous"]["shards"]
     }

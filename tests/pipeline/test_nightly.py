@@ -56,9 +56,10 @@ def tree(root: Path) -> dict[str, tuple[str, int]]:
 
 
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict[str, object]]:
-    code = main(["build", *args, "--jobs", "1", "-q"])
-    text = capsys.readouterr().out
-    return code, text, json.loads(text.strip().splitlines()[-1])
+    code = main(["build", *args, "--jobs", "1", "-q", "--json"])
+    cap = capsys.readouterr()  # --json: stdout is the summary's one line, the rest on stderr
+    assert len(cap.out.strip().splitlines()) == 1, cap.out
+    return code, cap.err + cap.out, json.loads(cap.out)
 
 
 def test_dry_run_changes_nothing_and_predicts_the_build(
@@ -136,7 +137,7 @@ def test_exit_codes_and_the_summary_line(
     _source(paths[0], 0, 0.1)
     with pytest.raises(RuntimeError, match="a bug"):
         main(
-            ["build", str(manifest), "--out", str(out), "--jobs", "1", "-q"]
+            ["build", str(manifest), "--out", str(out), "--jobs", "1", "-q", "--json"]
         )  # python -m exits 1 on it
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["exit_code"], summary["status"]) == (1, "failed")

@@ -1,1 +1,1 @@
-"""One-off experiments (not run by make bench): benchmarks/experiments/README.md."""
+"""One-off experiments, not run by make bench; their verdicts: benchmarks/experiments/ANALYSIS.md."""

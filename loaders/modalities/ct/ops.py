@@ -3,8 +3,8 @@ coordinates.
 
 Collation (torch-free numpy, run where batches are assembled): ``coords`` int32 ``[N, 4]`` =
 (batch index, x, y, z) with each sample's rows contiguous and in stored (argwhere) order, as
-TRELLIS' ``SparseTensor``, spconv and MinkowskiEngine take them; ``batch_dim="last"`` gives
-torchsparse's (x, y, z, batch). ``feats`` float32 ``[N, C]`` (channels in the order asked for),
+TRELLIS' ``SparseTensor``, spconv, MinkowskiEngine and torchsparse >= 2.1 take them;
+``batch_dim="last"`` gives torchsparse < 2.1's (x, y, z, batch). ``feats`` float32 ``[N, C]`` (channels in the order asked for),
 ``offsets`` int64 ``[B + 1]`` (sample ``i`` is rows ``offsets[i]:offsets[i+1]``). x, y, z are the
 ``.npy``'s axes 0, 1, 2.
 

@@ -4,8 +4,8 @@ MinkowskiEngine-style.
 A batch (``ShardDataset(root, sample="ct", ...)``) holds
 
 * ``coords`` int32 ``[N, 4]``: (batch index, x, y, z), each volume's rows contiguous and in stored
-  (``np.argwhere``) order; ``batch_dim="last"`` gives torchsparse's (x, y, z, batch index). x, y, z
-  index the
+  (``np.argwhere``) order (torchsparse >= 2.1 takes this too); ``batch_dim="last"`` gives
+  torchsparse < 2.1's (x, y, z, batch index). x, y, z index the
   stored volume's axes 0, 1, 2 (the ``.npy``'s, or the reader's for NIfTI/NRRD/DICOM, or
   RAS/LPS with ``[ct] orientation``) (after the optional crop: relative to the sub-cube; after a
   flip: mirrored);

@@ -111,6 +111,8 @@ class VolumeSource(Source):
     produces = ("coords", "hu", "window", "volume_shape")
     format: ClassVar[str]
     reader: ClassVar[str | None] = None  # the module the format needs (from an extra), if any
+    # the manifest's [ct] allow_outside_data: a header may name a data file outside its folder
+    allow_outside_data: bool = False
 
     def __init__(self, path: str | Path, **options: object) -> None:
         super().__init__(path, **options)

@@ -91,7 +91,7 @@ class CtKind(RecordKind):
         return config.val_fraction, config.test_fraction
 
     def scan_source(self, manifest: Manifest, spec: SourceSpec) -> list[Record]:
-        header = _source(spec).header()
+        header = _source(spec, manifest).header()
         cfg: CtConfig = manifest.config
         st = cfg.settings
         grid = header.shape
@@ -117,7 +117,7 @@ class CtKind(RecordKind):
         out = []
         for spec in manifest.sources:
             if spec.type == "nrrd" and spec.path.suffix.lower() == ".nhdr":
-                out.extend(_source(spec).header().companions)
+                out.extend(_source(spec, manifest).header().companions)
         return out
 
     def schema(
@@ -138,7 +138,7 @@ class CtKind(RecordKind):
         if spec.type == "npy":
             rec, header = process_volume(spec.path, settings, seed=manifest.seed), None
         else:
-            src = _source(spec)
+            src = _source(spec, manifest)
             header = src.header()
             if header.skip:
                 raise SkipRecord(NOT_CT, header.skip)
@@ -284,9 +284,11 @@ def _stem(path: Path) -> str:
     return name if path.is_dir() else path.stem
 
 
-def _source(spec: SourceSpec) -> VolumeSource:
+def _source(spec: SourceSpec, manifest: Manifest) -> VolumeSource:
     cls = get_source(spec.type)
-    return cls(spec.path, **dict(spec.options))  # type: ignore[return-value]
+    src: VolumeSource = cls(spec.path, **dict(spec.options))  # type: ignore[assignment]
+    src.allow_outside_data = manifest.config.settings.allow_outside_data
+    return src
 
 
 _ORDINALS: list[Any] = [None, {}]  # the last manifest's sources tuple and path -> position

@@ -9,6 +9,8 @@ a volume is its sidecar (spacing, origin), not a source. Reading is
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.modalities.ct.formats import Opened, VolumeHeader, VolumeSource
 from pipeline.modalities.ct.geometry import Geometry
 from pipeline.modalities.ct.volume import VolumeInfo, inspect_volume, open_volume
@@ -20,6 +22,11 @@ class NpySource(VolumeSource):
     type = "npy"
     format = "npy"
     suffixes = (".npy",)
+
+    @classmethod
+    def companions(cls, path: Path) -> list[Path]:
+        """The sidecar: its spacing and origin are the record's geometry."""
+        return [path.with_suffix(".json")]
 
     def info(self) -> VolumeInfo:
         """Shape, dtype and sidecar, from the header alone (SourceError naming the file on bad

@@ -45,6 +45,7 @@ TO_RAS = {  # NRRD space -> signs that take its x, y, z to RAS
 }
 GZIP, RAW = ("gzip", "gz"), ("raw",)
 SPATIAL = ("domain", "space", "???", "none")  # kinds of a volume's axes (not: time, list...)
+HEADER_LIMIT = 1 << 16  # bytes of an .nhdr read to find its data file (headers are a few hundred)
 
 
 @register_source
@@ -70,6 +71,14 @@ class NrrdSource(VolumeSource):
                 self.path, f"not a readable NRRD header ({type(e).__name__}: {e})"
             ) from None
 
+    @classmethod
+    def companions(cls, path: Path) -> list[Path]:
+        """An ``.nhdr``'s data file (the voxels live there), from the header's text alone."""
+        if path.suffix.lower() != ".nhdr":
+            return []
+        name = _header_data_file(path)
+        return [] if name is None else [data_path(path, name)]
+
     def _data_file(self, head: dict[str, Any]) -> Path | None:
         name = head.get("data file", head.get("datafile"))
         if name is None:
@@ -80,7 +89,14 @@ class NrrdSource(VolumeSource):
                 f"data file {name!r}: a list of data files is not "
                 "supported; save the volume as one .nrrd (3D Slicer: Save as .nrrd)",
             )
-        p = Path(name) if Path(name).is_absolute() else self.path.parent / name
+        p = data_path(self.path, name)
+        if not self.allow_outside_data and not _inside(self.path.parent, p):
+            raise SourceError(
+                self.path,
+                f"its data file {name!r} is outside the header's folder ({p}): a header must "
+                "not pack another file's bytes unasked; move the data file beside the .nhdr, "
+                "or set allow_outside_data = true in the manifest's [ct] section",
+            )
         if not p.is_file():
             raise SourceError(
                 self.path, f"its data file {p} is missing (an .nhdr needs the file it names)"
@@ -128,6 +144,14 @@ class NrrdSource(VolumeSource):
                 where,
                 f"truncated NRRD data: {have} bytes, the header promises "
                 f"{nbytes} ({sizes} {dtype}); copy the file again",
+            )
+        elif enc in RAW and skip >= 0 and data is not None and where.stat().st_size > skip + nbytes:
+            have = where.stat().st_size - skip
+            raise SourceError(
+                where,
+                f"the data file holds {have} bytes, the header {self.path.name} promises "
+                f"{nbytes} ({sizes} {dtype}): the wrong data file, or a header of another "
+                "volume; fix the header's sizes/type or point it at its own data file",
             )
         geometry = self._geometry(head, len(sizes), nonspatial)
         return VolumeHeader(
@@ -202,6 +226,34 @@ class NrrdSource(VolumeSource):
                 "file is damaged or cut short: copy or export it again",
             ) from None
         return Opened(arr.reshape(header.shape, order="A"), header.geometry)
+
+
+def data_path(header: Path, name: str) -> Path:
+    """Where an ``.nhdr``'s ``data file:`` points: absolute, or relative to the header's folder."""
+    return Path(name) if Path(name).is_absolute() else header.parent / name
+
+
+def _inside(folder: Path, p: Path) -> bool:
+    """Whether ``p`` (symlinks and ``..`` resolved) lies in ``folder`` or below it."""
+    return p.resolve().is_relative_to(folder.resolve())
+
+
+def _header_data_file(path: Path) -> str | None:
+    """The ``data file:`` field of an ``.nhdr``'s text header (up to its first blank line), or
+    None (none, or an unreadable header: the read says why)."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(HEADER_LIMIT).decode("latin-1")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("data file", "datafile"):
+            value = value.lstrip("=").strip()
+            return None if not value or value.startswith("LIST") or " " in value else value
+    return None
 
 
 def _skips(head: dict[str, Any]) -> tuple[int, int]:

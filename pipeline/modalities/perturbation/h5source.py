@@ -142,8 +142,11 @@ class H5Source(MatrixSource):
                 )
             missing = sorted({"data", "indices", "indptr"} - set(node.keys()))
             if missing:
+                inside = [f"{name}/{k}" for k in ("X",) if k in node]  # raw: the matrix is raw/X
+                hint = f'; did you mean matrix = "{inside[0]}"?' if inside else ""
                 raise SourceError(
-                    self.path, f"{label} is a group but not a CSR matrix (missing {missing})"
+                    self.path,
+                    f"{label} is a group but not a CSR matrix (missing {missing}){hint}",
                 )
             shape_attr = node.attrs.get("shape", node.attrs.get("h5sparse_shape"))
             if shape_attr is None:

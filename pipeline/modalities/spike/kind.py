@@ -111,6 +111,16 @@ class SpikeKind(RecordKind):
             Record(0, group, key, split=split, nbytes=keep * cfg.height * cfg.width // 8, info=info)
         ]
 
+    def source_companions(self, manifest: Manifest, spec: SourceSpec) -> list[Path]:
+        """A frame's paired images (``<sequence>/<image folder>/<frame>.<suffix>``, every suffix
+        :meth:`scan_source` looks for): adding, editing or removing one rewrites its shard."""
+        seq_dir = spec.path.parent.parent
+        return [
+            seq_dir / name / f"{spec.path.stem}{suffix}"
+            for name in manifest.config.images
+            for suffix in IMAGE_SUFFIXES
+        ]
+
     def prepare(
         self, manifest: Manifest, records: list[tuple[int, Record]]
     ) -> list[tuple[int, Record]]:

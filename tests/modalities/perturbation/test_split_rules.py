@@ -146,12 +146,13 @@ def test_warnings_count_fallbacks_empty_splits_and_short_groups(
             "--no-progress",
             "--jobs",
             "1",
+            "--json",
         ],
         capture_output=True,
         text=True,
         check=True,
     )
-    assert "  warning: " in cli.stdout  # the build's own summary
+    assert "  warning: " in cli.stderr  # the build's own summary (stdout is the JSON, --json)
     assert (
         json.loads(cli.stdout.strip().splitlines()[-1])["warnings"] == s["warnings"]
     )  # and its JSON line

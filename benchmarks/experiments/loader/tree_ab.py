@@ -2,7 +2,7 @@
 B, A, ...), one tree's ``loaders`` on ``PYTHONPATH`` each, so the VM's drift and the other jobs'
 load fall on both sides alike; a figure is the median over pairs of (B / A) in the same pair.
 
-    python -m benchmarks.tree_ab SHARDS_ROOT --a /tmp/loader-old --b . [--pairs 5] [--epochs 2]
+    python -m benchmarks.experiments.loader.tree_ab SHARDS_ROOT --a /tmp/loader-old --b . [--pairs 5] [--epochs 2]
 
 Each run is :func:`benchmarks.engine_choice.memory_one` with the default engine (the decoder
 process), in the tree under test: ``epochs`` epochs of 256-cell batches, ``window=2``, persistent

@@ -1,7 +1,7 @@
 """Code lines of a package, per subpackage: the lines that hold Python tokens, without docstrings,
 comments and blank lines (the count issue 49 uses for ``loaders/``: 7,451 at 91ae666).
 
-    python -m benchmarks.code_lines loaders
+    python -m benchmarks.experiments.codebase.code_lines loaders
 """
 
 from __future__ import annotations
