@@ -162,7 +162,9 @@ def test_manifest_errors_name_file_and_key(
     path.write_text(edit(path.read_text()))
     with pytest.raises(ManifestError) as e:
         load_manifest(path)
-    assert f"[{key}]" in str(e.value) and "m.toml" in str(e.value)
+    assert "m.toml" in str(e.value) and e.value.key == key
+    # a whole-file problem (key "-") names no key: no "[-]" in the message
+    assert (f"[{key}]" in str(e.value)) == (key != "-")
 
 
 def test_source_type_is_inferred_from_the_suffix_or_the_candidates_are_listed(
