@@ -39,8 +39,10 @@ test: $(STAMP) chromium
 
 # the fast lane: pure functions and in-process builds, no test that needs more (README.md, "Tests")
 FAST ?= not (process or cluster or s3 or browser or gpu or root or bench)
+# on 2 xdist workers (pytest-xdist): the lane is CPU-bound, ~250 CPU-s here, so 2 cores halve its wall
+FAST_WORKERS ?= 2
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "$(FAST)"
+	$(PY) -m pytest -q -n $(FAST_WORKERS) -m "$(FAST)"
 
 # the browser test's Chromium (Debian's package), installed where we are root with apt-get; never fails
 # the build: without it tests/pipeline/test_report_browser.py skips and says why

@@ -149,7 +149,8 @@ def test_harness_tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert backends["byte_identical"] is True, backends
     assert all(r.get("rc") == 0 for r in backends["runs"].values() if "skipped" not in r), backends
 
-    assert len(res["targets"]) == 24  # the 11, benchmarks/targets_extra.py's 12, report_bench's 1
+    # the 11, benchmarks/targets_extra.py's 12, report_bench's 1, remote_link_bench's 4 (46a-d)
+    assert len(res["targets"]) == 28
     assert res["loader"]["interleaved"]["results"], "the same-process interleaved run is missing"
     for t in res["targets"]:
         assert t["status"] in ("smoke", "not measured", "reported"), (

@@ -142,6 +142,11 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> d
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    # boto3's default session resolves credentials once and keeps them: a test that ran earlier in
+    # this process with other keys (moto takes any; SeaweedFS checks them) must not lend them to this one
+    boto3 = sys.modules.get("boto3")
+    if boto3 is not None:
+        monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     return env
 
 
