@@ -62,7 +62,9 @@ class DaemonExecutor(Executor):
                     future.set_result(fn(*args, **kwargs))
                 except BaseException as e:  # the caller of result() sees it
                     future.set_exception(e)
-            del job, future  # no reference to the last result or error kept while idle
+            # no reference to the last job (its function may hold the engine), result or error kept
+            # while idle: the engine's finalizers (the decoder process's close) must run once it is dropped
+            del job, future, fn, args, kwargs
             with self._lock:
                 self._idle += 1
 
