@@ -191,12 +191,14 @@ def test_build_out_url_stages_then_pushes(
     manifest = build_dataset(tmp_path, "manifest", sources=2, cells=200, genes=40).manifests["zarr"]
     url = f"{s3_bucket}/nightly/ds"
     stage = tmp_path / "stage"
-    argv = ["-q", "build", str(manifest), "--out", url, "--stage", str(stage), "--jobs", "1"]
+    argv = ["-q", "build", str(manifest), "--out", url, "--stage", str(stage), "--jobs", "1", "--json"]
     assert main(argv) == 0
     store = open_store(url)
     assert {o.key for o in store.list()} >= set(_objects(stage)) | {"index.json"}
     assert store.get("index.json") == (stage / "index.json").read_bytes()
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1, lines  # --json: stdout is the summary line alone
+    summary = json.loads(lines[0])
     assert summary["out"] == url and summary["staged"] == str(stage)
     s3_proxy.requests.clear()
     assert main(argv) == 0  # nothing changed: the staged shards are reused, nothing uploaded
