@@ -316,6 +316,7 @@ def build_dataset(cells: int, shard_mb: float, data_dir: Path, encoding: str = E
     from benchmarks.synth import SynthParams, ensure_dataset, write_manifest
     from pipeline.build import build  # import weight: the pipeline, only to build
 
+    data_dir = data_dir.resolve()  # the manifest names its sources relative to its own folder
     ds = ensure_dataset(replace(SynthParams(), n_cells=cells), data_dir)
     out = data_dir / f"link-{ds.params.key()}-{shard_mb}mb-{encoding}"
     if not (out / "index.json").exists():
