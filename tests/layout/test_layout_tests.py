@@ -172,3 +172,33 @@ def test_a_module_sets_pytestmark_once() -> None:
     ]
     assert not twice, f"pytestmark set more than once (the last one wins): {twice}"
     assert pytestmark_assignments("pytestmark = 1\nx = 2\npytestmark = [3]\n") == 2
+
+
+def marks_of_module(source: str) -> set[str]:
+    """The marker names of a module's ``pytestmark`` (``pytest.mark.X`` or a list of them)."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            for sub in ast.walk(node.value):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Attribute):
+                    if sub.value.attr == "mark":
+                        names.add(sub.attr)
+    return names
+
+
+def test_every_benchmark_test_module_is_marked_bench() -> None:
+    """`make test-fast` skips tests/benchmarks unread (`--ignore`: importing the harness costs
+    seconds of collection per worker); that selects what `-m "not bench"` would only while every
+    module there is marked ``bench`` as a whole."""
+    unmarked = [
+        p.name
+        for p in sorted((TESTS / "benchmarks").glob("test_*.py"))
+        if "bench" not in marks_of_module(p.read_text())
+    ]
+    assert not unmarked, f"tests/benchmarks modules without pytestmark = pytest.mark.bench: {unmarked}"
+    assert marks_of_module("import pytest\npytestmark = [pytest.mark.s3, pytest.mark.bench]\n") == {
+        "s3",
+        "bench",
+    }

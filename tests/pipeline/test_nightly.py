@@ -172,7 +172,8 @@ def test_an_added_source_writes_only_its_shards(
     res = build(manifest, out, jobs=1, progress=False)
     src_of = {s["file"]: s["source"] for s in res.index["shards"]}
     assert res.written and {src_of[f] for f in res.written} == {3} and res.removed == 0
-    assert all(shard_files(out)[k] == v for k, v in before.items()), "an old shard was rewritten"
+    after = shard_files(out)
+    assert all(after[k] == v for k, v in before.items()), "an old shard was rewritten"
 
 
 def test_a_removed_source_deletes_only_its_shards(
