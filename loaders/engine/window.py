@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -161,13 +161,10 @@ class WindowReader:
         bad: dict[
             int, FormatError
         ] = {}  # shards skipped (on_corrupt="skip"), by position in the window
-        with self.landing([self.entries[s] for s in shards]) as landed:  # a URL dataset: pinned
-
-            def open_landed(i: int) -> dict[str, Column]:  # each shard as soon as it is in
-                landed(self.entries[shards[i]])
-                return self._open(shards[i], i, bad)
-
-            metas: list[dict[str, Column]] = run(open_landed, list(range(len(shards))))
+        with self.cached([self.entries[s] for s in shards]):  # a URL dataset: fetched, pinned
+            metas: list[dict[str, Column]] = run(
+                lambda i: self._open(shards[i], i, bad), list(range(len(shards)))
+            )
         rows = [
             0 if i in bad else self._rows(m, self.paths[s])
             for i, (m, s) in enumerate(zip(metas, shards, strict=True))
@@ -192,17 +189,13 @@ class WindowReader:
         arena.set_order(shard_idx, local_idx)
         return arena
 
-    def landing(
-        self, entries: list[ShardEntry]
-    ) -> AbstractContextManager[Callable[[ShardEntry], None]]:
-        """For a URL dataset, the window's shards pinned in this node's cache while they are
-        opened (each read whole into memory: no file is needed after), all downloading, and
-        ``landed(e)`` waiting for one: a window's first shard to land is opened while the others
-        download. Nothing to do for a local one."""
+    def cached(self, entries: list[ShardEntry]) -> AbstractContextManager[None]:
+        """For a URL dataset, the window's shards in this node's cache while they are opened (each
+        read whole into memory: no file is needed after); nothing to do for a local one."""
         remote = self.spec.get("remote")
         if not remote:
-            return nullcontext(lambda e: None)
-        return node_cache(remote, self.spec["root"]).landing(entries)
+            return nullcontext()
+        return node_cache(remote, self.spec["root"]).ready(entries)
 
     @property
     def on_corrupt(self) -> str:

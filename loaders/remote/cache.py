@@ -29,7 +29,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -119,21 +119,10 @@ class NodeCache:
         """Within the block, every shard of ``entries`` is in the cache, whole and checked, and
         pinned (no process evicts it): a window decodes from local files, then lets them go."""
         entries = list(entries)
-        with self.landing(entries) as landed:
-            for e in entries:
-                landed(e)
-            yield
-
-    @contextmanager
-    def landing(self, entries: Iterable[ShardEntry]) -> Iterator[Callable[[ShardEntry], None]]:
-        """Within the block the shards of ``entries`` are pinned and downloading (all at once);
-        ``landed(e)`` returns once ``e`` is in the cache, whole and checked (raising its
-        download's error): a window opens each shard as it lands, the first one while the others
-        still download."""
-        entries = list(entries)
         fds = [self._pin(e) for e in entries]
         try:
-            yield self._start(entries)
+            self._run(entries)
+            yield
         finally:
             for fd in fds:
                 os.close(fd)
@@ -219,23 +208,22 @@ class NodeCache:
             self._pool = DaemonExecutor(THREADS, "shard-fetch")
         return self._pool
 
-    def _start(self, entries: list[ShardEntry]) -> Callable[[ShardEntry], None]:
-        """Fetch the missing ones, in parallel; ``landed(e)`` waits for ``e``'s and raises its
-        failure (naming its object). A shard a prefetch of this process is downloading is waited
-        for, and when the server failed it (a `RemoteError`: its retry bound spent) that is this
-        read's error: downloading it again would double the wait for the first error (issue 45,
-        item 8: 240 s where the retry bound was 120). A local failure of the prefetch (the cache
-        folder removed under it) is left to this read's own download, which makes the folder
-        again. One missing shard and no prefetch: fetched by the caller's thread, in ``landed``."""
+    def _run(self, entries: list[ShardEntry]) -> None:
+        """Fetch the missing ones, in parallel; the first failure is raised (naming its object).
+        A shard a prefetch of this process is downloading is waited for, and when the server
+        failed it (a `RemoteError`: its retry bound spent) that is this read's error: downloading
+        it again would double the wait for the first error (issue 45, item 8: 240 s where the
+        retry bound was 120). A local failure of the prefetch (the cache folder removed under it)
+        is left to this read's own download, which makes the folder again."""
         missing = [e for e in entries if not self.cached(e)]
         with self._lock:
             running = {e.file: j for e in missing if (j := self._jobs.get(e.file)) and not j.done()}
         if len(missing) <= 1 and not running:
-            return self._fetch
-        jobs = {
-            e.file: self._executor().submit(self._after, e, running.get(e.file)) for e in missing
-        }
-        return lambda e: jobs[e.file].result() if e.file in jobs else None
+            for e in missing:
+                self._fetch(e)
+            return
+        for fut in [self._executor().submit(self._after, e, running.get(e.file)) for e in missing]:
+            fut.result()
 
     def _after(self, entry: ShardEntry, prefetch: Future[None] | None) -> None:
         """``entry`` in the cache, after the prefetch downloading it (if any) ends: its server
