@@ -53,7 +53,7 @@ from loaders.format.integrity import check_on_corrupt
 from loaders.options import Engine, Integrity, explain_option_error, resolve
 from loaders.remote import ahead
 from loaders.remote.ahead import check_limit
-from loaders.remote.resolve import resolve_root
+from loaders.remote.resolve import resolve_root, side_files_ready
 from loaders.samples import SAMPLE_TYPES, check_sample_type, get_sample_type
 
 
@@ -156,6 +156,7 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
             trust_plugins,
             offline=offline,
             split=split,
+            wait=False,  # the condition table downloads meanwhile; waited for below
         )
         data = read_index_bytes(
             self.root
@@ -276,6 +277,7 @@ class ShardDataset(interop.DatasetInfo, IterableDataset):
         self._engine: PerProcess[ProcessEngine] = PerProcess()
         if remote:  # the first windows start downloading now, while the trainer sets up
             ahead.at_open(self)
+            side_files_ready(self.root)
 
     def configure(self, settings: LoaderSettings) -> None:
         """How batches leave (``ShardLoader`` calls it once, before its workers start)."""

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from loaders.epoch import order
+from loaders.format.zarr_reader import warm_zarr
 from loaders.remote.resolve import node_cache
 
 PREFETCH_WINDOWS = 2  # windows fetched ahead of the one being read
@@ -66,6 +67,8 @@ def at_open(ds: Any) -> None:
     turns it off (an A/B switch for the shaped-link bench)."""
     if os.environ.get("SHARDSMITH_PREFETCH_AT_OPEN", "1") == "0":
         return
+    if ds.encoding == "zarr":  # its import too, which would come after the window's last byte
+        warm_zarr()
     remote, epoch = ds.reader.spec["remote"], ds.plan.epoch
     wins = rank_windows(ds, epoch)
     if wins:

@@ -39,9 +39,9 @@ def evict(cache_dir: Path, target: int) -> tuple[int, int]:
             break
         fd = os.open(pin, os.O_RDWR)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # pinned (or being downloaded): never evicted
+            # pinned, or in flight (its download lock held: a dropped reader's read-ahead pins
+            # it no more, and zeroed now its size came back when it landed): never evicted
+            if not (_try_lock(fd) and _idle(pin.with_suffix(".dl"))):
                 pinned += size
                 continue
             name = unquote(pin.name[: -len(".pin")])
@@ -53,6 +53,26 @@ def evict(cache_dir: Path, target: int) -> tuple[int, int]:
         finally:
             os.close(fd)
     return used, pinned
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _idle(dl: Path) -> bool:
+    """Whether no process downloads the shard of this download lock now."""
+    try:
+        fd = os.open(dl, os.O_RDWR)
+    except FileNotFoundError:  # never downloaded here (a copy adopted from another generation)
+        return True
+    try:
+        return _try_lock(fd)
+    finally:
+        os.close(fd)
 
 
 def cache_bytes(cache_dir: str | Path) -> int:

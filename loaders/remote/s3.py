@@ -52,13 +52,22 @@ def boto3_module() -> Any:
     return boto3
 
 
+_LOADER: list[Any] = []  # botocore's data loader (read-only files, cached): shared by sessions
+
+
 def make_client(url: str, options: Mapping[str, Any], retry: RetryPolicy) -> Any:
     """A boto3 S3 client of its own session (sessions are not thread- or fork-safe to share), with
     botocore's retries off (ours bound them) and the policy's timeouts."""
-    from botocore.config import Config  # optional extra (remote): comes with boto3
+    import botocore.session  # optional extra (remote): comes with boto3
+    from botocore.config import Config
 
+    core = botocore.session.get_session()
+    if _LOADER:  # the service models parsed once per process: a client took 0.10-0.27 s, 0.05 s now
+        core.register_component("data_loader", _LOADER[0])
+    else:
+        _LOADER.append(core.get_component("data_loader"))
     session = boto3_module().session.Session(
-        **{k: options[k] for k in SESSION_OPTIONS if k in options}
+        **{k: options[k] for k in SESSION_OPTIONS if k in options}, botocore_session=core
     )
     config = Config(
         connect_timeout=retry.connect_timeout_s,

@@ -50,6 +50,33 @@ def test_targets_judge_the_four_figures() -> None:
         "index_gets_per_node_4_ranks": 4,
     }
     assert set(_status(worse).values()) == {"missed"}
+    assert _status({**RESULT, "bounded_peak_disk_bytes": 41})["46b"] == "missed"  # on disk too
+
+
+def test_the_cache_is_measured_under_its_lock_ledger_and_disk(tmp_path: Path) -> None:
+    """The peak cache bytes are read under the cache folder's lock: read unlocked, one sample
+    mixed the ledger before an eviction with the ledger after the reservation it made room for
+    (47.9 MB seen under a 43.8 MB limit that was never passed). The bytes on disk count the
+    shards and the partial downloads."""
+    import threading
+
+    from loaders.remote.cache import LOCK
+    from loaders.remote.ledger import locked, write_size
+
+    gen = tmp_path / "url" / "generation"
+    for sub in (".pins", "shards/s.zarr", ".tmp"):
+        (gen / sub).mkdir(parents=True)
+    write_size(gen / ".pins" / "s.zarr.pin", 30)
+    (gen / "shards" / "s.zarr" / "c0").write_bytes(b"x" * 20)
+    (gen / ".tmp" / "s.zarr.1.ab").write_bytes(b"x" * 5)
+    got: list[dict[str, int]] = []
+    reader = threading.Thread(target=lambda: got.append(rlb.held_bytes(tmp_path)))
+    with locked(tmp_path / LOCK):  # an eviction and its reservation, under way
+        reader.start()
+        reader.join(0.5)
+        assert got == []
+    reader.join(10)
+    assert got == [{"ledger": 30, "disk": 25}]
 
 
 def test_without_the_link_the_section_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -224,3 +224,44 @@ def test_a_downloaded_size_is_recorded_under_the_folder_lock(
     ds = ShardDataset(url, cache_dir=tmp_path / "c", cache_limit=2 * sum(sizes), **KW)
     assert sum(1 for _ in ShardLoader(ds)) > 0
     assert cache_bytes(tmp_path / "c") > 0 and unlocked == []
+
+
+class Gated(Bytes):
+    """Bytes, but the download of ``slow`` waits for ``go``: a shard in flight, held there."""
+
+    def __init__(self, slow: str) -> None:
+        import threading
+
+        self.slow, self.started, self.go = slow, threading.Event(), threading.Event()
+
+    def get_to_file(self, key: str, path: Any) -> int:
+        if key.endswith(self.slow):
+            self.started.set()
+            assert self.go.wait(10)
+        return super().get_to_file(key, path)
+
+
+def test_a_shard_in_flight_is_never_evicted_so_the_limit_holds(tmp_path: Path) -> None:
+    """A dropped reader's read-ahead finishes the download running (``release``) but pins it no
+    more. Another reader's reservation once evicted it in flight (its ledger entry zeroed, no
+    file yet to remove), and the download then landed and wrote its size back: three shards of
+    100 bytes under a limit of 200. A shard whose download lock is held is counted, never
+    evicted: the reservation waits for it to land, then evicts it."""
+    import threading
+
+    from loaders.format.values import ShardEntry
+
+    e1, e2, e3 = (
+        ShardEntry(f"s-{i}.tar", "train", 1, {"cells": 1}, 100, 100, "", "k") for i in (1, 2, 3)
+    )
+    cache = NodeCache("s3://fake/ds", tmp_path / "c" / "a" / "1", tmp_path / "c", "tar", limit=200)
+    cache._store = store = Gated(e1.file)  # type: ignore[assignment]
+    cache.prefetch([[e1]], owner=1)
+    assert store.started.wait(10)
+    cache.release(1)  # the reader was dropped: e1 downloads on, unpinned
+    threading.Timer(0.5, store.go.set).start()
+    with cache.ready([e2, e3]):
+        assert cache.cached(e2) and cache.cached(e3)
+    assert cache._jobs[e1.file].exception(10) is None
+    on_disk = sum(cache.cached(e) for e in (e1, e2, e3)) * 100
+    assert cache_bytes(tmp_path / "c") <= 200 and on_disk <= 200
