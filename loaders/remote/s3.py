@@ -59,7 +59,7 @@ def make_client(url: str, options: Mapping[str, Any], retry: RetryPolicy) -> Any
     """A boto3 S3 client of its own session (sessions are not thread- or fork-safe to share), with
     botocore's retries off (ours bound them) and the policy's timeouts."""
     import botocore.session  # optional extra (remote): comes with boto3
-    from botocore.config import Config
+    from botocore.config import Config  # optional extra (remote): comes with boto3
 
     core = botocore.session.get_session()
     if _LOADER:  # the service models parsed once per process: a client took 0.10-0.27 s, 0.05 s now
