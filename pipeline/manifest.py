@@ -15,6 +15,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -22,7 +23,8 @@ from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
 from pipeline.model import KINDS, Manifest, SourceSpec, get_kind, kind_names
 from pipeline.schema import Key, check, key, near, read
-from pipeline.source_files import resolve_sources
+from pipeline.source import get_source, infer_type, source_types_for
+from pipeline.source_files import ALLOW_ROOT_GLOB, SourceEntry, resolve_sources
 from pipeline.writers.base import CODECS, LEVELS
 
 # Manifest and SourceSpec live in pipeline.model; modules that read a manifest import them from here
@@ -32,6 +34,8 @@ FORMATS = ("zarr", "tar")
 # typo (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
 MIN_SHARD_MB = 1e-4
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+SOURCE_HEAD = {"path": Key("string", doc="a file, folder or glob, relative to the manifest")}
+SOURCE_HEAD["type"] = Key("string", None, doc="the source type (default: from the suffix)")
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,49 @@ def default_kind(path: Path) -> str:
     return KINDS.default
 
 
+def source_keys(cls: type) -> dict[str, Key]:
+    """The keys of a ``[[sources]]`` entry of source type ``cls``: its options are the source's to
+    check (any value here)."""
+    extra = {o: Key("any", None, doc=f"an option of source type {cls.type!r}") for o in cls.options}
+    return {
+        **SOURCE_HEAD,
+        ALLOW_ROOT_GLOB: Key("boolean", False, doc="allow a glob over /"),
+        **extra,
+    }
+
+
+def source_entry(path: Path, i: int, item: Any, kind: str, defaults: dict[str, Any]) -> SourceEntry:
+    """``[[sources]]`` entry ``i`` checked against its source type (from the source registry; a
+    missing ``type`` is inferred from the file suffix among the types feeding the kind)."""
+    head = read(
+        path, f"sources[{i}]", item, {**dict.fromkeys(item or (), Key("any")), **SOURCE_HEAD}
+    )
+    pattern = head["path"]
+    typ = head["type"] or infer_type(pattern, kind)
+    if typ is None:
+        claims = {t: list(get_source(t).suffixes) for t in source_types_for(kind)}
+        raise ManifestError(
+            path,
+            f"sources[{i}].type",
+            f"cannot infer the type of {pattern!r} from its suffix; "
+            f"set one of the source types of kind {kind!r}: {claims}",
+        )
+    try:
+        cls = get_source(typ)
+    except ValueError:
+        cls = None
+    if cls is None or kind not in cls.kinds:
+        raise ManifestError(
+            path,
+            f"sources[{i}].type",
+            f"{typ!r} is not one of {source_types_for(kind)} (source types of kind {kind!r})",
+        )
+    allow_root_glob = read(path, f"sources[{i}]", item, source_keys(cls))[ALLOW_ROOT_GLOB]
+    opts = {k: item[k] for k in cls.options if k in item}
+    matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))
+    return SourceEntry(i, pattern, typ, cls, matrix, tuple(sorted(opts.items())), allow_root_glob)
+
+
 def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
     try:
@@ -124,7 +171,11 @@ def load_manifest(path: str | Path) -> Manifest:
     }
     config = kind.parse(path, sections)
     items = check(path, "manifest.sources", raw.get("sources", []), Key("list"))
-    sources = resolve_sources(path, kind_name, items, kind.source_defaults(config))
+    if not items:
+        raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
+    defaults = kind.source_defaults(config)
+    entries = (source_entry(path, i, item, kind_name, defaults) for i, item in enumerate(items))
+    sources = resolve_sources(path, entries)  # entry i+1 checked once entry i matched its files
     level, levels = ds["codec_level"], LEVELS[ds["codec"]]
     if level not in levels:
         raise ManifestError(
