@@ -12,17 +12,14 @@ types register.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from loaders.plugins import PluginError, load_plugin
 from pipeline.errors import ManifestError
 from pipeline.model import KINDS, Manifest, SourceSpec, get_kind, kind_names
-from pipeline.schema import Key, check, key, near, read
+from pipeline.schema import Key, check, key, near, read, toml_table
 from pipeline.source import get_source, infer_type, source_types_for
 from pipeline.source_files import ALLOW_ROOT_GLOB, SourceEntry, resolve_sources
 from pipeline.writers.base import CODECS, LEVELS
@@ -33,7 +30,6 @@ FORMATS = ("zarr", "tar")
 # A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a
 # typo (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
 MIN_SHARD_MB = 1e-4
-DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SOURCE_HEAD = {"path": Key("string", doc="a file, folder or glob, relative to the manifest")}
 SOURCE_HEAD["type"] = Key("string", None, doc="the source type (default: from the suffix)")
 
@@ -42,7 +38,15 @@ SOURCE_HEAD["type"] = Key("string", None, doc="the source type (default: from th
 class Dataset:
     """[dataset]: the generic part of every manifest (the kind's own tables follow)."""
 
-    name: str = key("string", doc="a plain name; the default output folder is shards/<name>")
+    name: str = key(
+        "string",
+        doc="a plain name; the default output folder is shards/<name>",
+        pattern=(
+            "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+            "a plain name (letters, digits, '.', '_', '-'; no '/' or '..'): "
+            "it names the default output folder shards/<name>",
+        ),
+    )
     kind: str | None = key("string", None, doc="the dataset kind (default: the default kind)")
     format: str = key("string", "zarr", choices=FORMATS, doc="zarr shards or WebDataset tars")
     seed: int = key("integer", 0, minimum=0, fix="a seed is an integer >= 0")
@@ -50,6 +54,7 @@ class Dataset:
         "number",
         64,
         finite=True,
+        convert=float,
         minimum=MIN_SHARD_MB,
         fix="MB of payload per shard; 64 is a good default",
     )
@@ -135,14 +140,7 @@ def load_manifest(path: str | Path) -> Manifest:
         data = path.read_bytes()
     except OSError as e:
         raise ManifestError(path, "-", f"cannot read manifest ({e.strerror or e})") from None
-    try:
-        raw = tomllib.loads(data.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ManifestError(path, "-", f"not valid TOML: {e}") from None
-    except RecursionError:
-        raise ManifestError(
-            path, "-", "not a manifest: arrays or tables nested too deeply to read"
-        ) from None
+    raw = toml_table(path, data)
     if not isinstance(raw.get("dataset"), dict):
         raise ManifestError(path, "dataset", "is required (a [dataset] table)")
     ds = read(path, "dataset", raw["dataset"], Dataset)
@@ -183,27 +181,11 @@ def load_manifest(path: str | Path) -> Manifest:
             "dataset.codec_level",
             f"{level} is outside {levels.start}..{levels.stop - 1}, the levels of codec {ds['codec']!r}",
         )
-    name = ds["name"]
-    if not DATASET_NAME.fullmatch(name) or set(name) <= {"."}:
-        raise ManifestError(
-            path,
-            "dataset.name",
-            f"{name!r} is not a plain name (letters, digits, '.', '_', "
-            "'-'; no '/' or '..'): it names the default output folder shards/<name>",
-        )
     return Manifest(
         path=path,
-        name=name,
-        kind=kind_name,
-        format=ds["format"],
-        seed=ds["seed"],
-        shard_size_mb=float(ds["shard_size_mb"]),
-        codec=ds["codec"],
-        codec_level=level,
-        block_rows=ds["block_rows"],
+        **{**ds, "kind": kind_name},
         sources=sources,
         config=config,
-        plugins=tuple(ds["plugins"]),
         sha256=hashlib.sha256(data).hexdigest(),
         raw=raw,
     )

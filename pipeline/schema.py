@@ -14,9 +14,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from collections.abc import Callable, Mapping
+from operator import ge, gt, le, lt
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from pipeline.errors import ManifestError
 
@@ -33,12 +37,7 @@ TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "names": ((str, list), "a list of names"),  # strings, none empty (columns, keys, files)
     "any": ((object,), "a value"),
 }
-OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": lambda v, b: v >= b,
-    "<=": lambda v, b: v <= b,
-    ">": lambda v, b: v > b,
-    "<": lambda v, b: v < b,
-}
+OPS: dict[str, Callable[[Any, Any], bool]] = {">=": ge, "<=": le, ">": gt, "<": lt}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +60,7 @@ class Key:
     fix: str = ""
     convert: Callable[[Any], Any] | None = None
     item: str = "string"  # the JSON type of a "list" key's items
+    pattern: tuple[str, str] | None = None  # (regex a string matches whole, what such a string is)
 
     def initial(self) -> Any:
         """The value of an absent key: its default, copied and converted."""
@@ -99,6 +99,19 @@ def near(word: Any, known: Any) -> str:
 
     close = difflib.get_close_matches(word, [str(k) for k in known], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def toml_table(path: Path, data: bytes) -> dict[str, Any]:
+    """``data``, the bytes of the TOML file ``path``, as a table; else ManifestError naming the
+    file."""
+    try:
+        return tomllib.loads(data.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(path, "-", f"not valid TOML: {e}") from None
+    except RecursionError:
+        raise ManifestError(
+            path, "-", "not a manifest: arrays or tables nested too deeply to read"
+        ) from None
 
 
 def read(
@@ -156,6 +169,8 @@ def check(path: str | Path, where: str, v: Any, spec: Key) -> Any:
             raise bad(f"{v!r} is not a finite number{' ' + allowed if allowed else ''}")
         if not all(OPS[op](v, b) for op, b in bounds):  # NaN fails every comparison
             raise bad(f"{v!r} is outside the allowed values: must be {allowed}")
+    if isinstance(v, str) and spec.pattern and not re.fullmatch(spec.pattern[0], v):
+        raise ManifestError(path, where, f"{v!r} is not {spec.pattern[1]}")
     if isinstance(v, str) and spec.choices and "list" not in types and v not in spec.choices:
         raise bad(f"{v!r} is not one of {list(spec.choices)}{near(v, spec.choices)}")
     if isinstance(v, list) or (isinstance(v, str) and {"strings", "names"} & set(types)):
@@ -180,5 +195,7 @@ def items(bad: Callable[[str], ManifestError], v: list[Any], spec: Key) -> Any:
     if len(v) < spec.min_items or (spec.unique and len(set(map(repr, v))) != len(v)):
         how = "distinct " if spec.unique else ""
         least = "one" if spec.min_items == 1 else str(spec.min_items)
-        raise bad(f"expected at least {least} {how}item{'s' if spec.min_items > 1 else ''}, got {v!r}")
+        raise bad(
+            f"expected at least {least} {how}item{'s' if spec.min_items > 1 else ''}, got {v!r}"
+        )
     return tuple(v) if {"strings", "names"} & set(spec.types) else v

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ManifestError
-from pipeline.modalities.perturbation.split_config import SPLIT_MODES, Split, parse_split
+from pipeline.modalities.perturbation.experiment import load_experiment
+from pipeline.modalities.perturbation.split_config import (
+    SPLIT_MODES,
+    Split,
+    parse_split,
+    refuse_decided,
+)
 from pipeline.schema import key
 
 __all__ = ["SPLIT_MODES", "Fields", "Pairing", "PerturbationConfig", "Split", "parse_sections"]
@@ -104,22 +110,20 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
             raise ManifestError(path, "fields.perturbation_features", f"file not found: {fpath}")
         fields = replace(fields, perturbation_features=fpath)
     _check_covariates(path, fields)
-    split = parse_split(path, sections["split"])
+    data = sections["split"]
+    experiment = None
+    if data["cellload_toml"] is not None:
+        refuse_decided(path, data)
+        experiment = load_experiment(path, data["cellload_toml"])
+    split = parse_split(path, data, experiment)
     check_fields(path, fields, split)
     _check_held_out(path, split)
     return PerturbationConfig(fields, Pairing(**sections["pairing"]), split)
 
 
 def check_fields(path: Path, fields: Fields, split: Split) -> None:
-    """Settings that contradict each other, named with the fix."""
-    both = sorted(set(fields.covariates) & set(fields.numeric_covariates))
-    if both:
-        raise ManifestError(
-            path,
-            "fields.numeric_covariates",
-            f"{both} also listed in fields.covariates: a column "
-            "is either one-hot (covariates) or a number (numeric_covariates)",
-        )
+    """Settings that contradict each other, named with the fix (a column both one-hot and numeric
+    is :func:`_check_covariates`'s: "already a field")."""
     if split.combinations != "any" and fields.combination_separator is None:
         raise ManifestError(
             path,
