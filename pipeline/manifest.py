@@ -155,12 +155,8 @@ def load_manifest(path: str | Path) -> Manifest:
             f"{kind_name!r} is not one of {kind_names()}{near(kind_name, kind_names())} "
             "(a plug-in kind's module goes in [dataset] plugins)",
         ) from None
-    read(
-        path,
-        "manifest",
-        raw,
-        dict.fromkeys(("dataset", "sources", *kind.sections), Key("any", None)),
-    )
+    tables = dict.fromkeys(("dataset", "sources", *kind.sections), Key("any", None))
+    read(path, "manifest", raw, tables)  # no table the kind does not own
     sections = {
         name: read(path, name, raw.get(name), kind.section_types[name])
         if name in kind.section_types

@@ -81,6 +81,11 @@ def key(type: str | tuple[str, ...], default: Any = REQUIRED, **kw: Any) -> Any:
     return dataclasses.field(default=dflt, metadata={"key": spec})
 
 
+def or_none(v: Any) -> Any:
+    """A ``convert`` for a key whose empty value ("", 0) means unset (None)."""
+    return v or None
+
+
 def type_copy(v: Any) -> Any:
     return list(v) if isinstance(v, list) else dict(v)
 

@@ -19,7 +19,7 @@ import numpy as np
 from loaders.modalities.ct.samples import FEATURES
 from pipeline.errors import ManifestError
 from pipeline.modalities.ct.geometry import ORIENTATIONS
-from pipeline.schema import Key, check, key, read
+from pipeline.schema import Key, check, key, or_none, read
 
 WINDOWS: dict[str, tuple[float, float]] = {  # name -> (level, width) in HU
     "lung": (-600.0, 1500.0),
@@ -28,10 +28,6 @@ WINDOWS: dict[str, tuple[float, float]] = {  # name -> (level, width) in HU
 }
 MAX_EXTENT = int(np.iinfo(np.uint16).max) + 1  # coordinates are stored uint16
 WINDOW = dict.fromkeys(("level", "width"), Key("number", finite=True))  # a custom window
-
-
-def _or_none(v: Any) -> Any:
-    return v or None
 
 
 def _mm(v: float) -> float | None:
@@ -67,18 +63,18 @@ class CtSettings:
         0,
         minimum=0,
         maximum=MAX_EXTENT,
-        convert=_or_none,
+        convert=or_none,
         fix="voxels on the longest axis, 2 or more (0: keep the grid)",
     )
     spacing_mm: float | None = key(
         "number", 0, finite=True, minimum=0, convert=_mm, fix="isotropic mm (0: keep the grid)"
     )
     orientation: str | None = key(
-        "string", "", choices=("", *ORIENTATIONS), convert=_or_none, doc='"": keep stored axes'
+        "string", "", choices=("", *ORIENTATIONS), convert=or_none, doc='"": keep stored axes'
     )
     min_points: int = key("integer", 100, minimum=0, doc="fewer kept voxels: the record is skipped")
     max_points: int | None = key(
-        "integer", 500_000, minimum=0, convert=_or_none, doc="voxels kept at most (0: no cap)"
+        "integer", 500_000, minimum=0, convert=or_none, doc="voxels kept at most (0: no cap)"
     )
     features: tuple[str, ...] = key(
         "list", tuple(FEATURES), choices=tuple(FEATURES), min_items=1, unique=True, convert=tuple
