@@ -32,6 +32,7 @@ FORMATS = ("zarr", "tar")
 MIN_SHARD_MB = 1e-4
 SOURCE_HEAD = {"path": Key("string", doc="a file, folder or glob, relative to the manifest")}
 SOURCE_HEAD["type"] = Key("string", None, doc="the source type (default: from the suffix)")
+ROOT_GLOB_KEY = Key("boolean", False, doc="allow a glob over /")
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,6 @@ class Dataset:
     plugins: tuple[str, ...] = key("strings", (), doc="modules imported first (plug-in kinds)")
 
 
-DATASET_KEYS = set(Dataset.__dataclass_fields__)
-
-
 def load_plugins(path: Path, modules: tuple[str, ...]) -> None:
     """Import each plug-in module and its build half (``BUILD_MODULE``), so its kinds and sources
     register."""
@@ -95,11 +93,7 @@ def source_keys(cls: type) -> dict[str, Key]:
     """The keys of a ``[[sources]]`` entry of source type ``cls``: its options are the source's to
     check (any value here)."""
     extra = {o: Key("any", None, doc=f"an option of source type {cls.type!r}") for o in cls.options}
-    return {
-        **SOURCE_HEAD,
-        ALLOW_ROOT_GLOB: Key("boolean", False, doc="allow a glob over /"),
-        **extra,
-    }
+    return {**SOURCE_HEAD, ALLOW_ROOT_GLOB: ROOT_GLOB_KEY, **extra}
 
 
 def source_entry(path: Path, i: int, item: Any, kind: str, defaults: dict[str, Any]) -> SourceEntry:

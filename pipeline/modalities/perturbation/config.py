@@ -10,15 +10,8 @@ from typing import Any
 
 from pipeline.errors import ManifestError
 from pipeline.modalities.perturbation.experiment import load_experiment
-from pipeline.modalities.perturbation.split_config import (
-    SPLIT_MODES,
-    Split,
-    parse_split,
-    refuse_decided,
-)
+from pipeline.modalities.perturbation.split_config import Split, parse_split, refuse_decided
 from pipeline.schema import key, or_none
-
-__all__ = ["SPLIT_MODES", "Fields", "Pairing", "PerturbationConfig", "Split", "parse_sections"]
 
 STRATEGIES = ("batch", "random")
 VALUE_KINDS = ("counts", "any")
@@ -55,12 +48,8 @@ class Fields:
     def obs_fields(self) -> tuple[str, ...]:
         """Logical obs fields in condition-vector order (perturbation, cell_type, batch,
         covariates...)."""
-        names = (
-            ("perturbation",)
-            + (("cell_type",) if self.cell_type else ())
-            + (("batch",) if self.batch else ())
-        )
-        return names + self.covariates + self.numeric_covariates
+        named = tuple(f for f in STANDARD_FIELDS if f == "perturbation" or getattr(self, f))
+        return named + self.covariates + self.numeric_covariates
 
     def column(self, logical: str) -> str:
         """The source obs column holding a logical field (covariates are their own column name)."""

@@ -22,9 +22,9 @@ from pipeline.modalities.perturbation.config import (
     Fields,
     Pairing,
     PerturbationConfig,
-    Split,
     parse_sections,
 )
+from pipeline.modalities.perturbation.split_config import Split
 from pipeline.model import Kind, KindPlan, PlanContext, PlanStream, Task, register_kind
 
 if TYPE_CHECKING:
