@@ -12,6 +12,7 @@ types register.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ FORMATS = ("zarr", "tar")
 # A shard holds at least one record whatever the size asked for; below ~100 bytes the request is a
 # typo (5e-5 or 1e-9 MB meant one shard per record, or millions of them).
 MIN_SHARD_MB = 1e-4
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # so never "." or ".."
 SOURCE_HEAD = {"path": Key("string", doc="a file, folder or glob, relative to the manifest")}
 SOURCE_HEAD["type"] = Key("string", None, doc="the source type (default: from the suffix)")
 ROOT_GLOB_KEY = Key("boolean", False, doc="allow a glob over /")
@@ -39,15 +41,7 @@ ROOT_GLOB_KEY = Key("boolean", False, doc="allow a glob over /")
 class Dataset:
     """[dataset]: the generic part of every manifest (the kind's own tables follow)."""
 
-    name: str = key(
-        "string",
-        doc="a plain name; the default output folder is shards/<name>",
-        pattern=(
-            "^[A-Za-z0-9][A-Za-z0-9._-]*$",
-            "a plain name (letters, digits, '.', '_', '-'; no '/' or '..'): "
-            "it names the default output folder shards/<name>",
-        ),
-    )
+    name: str = key("string", doc="a plain name; the default output folder is shards/<name>")
     kind: str | None = key("string", None, doc="the dataset kind (default: the default kind)")
     format: str = key("string", "zarr", choices=FORMATS, doc="zarr shards or WebDataset tars")
     seed: int = key("integer", 0, minimum=0, fix="a seed is an integer >= 0")
@@ -170,6 +164,13 @@ def load_manifest(path: str | Path) -> Manifest:
             path,
             "dataset.codec_level",
             f"{level} is outside {levels.start}..{levels.stop - 1}, the levels of codec {ds['codec']!r}",
+        )
+    if not DATASET_NAME.fullmatch(ds["name"]):
+        raise ManifestError(
+            path,
+            "dataset.name",
+            f"{ds['name']!r} is not a plain name (letters, digits, '.', '_', "
+            "'-'; no '/' or '..'): it names the default output folder shards/<name>",
         )
     return Manifest(
         path=path,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 from collections.abc import Callable, Mapping
 from operator import ge, gt, le, lt
 from pathlib import Path
@@ -60,7 +59,6 @@ class Key:
     fix: str = ""
     convert: Callable[[Any], Any] | None = None
     item: str = "string"  # the JSON type of a "list" key's items
-    pattern: tuple[str, str] | None = None  # (regex a string matches whole, what such a string is)
 
     def initial(self) -> Any:
         """The value of an absent key: its default, copied and converted."""
@@ -174,8 +172,6 @@ def check(path: str | Path, where: str, v: Any, spec: Key) -> Any:
             raise bad(f"{v!r} is not a finite number{' ' + allowed if allowed else ''}")
         if not all(OPS[op](v, b) for op, b in bounds):  # NaN fails every comparison
             raise bad(f"{v!r} is outside the allowed values: must be {allowed}")
-    if isinstance(v, str) and spec.pattern and not re.fullmatch(spec.pattern[0], v):
-        raise ManifestError(path, where, f"{v!r} is not {spec.pattern[1]}")
     if isinstance(v, str) and spec.choices and "list" not in types and v not in spec.choices:
         raise bad(f"{v!r} is not one of {list(spec.choices)}{near(v, spec.choices)}")
     if isinstance(v, list) or (isinstance(v, str) and {"strings", "names"} & set(types)):

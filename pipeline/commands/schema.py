@@ -48,8 +48,6 @@ def json_key(spec: Key) -> dict[str, Any]:
                 alt |= {k: v for k, v in bounds.items() if v is not None}
             if t == "string" and spec.choices:
                 alt["enum"] = list(spec.choices)
-            if t == "string" and spec.pattern:
-                alt["pattern"] = spec.pattern[0]
             alts.append(alt)
     out: dict[str, Any] = alts[0] if len(alts) == 1 else {"anyOf": alts}
     if spec.default is not REQUIRED and spec.default is not None:
