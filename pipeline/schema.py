@@ -15,8 +15,11 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
+from operator import ge, gt, le, lt
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from pipeline.errors import ManifestError
 
@@ -33,12 +36,7 @@ TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "names": ((str, list), "a list of names"),  # strings, none empty (columns, keys, files)
     "any": ((object,), "a value"),
 }
-OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": lambda v, b: v >= b,
-    "<=": lambda v, b: v <= b,
-    ">": lambda v, b: v > b,
-    "<": lambda v, b: v < b,
-}
+OPS: dict[str, Callable[[Any, Any], bool]] = {">=": ge, "<=": le, ">": gt, "<": lt}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +79,11 @@ def key(type: str | tuple[str, ...], default: Any = REQUIRED, **kw: Any) -> Any:
     return dataclasses.field(default=dflt, metadata={"key": spec})
 
 
+def or_none(v: Any) -> Any:
+    """A ``convert`` for a key whose empty value ("", 0) means unset (None)."""
+    return v or None
+
+
 def type_copy(v: Any) -> Any:
     return list(v) if isinstance(v, list) else dict(v)
 
@@ -99,6 +102,19 @@ def near(word: Any, known: Any) -> str:
 
     close = difflib.get_close_matches(word, [str(k) for k in known], n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def toml_table(path: Path, data: bytes) -> dict[str, Any]:
+    """``data``, the bytes of the TOML file ``path``, as a table; else ManifestError naming the
+    file."""
+    try:
+        return tomllib.loads(data.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(path, "-", f"not valid TOML: {e}") from None
+    except RecursionError:
+        raise ManifestError(
+            path, "-", "not a manifest: arrays or tables nested too deeply to read"
+        ) from None
 
 
 def read(
@@ -180,5 +196,7 @@ def items(bad: Callable[[str], ManifestError], v: list[Any], spec: Key) -> Any:
     if len(v) < spec.min_items or (spec.unique and len(set(map(repr, v))) != len(v)):
         how = "distinct " if spec.unique else ""
         least = "one" if spec.min_items == 1 else str(spec.min_items)
-        raise bad(f"expected at least {least} {how}item{'s' if spec.min_items > 1 else ''}, got {v!r}")
+        raise bad(
+            f"expected at least {least} {how}item{'s' if spec.min_items > 1 else ''}, got {v!r}"
+        )
     return tuple(v) if {"strings", "names"} & set(spec.types) else v

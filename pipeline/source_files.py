@@ -1,7 +1,7 @@
-"""Which files a manifest's ``[[sources]]`` entries name: each entry's keys checked against its
-source type (from the source registry; a missing ``type`` is inferred from the file suffix among
-the types feeding the kind), its glob matched (with progress, never over the whole filesystem by
-accident, never through a folder link back up the tree) and every file read once.
+"""Which files a manifest's ``[[sources]]`` entries name: each entry (its keys checked by
+:mod:`pipeline.manifest`) has its glob matched (with progress, never over the whole filesystem by
+accident, never through a folder link back up the tree), its folders expanded by its source type,
+and every file read once.
 
 Apart from :mod:`pipeline.manifest` (the tables) because this part walks the disk.
 """
@@ -12,13 +12,14 @@ import glob
 import logging
 import threading
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ManifestError
 from pipeline.model import SourceSpec
-from pipeline.schema import Key, read
-from pipeline.source import get_source, infer_type, source_types_for
+from pipeline.source import Source
 
 log = logging.getLogger(__name__)
 
@@ -28,96 +29,69 @@ GLOB_PROGRESS_S = 5.0
 # The [[sources]] key that lets a glob walk the whole filesystem (`/**/*.h5ad`): refused otherwise,
 # since such a walk takes minutes to hours and nearly always means a path missing its folder.
 ALLOW_ROOT_GLOB = "allow_root_glob"
-SOURCE_HEAD = {"path": Key("string", doc="a file, folder or glob, relative to the manifest")}
-SOURCE_HEAD["type"] = Key("string", None, doc="the source type (default: from the suffix)")
 
 
-def source_keys(cls: type) -> dict[str, Key]:
-    """The keys of a ``[[sources]]`` entry of source type ``cls``: its options are the source's to
-    check (any value here)."""
-    extra = {o: Key("any", None, doc=f"an option of source type {cls.type!r}") for o in cls.options}
-    return {
-        **SOURCE_HEAD,
-        ALLOW_ROOT_GLOB: Key("boolean", False, doc="allow a glob over /"),
-        **extra,
-    }
+@dataclass(frozen=True)
+class SourceEntry:
+    """One ``[[sources]]`` entry as the manifest checked it (:func:`pipeline.manifest.source_entry`):
+    what this module matches on disk."""
+
+    number: int  # its position among the entries: sources[number]
+    pattern: str  # a file, folder or glob, relative to the manifest
+    type: str
+    source: type[Source]  # expands folders into files (and may take folders: DICOM series)
+    matrix: str
+    options: tuple[tuple[str, Any], ...]
+    allow_root_glob: bool
 
 
-def resolve_sources(
-    path: Path, kind: str, items: list[Any], defaults: dict[str, Any]
-) -> tuple[SourceSpec, ...]:
-    if not items:
-        raise ManifestError(path, "sources", "needs at least one [[sources]] entry")
+def resolve_sources(path: Path, entries: Iterable[SourceEntry]) -> tuple[SourceSpec, ...]:
+    """The files the entries name, in entry order then sorted glob order; each entry is taken
+    from ``entries`` once the one before it matched (so a lazy iterable checks entry i+1 after
+    entry i's files)."""
     out: list[SourceSpec] = []
     seen: dict[Path, tuple[int, str]] = {}  # real path -> (entry, the path it was matched as)
-    for i, item in enumerate(items):
-        head = read(
-            path, f"sources[{i}]", item, {**dict.fromkeys(item or (), Key("any")), **SOURCE_HEAD}
-        )
-        pattern = head["path"]
-        typ = head["type"] or infer_type(pattern, kind)
-        if typ is None:
-            claims = {t: list(get_source(t).suffixes) for t in source_types_for(kind)}
-            raise ManifestError(
-                path,
-                f"sources[{i}].type",
-                f"cannot infer the type of {pattern!r} from its suffix; "
-                f"set one of the source types of kind {kind!r}: {claims}",
-            )
-        try:
-            cls = get_source(typ)
-        except ValueError:
-            cls = None
-        if cls is None or kind not in cls.kinds:
-            raise ManifestError(
-                path,
-                f"sources[{i}].type",
-                f"{typ!r} is not one of {source_types_for(kind)} (source types of kind {kind!r})",
-            )
-        t = read(path, f"sources[{i}]", item, source_keys(cls))
-        opts = {k: item[k] for k in cls.options if k in item}
-        matrix = str(opts.pop("matrix", defaults.get("matrix", "X")))
+    for e in entries:
+        where, pattern = f"sources[{e.number}].path", e.pattern
         full = pattern if Path(pattern).is_absolute() else str(path.parent / pattern)
         if glob.has_magic(full):
             root = _glob_root(full)
-            if root is not None and not t[ALLOW_ROOT_GLOB]:
+            if root is not None and not e.allow_root_glob:
                 raise ManifestError(
                     path,
-                    f"sources[{i}].path",
+                    where,
                     f"{pattern!r} is a glob over the whole filesystem (its fixed part is {root}): "
                     "name the folder holding the files, or set "
                     f"{ALLOW_ROOT_GLOB} = true in this entry if you mean it",
                 )
-            matches = _glob(full, f"sources[{i}].path {pattern!r}")
+            matches = _glob(full, f"{where} {pattern!r}")
         else:
             matches = [full]
         matches = [m for m in matches if not _through_a_link_cycle(Path(m))]
         if not matches:
-            raise ManifestError(
-                path, f"sources[{i}].path", f"no file matches {pattern!r} (looked for {full})"
-            )
+            raise ManifestError(path, where, f"no file matches {pattern!r} (looked for {full})")
         for m in matches:
             if not Path(m).exists():
-                raise ManifestError(path, f"sources[{i}].path", f"file not found: {m}")
-            files = cls.expand(Path(m).resolve())
+                raise ManifestError(path, where, f"file not found: {m}")
+            files = e.source.expand(Path(m).resolve())
             if not files:
-                raise ManifestError(path, f"sources[{i}].path", f"no input file in {m}")
+                raise ManifestError(path, where, f"no input file in {m}")
             for f in files:
-                folder = f.is_dir() and getattr(cls, "folders", False)  # a DICOM series
+                folder = f.is_dir() and getattr(e.source, "folders", False)  # a DICOM series
                 if not (f.is_file() or folder):
-                    raise ManifestError(path, f"sources[{i}].path", f"file not found: {f}")
+                    raise ManifestError(path, where, f"file not found: {f}")
                 real = f.resolve()
                 if real in seen:
                     j, first = seen[real]
                     raise ManifestError(
                         path,
-                        f"sources[{i}].path",
+                        where,
                         f"{m} is the file {first} already named by "
                         f"sources[{j}] (same real path {real}): a file is read once; "
                         "narrow the glob or drop one entry",
                     )
-                seen[real] = (i, m)
-                out.append(SourceSpec(f, typ, matrix, tuple(sorted(opts.items()))))
+                seen[real] = (e.number, m)
+                out.append(SourceSpec(f, e.type, e.matrix, e.options))
     return tuple(out)
 
 

@@ -76,10 +76,9 @@ def json_section(section: type | Mapping[str, Key]) -> dict[str, Any]:
 
 def kind_schema(name: str) -> dict[str, Any]:
     """The schema of a manifest of kind ``name``."""
-    from pipeline.manifest import Dataset  # import weight: --help
+    from pipeline.manifest import SOURCE_HEAD, Dataset, source_keys  # import weight: --help
     from pipeline.model import KINDS, get_kind  # import weight: --help
     from pipeline.source import get_source, source_types_for  # import weight: --help
-    from pipeline.source_files import SOURCE_HEAD, source_keys  # import weight: --help
 
     kind = get_kind(name)
     dataset = json_section(Dataset)

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.manifest import DATASET_KEYS
+from pipeline.manifest import Dataset
 from pipeline.records import Record
+from pipeline.schema import keys_of
 from pipeline.source import SOURCES, Source, get_source
 from pipeline.testing import Expected, SourceTypeContract, uncovered_source_types
 
@@ -140,4 +141,4 @@ def test_the_manifest_keeps_no_list_of_source_types() -> None:
         for n in names
         for v in getattr(manifest, n)
     )
-    assert "plugins" in DATASET_KEYS
+    assert "plugins" in keys_of(Dataset)

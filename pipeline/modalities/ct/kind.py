@@ -30,7 +30,7 @@ than ``min_points`` points is skipped, counted under its reason in ``stats.skipp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,13 +39,12 @@ import numpy as np
 from loaders import format as fmt
 from loaders.modalities.ct.crop import first_unordered
 from loaders.modalities.ct.samples import COORDS, FEATURES, KIND, POINTS, RECORDS, SHAPE
-from pipeline.errors import ManifestError
 from pipeline.modalities.ct.formats import VolumeSource
 from pipeline.modalities.ct.mask import grid_for
+from pipeline.modalities.ct.settings import CtConfig, parse_sections
 from pipeline.modalities.ct.volume import CtSettings, process_array, process_volume
 from pipeline.model import register_kind
 from pipeline.records import Record, RecordKind, SkipRecord
-from pipeline.schema import key
 from pipeline.source import get_source
 
 if TYPE_CHECKING:
@@ -62,16 +61,6 @@ ESTIMATED_KEEP = (
 )
 
 
-@dataclass(frozen=True)
-class CtConfig:
-    """[split] of a CT manifest (``settings``: [ct])."""
-
-    settings: CtSettings = field(default_factory=CtSettings)
-    val_fraction: float = key("number", 0.1, minimum=0, maximum=1, convert=float)
-    test_fraction: float = key("number", 0.1, minimum=0, maximum=1, convert=float)
-    group: str = key("string", "file", choices=("file", "folder"), doc="what must not cross splits")
-
-
 @register_kind
 class CtKind(RecordKind):
     name = KIND
@@ -79,13 +68,7 @@ class CtKind(RecordKind):
     samples = (KIND,)
 
     def parse(self, path: Path, sections: Mapping[str, Any]) -> CtConfig:
-        cfg = CtConfig(CtSettings.resolve(sections["ct"], path), **sections["split"])
-        if cfg.val_fraction + cfg.test_fraction > 1.0:
-            total = cfg.val_fraction + cfg.test_fraction
-            raise ManifestError(
-                path, "split.test_fraction", f"val_fraction + test_fraction = {total} > 1"
-            )
-        return cfg
+        return parse_sections(path, sections)
 
     def fractions(self, config: CtConfig) -> tuple[float, float]:
         return config.val_fraction, config.test_fraction
@@ -183,7 +166,7 @@ class CtKind(RecordKind):
     def section(self, manifest: Manifest) -> dict[str, Any]:
         cfg: CtConfig = manifest.config
         return {
-            "settings": cfg.settings.to_json(),
+            "settings": settings_json(cfg.settings),
             "features": list(cfg.settings.features),
             "feature_dtypes": {f: FEATURES[f] for f in cfg.settings.features},
             "group": cfg.group,
@@ -302,3 +285,21 @@ def _ordinal(manifest: Manifest, spec: SourceSpec) -> int:
         where = {s.path: i for i, s in enumerate(manifest.sources)}
         _ORDINALS[:] = [manifest.sources, where]
     return int(where[spec.path])
+
+
+# keys added after the first CT builds (NIfTI/NRRD/DICOM: spacing_mm, orientation; .nhdr:
+# allow_outside_data): in index.json only when set, so the settings of a build using none read as before
+ADDED = ("spacing_mm", "orientation", "allow_outside_data")
+
+
+def settings_json(s: CtSettings) -> dict[str, Any]:
+    """The ``[ct]`` settings as index.json ``sections.ct.settings`` holds them (tuples as lists)."""
+    out = {f.name: getattr(s, f.name) for f in fields(s)}
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+    return {k: v for k, v in out.items() if k not in ADDED or v}
+
+
+def settings_from_json(d: Mapping[str, Any]) -> CtSettings:
+    """The inverse of :func:`settings_json` (lists back to tuples; absent added keys: unset)."""
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return CtSettings(**{k: v for k, v in kw.items() if k in CtSettings.__dataclass_fields__})

@@ -1,39 +1,33 @@
-"""The ``[ct]`` manifest section: what a record keeps of a volume (window, band, mask, grid, cap).
+"""The CT kind's manifest sections: ``[ct]`` (what a record keeps of a volume: window, band, mask,
+grid, cap) and ``[split]``, typed and validated into :class:`CtConfig`.
 
-Split from :mod:`pipeline.modalities.ct.volume` (which applies it) so the settings, their
-validation and their JSON form (``index.json`` ``sections.ct.settings``) read in one place. Every
-bad value is a ManifestError naming ``ct.<key>``.
+Split from :mod:`pipeline.modalities.ct.volume` (which applies the settings) and from the kind
+(which writes them into ``index.json``: :func:`pipeline.modalities.ct.kind.settings_json`) so what
+a manifest may say reads in one place. Every bad value is a ManifestError naming the key.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from loaders.modalities.ct.samples import FEATURES
 from pipeline.errors import ManifestError
 from pipeline.modalities.ct.geometry import ORIENTATIONS
-from pipeline.schema import Key, check, key, read
+from pipeline.schema import Key, check, key, or_none, read
 
 WINDOWS: dict[str, tuple[float, float]] = {  # name -> (level, width) in HU
     "lung": (-600.0, 1500.0),
     "mediastinum": (40.0, 400.0),
     "bone": (400.0, 1800.0),
 }
-FEATURES = ("hu", "window")
-FEATURE_DTYPES = {"hu": "int16", "window": "float16"}
 MAX_EXTENT = int(np.iinfo(np.uint16).max) + 1  # coordinates are stored uint16
-ADDED = ("spacing_mm", "orientation", "allow_outside_data")  # in index.json only when set
 WINDOW = dict.fromkeys(("level", "width"), Key("number", finite=True))  # a custom window
-
-
-def _or_none(v: Any) -> Any:
-    return v or None
 
 
 def _mm(v: float) -> float | None:
@@ -42,8 +36,8 @@ def _mm(v: float) -> float | None:
 
 @dataclass(frozen=True)
 class CtSettings:
-    """[ct]: what a record keeps of a volume (window, band, mask, grid, cap). Round-trips through
-    :meth:`to_json`."""
+    """[ct]: what a record keeps of a volume (window, band, mask, grid, cap); index.json holds it
+    (:func:`pipeline.modalities.ct.kind.settings_json`)."""
 
     window: str = key(
         ("string", "table"),
@@ -69,21 +63,21 @@ class CtSettings:
         0,
         minimum=0,
         maximum=MAX_EXTENT,
-        convert=_or_none,
+        convert=or_none,
         fix="voxels on the longest axis, 2 or more (0: keep the grid)",
     )
     spacing_mm: float | None = key(
         "number", 0, finite=True, minimum=0, convert=_mm, fix="isotropic mm (0: keep the grid)"
     )
     orientation: str | None = key(
-        "string", "", choices=("", *ORIENTATIONS), convert=_or_none, doc='"": keep stored axes'
+        "string", "", choices=("", *ORIENTATIONS), convert=or_none, doc='"": keep stored axes'
     )
     min_points: int = key("integer", 100, minimum=0, doc="fewer kept voxels: the record is skipped")
     max_points: int | None = key(
-        "integer", 500_000, minimum=0, convert=_or_none, doc="voxels kept at most (0: no cap)"
+        "integer", 500_000, minimum=0, convert=or_none, doc="voxels kept at most (0: no cap)"
     )
     features: tuple[str, ...] = key(
-        "list", FEATURES, choices=FEATURES, min_items=1, unique=True, convert=tuple
+        "list", tuple(FEATURES), choices=tuple(FEATURES), min_items=1, unique=True, convert=tuple
     )
     allow_outside_data: bool = key(
         "boolean", False, doc="an .nhdr's data file may lie outside the .nhdr's folder"
@@ -96,82 +90,88 @@ class CtSettings:
             lo, hi = max(lo, self.band[0]), min(hi, self.band[1])
         return math.ceil(lo), math.floor(hi)
 
-    def to_json(self) -> dict[str, Any]:
-        """The settings as index.json ``sections.ct.settings`` holds them. Keys added after the
-        first CT builds (NIfTI/NRRD/DICOM: spacing_mm, orientation; .nhdr: allow_outside_data)
-        are written only when set: the settings of a build that uses none read as before."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out = {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
-        return {k: v for k, v in out.items() if k not in ADDED or v}
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> CtSettings:
-        """The inverse of :meth:`to_json` (lists back to tuples; absent added keys: unset)."""
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        return CtSettings(**{k: v for k, v in kw.items() if k in CtSettings.__dataclass_fields__})
-
     @staticmethod
     def from_section(section: Any, manifest: str | Path = "manifest") -> CtSettings:
         """A ``[ct]`` table checked (:func:`pipeline.schema.read`) and resolved; a bad value
         raises ManifestError naming ``ct.<key>``."""
-        return CtSettings.resolve(read(manifest, "ct", section, CtSettings), manifest)
+        return resolve(manifest, read(manifest, "ct", section, CtSettings))
 
-    @staticmethod
-    def resolve(checked: Mapping[str, Any], manifest: str | Path) -> CtSettings:
-        """The checked ``[ct]`` keys with the window and band resolved and the rules between keys
-        applied."""
-        v = dict(checked)
-        w = v["window"]
-        if isinstance(w, str):
-            v["level"], v["width"] = WINDOWS[w]
-        else:
-            if set(w) != {"level", "width"}:
-                raise ManifestError(
-                    manifest, "ct.window", f"expected {{level = ..., width = ...}}, got {w!r}"
-                )
-            v["window"], v["level"], v["width"] = (
-                "custom",
-                *(float(x) for x in read(manifest, "ct.window", w, WINDOW).values()),
-            )
-            if v["width"] <= 0:
-                raise ManifestError(manifest, "ct.window.width", f"must be > 0, got {v['width']}")
-        v["band"] = _band(manifest, v["band"])
-        s = CtSettings(**v)
-        problem = s.conflict()
-        if problem is not None:
-            raise ManifestError(manifest, f"ct.{problem[0]}", problem[1])
-        return s
 
-    def conflict(self) -> tuple[str, str] | None:
-        """(key, problem) for settings that contradict each other, else None."""
-        if self.resolution == 1:
-            return (
-                "resolution",
-                f"expected 2..{MAX_EXTENT} voxels on the longest axis (0: keep the grid)",
-            )
-        if self.spacing_mm is not None and self.resolution is not None:
-            return (
-                "spacing_mm",
-                "set resolution (voxels on the longest axis) or spacing_mm (isotropic mm), not both",
-            )
-        if self.orientation is not None and self.axial_axis % 3 != 2:
-            return (
-                "axial_axis",
-                f"with orientation = {self.orientation!r} the axial axis is the last one (-1 or 2), got {self.axial_axis}",
-            )
-        if self.max_points is not None and self.max_points < max(self.min_points, 1):
-            return (
-                "max_points",
-                f"{self.max_points} is below min_points = {self.min_points} (0 means no cap)",
-            )
-        lo, hi = self.hu_bounds()
-        if lo > hi:
-            w = f"[{self.level - self.width / 2}, {self.level + self.width / 2}]"
-            return (
-                "band",
-                f"the band {list(self.band or ())} and the window {w} do not overlap: no voxel could be kept",
-            )
-        return None
+@dataclass(frozen=True)
+class CtConfig:
+    """[split] of a CT manifest (``settings``: [ct])."""
+
+    settings: CtSettings = field(default_factory=CtSettings)
+    val_fraction: float = key("number", 0.1, minimum=0, maximum=1, convert=float)
+    test_fraction: float = key("number", 0.1, minimum=0, maximum=1, convert=float)
+    group: str = key("string", "file", choices=("file", "folder"), doc="what must not cross splits")
+
+
+def parse_sections(path: Path, sections: Mapping[str, Any]) -> CtConfig:
+    """The checked ``[ct]`` and ``[split]`` tables and the rules between their keys."""
+    cfg = CtConfig(resolve(path, sections["ct"]), **sections["split"])
+    total = cfg.val_fraction + cfg.test_fraction
+    if total > 1.0:
+        raise ManifestError(
+            path, "split.test_fraction", f"val_fraction + test_fraction = {total} > 1"
+        )
+    return cfg
+
+
+def resolve(manifest: str | Path, checked: Mapping[str, Any]) -> CtSettings:
+    """The checked ``[ct]`` keys with the window and band resolved and the rules between keys
+    applied."""
+    v = dict(checked)
+    w = v["window"]
+    if isinstance(w, str):
+        v["level"], v["width"] = WINDOWS[w]
+    elif set(w) != {"level", "width"}:
+        raise ManifestError(
+            manifest, "ct.window", f"expected {{level = ..., width = ...}}, got {w!r}"
+        )
+    else:
+        custom = read(manifest, "ct.window", w, WINDOW)
+        v["window"], v["level"], v["width"] = "custom", *map(float, custom.values())
+        if v["width"] <= 0:
+            raise ManifestError(manifest, "ct.window.width", f"must be > 0, got {v['width']}")
+    v["band"] = _band(manifest, v["band"])
+    s = CtSettings(**v)
+    _check_rules(manifest, s)
+    return s
+
+
+def _check_rules(manifest: str | Path, s: CtSettings) -> None:
+    """Settings that contradict each other: ManifestError naming the key, with the fix."""
+
+    def bad(name: str, problem: str) -> ManifestError:
+        return ManifestError(manifest, f"ct.{name}", problem)
+
+    if s.resolution == 1:
+        raise bad(
+            "resolution", f"expected 2..{MAX_EXTENT} voxels on the longest axis (0: keep the grid)"
+        )
+    if s.spacing_mm is not None and s.resolution is not None:
+        raise bad(
+            "spacing_mm",
+            "set resolution (voxels on the longest axis) or spacing_mm (isotropic mm), not both",
+        )
+    if s.orientation is not None and s.axial_axis % 3 != 2:
+        raise bad(
+            "axial_axis",
+            f"with orientation = {s.orientation!r} the axial axis is the last one (-1 or 2), got {s.axial_axis}",
+        )
+    if s.max_points is not None and s.max_points < max(s.min_points, 1):
+        raise bad(
+            "max_points",
+            f"{s.max_points} is below min_points = {s.min_points} (0 means no cap)",
+        )
+    lo, hi = s.hu_bounds()
+    if lo > hi:
+        w = f"[{s.level - s.width / 2}, {s.level + s.width / 2}]"
+        raise bad(
+            "band",
+            f"the band {list(s.band or ())} and the window {w} do not overlap: no voxel could be kept",
+        )
 
 
 def _band(manifest: str | Path, b: Any) -> tuple[float, float] | None:

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from loaders.modalities.ct.samples import FEATURES
 from pipeline.errors import SourceError
 from pipeline.modalities.ct.formats import view
 from pipeline.modalities.ct.geometry import (
@@ -67,8 +68,6 @@ from pipeline.modalities.ct.mask import (
     slabs,
 )
 from pipeline.modalities.ct.settings import (  # noqa: F401 - re-exported: callers import them here
-    FEATURE_DTYPES,
-    FEATURES,
     MAX_EXTENT,
     WINDOWS,
     CtSettings,
@@ -353,7 +352,7 @@ def process_array(
         rng = np.random.default_rng([seed, keep_digest(keep)])
         chosen = np.sort(rng.choice(kept, size=n_out, replace=False, shuffle=False))
     coords = np.empty((n_out, 3), dtype=np.uint16)
-    feats = {f: np.empty(n_out, dtype=FEATURE_DTYPES[f]) for f in settings.features}
+    feats = {f: np.empty(n_out, dtype=FEATURES[f]) for f in settings.features}
     first, o = 0, 0  # first kept-voxel position of the slab, output rows written
     for (a, b), c in zip(slabs(shape[0], row), counts, strict=True):
         if c:

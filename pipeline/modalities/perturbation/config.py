@@ -9,19 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ManifestError
-from pipeline.modalities.perturbation.split_config import SPLIT_MODES, Split, parse_split
-from pipeline.schema import key
-
-__all__ = ["SPLIT_MODES", "Fields", "Pairing", "PerturbationConfig", "Split", "parse_sections"]
+from pipeline.modalities.perturbation.experiment import load_experiment
+from pipeline.modalities.perturbation.split_config import Split, parse_split, refuse_decided
+from pipeline.schema import key, or_none
 
 STRATEGIES = ("batch", "random")
 VALUE_KINDS = ("counts", "any")
 MAX_SENTENCE = 8192  # a sentence is padded to its size: 10**7 slots per group would allocate GBs
+STANDARD_FIELDS = ("perturbation", "cell_type", "batch")  # the obs fields [fields] names
 NUMERIC_TRANSFORMS = ("log1p", "none")  # how a numeric covariate enters the condition vector
-
-
-def _or_none(v: str) -> str | None:
-    return v or None
 
 
 @dataclass(frozen=True)
@@ -35,11 +31,11 @@ class Fields:
         min_items=1,
         fix='list the perturbation label of control cells, e.g. control = ["non-targeting"]',
     )
-    cell_type: str | None = key("string", None, convert=_or_none, doc='"": no cell type column')
-    batch: str | None = key("string", None, convert=_or_none, doc='"": no batch column')
+    cell_type: str | None = key("string", None, convert=or_none, doc='"": no cell type column')
+    batch: str | None = key("string", None, convert=or_none, doc='"": no batch column')
     covariates: tuple[str, ...] = key("names", (), doc="obs columns one-hot in the condition")
     combination_separator: str | None = key(
-        "string", None, convert=_or_none, doc='"_": "A_B" is the sum of the vectors of A and B'
+        "string", None, convert=or_none, doc='"_": "A_B" is the sum of the vectors of A and B'
     )
     numeric_covariates: tuple[str, ...] = key("names", (), doc="obs columns entered as numbers")
     numeric_transform: str = key("string", "log1p", choices=NUMERIC_TRANSFORMS)
@@ -52,20 +48,12 @@ class Fields:
     def obs_fields(self) -> tuple[str, ...]:
         """Logical obs fields in condition-vector order (perturbation, cell_type, batch,
         covariates...)."""
-        names = (
-            ("perturbation",)
-            + (("cell_type",) if self.cell_type else ())
-            + (("batch",) if self.batch else ())
-        )
-        return names + self.covariates + self.numeric_covariates
+        named = tuple(f for f in STANDARD_FIELDS if f == "perturbation" or getattr(self, f))
+        return named + self.covariates + self.numeric_covariates
 
     def column(self, logical: str) -> str:
         """The source obs column holding a logical field (covariates are their own column name)."""
-        return {
-            "perturbation": self.perturbation,
-            "cell_type": self.cell_type or "",
-            "batch": self.batch or "",
-        }.get(logical, logical)
+        return (getattr(self, logical) or "") if logical in STANDARD_FIELDS else logical
 
 
 @dataclass(frozen=True)
@@ -104,22 +92,20 @@ def parse_sections(path: Path, sections: Mapping[str, Any]) -> PerturbationConfi
             raise ManifestError(path, "fields.perturbation_features", f"file not found: {fpath}")
         fields = replace(fields, perturbation_features=fpath)
     _check_covariates(path, fields)
-    split = parse_split(path, sections["split"])
+    data = sections["split"]
+    experiment = None
+    if data["cellload_toml"] is not None:
+        refuse_decided(path, data)
+        experiment = load_experiment(path, data["cellload_toml"])
+    split = parse_split(path, data, experiment)
     check_fields(path, fields, split)
-    _check_held_out(path, split)
     return PerturbationConfig(fields, Pairing(**sections["pairing"]), split)
 
 
 def check_fields(path: Path, fields: Fields, split: Split) -> None:
-    """Settings that contradict each other, named with the fix."""
-    both = sorted(set(fields.covariates) & set(fields.numeric_covariates))
-    if both:
-        raise ManifestError(
-            path,
-            "fields.numeric_covariates",
-            f"{both} also listed in fields.covariates: a column "
-            "is either one-hot (covariates) or a number (numeric_covariates)",
-        )
+    """Settings that contradict each other, named with the fix (a column both one-hot and numeric
+    is :func:`_check_covariates`'s: "already a field"), and explicit zero-shot lists: a cell type
+    is held out for one split only."""
     if split.combinations != "any" and fields.combination_separator is None:
         raise ManifestError(
             path,
@@ -135,11 +121,20 @@ def check_fields(path: Path, fields: Fields, split: Split) -> None:
             'holds them (scPerturb: "celltype")',
         )
 
+    both = sorted(set(split.val_cell_types or ()) & set(split.test_cell_types or ()))
+    if both:  # else test silently wins
+        raise ManifestError(
+            path,
+            "split.test_cell_types",
+            f"{both} also in split.val_cell_types: hold each cell "
+            "type out for val or for test, not both",
+        )
+
 
 def _check_covariates(path: Path, fields: Fields) -> None:
     """A covariate is an extra obs field: one named like a standard field (or twice) would be two
     condition columns with one name."""
-    taken = {"perturbation", "cell_type", "batch"}  # "batch" even when unset: Fields.column maps it
+    taken = set(STANDARD_FIELDS)  # "batch" even when unset: Fields.column maps it
     for k, name in [
         *(("covariates", c) for c in fields.covariates),
         *(("numeric_covariates", c) for c in fields.numeric_covariates),
@@ -152,16 +147,3 @@ def _check_covariates(path: Path, fields: Fields) -> None:
                 "and the covariates before it): list each extra obs column once, none of those",
             )
         taken.add(name)
-
-
-def _check_held_out(path: Path, split: Split) -> None:
-    """Explicit zero-shot lists: a cell type is held out for one split only (else test silently
-    wins)."""
-    both = sorted(set(split.val_cell_types or ()) & set(split.test_cell_types or ()))
-    if both:
-        raise ManifestError(
-            path,
-            "split.test_cell_types",
-            f"{both} also in split.val_cell_types: hold each cell "
-            "type out for val or for test, not both",
-        )

@@ -22,9 +22,9 @@ from pipeline.modalities.perturbation.config import (
     Fields,
     Pairing,
     PerturbationConfig,
-    Split,
     parse_sections,
 )
+from pipeline.modalities.perturbation.split_config import Split
 from pipeline.model import Kind, KindPlan, PlanContext, PlanStream, Task, register_kind
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class PerturbationKind(Kind):
                     "sentence_size": cfg.pairing.sentence_size,
                     "max_pairs_per_condition": cfg.pairing.max_pairs_per_condition,
                 },
-                "split": cfg.split.index_section(),
+                "split": split_section(cfg.split),
                 "var_names": list(scanned[0].meta.var_names),
             },
             primary_records=len(cells),
@@ -287,4 +287,34 @@ def plan_warnings(stats: Mapping[str, Any], sentence_size: int | None) -> list[s
             f"{short} of {groups} perturbations (per source, split and cell type) have fewer cells than "
             f"sentence_size = {sentence_size}: their sentences repeat cells"
         )
+    return out
+
+
+def split_section(split: Split) -> dict[str, Any]:
+    """What index.json records of the ``[split]``: the first three keys, plus the later options only
+    when used (an index built without them stays byte-identical)."""
+    out: dict[str, Any] = {
+        "mode": split.mode,
+        "val_fraction": split.val_fraction,
+        "test_fraction": split.test_fraction,
+    }
+    if split.controls != "heldout":
+        out["controls"] = split.controls
+    if split.combinations != "any":
+        out["combinations"] = split.combinations
+    if split.fewshot is not None:
+        out["fewshot"] = {
+            ct: {
+                "val": list(e.val),
+                "test": list(e.test),
+                "val_fraction": e.val_fraction,
+                "test_fraction": e.test_fraction,
+            }
+            for ct, e in sorted(split.fewshot.items())
+        }
+    if split.experiment is not None:
+        out["cellload_toml"] = {
+            "path": split.experiment.path.name,
+            "sha256": split.experiment.sha256,
+        }
     return out

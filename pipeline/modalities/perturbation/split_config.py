@@ -2,23 +2,21 @@
 experiments.
 
 Kept apart from the ``[fields]``/``[pairing]`` parser because the split rules carry their own
-vocabulary (cell-load's zero-shot and few-shot, GEARS' unseen combinations) and a referenced
-experiment file that is read and checked here, when the manifest is loaded, so a typo fails
-before any source is opened.
+vocabulary (cell-load's zero-shot and few-shot, GEARS' unseen combinations). A referenced
+experiment file is read (:mod:`pipeline.modalities.perturbation.experiment`) when the manifest is
+loaded, so a typo fails before any source is opened; what index.json records of the split is the
+kind's (:func:`pipeline.modalities.perturbation.kind.split_section`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from pipeline.errors import ManifestError
-from pipeline.schema import Key, check, key, read
+from pipeline.schema import key, read
 
 SPLIT_MODES = ("random", "zeroshot", "fewshot")
 # where a held-out cell type's (zeroshot) or a few-shot split's controls go
@@ -26,11 +24,6 @@ CONTROLS = ("heldout", "train")
 COMBINATIONS = ("any", "seen_genes")  # fewshot: which perturbations may leave train
 # the keys an experiment file decides: set with cellload_toml, they are refused
 CELLLOAD_DECIDES = ("mode", "val_cell_types", "test_cell_types", "fewshot", "combinations")
-
-
-EXPERIMENT_TABLES = ("datasets", "training", "zeroshot", "fewshot")  # of a cell-load experiment
-TABLE, STRING = Key("table"), Key("string")
-ZEROSHOT = Key("string", choices=("train", "val", "test"))
 
 
 def fraction(default: float, doc: str = "") -> Any:
@@ -82,35 +75,6 @@ class Split:
     cellload_toml: str | None = key("string", None, doc="a cell-load experiment file")
     experiment: Experiment | None = field(default=None)  # read from cellload_toml
 
-    def index_section(self) -> dict[str, Any]:
-        """What the index records about the split: today's three keys, plus the new options only
-        when used (an index built without them stays byte-identical)."""
-        out: dict[str, Any] = {
-            "mode": self.mode,
-            "val_fraction": self.val_fraction,
-            "test_fraction": self.test_fraction,
-        }
-        if self.controls != "heldout":
-            out["controls"] = self.controls
-        if self.combinations != "any":
-            out["combinations"] = self.combinations
-        if self.fewshot is not None:
-            out["fewshot"] = {
-                ct: {
-                    "val": list(e.val),
-                    "test": list(e.test),
-                    "val_fraction": e.val_fraction,
-                    "test_fraction": e.test_fraction,
-                }
-                for ct, e in sorted(self.fewshot.items())
-            }
-        if self.experiment is not None:
-            out["cellload_toml"] = {
-                "path": self.experiment.path.name,
-                "sha256": self.experiment.sha256,
-            }
-        return out
-
 
 def parse_fewshot_entry(path: Path | str, where: str, data: Any) -> FewshotEntry:
     entry = FewshotEntry(**read(path, where, data, FewshotEntry))
@@ -119,73 +83,23 @@ def parse_fewshot_entry(path: Path | str, where: str, data: Any) -> FewshotEntry
     return entry
 
 
-def load_experiment(manifest: Path, rel: str) -> Experiment:
-    """Read and check a cell-load experiment file, with errors naming the file and the key to fix."""
-    path = (manifest.parent / rel).resolve()
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ManifestError(
-            manifest,
-            "split.cellload_toml",
-            f"cannot read {path} ({e.strerror or e}); the path is relative to the manifest",
-        ) from None
-    try:
-        raw = tomllib.loads(data.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ManifestError(path, "-", f"not valid TOML: {e}") from None
-    unknown = sorted(set(raw) - set(EXPERIMENT_TABLES))
-    if unknown:
+def refuse_decided(path: Path, data: Mapping[str, Any]) -> None:
+    """With ``cellload_toml`` set, the keys the experiment file decides are refused."""
+    clash = [k for k in sorted(CELLLOAD_DECIDES) if data[k] is not None]
+    if clash:
         raise ManifestError(
             path,
-            unknown[0],
-            "unknown table (a cell-load experiment has [datasets], [training], "
-            "[zeroshot], [fewshot])",
+            f"split.{clash[0]}",
+            "not used with split.cellload_toml (the experiment file "
+            "decides every cell's split): remove one of the two",
         )
-    tables = {name: check(path, name, raw.get(name, {}), TABLE) for name in EXPERIMENT_TABLES}
-    for name in ("datasets", "training", "zeroshot"):
-        for k, v in tables[name].items():
-            check(path, f"{name}.{k}", v, ZEROSHOT if name == "zeroshot" else STRING)
-    for name, k in ((n, k) for n in ("zeroshot", "fewshot") for k in tables[n]):
-        if "." not in k:
-            raise ManifestError(path, f"{name}.{k}", 'keys are "dataset.celltype"')
-    fewshot = {
-        k: parse_fewshot_entry(path, f"fewshot.{k}", v) for k, v in tables["fewshot"].items()
-    }
-    exp = Experiment(
-        path,
-        hashlib.sha256(data).hexdigest(),
-        dict(tables["datasets"]),
-        dict(tables["training"]),
-        dict(tables["zeroshot"]),
-        fewshot,
-    )
-    missing = sorted(exp.used() - set(exp.datasets))
-    if missing:
-        raise ManifestError(
-            path,
-            "datasets",
-            f"no path for dataset(s) {missing}: add e.g. {missing[0]} = "
-            '"/path/to/folder/" under [datasets]',
-        )
-    return exp
 
 
-def parse_split(path: Path, data: Mapping[str, Any]) -> Split:
-    """The checked ``[split]`` table: the experiment file read, defaults that depend on it set,
-    and the rules between keys."""
+def parse_split(path: Path, data: Mapping[str, Any], experiment: Experiment | None) -> Split:
+    """The checked ``[split]`` table (and the experiment file it names, read already by
+    :func:`pipeline.modalities.perturbation.experiment.load_experiment` after
+    :func:`refuse_decided`): defaults that depend on it set, and the rules between keys."""
     sp = Split(**data)
-    experiment = None
-    if sp.cellload_toml is not None:
-        clash = [k for k in sorted(CELLLOAD_DECIDES) if data[k] is not None]
-        if clash:
-            raise ManifestError(
-                path,
-                f"split.{clash[0]}",
-                "not used with split.cellload_toml (the experiment file "
-                "decides every cell's split): remove one of the two",
-            )
-        experiment = load_experiment(path, sp.cellload_toml)
     fewshot = None
     if sp.fewshot is not None:
         fewshot = {

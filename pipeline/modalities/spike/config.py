@@ -1,5 +1,5 @@
 """The spike kind's manifest sections: ``[spike]`` and ``[split]``, typed and validated into
-:class:`SpikeConfig`, and the ``[spike] codec`` choices (each one's column codec and bit order).
+:class:`SpikeConfig` (the ``[spike] codec`` choices are :mod:`.codecs`'s table).
 
 Why a module of its own: what a manifest may say is settled once, when the manifest loads, and
 needs none of the kind's scan, plan or read machinery; the kind (:mod:`.kind`) only reads the
@@ -13,28 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from loaders.modalities.spike.ops import FRAME_MAJOR, PIXEL_MAJOR
 from pipeline.errors import ManifestError
 from pipeline.extras import MissingExtraError, require
+from pipeline.modalities.spike.codecs import SPIKE_CODECS
 from pipeline.modalities.spike.dat import PACKINGS
 from pipeline.schema import key
 
 LAYOUTS = ("files", "gopro")
-# [spike] codec -> (the spikes column's own codec, its bit order). "spikebits" (default): the window
-# stored pixel-major (loaders.modalities.spike.ops) + zstd 5, ~0.55 of the bits' size, voxels by
-# popcount; "spikebits-v1" (the previous default): frame-major column, the pixel-major transpose
-# inside the codec (loaders.modalities.spike.bits), undone on every read; "dataset": frame-major
-# with the [dataset] codec like every other column (e.g. "none"). The frame-major options keep the
-# column as the camera writes it (and a plain "dataset" index at version 2).
-SPIKE_CODECS: dict[str, tuple[dict[str, Any] | None, str]] = {
-    "spikebits": ({"id": "zstd", "level": 5}, PIXEL_MAJOR),
-    "spikebits-v1": ({"id": "shardsmith.spikebits", "level": 5}, FRAME_MAJOR),
-    "dataset": (None, FRAME_MAJOR),
-}
-BITS = {
-    PIXEL_MAJOR: "byte [y, x, k] = frames 8k..8k+7 of pixel (y, x), LSB first; rows top to bottom",
-    FRAME_MAJOR: "1 bit per pixel, LSB first along width, rows top to bottom",
-}
 
 
 def _frames(v: int | str) -> int | str | None:

@@ -27,13 +27,8 @@ from loaders.modalities.spike.ops import PIXEL_MAJOR, pack_pixel_major
 from loaders.modalities.spike.samples import CLIPS, FRAME, SEQUENCE, SPIKES, stored_frames
 from pipeline.errors import ManifestError, SourceError
 from pipeline.modalities.spike.checks import frame_facts, frame_warnings
-from pipeline.modalities.spike.config import (
-    BITS,
-    SPIKE_CODECS,
-    SpikeConfig,
-    SpikeSplit,
-    parse_sections,
-)
+from pipeline.modalities.spike.codecs import BITS, SPIKE_CODECS
+from pipeline.modalities.spike.config import SpikeConfig, SpikeSplit, parse_sections
 from pipeline.modalities.spike.dat import count_frames, pack_frames, read_frames
 from pipeline.modalities.spike.tree import (
     IMAGE_SUFFIXES,

@@ -22,6 +22,7 @@ from pipeline.modalities.ct.demo import (
     write_ct_demo,
     write_large_chest,
 )
+from pipeline.modalities.ct.kind import settings_from_json, settings_json
 from pipeline.modalities.ct.mask import resample
 from pipeline.modalities.ct.volume import CtSettings, inspect_volume, process_volume
 
@@ -284,7 +285,7 @@ def test_settings_validate_and_round_trip() -> None:
         }
     )
     assert (s.level, s.width, s.max_points, s.resolution) == (40, 400, None, 256)
-    assert CtSettings.from_json(json.loads(json.dumps(s.to_json()))) == s
+    assert settings_from_json(json.loads(json.dumps(settings_json(s)))) == s
     assert CtSettings.from_section({}) == CtSettings()
     assert CtSettings().hu_bounds() == (-1000, -400)
     for section, key in (

@@ -12,6 +12,7 @@ _split_fewshot_celltype):
 from __future__ import annotations
 
 from collections.abc import Callable
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,13 @@ def test_every_cell_follows_cellload_rules(
     out, paths, val, test = built
     assert verify(out) == []
     index, shards = read_all(out)
-    assert index.sections["perturbation"]["split"]["mode"] == "cellload"
+    recorded = index.sections["perturbation"]["split"]
+    assert recorded["mode"] == "cellload"
+    exp = (out.parent / "experiment.toml").read_bytes()
+    assert recorded["cellload_toml"] == {
+        "path": "experiment.toml",
+        "sha256": sha256(exp).hexdigest(),
+    }
     obs = [ad.read_h5ad(p).obs for p in paths]
     offsets = np.cumsum([0] + [len(o) for o in obs])
     want: dict[int, str | None] = {}

@@ -54,6 +54,10 @@ def test_fewshot_lists_and_fractions_per_cell_type(
     )
     build(manifest, tmp_path / "out", jobs=1, progress=False)
     assert verify(tmp_path / "out") == []
+    recorded = fmt.read_index(tmp_path / "out").sections["perturbation"]["split"]
+    assert recorded["controls"] == "train" and recorded["fewshot"] == {
+        "K562": {"val": [perts[1]], "test": [perts[0]], "val_fraction": 0.4, "test_fraction": 0.3}
+    }  # what index.json records of the split (kind.split_section)
     got = primary_splits(tmp_path / "out")
     for i, (ct, pert) in enumerate(
         zip(obs["cell_type"].astype(str), obs["perturbation"].astype(str), strict=True)
