@@ -70,6 +70,14 @@ class SampleTypeTests:
         ds.set_epoch(epoch)
         return [k for b in ds for k in self.unit_keys(b)]
 
+    def _everything(self, dataset: Path) -> list[Hashable]:
+        """Every unit of the split in index order, read once per test (Hypothesis runs each example
+        on the same instance, and this list depends on none of the drawn values)."""
+        cache = self.__dict__.setdefault("_everything_of", {})
+        if dataset not in cache:
+            cache[dataset] = self.keys(self.make(dataset, batch_size=7, shuffle=False))
+        return cache[dataset]
+
     def _shards(self, dataset: Path) -> Iterable[tuple[fmt.ShardEntry, dict[str, np.ndarray]]]:
         index = fmt.read_index(dataset)
         for entry in index.shards:
@@ -132,7 +140,7 @@ class SampleTypeTests:
             )
             for r in range(world)
         ]
-        everything = self.keys(self.make(dataset, batch_size=7, shuffle=False))
+        everything = self._everything(dataset)
         flat = [k for keys in per_rank for k in keys]
         assert len(flat) == len(set(flat))  # disjoint, no repeats
         assert set(flat) <= set(everything) and len(flat) == len(everything) // world * world
