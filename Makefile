@@ -36,15 +36,17 @@ shards: $(STAMP)
 
 # pytest's temporary folders on tmpfs where /dev/shm is writable (TEST_TMP= keeps pytest's default):
 # the tests write ~100k small files (a zarr shard is a folder) and this machine's ext4, mounted with
-# discard, took ~0.4 ms to remove each one; a passing test's folder goes at its teardown
+# discard, took ~0.4 ms to remove each one; a passing test's folder goes at its teardown, and the
+# lane's whole folder (fixtures' data, ~0.1-0.3 GB of RAM) when every test passed; kept after a failure
 TEST_TMP ?= $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm/pytest-lanes-$$(id -u))
 TMP_ARGS = $(if $(TEST_TMP),--basetemp=$(TEST_TMP)/$@ -o tmp_path_retention_policy=failed)
+TMP_DROP = $(if $(TEST_TMP),&& rm -rf $(TEST_TMP)/$@)
 
 # on 4 xdist workers: the suite waits on servers and subprocesses as much as it computes (README, "Tests")
 TEST_WORKERS ?= 4
 test: $(STAMP) chromium
 	$(if $(TEST_TMP),mkdir -p $(TEST_TMP))
-	$(PY) -m pytest -q -n $(TEST_WORKERS) $(TMP_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(TMP_ARGS) $(TMP_DROP)
 
 # the fast lane: pure functions and in-process builds, no test that needs more (README.md, "Tests")
 FAST ?= not (process or cluster or s3 or browser or gpu or root or bench)
@@ -52,7 +54,7 @@ FAST ?= not (process or cluster or s3 or browser or gpu or root or bench)
 FAST_WORKERS ?= 2
 test-fast: $(STAMP)
 	$(if $(TEST_TMP),mkdir -p $(TEST_TMP))
-	$(PY) -m pytest -q -n $(FAST_WORKERS) -m "$(FAST)" --ignore=tests/benchmarks $(TMP_ARGS)
+	$(PY) -m pytest -q -n $(FAST_WORKERS) -m "$(FAST)" --ignore=tests/benchmarks $(TMP_ARGS) $(TMP_DROP)
 
 # the browser test's Chromium (Debian's package), installed where we are root with apt-get; never fails
 # the build: without it tests/pipeline/test_report_browser.py skips and says why
