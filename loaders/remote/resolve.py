@@ -76,11 +76,10 @@ def open_remote(
     trust_plugins: bool | Sequence[str] = False,
     offline: bool = False,
     split: str | None = None,
-    background: bool = False,
 ) -> RemoteDataset:
     """Fetch ``url``'s index.json (it is the commit point: once per node for the ranks of one
     job, :mod:`loaders.remote.node_index`) into its cache folder, and the condition table it
-    names (with ``background``, on a thread: :func:`side_files_ready` waits for it); shards come
+    names, on a thread (the caller waits with :func:`side_files_ready`); shards come
     later, per window. Without the server (unreachable, or ``offline=True``) the node's last copy
     opens when every shard of ``split`` is cached. Errors name the URL and the fix."""
     url = url.rstrip("/")
@@ -134,8 +133,6 @@ def open_remote(
         if job is None or job.done():  # one download per process (they share a temporary name)
             args = (store, root, index.conditions.file, index.conditions)
             _SIDE[str(root)] = _side_pool().submit(_fetch_side_file, *args)
-        if not background:
-            side_files_ready(root)
     return RemoteDataset(root, spec, store)
 
 
@@ -147,10 +144,10 @@ def _side_pool() -> DaemonExecutor:
 
 
 def side_files_ready(root: str | Path) -> None:
-    """The files beside ``root``'s index.json that ``open_remote(background=True)`` is
-    downloading are in (their download's error raised here). A dataset's open starts its first
-    windows' downloads before it waits here: they were queued behind the condition table
-    (1.2 MB: 0.1 s of a 100 Mbit link, sequential requests) and their listings' latency."""
+    """The files beside ``root``'s index.json that :func:`open_remote` is downloading are in
+    (their download's error raised here). A dataset's open starts its first windows' downloads
+    before it waits here: they were queued behind the condition table (1.2 MB: 0.1 s of a
+    100 Mbit link, sequential requests) and their listings' latency."""
     job = _SIDE.pop(str(root), None)
     if job is not None:
         job.result()
@@ -222,7 +219,7 @@ def resolve_root(
             )
         return str(root), local_path(root), None
     remote = open_remote(
-        str(root), cache_dir, cache_limit, storage_options, trust_plugins, offline, split, True
+        str(root), cache_dir, cache_limit, storage_options, trust_plugins, offline, split
     )
     cache = node_cache(remote.spec, remote.root)
     if cache._store is None:  # one client per process, not one per use
@@ -246,6 +243,7 @@ def fetch_dataset(
     if not is_url(path):
         return local_path(path), []
     remote = open_remote(str(path), cache_dir, None, storage_options)
+    side_files_ready(remote.root)
     if not shards:
         return remote.root, []
     index = read_index(remote.root)
