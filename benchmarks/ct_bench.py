@@ -69,12 +69,12 @@ from benchmarks.ct_formats_bench import run_formats_bench
 from benchmarks.ct_measure import (
     Chain,
     build,
-    du,
     interleaved,
     item_batches,
     shard_chain,
     volume_memory,
 )
+from benchmarks.measure import du
 
 
 @dataclass(frozen=True)

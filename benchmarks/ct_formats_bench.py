@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.ct_measure import build, du
+from benchmarks.ct_measure import build
+from benchmarks.measure import du
 from pipeline.modalities.ct.demo import make_chest_volume
 
 FORMATS = {  # name -> ([[sources]] body relative to the corpus folder, what is on disk)

@@ -114,16 +114,6 @@ def shard_chain(root: Path, batch_size: int, **options: Any) -> Chain:
     return Chain(make)
 
 
-def du(paths: list[Path] | Path) -> int:
-    paths = [paths] if isinstance(paths, Path) else paths
-    total = 0
-    for p in paths:
-        total += (
-            p.stat().st_size
-            if p.is_file()
-            else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        )
-    return total
 
 
 def build(manifest: Path, out: Path, jobs: int) -> dict[str, float]:

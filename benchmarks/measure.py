@@ -278,6 +278,32 @@ def summarize(
     )
 
 
+def du(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> int:
+    """Bytes of the files at or under ``paths`` (a path or several), like ``du -b``; a path that
+    does not exist is an error, a file that goes during the walk (a download landing in a cache
+    being sampled) is skipped."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return sum(tree_bytes(p) if os.path.isdir(p) else os.stat(p).st_size for p in paths)
+
+
+def tree_bytes(folder: str | os.PathLike[str]) -> int:
+    """Bytes of the files under ``folder``, 0 if it is gone; os.scandir, as pathlib's rglob took
+    ~45 ms for one split's cache folder, and a file renamed or removed meanwhile is skipped."""
+    total = 0
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                try:
+                    is_dir = e.is_dir(follow_symlinks=False)
+                    total += tree_bytes(e.path) if is_dir else e.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return total
+
+
 def warm_page_cache(paths: Iterable[str | Path]) -> int:
     """Read every file once so measurements see a warm page cache. Returns bytes read."""
     total = 0

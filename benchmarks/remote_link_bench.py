@@ -37,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.measure import tree_bytes
 from benchmarks.remote_bench import raw_get, upload
 from benchmarks.shaped_link import RATE_MBIT, Link, LinkUnavailable, shaped_server, why_not
 
@@ -139,25 +140,7 @@ def held_bytes(cache: Path, disk: bool = True) -> dict[str, int]:
         return {"ledger": 0, "disk": 0}
     with locked(cache / LOCK):  # no eviction meanwhile; what downloads write is reserved
         folders = [p for d in ("shards", TMP) for p in cache.glob(f"*/*/{d}")] if disk else []
-        return {"ledger": cache_bytes(cache), "disk": sum(map(_tree_bytes, folders)) if disk else 0}
-
-
-def _tree_bytes(path: str | os.PathLike[str]) -> int:
-    """Bytes of the files under ``path`` (os.scandir: pathlib's glob took 45 ms for a split)."""
-    total = 0
-    try:
-        with os.scandir(path) as it:
-            for e in it:
-                try:
-                    is_dir = e.is_dir(follow_symlinks=False)
-                    total += (
-                        _tree_bytes(e.path) if is_dir else e.stat(follow_symlinks=False).st_size
-                    )
-                except OSError:  # renamed or removed meanwhile (a download landing)
-                    pass
-    except OSError:
-        pass
-    return total
+        return {"ledger": cache_bytes(cache), "disk": sum(map(tree_bytes, folders)) if disk else 0}
 
 
 def index_gets_per_node(url: str, cache: Path) -> int:

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.ct_measure import build as build_child
-from benchmarks.ct_measure import du
+from benchmarks.measure import du
 from benchmarks.spike_config import SpikeBenchConfig
 from benchmarks.spike_report import NONE, V1, table
 from pipeline.modalities.spike.demo import integrate_and_fire, scene, vidar_bytes
